@@ -1,0 +1,54 @@
+"""Input pipelines. `create_input(cfg, dist)` is the only place that knows which backend is in use.
+
+A pipeline exposes: `num_classes`, `classes`, `num_train`, `num_val`, `train_batches(epoch_info)` (exactly
+`epoch_info.steps` normalized batches on the device for this rank), `val_batches(phase)` (this rank's
+disjoint share of the validation set, every image exactly once over all ranks) and `close()`.
+"""
+
+from __future__ import annotations
+
+from data.folder import DataError, scan_split
+
+
+def _scan(cfg):
+    train = scan_split(cfg.data.root, "train")
+    val = scan_split(cfg.data.root, "val", classes=train.classes)
+    roots = {"full": (train, val)}
+    for name, path in cfg.data.roots.items():
+        if name == "full" and path == cfg.data.root:
+            continue
+        roots[name] = (scan_split(path, "train", classes=train.classes), val)
+    for i, phase in enumerate(cfg.phases):
+        if phase.root not in roots:
+            raise DataError(
+                f"phases.{i}.root: '{phase.root}' is not in data.roots (known: {', '.join(sorted(roots))})"
+            )
+    return train, val, roots
+
+
+def create_input(cfg, dist):
+    """Build the input pipeline named by `data.backend`."""
+    backend = cfg.data.backend
+    if backend == "synthetic":
+        from data.synthetic import SyntheticPipeline
+
+        return SyntheticPipeline(cfg, dist)
+    train, val, roots = _scan(cfg)
+    if backend == "torch":
+        from data.torch_loader import TorchPipeline
+
+        pipe = TorchPipeline(cfg, dist, train, val, roots)
+    elif backend == "dali":
+        from data.dali_loader import DaliPipeline
+
+        pipe = DaliPipeline(cfg, dist, train, val, roots)
+    else:
+        raise DataError(f"data.backend: unknown backend '{backend}' (expected dali, torch or synthetic)")
+    pipe.num_classes = len(train.classes)
+    pipe.classes = train.classes
+    pipe.num_train = len(train)
+    pipe.num_val = len(val)
+    return pipe
+
+
+__all__ = ["DataError", "create_input"]

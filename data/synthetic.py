@@ -1,0 +1,49 @@
+"""`data.backend: synthetic`: random batches made once on the device, for throughput and comm runs."""
+
+from __future__ import annotations
+
+import torch
+
+from recipes.schedule import steps_per_epoch
+
+
+class _Repeat:
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, steps: int):
+        self.images, self.labels, self.steps = images, labels, steps
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self):
+        for _ in range(self.steps):
+            yield self.images, self.labels
+
+
+class SyntheticPipeline:
+    def __init__(self, cfg, dist):
+        self.cfg, self.dist = cfg, dist
+        self.num_classes = cfg.data.synthetic_classes
+        self.num_train = cfg.data.synthetic_size
+        self.num_val = max(dist.world_size, min(cfg.data.synthetic_size, 2 * cfg.data.val_batch_size * dist.world_size))
+        self.classes = [f"class{i:04d}" for i in range(self.num_classes)]
+
+    def _batch(self, n: int, size: int, seed: int):
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randn(n, 3, size, size, generator=g)
+        y = torch.randint(0, self.num_classes, (n,), generator=g)
+        if self.cfg.run.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x.to(self.dist.device), y.to(self.dist.device)
+
+    def train_batches(self, info):
+        local = info.phase.batch_size // self.dist.world_size
+        steps = steps_per_epoch(self.num_train, info.phase.batch_size, self.dist.world_size)
+        return _Repeat(*self._batch(local, info.phase.image_size, self.dist.rank), steps)
+
+    def val_batches(self, phase):
+        n = len(range(self.dist.rank, self.num_val, self.dist.world_size))
+        size = phase.val_image_size or phase.image_size
+        return _Repeat(*self._batch(n, size, 10_000 + self.dist.rank), 1)
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,109 @@
+"""PyTorch input backend: PIL decode + torchvision ops in DataLoader workers, for users without DALI."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from data.folder import DataError, Split
+from data.sharding import train_shard, val_shard
+from data.transforms import load_rgb, normalize, train_transform, val_transform
+
+
+class _TrainSet(Dataset):
+    def __init__(self, split: Split, indices: np.ndarray, size: int, min_scale: float, seed: int, epoch: int,
+                 skip_corrupt: bool):
+        self.split, self.indices, self.size, self.min_scale = split, indices, size, min_scale
+        self.seed, self.epoch, self.skip_corrupt = seed, epoch, skip_corrupt
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int):
+        idx = int(self.indices[i])
+        for attempt in range(len(self.split)):
+            j = (idx + attempt) % len(self.split)
+            try:
+                img = load_rgb(self.split.files[j])
+            except DataError as e:
+                if not self.skip_corrupt:
+                    raise
+                print(f"warning: skipping corrupt file: {e}", file=sys.stderr)
+                continue
+            # Augmentation randomness depends only on (seed, epoch, sample): identical for any worker count
+            # and after a resume.
+            rng = np.random.default_rng([self.seed, self.epoch, idx])
+            return train_transform(img, self.size, self.min_scale, rng), self.split.labels[j]
+        raise DataError(f"no decodable image in '{self.split.root}'")
+
+
+class _ValSet(Dataset):
+    def __init__(self, split: Split, indices: np.ndarray, size: int, crop_ratio: float):
+        self.split, self.indices, self.size, self.crop_ratio = split, indices, size, crop_ratio
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int):
+        j = int(self.indices[i])
+        return val_transform(load_rgb(self.split.files[j]), self.size, self.crop_ratio), self.split.labels[j]
+
+
+class _DeviceBatches:
+    """Iterates a DataLoader, moving each uint8 batch to the device and normalizing it there."""
+
+    def __init__(self, loader: DataLoader, device: torch.device, channels_last: bool, steps: int):
+        self.loader, self.device, self.channels_last, self.steps = loader, device, channels_last, steps
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self):
+        for images, labels in self.loader:
+            images = images.to(self.device, non_blocking=True)
+            yield normalize(images, self.channels_last), labels.to(self.device, non_blocking=True)
+
+
+class TorchPipeline:
+    """`data.backend: torch`."""
+
+    def __init__(self, cfg, dist, train: Split, val: Split, roots: dict[str, tuple[Split, Split]]):
+        self.cfg, self.dist = cfg, dist
+        self.train, self.val, self.roots = train, val, roots
+
+    def _loader(self, dataset: Dataset, batch: int, seed: int) -> DataLoader:
+        workers = self.cfg.data.workers
+        return DataLoader(
+            dataset,
+            batch_size=batch,
+            shuffle=False,
+            num_workers=workers,
+            pin_memory=self.dist.device.type == "cuda",
+            drop_last=False,
+            generator=torch.Generator().manual_seed(seed),
+            prefetch_factor=4 if workers > 0 else None,
+            multiprocessing_context="fork" if workers > 0 else None,
+        )
+
+    def train_batches(self, info):
+        phase = info.phase
+        train, _ = self.roots.get(phase.root, (self.train, self.val))
+        idx = train_shard(len(train), self.dist.rank, self.dist.world_size, info.epoch, self.cfg.run.seed)
+        ds = _TrainSet(train, idx, phase.image_size, phase.min_scale, self.cfg.run.seed, info.epoch,
+                       self.cfg.data.skip_corrupt)
+        local = phase.batch_size // self.dist.world_size
+        loader = self._loader(ds, local, self.cfg.run.seed * 7919 + info.epoch)
+        return _DeviceBatches(loader, self.dist.device, self.cfg.run.channels_last, len(loader))
+
+    def val_batches(self, phase):
+        idx = val_shard(len(self.val), self.dist.rank, self.dist.world_size)
+        size = phase.val_image_size or phase.image_size
+        ds = _ValSet(self.val, idx, size, self.cfg.data.val_crop_ratio)
+        loader = self._loader(ds, self.cfg.data.val_batch_size, 0)
+        return _DeviceBatches(loader, self.dist.device, self.cfg.run.channels_last, len(loader))
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,72 @@
+"""Augmentation parameters and image ops for the PyTorch backend (PIL decode, torchvision resize)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torchvision.transforms.functional as TF
+from PIL import Image
+
+from data.folder import DataError
+
+IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
+IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+
+
+def load_rgb(path: str) -> Image.Image:
+    """Decode any image PIL reads (CMYK and grayscale JPEG, PNG content named .JPEG) as RGB."""
+    try:
+        with Image.open(path) as img:
+            img.load()
+            return img.convert("RGB")
+    except (OSError, ValueError, Image.DecompressionBombError) as e:
+        raise DataError(f"cannot decode image '{path}': {e}") from None
+
+
+def random_resized_crop_params(
+    rng: np.random.Generator, width: int, height: int, scale: tuple[float, float], ratio=(3 / 4, 4 / 3)
+) -> tuple[int, int, int, int]:
+    """(top, left, h, w) as torchvision's RandomResizedCrop draws them, from an explicit generator."""
+    area = width * height
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target = area * rng.uniform(scale[0], scale[1])
+        aspect = math.exp(rng.uniform(*log_ratio))
+        w = int(round(math.sqrt(target * aspect)))
+        h = int(round(math.sqrt(target / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            top = int(rng.integers(0, height - h + 1))
+            left = int(rng.integers(0, width - w + 1))
+            return top, left, h, w
+    in_ratio = width / height
+    if in_ratio < ratio[0]:
+        w, h = width, int(round(width / ratio[0]))
+    elif in_ratio > ratio[1]:
+        h, w = height, int(round(height * ratio[1]))
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def train_transform(img: Image.Image, size: int, min_scale: float, rng: np.random.Generator) -> torch.Tensor:
+    top, left, h, w = random_resized_crop_params(rng, img.width, img.height, (min_scale, 1.0))
+    img = TF.resized_crop(img, top, left, h, w, [size, size], antialias=True)
+    if rng.random() < 0.5:
+        img = TF.hflip(img)
+    return TF.pil_to_tensor(img)  # uint8 CHW; normalized on the device, per batch
+
+
+def val_transform(img: Image.Image, size: int, crop_ratio: float) -> torch.Tensor:
+    img = TF.resize(img, int(round(size / crop_ratio)), antialias=True)
+    img = TF.center_crop(img, [size, size])
+    return TF.pil_to_tensor(img)
+
+
+def normalize(batch_u8: torch.Tensor, channels_last: bool, dtype=torch.float32) -> torch.Tensor:
+    """uint8 NCHW batch -> normalized float on the batch's device."""
+    mean = torch.tensor(IMAGENET_MEAN, device=batch_u8.device, dtype=dtype).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD, device=batch_u8.device, dtype=dtype).view(1, 3, 1, 1)
+    out = (batch_u8.to(dtype) - mean) / std
+    return out.contiguous(memory_format=torch.channels_last) if channels_last else out

@@ -1,0 +1,60 @@
+"""Networks built with timm. The trainer asks for `create_model(cfg.model, num_classes)` and nothing else."""
+
+from __future__ import annotations
+
+import timm
+import torch
+from torch import nn
+
+from recipes.config import ConfigError
+
+# Our name -> timm architecture. `resnet50_tweaked` is ResNet-D (deep stem, average-pool downsampling in the
+# shortcut) = timm's resnet50d; the BN tweaks (zero-init last gamma, BN momentum/eps, no BN decay) are applied
+# from the config on top.
+MODELS = {
+    "resnet50_tweaked": "resnet50d",
+    "resnet50d": "resnet50d",
+    "resnet50": "resnet50",
+    "resnet26d": "resnet26d",
+    "resnet18": "resnet18",
+    "resnet10t": "resnet10t",
+}
+
+
+def create_model(cfg, num_classes: int) -> nn.Module:
+    """Build `cfg.name` for `num_classes` classes with the configured BN settings."""
+    if cfg.name not in MODELS:
+        raise ConfigError(f"model.name: unknown model '{cfg.name}' (expected one of {', '.join(MODELS)})")
+    model = timm.create_model(
+        MODELS[cfg.name], pretrained=False, num_classes=num_classes, drop_rate=cfg.drop_rate,
+        zero_init_last=cfg.zero_init_last_bn,
+    )  # fmt: skip
+    for m in model.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            m.momentum = cfg.bn_momentum
+            m.eps = cfg.bn_eps
+    return model
+
+
+def describe_model(model: nn.Module) -> dict:
+    """Identity used to refuse a checkpoint from a different network: parameter names and shapes."""
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    return {"num_params": sum(p.numel() for p in model.parameters()), "shapes": shapes}
+
+
+def check_compatible(model: nn.Module, state: dict, source: str) -> None:
+    """Raise a clear error when a checkpoint's state_dict does not fit `model`."""
+    own = model.state_dict()
+    missing = [k for k in own if k not in state]
+    extra = [k for k in state if k not in own]
+    wrong = [k for k in own if k in state and tuple(own[k].shape) != tuple(torch.as_tensor(state[k]).shape)]
+    if missing or extra or wrong:
+        detail = []
+        if missing:
+            detail.append(f"{len(missing)} missing (e.g. {missing[0]})")
+        if extra:
+            detail.append(f"{len(extra)} unexpected (e.g. {extra[0]})")
+        if wrong:
+            k = wrong[0]
+            detail.append(f"{len(wrong)} of other shape (e.g. {k}: {tuple(state[k].shape)} vs {tuple(own[k].shape)})")
+        raise ConfigError(f"{source}: checkpoint was made for a different model: {'; '.join(detail)}")

@@ -1,0 +1,1 @@
+"""The training recipe: config, schedules, optimizer, allreduce backends, trainer, logging."""

@@ -1,0 +1,70 @@
+"""What a person reads: one console line per N steps on rank 0, TensorBoard curves, the DAWNBench TSV."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+TSV_HEADER = "epoch\thours\ttop1Accuracy\ttop5Accuracy\n"
+
+
+class RunLogger:
+    """Rank 0 writes; other ranks hold a logger that does nothing."""
+
+    def __init__(self, run_dir: Path, active: bool, tensorboard: bool):
+        self.active = active
+        self.run_dir = run_dir
+        self.tb = None
+        if active and tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(run_dir / "tb"))
+
+    def info(self, msg: str) -> None:
+        if self.active:
+            print(msg, flush=True)
+
+    def warn(self, msg: str) -> None:
+        if self.active:
+            print(f"warning: {msg}", file=sys.stderr, flush=True)
+
+    def scalars(self, step: int, **values: float) -> None:
+        if self.tb is not None:
+            for k, v in values.items():
+                self.tb.add_scalar(k, v, step)
+
+    def step_line(self, epoch: int, epochs: int, step: int, steps: int, img_s: float, loss: float, lr: float,
+                  eta_s: float) -> None:  # fmt: skip
+        self.info(
+            f"epoch {epoch + 1}/{epochs}  step {step}/{steps}  {img_s:8.1f} img/s  loss {loss:.4f}  "
+            f"lr {lr:.4g}  eta {format_seconds(eta_s)}"
+        )
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.flush()
+            self.tb.close()
+
+
+def format_seconds(s: float) -> str:
+    s = max(0, int(s))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def write_tsv(path: Path, rows: list[dict]) -> None:
+    """DAWNBench TSV: epoch (1-based), cumulative training hours (no validation/checkpointing), top-1/top-5 %."""
+    lines = [TSV_HEADER]
+    for r in rows:
+        lines.append(f"{r['epoch']}\t{r['train_seconds'] / 3600:.6f}\t{r['top1']:.2f}\t{r['top5']:.2f}\n")
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(lines))
+    tmp.replace(path)
+
+
+class Timer:
+    def __init__(self):
+        self.start = time.perf_counter()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start

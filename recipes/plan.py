@@ -1,0 +1,62 @@
+"""`train.py --plan`: the phase table, iteration count and a PNG of the schedules, without reading images."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from recipes.schedule import Plan
+
+IMAGENET_TRAIN_IMAGES = 1_281_167
+
+
+def count_images(cfg) -> int | None:
+    from data.folder import scan_split
+
+    if cfg.data.backend == "synthetic":
+        return cfg.data.synthetic_size
+    if not (Path(cfg.data.root) / "train").is_dir():
+        return None
+    return len(scan_split(cfg.data.root, "train"))
+
+
+def plot_plan(plan: Plan, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = list(range(plan.total_steps))
+    series = [("learning rate", plan.lr), ("momentum", plan.momentum), ("image size (px)", plan.image_size),
+              ("global batch", plan.batch_size)]  # fmt: skip
+    fig, axes = plt.subplots(len(series), 1, figsize=(8, 8), sharex=True)
+    for ax, (name, fn) in zip(axes, series):
+        ax.plot(steps, [fn(s) for s in steps])
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+        for e in plan.epochs:
+            if e.epoch and e.phase_index != plan.epochs[e.epoch - 1].phase_index:
+                ax.axvline(e.first_step, color="grey", lw=0.8, ls="--")
+    axes[-1].set_xlabel("iteration")
+    fig.suptitle(f"{plan.total_steps} iterations in {len(plan.epochs)} epochs, {plan.world_size} processes")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def print_plan(cfg, num_images: int | None, world_size: int | None, png: str | None = None) -> int:
+    source = "--num-images"
+    if num_images is None:
+        num_images = count_images(cfg)
+        source = f"counted in {cfg.data.root}"
+    if num_images is None:
+        num_images, source = IMAGENET_TRAIN_IMAGES, "ImageNet-1k (data.root not found)"
+    world = world_size or cfg.run.nodes * cfg.run.procs_per_node
+    plan = Plan(cfg, num_images, world)
+    print(f"{num_images:,} training images ({source}), {world} processes "
+          f"({cfg.run.nodes} node(s) x {cfg.run.procs_per_node})")  # fmt: skip
+    print(plan.table())
+    out = Path(png) if png else Path(cfg.run.out_dir) / f"{cfg.run.name}_plan.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    plot_plan(plan, out)
+    print(f"plot: {out}")
+    return 0

@@ -1,0 +1,350 @@
+"""The training loop: `train(cfg)` runs the whole plan; `train_one_epoch` and `evaluate` are its two halves.
+
+The loop talks to four pieces through factories chosen by name in the config: the input pipeline
+(`data.create_input`), the model (`models.create_model`), the optimizer (`recipes.optim.create_optimizer`)
+and the gradient allreduce backend (`recipes.comm.create_allreduce`).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as td
+from torch import nn
+
+from data import create_input
+from models import create_model
+from models.factory import check_compatible, describe_model
+from recipes import checkpoint as ckpt
+from recipes.comm import create_allreduce
+from recipes.config import Config, to_dict, to_yaml
+from recipes.distributed import DistInfo, all_gather_object, all_reduce_sum, setup, teardown
+from recipes.logger import RunLogger, format_seconds, write_tsv
+from recipes.optim import create_optimizer, describe_groups, set_lr_momentum
+from recipes.schedule import Plan
+
+
+@dataclass
+class State:
+    """Everything that a resume must restore besides the modules' own state_dicts."""
+
+    epoch: int = 0  # epochs completed
+    step: int = 0  # optimizer steps taken
+    train_seconds: float = 0.0  # training time only (DAWNBench excludes validation and checkpointing)
+    wall_seconds: float = 0.0
+    images: int = 0  # training images processed, all ranks
+    history: list = field(default_factory=list)  # one dict per epoch: epoch, train_seconds, top1, top5, ...
+    skipped_steps: int = 0
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                             cwd=Path(__file__).resolve().parent)  # fmt: skip
+        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, timeout=10,
+                               cwd=Path(__file__).resolve().parent).stdout.strip()  # fmt: skip
+        return out.stdout.strip() + ("-dirty" if dirty else "") if out.returncode == 0 else "unknown"
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+def run_dir_for(cfg: Config) -> Path:
+    return Path(cfg.run.out_dir) / cfg.run.name
+
+
+def _accuracy_counts(logits: torch.Tensor, labels: torch.Tensor) -> tuple[int, int]:
+    k = min(5, logits.shape[1])
+    top = logits.topk(k, dim=1).indices
+    hit = top.eq(labels.view(-1, 1))
+    return int(hit[:, :1].sum()), int(hit.any(dim=1).sum())
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, batches, dist: DistInfo, amp_ctx=nullcontext) -> dict:
+    """Top-1/top-5 over every validation image exactly once: each rank counts its disjoint share, then sum."""
+    model.eval()
+    c1 = c5 = n = 0
+    loss_sum = 0.0
+    for images, labels in batches:
+        with amp_ctx():
+            logits = model(images)
+        logits = logits.float()
+        loss_sum += float(nn.functional.cross_entropy(logits, labels, reduction="sum"))
+        a, b = _accuracy_counts(logits, labels)
+        c1, c5, n = c1 + a, c5 + b, n + labels.numel()
+    c1, c5, n, loss_sum = all_reduce_sum([c1, c5, n, loss_sum], dist)
+    n = int(n)
+    return {"top1": 100.0 * c1 / max(n, 1), "top5": 100.0 * c5 / max(n, 1), "count": n,
+            "loss": loss_sum / max(n, 1)}  # fmt: skip
+
+
+def average_bn_stats(model: nn.Module, dist: DistInfo) -> None:
+    """Average BN running statistics over ranks (each rank saw other images) before eval or checkpoint."""
+    if not dist.enabled:
+        return
+    for m in model.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats:
+            for buf in (m.running_mean, m.running_var):
+                td.all_reduce(buf)
+                buf.div_(dist.world_size)
+
+
+class Trainer:
+    """Holds the pieces of one run; `fit()` runs the plan."""
+
+    def __init__(self, cfg: Config, run_dir: Path | None = None, resume_from: str | None = None):
+        self.cfg = cfg
+        self.dist = setup(cfg)
+        self.run_dir = Path(run_dir) if run_dir else run_dir_for(cfg)
+        self.log = RunLogger(self.run_dir, self.dist.is_main, cfg.log.tensorboard)
+        try:
+            self._build(resume_from)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, resume_from: str | None) -> None:
+        cfg, dist = self.cfg, self.dist
+        if dist.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
+            meta = {"git_commit": git_commit(), "world_size": dist.world_size, "device": str(dist.device),
+                    "torch": torch.__version__}  # fmt: skip
+            (self.run_dir / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+        if cfg.run.deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.manual_seed(cfg.run.seed)  # identical initial weights on every rank
+        self.data = create_input(cfg, dist)
+        self.plan = Plan(cfg, self.data.num_train, dist.world_size)
+        model = create_model(cfg.model, self.data.num_classes).to(dist.device)
+        if cfg.run.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        self.model = model
+        self.optimizer = create_optimizer(cfg.optim, model)
+        self.scaler = torch.amp.GradScaler(dist.device.type, enabled=cfg.run.amp == "fp16")
+        self.comm = create_allreduce(cfg, dist)
+        self.criterion = nn.CrossEntropyLoss(label_smoothing=cfg.optim.label_smoothing)
+        self.state = State()
+        torch.manual_seed(cfg.run.seed + 1000 * dist.rank)  # per-rank randomness; a resume restores it
+        self._maybe_resume(resume_from)
+        self.train_model, self.optimizer = self.comm.prepare(self.model, self.optimizer)
+        amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.run.amp)
+        if amp_dtype is None:
+            self.amp_ctx = nullcontext
+        else:
+            self.amp_ctx = lambda: torch.autocast(dist.device.type, dtype=amp_dtype)
+        self.log.info(
+            f"run {self.run_dir}: {dist.world_size} process(es) on {dist.device}, model {cfg.model.name} "
+            f"({sum(p.numel() for p in model.parameters()):,} params), optimizer {cfg.optim.name}, "
+            f"data {cfg.data.backend} ({self.data.num_train} train / {self.data.num_val} val images, "
+            f"{self.data.num_classes} classes), allreduce {cfg.comm.backend}"
+        )
+        for line in describe_groups(self.optimizer):
+            self.log.info(line)
+        self.log.info(self.plan.table())
+
+    # -- checkpoints ------------------------------------------------------------------------------------
+    def _checkpoint_path(self) -> Path:
+        return self.run_dir / ckpt.CHECKPOINT_NAME
+
+    def _maybe_resume(self, resume_from: str | None) -> None:
+        path = Path(resume_from) if resume_from else self._checkpoint_path()
+        if resume_from is None and not (self.cfg.checkpoint.resume and path.is_file()):
+            return
+        state = ckpt.load(path)
+        check_compatible(self.model, state["model"], str(path))
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.comm.load_state_dict(state.get("comm", {}))
+        self.state = State(**state["state"])
+        rngs = state["rng"]
+        if len(rngs) == self.dist.world_size:
+            ckpt.set_rng_state(rngs[self.dist.rank])
+        self.log.info(f"resumed from {path}: {self.state.epoch} epoch(s), {self.state.step} step(s) done")
+
+    def save_checkpoint(self) -> None:
+        rngs = all_gather_object(ckpt.rng_state(), self.dist)
+        if not self.dist.is_main:
+            return
+        state = {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "comm": self.comm.state_dict(),
+            "state": self.state.__dict__,
+            "rng": rngs,
+            "config": to_dict(self.cfg),
+            "model_info": {"name": self.cfg.model.name, "num_classes": self.data.num_classes,
+                           "classes": self.data.classes, "num_params": describe_model(self.model)["num_params"]},
+        }  # fmt: skip
+        ckpt.save_atomic(state, self._checkpoint_path())
+
+    # -- the loop ---------------------------------------------------------------------------------------
+    def train_one_epoch(self, epoch: int) -> dict:
+        info = self.plan.epoch_info(epoch)
+        batches = self.data.train_batches(info)
+        self.train_model.train()
+        cfg, plan = self.cfg, self.plan
+        every = cfg.log.every_steps
+        t0 = time.perf_counter()
+        window_t, window_imgs = t0, 0
+        loss_acc = torch.zeros((), device=self.dist.device)
+        loss_n = 0
+        images = 0
+        for i, (x, y) in enumerate(batches):
+            step = self.state.step
+            lr, mom = plan.lr(step), plan.momentum(step)
+            set_lr_momentum(self.optimizer, lr, mom)
+            with self.amp_ctx():
+                loss = self.criterion(self.train_model(x), y)
+            self.optimizer.zero_grad(set_to_none=True)
+            self.scaler.scale(loss).backward()
+            scale_before = self.scaler.get_scale() if self.scaler.is_enabled() else None
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            if scale_before is not None and self.scaler.get_scale() < scale_before:
+                self.state.skipped_steps += 1  # inf/nan gradients: GradScaler skipped this step
+            self.state.step += 1
+            n = y.numel() * self.dist.world_size
+            images += n
+            window_imgs += n
+            loss_acc += loss.detach()
+            loss_n += 1
+            if (i + 1) % every == 0 or i + 1 == info.steps:
+                now = time.perf_counter()
+                mean_loss = float(loss_acc) / loss_n
+                img_s = window_imgs / max(now - window_t, 1e-9)
+                per_step = (now - t0) / (i + 1)
+                eta = per_step * (plan.total_steps - self.state.step)
+                self.log.step_line(epoch, len(plan.epochs), i + 1, info.steps, img_s, mean_loss, lr, eta)
+                self.log.scalars(self.state.step, **{"train/loss": mean_loss, "train/lr": lr,
+                                                     "train/momentum": mom, "train/images_per_s": img_s})  # fmt: skip
+                window_t, window_imgs = now, 0
+                loss_acc.zero_()
+                loss_n = 0
+        if i + 1 != info.steps:
+            raise RuntimeError(f"input pipeline gave {i + 1} batches in epoch {epoch}, the plan says {info.steps}")
+        seconds = time.perf_counter() - t0
+        return {"seconds": seconds, "images": images}
+
+    def validate(self, epoch: int) -> dict:
+        average_bn_stats(self.model, self.dist)
+        phase = self.plan.epoch_info(epoch).phase
+        return evaluate(self.model, self.data.val_batches(phase), self.dist, self.amp_ctx)
+
+    def fit(self) -> dict:
+        cfg, st = self.cfg, self.state
+        wall0 = time.perf_counter() - st.wall_seconds
+        epochs = len(self.plan.epochs)
+        if st.epoch >= epochs:
+            self.log.info(f"nothing to do: all {epochs} epochs are done (checkpoint in {self.run_dir})")
+        while st.epoch < epochs:
+            epoch = st.epoch
+            tr = self.train_one_epoch(epoch)
+            st.train_seconds += tr["seconds"]
+            st.images += tr["images"]
+            ev = self.validate(epoch)
+            st.epoch += 1
+            row = {"epoch": st.epoch, "train_seconds": st.train_seconds, "top1": ev["top1"], "top5": ev["top5"],
+                   "val_loss": ev["loss"], "val_count": ev["count"], "step": st.step,
+                   "images_per_s": tr["images"] / max(tr["seconds"], 1e-9)}  # fmt: skip
+            st.history.append(row)
+            st.wall_seconds = time.perf_counter() - wall0
+            self.log.info(
+                f"epoch {st.epoch}/{epochs}  val top1 {ev['top1']:.2f}%  top5 {ev['top5']:.2f}%  "
+                f"({ev['count']} images)  train {format_seconds(st.train_seconds)}  "
+                f"{row['images_per_s']:.1f} img/s"
+            )
+            self.log.scalars(st.step, **{"val/top1": ev["top1"], "val/top5": ev["top5"], "val/loss": ev["loss"],
+                                         "epoch/images_per_s": row["images_per_s"]})  # fmt: skip
+            if self.dist.is_main:
+                write_tsv(self.run_dir / "dawnbench.tsv", st.history)
+            if cfg.checkpoint.enabled:
+                self.save_checkpoint()
+            if cfg.run.stop_at_target and self._targets_reached(ev):
+                self.log.info(f"targets reached after epoch {st.epoch}: stopping (run.stop_at_target)")
+                break
+        st.wall_seconds = time.perf_counter() - wall0
+        summary = self.summary()
+        if self.dist.is_main:
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+        self.log.info(summary_table(summary))
+        return summary
+
+    def _targets_reached(self, ev: dict) -> bool:
+        t1, t5 = self.cfg.run.target_top1, self.cfg.run.target_top5
+        if t1 is None and t5 is None:
+            return False
+        return (t1 is None or ev["top1"] >= t1) and (t5 is None or ev["top5"] >= t5)
+
+    def summary(self) -> dict:
+        st, cfg = self.state, self.cfg
+        hit = next((r for r in st.history if self._targets_reached(r)), None)
+        last = st.history[-1] if st.history else {"top1": float("nan"), "top5": float("nan")}
+        return {
+            "epochs": st.epoch,
+            "steps": st.step,
+            "world_size": self.dist.world_size,
+            "wall_seconds": st.wall_seconds,
+            "train_seconds": st.train_seconds,
+            "target_top1": cfg.run.target_top1,
+            "target_top5": cfg.run.target_top5,
+            "time_to_target_seconds": hit["train_seconds"] if hit else None,
+            "epoch_at_target": hit["epoch"] if hit else None,
+            "final_top1": last["top1"],
+            "final_top5": last["top5"],
+            "images_per_s": st.images / max(st.train_seconds, 1e-9),
+            "skipped_steps": st.skipped_steps,
+            "run_dir": str(self.run_dir),
+        }
+
+    def close(self) -> None:
+        if getattr(self, "data", None) is not None:
+            self.data.close()
+        self.log.close()
+        teardown()
+
+
+def summary_table(s: dict) -> str:
+    target = []
+    if s["target_top1"] is not None:
+        target.append(f"top-1 >= {s['target_top1']:g}%")
+    if s["target_top5"] is not None:
+        target.append(f"top-5 >= {s['target_top5']:g}%")
+    if not target:
+        ttt = "no target set"
+    elif s["time_to_target_seconds"] is None:
+        ttt = "not reached"
+    else:
+        ttt = f"{format_seconds(s['time_to_target_seconds'])} (epoch {s['epoch_at_target']})"
+    rows = [
+        ("epochs", f"{s['epochs']} ({s['steps']} steps, {s['world_size']} process(es))"),
+        ("wall time", format_seconds(s["wall_seconds"])),
+        ("training time", f"{format_seconds(s['train_seconds'])} (excl. validation and checkpoints)"),
+        (f"time to target ({' and '.join(target) or '-'})", ttt),
+        ("final top-1 / top-5", f"{s['final_top1']:.2f}% / {s['final_top5']:.2f}%"),
+        ("images/s (training)", f"{s['images_per_s']:.1f}"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    lines = ["", "| " + "summary".ljust(width) + " | value |", "|" + "-" * (width + 2) + "|-------|"]
+    lines += [f"| {k.ljust(width)} | {v} |" for k, v in rows]
+    return "\n".join(lines)
+
+
+def train(cfg: Config, run_dir: str | Path | None = None, resume_from: str | None = None) -> dict:
+    """Run the whole plan of `cfg`; returns the summary dict (also written to <run_dir>/summary.json)."""
+    trainer = Trainer(cfg, Path(run_dir) if run_dir else None, resume_from)
+    try:
+        return trainer.fit()
+    finally:
+        trainer.close()
+
+
+__all__ = ["Trainer", "evaluate", "train", "summary_table"]

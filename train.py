@@ -1,0 +1,31 @@
+#!/usr/bin/env python
+"""Train from a YAML config:  python train.py -c configs/quickstart.yaml [key=value ...]
+
+Run under torchrun for several processes:  torchrun --nproc-per-node 2 train.py -c configs/quickstart.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from recipes.cli import run_cli
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-c", "--config", help="YAML config file (may 'extends:' another)")
+    ap.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. optim.lr=0.4")
+    ap.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    ap.add_argument("--help-config", action="store_true", help="print every config key with default and meaning")
+    ap.add_argument("--plan", action="store_true", help="print the phase table and iteration count, then exit")
+    ap.add_argument("--num-images", type=int, default=None, help="--plan: training set size (default: scan data)")
+    ap.add_argument("--world-size", type=int, default=None, help="--plan: number of processes")
+    ap.add_argument("--run-dir", help="run directory (default: <run.out_dir>/<run.name>)")
+    ap.add_argument("--resume", nargs="?", const="auto", default=None, metavar="CHECKPOINT",
+                    help="continue from CHECKPOINT (default: the run directory's checkpoint.pt)")  # fmt: skip
+    return run_cli(ap.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
