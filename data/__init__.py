@@ -20,9 +20,7 @@ def _scan(cfg):
         roots[name] = (scan_split(path, "train", classes=train.classes), val)
     for i, phase in enumerate(cfg.phases):
         if phase.root not in roots:
-            raise DataError(
-                f"phases.{i}.root: '{phase.root}' is not in data.roots (known: {', '.join(sorted(roots))})"
-            )
+            raise DataError(f"phases.{i}.root: '{phase.root}' is not in data.roots (known: {', '.join(sorted(roots))})")
     return train, val, roots
 
 

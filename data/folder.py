@@ -43,9 +43,7 @@ def scan_split(root: str | Path, split: str, classes: list[str] | None = None) -
     index = {c: i for i, c in enumerate(classes)}
     files, labels = [], []
     for wnid in found:
-        names = sorted(
-            p for p in (folder / wnid).iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS
-        )
+        names = sorted(p for p in (folder / wnid).iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
         if not names:
             raise DataError(f"class folder '{folder / wnid}' is empty (no .JPEG/.jpg/.png files)")
         files.extend(str(p) for p in names)

@@ -14,8 +14,9 @@ from data.transforms import load_rgb, normalize, train_transform, val_transform
 
 
 class _TrainSet(Dataset):
-    def __init__(self, split: Split, indices: np.ndarray, size: int, min_scale: float, seed: int, epoch: int,
-                 skip_corrupt: bool):
+    def __init__(
+        self, split: Split, indices: np.ndarray, size: int, min_scale: float, seed: int, epoch: int, skip_corrupt: bool
+    ):
         self.split, self.indices, self.size, self.min_scale = split, indices, size, min_scale
         self.seed, self.epoch, self.skip_corrupt = seed, epoch, skip_corrupt
 
@@ -92,8 +93,9 @@ class TorchPipeline:
         phase = info.phase
         train, _ = self.roots.get(phase.root, (self.train, self.val))
         idx = train_shard(len(train), self.dist.rank, self.dist.world_size, info.epoch, self.cfg.run.seed)
-        ds = _TrainSet(train, idx, phase.image_size, phase.min_scale, self.cfg.run.seed, info.epoch,
-                       self.cfg.data.skip_corrupt)
+        ds = _TrainSet(
+            train, idx, phase.image_size, phase.min_scale, self.cfg.run.seed, info.epoch, self.cfg.data.skip_corrupt
+        )
         local = phase.batch_size // self.dist.world_size
         loader = self._loader(ds, local, self.cfg.run.seed * 7919 + info.epoch)
         return _DeviceBatches(loader, self.dist.device, self.cfg.run.channels_last, len(loader))

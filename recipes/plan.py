@@ -29,7 +29,7 @@ def plot_plan(plan: Plan, path: Path) -> None:
     series = [("learning rate", plan.lr), ("momentum", plan.momentum), ("image size (px)", plan.image_size),
               ("global batch", plan.batch_size)]  # fmt: skip
     fig, axes = plt.subplots(len(series), 1, figsize=(8, 8), sharex=True)
-    for ax, (name, fn) in zip(axes, series):
+    for ax, (name, fn) in zip(axes, series, strict=True):
         ax.plot(steps, [fn(s) for s in steps])
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)
