@@ -72,6 +72,10 @@ class DataConfig:
     skip_corrupt: bool = _f(False, help="skip undecodable files (and report them) instead of failing")
     synthetic_size: int = _f(1281167, help="synthetic backend: training images per epoch")
     synthetic_classes: int = _f(1000, help="synthetic backend: number of classes")
+    dali_dtype: Literal["auto", "float32", "float16"] = _f(
+        "auto", help="dali: output dtype; auto = float16 on CUDA with run.amp=fp16, else float32"
+    )
+    dali_prefetch: int = _f(2, help="dali: batches prepared ahead of the training loop (prefetch_queue_depth)")
 
 
 @dataclass
@@ -256,6 +260,8 @@ def _validate(cfg: Config) -> None:
                 raise ConfigError(f"phases.{i}.{key}: expected a positive integer, got {getattr(p, key)}")
         if not 0.0 < p.min_scale <= 1.0:
             raise ConfigError(f"phases.{i}.min_scale: expected a number in (0, 1], got {p.min_scale}")
+    if cfg.data.dali_prefetch < 1:
+        raise ConfigError(f"data.dali_prefetch: expected a positive integer, got {cfg.data.dali_prefetch}")
     if not 0.0 < cfg.data.val_crop_ratio <= 1.0:
         raise ConfigError(f"data.val_crop_ratio: expected a number in (0, 1], got {cfg.data.val_crop_ratio}")
     if cfg.optim.warmup_epochs > cfg.epochs:
