@@ -97,11 +97,11 @@ def inspect_file(path: str) -> FileReport:
         return FileReport(path, kind, f"{fmt}: {msg}")
     except (ValueError, Image.DecompressionBombError, SyntaxError) as e:
         return FileReport(path, "corrupt", f"{fmt}: {e}")
-    named = os.path.splitext(path)[1].lower().lstrip(".")
+    named = os.path.splitext(path)[1].lstrip(".")
     if fmt == "JPEG":
         if mode == "RGB":
             return FileReport(path, OK, f"JPEG RGB {w}x{h}")
         kind = {"CMYK": "cmyk-jpeg", "L": "grayscale-jpeg"}.get(mode, f"{mode.lower()}-jpeg")
         return FileReport(path, kind, f"JPEG {mode} {w}x{h} (converted to RGB when loaded)")
-    where = f" in a .{named} file" if named in ("jpeg", "jpg") else ""
+    where = f" in a .{named} file" if named.lower() in ("jpeg", "jpg") else ""
     return FileReport(path, fmt.lower(), f"{fmt} {mode} {w}x{h}{where} (converted to RGB when loaded)")

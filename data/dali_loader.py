@@ -20,6 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 from nvidia.dali import fn, pipeline_def, types
+from nvidia.dali.math import max as math_max
+from nvidia.dali.math import min as math_min
 
 from data.check import quick_problem
 from data.folder import DataError, Split
@@ -67,20 +69,39 @@ def _train_graph(files, labels, shard_id, num_shards, shuffle_seed, size, min_sc
     # RandomResizedCrop fused into the decode: only the crop window is decoded (ROI decoding).
     images = fn.decoders.image_random_crop(
         jpegs, device=_decoder_device(gpu), output_type=types.RGB, random_area=[min_scale, 1.0],
-        random_aspect_ratio=[3 / 4, 4 / 3], num_attempts=10, adjust_orientation=False, **(_MIXED_PADDING if gpu else {}),
+        random_aspect_ratio=[3 / 4, 4 / 3], num_attempts=10, adjust_orientation=False,
+        **(_MIXED_PADDING if gpu else {}),
     )  # fmt: skip
     images = fn.resize(images, resize_x=size, resize_y=size, antialias=True)
     images = _normalize(images, dtype, nhwc, mirror=fn.random.coin_flip(probability=0.5))
     return images, labels.gpu() if gpu else labels
 
 
+def _float(node):
+    return fn.cast(node, dtype=types.FLOAT)
+
+
+def _center(length, size: int):
+    """crop_pos that puts the window where torchvision's center_crop does: offset round((length - size) / 2)."""
+    d = math_max(length - size, 0)
+    k = d // 2
+    offset = k + (d % 2) * (k % 2)  # Python's round(): half to even
+    return _float(offset) / _float(math_max(d, 1))
+
+
 def _val_graph(files, labels, shard_id, num_shards, size, resize_to, gpu, dtype, nhwc):
     jpegs, labels = fn.readers.file(
         files=files, labels=labels, shard_id=shard_id, num_shards=num_shards, pad_last_batch=True, name=READER
     )
+    # Sizes and crop window computed as torchvision's Resize(int) + CenterCrop do (longer side rounded down,
+    # offset rounded half to even), so that both backends validate on the same pixels.
+    shape = fn.peek_image_shape(jpegs, adjust_orientation=False)
+    h, w = shape[0], shape[1]
+    short = math_min(h, w)
+    h, w = (h * resize_to) // short, (w * resize_to) // short
     images = fn.decoders.image(jpegs, device=_decoder_device(gpu), output_type=types.RGB, adjust_orientation=False)
-    images = fn.resize(images, resize_shorter=resize_to, antialias=True)
-    images = _normalize(images, dtype, nhwc, crop=(size, size), crop_pos_x=0.5, crop_pos_y=0.5)
+    images = fn.resize(images, resize_y=_float(h), resize_x=_float(w), antialias=True)
+    images = _normalize(images, dtype, nhwc, crop=(size, size), crop_pos_y=_center(h, size), crop_pos_x=_center(w, size))
     return images, labels.gpu() if gpu else labels
 
 
@@ -241,7 +262,7 @@ class DaliPipeline:
         print(f"DALI failed ({reason}): scanning {len(files)} files of '{split.root}' for the culprit", file=sys.stderr)
         with ThreadPoolExecutor(self.threads * 2) as pool:
             problems = list(pool.map(quick_problem, files, chunksize=256))
-        bad = [(f, why) for f, why in zip(files, problems) if why]
+        bad = [(f, why) for f, why in zip(files, problems, strict=True) if why]
         if not bad:
             raise DataError(
                 f"DALI failed to decode a batch of '{split.root}': {reason} (no file looks damaged; "
@@ -285,7 +306,7 @@ class DaliPipeline:
             return
         pipe = self._pipeline(
             _val_graph, batch, _seed(self.cfg.run.seed, 1), files=files, labels=labels, shard_id=rank,
-            num_shards=world, size=size, resize_to=float(round(size / self.cfg.data.val_crop_ratio)),
+            num_shards=world, size=size, resize_to=int(round(size / self.cfg.data.val_crop_ratio)),
         )  # fmt: skip
         self._val = (key, pipe, steps, counts)
 
