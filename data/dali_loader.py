@@ -91,8 +91,9 @@ def _center(length, size: int):
 
 def _val_graph(files, labels, shard_id, num_shards, size, resize_to, gpu, dtype, nhwc):
     jpegs, labels = fn.readers.file(
-        files=files, labels=labels, shard_id=shard_id, num_shards=num_shards, pad_last_batch=True, name=READER
-    )
+        files=files, labels=labels, shard_id=shard_id, num_shards=num_shards, pad_last_batch=True,
+        stick_to_shard=True, name=READER,
+    )  # fmt: skip
     # Sizes and crop window computed as torchvision's Resize(int) + CenterCrop do (longer side rounded down,
     # offset rounded half to even), so that both backends validate on the same pixels.
     shape = fn.peek_image_shape(jpegs, adjust_orientation=False)
@@ -296,7 +297,8 @@ class DaliPipeline:
             )  # fmt: skip
             self._val = (key, pipe, len(mine), counts)
             return
-        # DALI's shard r is [N*r//W, N*(r+1)//W); pad_last_batch pads every shard to the largest one.
+        # DALI's shard r is [N*r//W, N*(r+1)//W); pad_last_batch pads every shard to the largest one (rounded up
+        # to whole batches) by repeating its last image, and stick_to_shard makes the next epoch start over.
         n = len(files)
         real = n * (rank + 1) // world - n * rank // world
         steps = math.ceil(math.ceil(n / world) / batch)
