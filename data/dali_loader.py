@@ -102,7 +102,8 @@ def _val_graph(files, labels, shard_id, num_shards, size, resize_to, gpu, dtype,
     h, w = (h * resize_to) // short, (w * resize_to) // short
     images = fn.decoders.image(jpegs, device=_decoder_device(gpu), output_type=types.RGB, adjust_orientation=False)
     images = fn.resize(images, resize_y=_float(h), resize_x=_float(w), antialias=True)
-    images = _normalize(images, dtype, nhwc, crop=(size, size), crop_pos_y=_center(h, size), crop_pos_x=_center(w, size))
+    window = {"crop": (size, size), "crop_pos_y": _center(h, size), "crop_pos_x": _center(w, size)}
+    images = _normalize(images, dtype, nhwc, **window)
     return images, labels.gpu() if gpu else labels
 
 

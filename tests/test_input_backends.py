@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 import torch
-
 from conftest import tiny_config
+
 from data import create_input
 from data.make_sample import main as make_sample
 from recipes.distributed import DistInfo
@@ -39,8 +39,8 @@ def _first_batches(cfg):
     ],
 )  # fmt: skip
 def test_batch_shape_dtype_and_layout(tiny_root, tmp_path, backend, overrides, dtype, channels_last):
-    cfg = tiny_config(tiny_root, tmp_path, f"data.backend={backend}", "data.val_batch_size=5",
-                      "phases=[{epochs: 1, image_size: 40, batch_size: 6, val_image_size: 36}]", *overrides)  # fmt: skip
+    phases = "phases=[{epochs: 1, image_size: 40, batch_size: 6, val_image_size: 36}]"
+    cfg = tiny_config(tiny_root, tmp_path, f"data.backend={backend}", "data.val_batch_size=5", phases, *overrides)
     (x, y), (vx, vy) = _first_batches(cfg)
     assert x.shape == (6, 3, 40, 40) and vx.shape[1:] == (3, 36, 36)
     assert vx.shape[0] == (10 if backend == "synthetic" else 5)  # synthetic: its whole val share in one batch

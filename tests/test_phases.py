@@ -6,8 +6,8 @@ import math
 
 import pytest
 import torch
-
 from conftest import ROOT, tiny_config, torchrun
+
 from data import create_input
 from recipes.config import load_config
 from recipes.distributed import DistInfo

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import pytest
 import torch
+from conftest import tiny_config
 from PIL import Image
 
-from conftest import tiny_config
 from data import create_input
 from data.check import OK, inspect_file, quick_problem
 from data.folder import DataError
@@ -142,7 +141,9 @@ def test_a_phase_reads_the_prepared_copy(odd_src, tmp_path, backend):
     for path in (odd_src / "train").rglob("*.JPEG"):
         path.write_bytes(b"gone")  # the full-size originals no longer decode: only the copy can feed training
     dist = DistInfo(0, 1, 0, 1, torch.device("cpu"))
-    phases = "phases=[{epochs: 1, image_size: 32, batch_size: 4, root: '96'}, {epochs: 1, image_size: 32, batch_size: 4}]"
+    phases = (
+        "phases=[{epochs: 1, image_size: 32, batch_size: 4, root: '96'}, {epochs: 1, image_size: 32, batch_size: 4}]"
+    )
     cfg = tiny_config(odd_src, tmp_path, f"data.backend={backend}", f"data.roots={{'96': {dst}}}", phases)
     pipe = create_input(cfg, dist)
     plan = Plan(cfg, pipe.num_train, 1)
