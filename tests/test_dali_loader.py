@@ -152,3 +152,18 @@ def test_skip_corrupt_skips_and_reports_every_bad_file(tiny_root, tmp_path, caps
     err = capsys.readouterr().err
     assert all(f"skipping corrupt file '{p}'" in err for p in bad.values())
     pipe.close()
+
+
+def test_undecodable_validation_image_is_named(tiny_root, tmp_path):
+    import shutil
+
+    shutil.copytree(tiny_root, tmp_path / "data")
+    victim = sorted((tmp_path / "data" / "val").rglob("*.JPEG"))[7]
+    victim.write_bytes(victim.read_bytes()[:300])
+    cfg = tiny_config(
+        tmp_path / "data", tmp_path, "data.backend=dali", "phases=[{epochs: 1, image_size: 32, batch_size: 6}]"
+    )
+    train, val = scan_split(tmp_path / "data", "train"), scan_split(tmp_path / "data", "val")
+    pipe = _pipe(cfg, 0, 1, train, val)
+    with pytest.raises(DataError, match=f"cannot decode validation image '{victim}'"):
+        list(pipe.val_batches(cfg.phases[0]))

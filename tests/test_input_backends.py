@@ -6,10 +6,11 @@ import shutil
 
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import ROOT, tiny_config
 
 from data import create_input
 from data.make_sample import main as make_sample
+from recipes.config import ConfigError, load_config
 from recipes.distributed import DistInfo
 from recipes.schedule import Plan
 
@@ -95,3 +96,11 @@ def test_odd_files_decode_as_the_same_rgb_in_every_backend(odd_val_root, tmp_pat
     for a, b in zip(out["dali"], out["torch"], strict=True):
         assert a.shape[:2] == (1, 3) and a.shape == b.shape
         assert (a - b).abs().mean() < 0.02  # CMYK and grayscale converted to RGB the same way as PIL does
+
+
+def test_dali_keys_are_checked_and_the_quickstart_uses_dali():
+    assert load_config(ROOT / "configs" / "quickstart.yaml").data.backend == "dali"
+    with pytest.raises(ConfigError, match="data.dali_prefetch: expected a positive integer, got 0"):
+        load_config(None, ["data.dali_prefetch=0"])
+    with pytest.raises(ConfigError, match="data.dali_dtype: expected one of 'auto', 'float32', 'float16'"):
+        load_config(None, ["data.dali_dtype=bf16"])
