@@ -1,19 +1,24 @@
 #!/usr/bin/env python
 """Input pipeline throughput: DALI against torchvision, against the decode-only ceiling, full size and pre-resized.
 
-    python scripts/bench_input.py [--data DIR] [--threads 2] [--rounds 5] [--images 768] [--quick]
+    python scripts/bench_input.py [--data DIR] [--threads 2] [--rounds 5] [--quick]
 
-All contenders read the same folder of JPEGs (default: a 600-image sample generated into data/sample_bench, and
-its --max-side 160 copy made with data/prepare.py) with the same number of CPU threads (DALI threads, DataLoader
-worker processes, decode threads). Each round runs every contender once, in a rotated order, so that a noisy
-neighbour hurts them alike; the table gives medians over the rounds. "CPU ms/img" is the process's CPU time (its
-DataLoader workers included) per image: how much work a pipeline does, whatever else the machine runs.
-On a machine with a GPU a second table measures DALI's mixed (nvJPEG) decoding feeding the GPU.
+All contenders read the same folder of JPEGs (default: 1500 images generated into data/sample_bench, and its
+--max-side 160 copy made with data/prepare.py) with the same number of CPU threads (DALI threads, DataLoader
+worker processes, decode threads). A measurement is one epoch (every image once) as the trainer runs it: a running
+DALI pipeline (built once per phase; its prefetch queue full at both ends), a new DataLoader for torch (workers
+started every epoch), so no prefetched batch counts as free. Each round runs every contender
+once, in a rotated order, so that a noisy neighbour hurts them alike; the table gives medians over the rounds.
+"CPU ms/img" is the CPU time of the process and its DataLoader workers per image: how much work a pipeline does,
+whatever else the machine runs. A second table profiles DALI's CPU stages. On a machine with a GPU a third table
+measures DALI's mixed (nvJPEG) decoding feeding the GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import resource
 import statistics
@@ -39,9 +44,9 @@ BATCH = 64
 
 
 def cpu_seconds() -> float:
-    """CPU time of this process (all its threads) and of its live child processes (DataLoader workers)."""
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    total = own.ru_utime + own.ru_stime
+    """CPU time of this process (all threads), of its reaped children and of its live children (DataLoader workers)."""
+    own, reaped = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
     me, tick = str(os.getpid()), os.sysconf("SC_CLK_TCK")
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -55,30 +60,34 @@ def cpu_seconds() -> float:
 
 def ensure_data(args) -> tuple[Path, Path]:
     data = Path(args.data) if args.data else ROOT / "data" / "sample_bench"
-    if not (data / "train").is_dir():
-        if args.data:
-            sys.exit(f"error: --data {data}: no train/ folder")
-        make_sample(["--out", str(data), "--classes", "10", "--train-per-class", "60", "--val-per-class", "1"])
+    if args.data is None:
+        info = data / "sample.json"
+        if not info.is_file() or json.loads(info.read_text())["train"] != 10 * args.per_class:
+            make_sample(["--out", str(data), "--classes", "10", "--train-per-class", str(args.per_class),
+                         "--val-per-class", "1"])  # fmt: skip
+    elif not (data / "train").is_dir():
+        sys.exit(f"error: --data {data}: no train/ folder")
     small = Path(f"{data}-160")
     if prepare_main(["--src", str(data), "--dst", str(small), "--max-side", "160", "--workers", str(args.threads)]):
         sys.exit("error: data/prepare.py failed")
     return data, small
 
 
-def measure(batches, limit: int, device: torch.device, warmup: int = 2) -> tuple[float, float]:
-    """(images/s, CPU ms per image) over the batches after `warmup`, up to `limit` images."""
-    n, t0, c0 = 0, None, None
-    for i, (x, _) in enumerate(batches):
-        if i == warmup:
-            t0, c0 = time.perf_counter(), cpu_seconds()
-        elif i > warmup:
-            n += x.shape[0]
-        if n >= limit:
-            break
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    elapsed, cpu = time.perf_counter() - t0, cpu_seconds() - c0
-    return n / elapsed, 1000 * cpu / max(n, 1)
+class Meter:
+    """Wall and CPU time from a cold start (building the pipeline) to the last image of one epoch."""
+
+    def __enter__(self):
+        self.t, self.c, self.images = time.perf_counter(), cpu_seconds(), 0
+        return self
+
+    def __exit__(self, *exc):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        self.wall, self.cpu = time.perf_counter() - self.t, cpu_seconds() - self.c
+
+    def result(self) -> tuple[float, float]:
+        """(images/s, CPU ms per image)"""
+        return self.images / self.wall, 1000 * self.cpu / self.images
 
 
 def pipeline_run(backend: str, size: int, args, device: torch.device, copy: Path | None = None) -> tuple[float, float]:
@@ -88,13 +97,19 @@ def pipeline_run(backend: str, size: int, args, device: torch.device, copy: Path
                  f"phases=[{phase}]", "run.seed=1"] + ([f"data.roots={{small: {copy}}}"] if copy else [])  # fmt: skip
     cfg = load_config(ROOT / "configs" / "base.yaml", overrides)
     pipe = create_input(cfg, DistInfo(0, 1, 0, 1, device))
-    steps = args.images // BATCH + 3
-    try:
-        # Enough steps for warm-up + the measured images; the torch loader may stop at the end of its epoch.
-        result = measure(pipe.train_batches(EpochInfo(0, 0, cfg.phases[0], 0, steps)), args.images, device)
-    finally:
-        pipe.close()
-    return result
+    info = EpochInfo(0, 0, cfg.phases[0], 0, math.ceil(pipe.num_train / BATCH))  # every image once
+    if backend == "dali":
+        # The trainer builds a DALI pipeline once per phase and then streams epoch after epoch: measure an epoch
+        # of a running pipeline (its prefetch queue is full at both ends). The torch backend starts a new
+        # DataLoader every epoch, so its measured epoch includes starting the workers, as in training.
+        for i, _ in enumerate(pipe.train_batches(info)):
+            if i == 3:
+                break
+    with Meter() as m:
+        for x, _ in pipe.train_batches(info):
+            m.images += x.shape[0]
+    pipe.close()
+    return m.result()
 
 
 def dali_decode_only(root: Path, args) -> tuple[float, float]:
@@ -109,29 +124,24 @@ def dali_decode_only(root: Path, args) -> tuple[float, float]:
 
     pipe = graph()
     pipe.build()
-
-    def batches():
-        while True:
+    for _ in range(3):
+        pipe.run()
+    with Meter() as m:
+        for _ in range(math.ceil(len(split) / BATCH)):
             (images,) = pipe.run()
-            yield torch.empty(len(images)), None
-
-    return measure(batches(), args.images, torch.device("cpu"))  # the pipeline is freed with the generator
+            m.images += len(images)
+    del pipe
+    return m.result()
 
 
 def pil_decode_only(root: Path, args) -> tuple[float, float]:
     from data.transforms import load_rgb
 
     files = scan_split(root, "train").files
-    with ThreadPoolExecutor(args.threads) as pool:
-
-        def batches():
-            i = 0
-            while True:
-                chunk = [files[(i + k) % len(files)] for k in range(BATCH)]
-                i += BATCH
-                yield torch.empty(len(list(pool.map(load_rgb, chunk)))), None
-
-        return measure(batches(), args.images, torch.device("cpu"))
+    with Meter() as m, ThreadPoolExecutor(args.threads) as pool:
+        for start in range(0, len(files), BATCH):
+            m.images += len(list(pool.map(load_rgb, files[start : start + BATCH])))
+    return m.result()
 
 
 def stage_table(data: Path, args) -> str:
@@ -152,7 +162,7 @@ def stage_table(data: Path, args) -> str:
         pipe.build()
         for _ in range(2):
             pipe.run()
-        steps = max(2, args.images // BATCH)
+        steps = max(2, len(files) // BATCH // 2)
         c0 = cpu_seconds()
         for _ in range(steps):
             pipe.run()
@@ -239,16 +249,25 @@ def cpu_table(data: Path, small: Path, args) -> str:
         pct = f"{100 * med / (small_ceiling if small_files else ceiling):.0f}%"
         pct_cpu = f"{100 * (small_ceiling_cpu if small_files else ceiling_cpu) / cpu_ms:.0f}%"
         rows.append(f"| {name} | {med:.0f} | {lo:.0f} - {hi:.0f} | {cpu_ms:.2f} | {vs} | {pct} | {pct_cpu} |")
-    speed = res["dali 128 pre-resized"][0] / res["dali 128"][0]
+
+    def ratios(i: int, invert: bool) -> str:
+        def r(a: str, b: str) -> str:
+            x, y = res[a][i], res[b][i]
+            return f"**{(y / x if invert else x / y):.2f}x**"
+
+        small = r("dali 128 pre-resized", "dali 128")
+        return (
+            f"pre-resized 128 px phase vs full size (DALI) {small}; DALI vs torchvision "
+            f"{r('dali 128', 'torch 128')} at 128 px, {r('dali 224', 'torch 224')} at 224 px"
+        )
+
     return (
-        f"CPU, {args.threads} threads each, batch {BATCH}, median of {args.rounds} alternating rounds of "
-        f"{args.images} images; full size: {dataset_line(data)}; pre-resized (--max-side 160): {dataset_line(small)}."
+        f"CPU, {args.threads} threads each, batch {BATCH}, median of {args.rounds} alternating rounds of one epoch each"
+        f"; full size: {dataset_line(data)}; pre-resized (--max-side 160): {dataset_line(small)}."
         f" The ceiling is decode-only of the same files (the copy's for pre-resized rows): the faster decoder in"
         f" images/s, the cheaper in CPU time per image.\n\n"
         + "\n".join(rows)
-        + f"\n\npre-resized 128 px phase vs full size (DALI): **{speed:.2f}x**; "
-        f"DALI vs torchvision: **{res['dali 128'][0] / res['torch 128'][0]:.2f}x** at 128 px, "
-        f"**{res['dali 224'][0] / res['torch 224'][0]:.2f}x** at 224 px\n"
+        + f"\n\nBy images/s: {ratios(0, False)}.\nBy CPU time per image: {ratios(3, True)}.\n"
     )
 
 
@@ -270,11 +289,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", help="dataset root with train/ (default: generate data/sample_bench)")
     ap.add_argument("--threads", type=int, default=2, help="CPU threads (workers) for every contender")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--images", type=int, default=768, help="images measured per contender and round")
-    ap.add_argument("--quick", action="store_true", help="2 rounds of 256 images")
+    ap.add_argument("--per-class", type=int, default=150, help="generated data: training images per class (10)")
+    ap.add_argument("--quick", action="store_true", help="2 rounds")
     args = ap.parse_args(argv)
     if args.quick:
-        args.rounds, args.images = 2, 256
+        args.rounds = 2
     torch.set_num_threads(args.threads)
     data, small = ensure_data(args)
     args.data_root = data
