@@ -198,6 +198,7 @@ class Trainer:
         loss_acc = torch.zeros((), device=self.dist.device)
         loss_n = 0
         images = 0
+        skipped_before = self.state.skipped_steps
         for i, (x, y) in enumerate(batches):
             step = self.state.step
             lr, mom = plan.lr(step), plan.momentum(step)
@@ -232,7 +233,13 @@ class Trainer:
         if i + 1 != info.steps:
             raise RuntimeError(f"input pipeline gave {i + 1} batches in epoch {epoch}, the plan says {info.steps}")
         seconds = time.perf_counter() - t0
-        return {"seconds": seconds, "images": images}
+        skipped = self.state.skipped_steps - skipped_before
+        if self.scaler.is_enabled():
+            scale = self.scaler.get_scale()
+            self.log.info(f"epoch {epoch + 1}: fp16 loss scale {scale:g}, {skipped} step(s) skipped for inf/nan "
+                          f"gradients ({self.state.skipped_steps} in all)")  # fmt: skip
+            self.log.scalars(self.state.step, **{"train/loss_scale": scale, "train/skipped_steps": skipped})
+        return {"seconds": seconds, "images": images, "skipped_steps": skipped}
 
     def validate(self, epoch: int) -> dict:
         average_bn_stats(self.model, self.dist)
@@ -331,6 +338,7 @@ def summary_table(s: dict) -> str:
         (f"time to target ({' and '.join(target) or '-'})", ttt),
         ("final top-1 / top-5", f"{s['final_top1']:.2f}% / {s['final_top5']:.2f}%"),
         ("images/s (training)", f"{s['images_per_s']:.1f}"),
+        ("skipped steps (fp16 inf/nan)", str(s.get("skipped_steps", 0))),
     ]
     width = max(len(k) for k, _ in rows)
     lines = ["", "| " + "summary".ljust(width) + " | value |", "|" + "-" * (width + 2) + "|-------|"]
