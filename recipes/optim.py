@@ -53,7 +53,8 @@ def describe_groups(optimizer: torch.optim.Optimizer) -> list[str]:
     for i, g in enumerate(optimizer.param_groups):
         n = sum(p.numel() for p in g["params"])
         kinds = ", ".join(f"{k} x{v}" for k, v in g.get("kinds", {}).items())
-        adapt = f", adapt={g['adapt']}" if "adapt" in g else ""
+        adapts = isinstance(optimizer, LayerAdaptiveSGD) or "always_adapt" in g  # sgd ignores the flag
+        adapt = f", adapt={g['adapt']}" if adapts and "adapt" in g else ""
         lines.append(
             f"param group {i} ({g.get('label', '-')}): {len(g['params'])} tensors, {n:,} values, "
             f"weight_decay={g['weight_decay']:g}{adapt}" + (f" [{kinds}]" if kinds else "")
