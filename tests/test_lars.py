@@ -163,8 +163,9 @@ def test_step_is_foreach_not_a_loop_over_tensors():
 
     def ops_for(layers: int) -> int:
         model = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8)) for _ in range(layers)])
-        groups = [{"params": [p for p in model.parameters() if p.ndim > 1], "weight_decay": 1e-4, "adapt": True},
-                  {"params": [p for p in model.parameters() if p.ndim <= 1], "weight_decay": 0.0, "adapt": False}]  # fmt: skip
+        weights = [p for p in model.parameters() if p.ndim > 1]
+        others = [p for p in model.parameters() if p.ndim <= 1]
+        groups = [{"params": weights, "weight_decay": 1e-4, "adapt": True}, {"params": others, "adapt": False}]
         opt = LayerAdaptiveSGD(groups, lr=0.1, momentum=0.9, weight_decay=1e-4, trust_min=1e-5, trust_max=1.0)
         for p in model.parameters():
             p.grad = torch.randn_like(p)
