@@ -40,7 +40,7 @@ def run_cli(args) -> int:
                 raise CheckpointError(f"--resume: no checkpoint at '{resume}'")
         elif args.resume:
             resume = args.resume
-        train(cfg, run_dir, resume)
+        train(cfg, run_dir, resume, args.stop_after_epochs)
         return 0
     except _user_errors() as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)

@@ -239,13 +239,15 @@ class Trainer:
         phase = self.plan.epoch_info(epoch).phase
         return evaluate(self.model, self.data.val_batches(phase), self.dist, self.amp_ctx)
 
-    def fit(self) -> dict:
+    def fit(self, stop_after_epochs: int | None = None) -> dict:
+        """Train to the end of the plan (or stop after `stop_after_epochs` more epochs; a rerun resumes)."""
         cfg, st = self.cfg, self.state
+        last_epoch = len(self.plan.epochs) if stop_after_epochs is None else st.epoch + stop_after_epochs
         wall0 = time.perf_counter() - st.wall_seconds
         epochs = len(self.plan.epochs)
         if st.epoch >= epochs:
             self.log.info(f"nothing to do: all {epochs} epochs are done (checkpoint in {self.run_dir})")
-        while st.epoch < epochs:
+        while st.epoch < min(epochs, last_epoch):
             epoch = st.epoch
             tr = self.train_one_epoch(epoch)
             st.train_seconds += tr["seconds"]
@@ -338,11 +340,12 @@ def summary_table(s: dict) -> str:
     return "\n".join(lines)
 
 
-def train(cfg: Config, run_dir: str | Path | None = None, resume_from: str | None = None) -> dict:
-    """Run the whole plan of `cfg`; returns the summary dict (also written to <run_dir>/summary.json)."""
+def train(cfg: Config, run_dir: str | Path | None = None, resume_from: str | None = None,
+          stop_after_epochs: int | None = None) -> dict:  # fmt: skip
+    """Run the plan of `cfg`; returns the summary dict (also written to <run_dir>/summary.json)."""
     trainer = Trainer(cfg, Path(run_dir) if run_dir else None, resume_from)
     try:
-        return trainer.fit()
+        return trainer.fit(stop_after_epochs)
     finally:
         trainer.close()
 
