@@ -128,3 +128,9 @@ def test_cli_print_config():
     assert p.returncode == 0, p.stderr
     tree = yaml.safe_load(p.stdout)
     assert tree["optim"]["lr"] == 0.25 and tree["model"]["name"] == "resnet18"
+
+
+def test_readme_config_reference_is_current():
+    p = subprocess.run([sys.executable, "scripts/gen_config_reference.py", "--check"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert p.returncode == 0, p.stdout
