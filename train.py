@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resume", nargs="?", const="auto", default=None, metavar="CHECKPOINT",
                     help="continue from CHECKPOINT (default: the run directory's checkpoint.pt)")  # fmt: skip
     ap.add_argument("--stop-after-epochs", type=int, default=None, metavar="N",
-                    help="stop after N epochs of this invocation (rerun to continue), e.g. for time-limited jobs")  # fmt: skip
+                    help="stop after N epochs of this invocation (rerun to continue)")  # fmt: skip
     return run_cli(ap.parse_args(argv))
 
 
