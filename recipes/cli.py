@@ -17,6 +17,12 @@ def _user_errors():
     return USER_ERRORS + (DataError,)
 
 
+def _training_errors():
+    from recipes.trainer import TrainingError
+
+    return (TrainingError,)
+
+
 def run_cli(args) -> int:
     try:
         if args.help_config:
@@ -45,3 +51,6 @@ def run_cli(args) -> int:
     except _user_errors() as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
+    except _training_errors() as e:
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 3
