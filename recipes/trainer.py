@@ -141,7 +141,7 @@ class Trainer:
     def _build(self, resume_from: str | None) -> None:
         cfg, dist = self.cfg, self.dist
         if dist.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+            ckpt.check_writable(self.run_dir, 0)  # before any work: a clear error, not a failure at epoch 1
             (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
             meta = {"git_commit": git_commit(), "world_size": dist.world_size, "device": str(dist.device),
                     "torch": torch.__version__}  # fmt: skip
@@ -272,7 +272,7 @@ class Trainer:
             else:
                 # Gradients are already averaged over ranks here, so every rank takes the same decision.
                 if not self._grads_finite():
-                    what = f"non-finite loss/gradients at step {st.step} (epoch {st.epoch + 1}, loss {float(loss):g})"
+                    what = f"non-finite loss/gradients at step {st.step} (epoch {st.epoch + 1}, loss {float(loss.detach()):g})"
                     if self.cfg.run.on_nonfinite == "halt":
                         raise TrainingError(f"{what}: halting (run.on_nonfinite=halt; 'skip' would skip the step)")
                     st.skipped_steps += 1
