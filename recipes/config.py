@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -58,6 +57,7 @@ class RunConfig:
     procs_per_node: int = _f(1, help="processes (GPUs) per machine the config is written for")
     amp: Literal["none", "bf16", "fp16"] = _f("none", help="mixed precision dtype")
     channels_last: bool = _f(False, help="NHWC memory format for model and inputs")
+    on_nonfinite: Literal["halt", "skip"] = _f("halt", help="non-finite loss/gradients: stop, or skip the step")
 
 
 @dataclass
@@ -128,8 +128,10 @@ class LogConfig:
 
 @dataclass
 class CheckpointConfig:
-    enabled: bool = _f(True, help="write <run_dir>/checkpoint.pt at the end of every epoch")
-    resume: bool = _f(True, help="continue from <run_dir>/checkpoint.pt when it exists")
+    enabled: bool = _f(True, help="write a checkpoint at the end of every epoch (checkpoint.pt = the newest)")
+    every_steps: int = _f(0, help="also every N optimizer steps, for mid-epoch recovery; 0 = epoch ends only")
+    keep: int = _f(2, help="keep the newest K checkpoints (an older one is the fallback if the newest is damaged)")
+    resume: bool = _f(True, help="continue from the newest good checkpoint in the run directory when one exists")
 
 
 @dataclass
@@ -180,9 +182,6 @@ def _closest(full: str, valid: list[str]) -> str:
     return f" (did you mean '{prefix + '.' if prefix else ''}{match[0]}'?)" if match else ""
 
 
-_FLOAT_RE = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
-
-
 def _convert(value: Any, tp: Any, path: str) -> Any:
     origin = typing.get_origin(tp)
     bad = ConfigError(f"{path}: expected {_type_name(tp)}, got {value!r}")
@@ -225,8 +224,11 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
             raise bad
         return value
     if tp is float:
-        if isinstance(value, str) and _FLOAT_RE.fullmatch(value.strip()):
-            return float(value)  # YAML 1.1 reads 8e-4 (no dot) as a string
+        if isinstance(value, str):  # YAML 1.1 reads 1e30 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                raise bad from None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad
         return float(value)

@@ -20,10 +20,13 @@ def test_fp16_skipped_steps_are_counted_and_logged(tiny_root, tmp_path, capsys):
                       "optim.warmup_start_lr=1.0e30", "optim.final_lr=1.0e30", "checkpoint.enabled=false",
                       "phases.0.epochs=1")  # fmt: skip
     summary = train(cfg, tmp_path / "run")
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out, err = captured.out, captured.err
     assert summary["skipped_steps"] == 3 and summary["steps"] == 4
-    assert "epoch 1: fp16 loss scale 8192, 3 step(s) skipped for inf/nan gradients (3 in all)" in out
-    assert "| skipped steps (fp16 inf/nan) | 3 |" in out
+    for step, scale in [(1, 65536), (2, 32768), (3, 16384)]:
+        assert f"step {step}: fp16 gradients overflowed; step skipped (scale {scale})" in err
+    assert "step 0: fp16" not in err
+    assert "| skipped steps (inf/nan gradients) | 3 |" in out
     assert "param group 0 (weights): 15 tensors" in out and "adapt=True" in out
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["skipped_steps"] == 3
 
