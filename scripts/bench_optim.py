@@ -18,12 +18,13 @@ import time
 from pathlib import Path
 
 import torch
+from timm.optim import Lars
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from models import create_model  # noqa: E402
 from recipes.config import load_config  # noqa: E402
-from recipes.optim import create_optimizer  # noqa: E402
+from recipes.optim import create_optimizer, param_groups  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 # The record's optimizer settings (configs/dawnbench_158s.yaml); a small LR keeps repeated steps finite.
@@ -46,6 +47,11 @@ def build(device: torch.device, model_name: str):
     for name in ("sgd", "lars", "hybrid", "lamb"):
         optimizers[f"optim.name={name}"] = create_optimizer(load_config(None, [f"optim.name={name}", *RECORD]).optim,
                                                             model)  # fmt: skip
+    # What a per-tensor Python loop costs: timm's LARS in its single-tensor mode, same groups as ours.
+    groups = param_groups(model, 1e-4, no_bn_decay=True)
+    optimizers["timm Lars(foreach=False): per-tensor loop"] = Lars(
+        [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in groups], lr=1e-3, momentum=0.9,
+        nesterov=True, trust_coeff=8e-4, foreach=False)  # fmt: skip
     return model, optimizers
 
 
@@ -55,8 +61,10 @@ def measure(optimizers: dict, device: torch.device, warmup: int, steps: int) -> 
         for _ in range(warmup):
             opt.step()
     times: dict[str, list[float]] = {k: [] for k in optimizers}
-    for _ in range(steps):
-        for name, opt in optimizers.items():
+    names = list(optimizers)
+    for r in range(steps):
+        for name in names[r % len(names) :] + names[: r % len(names)]:  # rotate: no optimizer always goes first
+            opt = optimizers[name]
             sync()
             t0 = time.perf_counter()
             opt.step()
@@ -83,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"### Optimizer step time: {args.model} parameters ({len(params)} tensors, "
           f"{sum(p.numel() for p in params) / 1e6:.1f} M values), {where}, torch {torch.__version__}\n")  # fmt: skip
     print(
-        f"Median of {steps} interleaved steps after 2 warm-up steps each; random gradients; "
+        f"{steps} steps each, interleaved in rotating order, after {warmup} warm-up step(s); random gradients; "
         "`python scripts/bench_optim.py" + (" --quick`" if args.quick else "`") + ".\n"
     )
     base_ts = times["torch.optim.SGD(foreach=True) (baseline)"]
