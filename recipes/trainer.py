@@ -225,7 +225,11 @@ class Trainer:
             f"resumed from {path}: {self.state.epoch} epoch(s) + {self.state.epoch_step} step(s) into epoch "
             f"{self.state.epoch + 1}, {self.state.step} step(s) done"
             + (f"; restart {restart} after a failure" if restart else "")
-            + (f"; the run had reached step {self.state.step + lost}: {lost} step(s) will be redone" if lost else "")
+            + (
+                f"; the run had reached step {self.state.step + lost}: {lost} step(s) will be redone"
+                if restart or lost
+                else ""
+            )
         )
 
     def save_checkpoint(self) -> None:
