@@ -276,9 +276,10 @@ class Trainer:
             else:
                 # Gradients are already averaged over ranks here, so every rank takes the same decision.
                 if not self._grads_finite():
-                    what = f"non-finite loss/gradients at step {st.step} (epoch {st.epoch + 1}, loss {float(loss.detach()):g})"
+                    value = float(loss.detach())
+                    what = f"non-finite loss/gradients at step {st.step} (epoch {st.epoch + 1}, loss {value:g})"
                     if self.cfg.run.on_nonfinite == "halt":
-                        raise TrainingError(f"{what}: halting (run.on_nonfinite=halt; 'skip' would skip the step)")
+                        raise TrainingError(f"{what}: halting (run.on_nonfinite=halt; 'skip' skips such steps)")
                     st.skipped_steps += 1
                     self.log.warn(f"{what}: step skipped ({st.skipped_steps} so far; run.on_nonfinite=skip)")
                 else:
