@@ -223,12 +223,16 @@ class DaliPipeline:
         )
         self._train = (info.phase_index, pipe, files, split)
 
-    def train_batches(self, info):
-        """Exactly `info.steps` batches of this rank's shard; the phase's pipeline is built on first use."""
+    def train_batches(self, info, start_step: int = 0):
+        """Exactly `info.steps - start_step` batches of this rank's shard; the phase's pipeline is built on first use.
+
+        Resumed mid-epoch (`start_step` > 0), the pipeline is new and the rest of the epoch is a fresh draw of
+        the shard: the same number of steps, not the same images as the interrupted run.
+        """
         if self._train is None or self._train[0] != info.phase_index:
             self._release("_val")
             self._build_train(info)
-        return _Batches(info.steps, lambda _i: self._next_train(info))
+        return _Batches(info.steps - start_step, lambda _i: self._next_train(info))
 
     def _next_train(self, info):
         while True:

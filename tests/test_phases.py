@@ -59,6 +59,8 @@ def test_every_backend_gives_the_plans_steps_at_each_phases_size(tiny_root, tmp_
             size, local = info.phase.image_size, info.phase.batch_size // world
             assert all(x.shape[1:] == (3, size, size) and x.shape[0] == y.shape[0] <= local for x, y in batches)
             assert batches[0][0].shape[0] == local
+        resumed = plan.epochs[1]  # resumed after its first step: the rest of the epoch, batch-exact
+        assert sum(1 for _ in pipe.train_batches(resumed, start_step=1)) == resumed.steps - 1
         val = list(pipe.val_batches(cfg.phases[1]))
         assert all(x.shape[1:] == (3, 20, 20) for x, _ in val)
         pipe.close()
