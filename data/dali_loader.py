@@ -163,7 +163,7 @@ class DaliPipeline:
         self.threads = max(1, cfg.data.workers)
         self.skipped: list[tuple[str, str]] = []  # (file, why): undecodable training files skipped
         self._excluded: set[str] = set()
-        self._train: tuple | None = None  # (key, pipeline, files)
+        self._train: tuple | None = None  # (phase index, pipeline, files, split)
         self._val: tuple | None = None  # (key, pipeline, batches, per-batch real sample counts)
         self._val_sizes: np.ndarray | None = None
         self._rebuilds = 0
