@@ -404,3 +404,78 @@ def test_two_hosts_in_the_network_lab_train_across_a_shaped_link(tmp_path, sampl
     # each host sends about that much per step. Half of it is a safe lower bound.
     for s in sent:
         assert s > summary["steps"] * 11.2e6 * 4 * 0.5, sent
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The ssh transport against a real sshd on loopback (when an sshd binary is there: $SSHD, or sshd on PATH).
+
+
+def _sshd_binary() -> str | None:
+    for cand in (os.environ.get("SSHD"), shutil.which("sshd"), "/usr/sbin/sshd"):
+        if cand and os.access(cand, os.X_OK):
+            return os.path.abspath(cand)
+    return None
+
+
+@pytest.fixture
+def sshd(tmp_path):
+    """A private sshd on 127.0.0.1 that accepts one generated key for the current user; yields the ssh command."""
+    binary = _sshd_binary()
+    if binary is None:
+        pytest.skip("no sshd binary (apt-get install openssh-server, or SSHD=/path/to/sshd)")
+    d = tmp_path / "sshd"
+    d.mkdir()
+    for name in ("host_key", "user_key"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / name)], check=True, timeout=60)
+    (d / "authorized_keys").write_text((d / "user_key.pub").read_text())
+    port = free_port()
+    (d / "sshd_config").write_text(
+        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/host_key\nAuthorizedKeysFile {d}/authorized_keys\n"
+        f"PidFile {d}/sshd.pid\nStrictModes no\nUsePAM no\nPasswordAuthentication no\nPermitRootLogin "
+        "prohibit-password\nKbdInteractiveAuthentication no\n"
+    )
+    if os.geteuid() == 0:
+        os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege separation directory (Debian creates it)
+    server = subprocess.Popen([binary, "-D", "-e", "-f", str(d / "sshd_config")], stderr=subprocess.PIPE)
+    ssh = (f"ssh -i {d}/user_key -o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
+           f"-o LogLevel=ERROR -o ConnectTimeout=10")  # fmt: skip
+    deadline = time.monotonic() + 30
+    while subprocess.run([*shlex.split(ssh), "-p", str(port), "127.0.0.1", "true"], capture_output=True).returncode:
+        if time.monotonic() > deadline or server.poll() is not None:
+            server.kill()
+            pytest.skip(f"sshd did not accept the test key: {server.stderr.read(2000).decode(errors='replace')}")
+        time.sleep(0.2)
+    yield ssh, port
+    server.terminate()
+    server.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_ssh_transport_runs_the_job_and_closing_stdin_stops_the_remote_side(tmp_path, tiny_root, sshd):
+    ssh, port = sshd
+    # Closing the ssh client's stdin reaches the remote guard as EOF: it stops its command at once.
+    host = Host("127.0.0.1", "127.0.0.1")
+    transport = Ssh(ssh, port)
+    job = _job(hosts=[host], transport=transport, workdir=str(ROOT), python=sys.executable, grace=2)
+    cmd = job._wrap(["sleep", "300"], {})
+    with subprocess.Popen(transport.argv(host, cmd), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as p:
+        m = re.match(r"guard: pid (\d+) ", p.stdout.readline())
+        assert m, "the guard did not start through ssh"
+        t = time.monotonic()
+        p.stdin.close()
+        assert p.wait(timeout=60) == 143
+        assert time.monotonic() - t < 10
+        assert "the launcher closed the connection" in p.stdout.read()
+    assert not Path(f"/proc/{m.group(1)}").exists()  # the remote side is this machine here
+    # A whole job over ssh: two "hosts" (two names for this machine), checks, rendezvous, training.
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("127.0.0.1\nlocalhost addr=127.0.0.1\n")
+    run_dir = tmp_path / "over-ssh"
+    p = launch("--hostfile", str(hostfile), "--ssh", ssh, "--ssh-port", str(port), "--gpus-per-host", "1",
+               "--port", str(free_port()), "--run-dir", str(run_dir), "--timeout", "600", "-c",
+               "configs/quickstart.yaml", f"data.root={tiny_root}", *TINY,
+               "phases=[{epochs: 2, image_size: 32, batch_size: 12}]", timeout=700)  # fmt: skip
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "transport ssh" in p.stdout.splitlines()[0]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["epochs"] == 2
