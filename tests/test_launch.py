@@ -479,3 +479,34 @@ def test_ssh_transport_runs_the_job_and_closing_stdin_stops_the_remote_side(tmp_
     assert "transport ssh" in p.stdout.splitlines()[0]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["epochs"] == 2
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The Makefile targets.
+
+
+def _make(*args: str) -> str:
+    p = subprocess.run(["make", "-n", "--no-print-directory", "-o", ".venv/.installed", "PY=.venv/bin/python", *args],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    return " ".join(p.stdout.replace("\\\n", " ").split())
+
+
+def test_make_targets_run_the_launcher_with_the_record_settings():
+    out = _make("reproduce-158s", "HOSTS=hosts.txt", "DATA=/data/imagenet", "GPUS=8", "PORT=29555",
+                "OVERRIDES=optim.lr=24 run.seed=1")  # fmt: skip
+    assert ("scripts/launch.py --python .venv/bin/python --port 29555 --gpus-per-host 8 --hostfile hosts.txt "
+            "--run-dir runs/dawnbench_158s-multistream -c configs/dawnbench_158s.yaml data.root=/data/imagenet "
+            "comm.backend=multistream comm.autotune=true optim.lr=24 run.seed=1") in out  # fmt: skip
+    out = _make("reproduce-158s", "RUN_DIR=runs/mine", "LAUNCH_ARGS=--dry-run")  # inside SLURM: no HOSTS
+    assert "--hostfile" not in out and "--run-dir runs/mine" in out and "--dry-run" in out
+    out = _make("reproduce-8gpu")
+    assert (
+        "--hosts localhost --transport local --run-dir runs/dawnbench_8gpu-multistream -c configs/dawnbench_8gpu.yaml"
+        in out
+    )
+    out = _make("baseline-horovod", "HOSTS=hosts.txt", "IFACE=eth1")
+    assert "PY=.venv/bin/python bash scripts/install_horovod.sh" in out
+    assert ("--iface eth1 --engine horovod --hostfile hosts.txt --run-dir runs/dawnbench_158s-horovod "
+            "-c configs/dawnbench_158s.yaml comm.backend=horovod") in out  # fmt: skip
+    assert "scripts/compare_runs.py runs/dawnbench_158s-multistream runs/dawnbench_158s-horovod" in _make("compare")
