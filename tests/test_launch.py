@@ -278,7 +278,7 @@ def test_guard_passes_the_exit_code_and_stops_leftovers():
         assert g.stdout.readline().startswith("guard: pid ")
         worker = int(g.stdout.readline().split()[1])
         assert g.wait(timeout=60) == 7
-        assert "stopping processes left behind by the command" in g.stdout.read()
+        assert "guard: stopping 1 process(es) left behind by the command" in g.stdout.read()
         g.stdin.close()
     assert not Path(f"/proc/{worker}").exists() or Path(f"/proc/{worker}/stat").read_text().split()[2] == "Z"
     with subprocess.Popen(launch_argv("guard", "--", "sh", "-c", "kill -9 $$"), stdin=subprocess.PIPE) as q:

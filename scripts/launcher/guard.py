@@ -139,8 +139,13 @@ def main(argv: list[str] | None = None) -> int:
             rc = -signal.SIGTERM
             break
         _reap(child.pid)
-    if descendants(os.getpid()):  # workers whose agent died: re-parented to us, stop them too
-        print("guard: stopping processes left behind by the command", flush=True)
+    deadline = time.monotonic() + 2.0  # processes that are exiting anyway get a moment to do so
+    while descendants(os.getpid()) and time.monotonic() < deadline:
+        _reap(None)
+        time.sleep(0.05)
+    left = descendants(os.getpid())
+    if left:  # e.g. workers whose agent died: re-parented to us, stop them too
+        print(f"guard: stopping {len(left)} process(es) left behind by the command", flush=True)
         stop_tree(args.grace)
     _reap(None)
     return rc if rc >= 0 else 128 - rc

@@ -297,7 +297,13 @@ def run(job: Job, log_dir: Path, out: TextIO, timeout: float | None = None) -> i
     try:
         for i, (host, command) in enumerate(job.commands()):
             argv = job.transport.argv(host, command)
-            running.append(_Host(host, argv, host.name.ljust(width), out, lock, log_dir / f"{i:03d}-{host.name}.log"))
+            try:
+                running.append(
+                    _Host(host, argv, host.name.ljust(width), out, lock, log_dir / f"{i:03d}-{host.name}.log")
+                )
+            except OSError as e:
+                say(f"host {host.name}: cannot start the {job.transport.name} transport ({argv[0]}): {e}")
+                return 127
         while True:
             codes = [h.proc.poll() for h in running]
             failed = [(h, c) for h, c in zip(running, codes, strict=True) if c not in (None, 0)]
