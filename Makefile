@@ -70,12 +70,11 @@ reproduce-158s: install
 	$(LAUNCH) $(if $(HOSTS),--hostfile $(HOSTS)) --run-dir $(RUN_DIR) -c configs/dawnbench_158s.yaml $(DATA_ARG) \
 		comm.backend=multistream comm.autotune=true $(OVERRIDES)
 
-# One machine with 8 GPUs (HOSTS may still name one remote machine).
-reproduce-8gpu: RUN_DIR = runs/dawnbench_8gpu-multistream
+# One machine with 8 GPUs, with the allreduce backend the config chooses (HOSTS may name one remote machine).
+reproduce-8gpu: RUN_DIR = runs/dawnbench_8gpu
 reproduce-8gpu: install
 	$(LAUNCH) $(if $(HOSTS),--hostfile $(HOSTS),--hosts localhost $(if $(TRANSPORT),,--transport local)) \
-		--run-dir $(RUN_DIR) -c configs/dawnbench_8gpu.yaml $(DATA_ARG) comm.backend=multistream comm.autotune=true \
-		$(OVERRIDES)
+		--run-dir $(RUN_DIR) -c configs/dawnbench_8gpu.yaml $(DATA_ARG) $(OVERRIDES)
 
 # The same 158 s recipe with Horovod's allreduce under horovodrun --gloo, into its own run directory.
 baseline-horovod: RUN_DIR = runs/dawnbench_158s-horovod

@@ -502,7 +502,7 @@ def test_make_targets_run_the_launcher_with_the_record_settings():
     assert "--hostfile" not in out and "--run-dir runs/mine" in out and "--dry-run" in out
     out = _make("reproduce-8gpu")
     assert (
-        "--hosts localhost --transport local --run-dir runs/dawnbench_8gpu-multistream -c configs/dawnbench_8gpu.yaml"
+        "--hosts localhost --transport local --run-dir runs/dawnbench_8gpu -c configs/dawnbench_8gpu.yaml"
         in out
     )
     out = _make("baseline-horovod", "HOSTS=hosts.txt", "IFACE=eth1")
