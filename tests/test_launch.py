@@ -501,10 +501,7 @@ def test_make_targets_run_the_launcher_with_the_record_settings():
     out = _make("reproduce-158s", "RUN_DIR=runs/mine", "LAUNCH_ARGS=--dry-run")  # inside SLURM: no HOSTS
     assert "--hostfile" not in out and "--run-dir runs/mine" in out and "--dry-run" in out
     out = _make("reproduce-8gpu")
-    assert (
-        "--hosts localhost --transport local --run-dir runs/dawnbench_8gpu -c configs/dawnbench_8gpu.yaml"
-        in out
-    )
+    assert "--hosts localhost --transport local --run-dir runs/dawnbench_8gpu -c configs/dawnbench_8gpu.yaml" in out
     out = _make("baseline-horovod", "HOSTS=hosts.txt", "IFACE=eth1")
     assert "PY=.venv/bin/python bash scripts/install_horovod.sh" in out
     assert ("--iface eth1 --engine horovod --hostfile hosts.txt --run-dir runs/dawnbench_158s-horovod "
