@@ -135,6 +135,17 @@ class CheckpointConfig:
 
 
 @dataclass
+class DawnbenchConfig:
+    author: str = _f("", help="DAWNBench entry (<run_dir>/dawnbench.json): author or team")
+    author_email: str = _f("", help="DAWNBench entry: contact e-mail (authorEmail)")
+    framework: str = _f("", help="DAWNBench entry: framework; empty: 'PyTorch <version>'")
+    code_url: str = _f("", help="DAWNBench entry: URL of the code (codeURL)")
+    model: str = _f("", help="DAWNBench entry: model; empty: model.name")
+    hardware: str = _f("", help="DAWNBench entry: hardware; empty: detected (machines x processes x device)")
+    cost_per_hour: float | None = _f(None, help="DAWNBench entry: USD per hour for all machines (costPerHour)")
+
+
+@dataclass
 class Config:
     run: RunConfig = _f(help="run identity and global switches", factory=RunConfig)
     data: DataConfig = _f(help="input pipeline", factory=DataConfig)
@@ -144,6 +155,7 @@ class Config:
     dist: DistConfig = _f(help="torch.distributed", factory=DistConfig)
     log: LogConfig = _f(help="logging", factory=LogConfig)
     checkpoint: CheckpointConfig = _f(help="checkpoints and resume", factory=CheckpointConfig)
+    dawnbench: DawnbenchConfig = _f(help="DAWNBench submission entry", factory=DawnbenchConfig)
     phases: list[Phase] = _f(
         help="progressive-resizing schedule: list of {epochs, image_size, batch_size, ...}",
         factory=lambda: [Phase(epochs=1, image_size=224, batch_size=256)],
@@ -272,6 +284,8 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(
             f"optim.warmup_epochs: {cfg.optim.warmup_epochs} is longer than the schedule ({cfg.epochs} epochs)"
         )
+    if cfg.dawnbench.cost_per_hour is not None and cfg.dawnbench.cost_per_hour < 0:
+        raise ConfigError(f"dawnbench.cost_per_hour: expected a number >= 0, got {cfg.dawnbench.cost_per_hour}")
     if cfg.log.every_steps <= 0:
         raise ConfigError(f"log.every_steps: expected a positive integer, got {cfg.log.every_steps}")
 
