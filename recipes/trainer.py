@@ -212,6 +212,7 @@ class Trainer:
             if scale_before is not None and self.scaler.get_scale() < scale_before:
                 self.state.skipped_steps += 1  # inf/nan gradients: GradScaler skipped this step
             self.state.step += 1
+            self.comm.on_step_end(self.state.step, self.log)
             n = y.numel() * self.dist.world_size
             images += n
             window_imgs += n
