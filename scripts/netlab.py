@@ -34,7 +34,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -330,8 +329,12 @@ def measure_mbit(lab: NetLab, streams: int, seconds: float = 3.0, port: int = 52
             if time.monotonic() > deadline:
                 raise NetLabError("throughput check: the sink on host 0 did not start")
             time.sleep(0.1)
-        r = subprocess.run(lab.argv(1, [sys.executable, "-c", _SOURCE, lab.addr(0), str(port), str(streams),
-                                        str(seconds)]), capture_output=True, text=True, timeout=seconds + 60)  # fmt: skip
+        r = subprocess.run(
+            lab.argv(1, [sys.executable, "-c", _SOURCE, lab.addr(0), str(port), str(streams), str(seconds)]),
+            capture_output=True,
+            text=True,
+            timeout=seconds + 60,
+        )
         if r.returncode != 0:
             raise NetLabError(f"throughput check failed: {r.stderr.strip()}")
         return float(r.stdout.strip())

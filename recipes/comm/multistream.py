@@ -222,8 +222,10 @@ class MultiStreamBackend:
                 self.tuner = tuning.AutoTuner(self._distinct_plans(), self.settings, c.tune_max_candidates,
                                               c.tune_warmup_steps, c.tune_steps_per_window, c.tune_windows,
                                               c.tune_method)  # fmt: skip
-                self._note(f"multistream autotune: up to {self.tuner.max_candidates} candidates ({c.tune_method}), "
-                           f"{c.tune_warmup_steps} warm-up steps, then {self.tuner.steps_per_trial} steps each")  # fmt: skip
+                self._note(
+                    f"multistream autotune: up to {self.tuner.max_candidates} candidates ({c.tune_method}), "
+                    f"{c.tune_warmup_steps} warm-up steps, then {self.tuner.steps_per_trial} steps each"
+                )
         plan = self._verified_plan(start)  # before anything else, so a mismatch fails fast
         _broadcast_states(model)
         streams = [start.streams] + ([s.streams for s in self.tuner.space] if self.tuner is not None else [])
@@ -318,8 +320,11 @@ class MultiStreamBackend:
         if tuner is None or tuner.done or not tuner.record(self.engine.step_seconds):
             return
         trial = tuner.trials[-1]
-        self._note(f"multistream autotune: candidate {len(tuner.trials)}: {trial.settings.label()}: median "
-                   f"backward+sync {trial.score * 1000:.1f} ms over {len(trial.window_means)} windows", log)  # fmt: skip
+        self._note(
+            f"multistream autotune: candidate {len(tuner.trials)}: {trial.settings.label()}: median "
+            f"backward+sync {trial.score * 1000:.1f} ms over {len(trial.window_means)} windows",
+            log,
+        )
         if log is not None:
             log.scalars(step, **{"autotune/candidate_ms": trial.score * 1000, "autotune/bucket_mb":
                                  trial.settings.bucket_mb, "autotune/streams": trial.settings.streams,
@@ -339,8 +344,15 @@ class MultiStreamBackend:
         self._note(f"multistream autotune: winner after {len(tuner.trials)} candidates: {win.label()} "
                    f"({best.score * 1000:.1f} ms)", log)  # fmt: skip
         if log is not None:
-            log.scalars(step, **{"autotune/winner_ms": best.score * 1000, "autotune/winner_bucket_mb": win.bucket_mb,
-                                 "autotune/winner_streams": win.streams, "autotune/winner_slices": win.slices})  # fmt: skip
+            log.scalars(
+                step,
+                **{
+                    "autotune/winner_ms": best.score * 1000,
+                    "autotune/winner_bucket_mb": win.bucket_mb,
+                    "autotune/winner_streams": win.streams,
+                    "autotune/winner_slices": win.slices,
+                },
+            )
         path = self._cache_path()
         if self.dist.is_main and path is not None:
             tuning.cache_store(path, self._cache_key(), tuner)
