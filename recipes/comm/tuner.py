@@ -51,9 +51,9 @@ class AutoTuner:
         self.max_candidates = max(1, min(max_candidates, len(self.space)))
         self.warmup_steps, self.steps_per_window, self.windows = warmup_steps, steps_per_window, windows
         self.method = method
-        n, m = len(self.space), self.max_candidates
-        picks = [0] if m == 1 else [round(i * (n - 1) / (m - 1)) for i in range(m)]
-        self._grid = [self.space[i] for i in dict.fromkeys([0, *picks])][:m]  # start, then evenly through the grid
+        rest, m = self.space[1:], self.max_candidates - 1
+        picks = [round(i * (len(rest) - 1) / max(m - 1, 1)) for i in range(m)] if rest and m > 0 else []
+        self._grid = [start] + [rest[i] for i in dict.fromkeys(picks)]  # start, then evenly through the grid
         self.trials: list[Trial] = [Trial(start)]
         self._step_in_trial = -warmup_steps  # negative: warm-up; 0: the settling step after a switch
         self._window: list[float] = []
