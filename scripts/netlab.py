@@ -11,8 +11,10 @@ inside the lab's own namespaces. Each host's egress is shaped with `tc`:
     TCP connection (flow) is held to the per-flow cap while all of them share the link cap; anything that is not
     TCP goes to the default leaf 1:2 (link rate).
 
-The switch side of each veth caps the host's ingress at the link rate too. A per-flow cap of about a third of the
-link reproduces the record's situation: one stream reaches ~1/3 of the link, several streams fill it.
+The switch side of each veth caps the host's ingress at the link rate too. Inside each host, the machine's
+hostname resolves to that host's address (an /etc/netns/<ns>/hosts file, which `ip netns exec` mounts).
+A per-flow cap of about a third of the link reproduces the record's situation: one stream reaches ~1/3 of
+the link, several streams fill it.
 Two flows whose source ports share the low 8 bits share a leaf; `flows_per_class()` reports it.
 
 Use it from Python (`with NetLab(2, link_mbit=1000, flow_mbit=333) as lab: lab.run_all(...)`) or as a command:
@@ -34,6 +36,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -43,6 +46,7 @@ from pathlib import Path
 
 PREFIX = "dbn"
 SUBNET = "10.250.0"
+ETC_NETNS = Path("/etc/netns")
 FLOW_CLASSES = 256  # leaves selected by the low 8 bits of the TCP source port
 
 
@@ -138,6 +142,7 @@ class NetLab:
             _run(["ip", "-n", self.switch, "link", "set", f"p{i}", "master", "br0", "up"])
             _run(["ip", "-n", ns, "addr", "add", f"{self.addr(i)}/24", "dev", "eth0"])
             _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
+            self._hosts_file(ns, self.addr(i))
             if self.link_mbit is not None:
                 self._tc_batch(ns, self._egress_rules("eth0"))
                 self._tc_batch(self.switch, self._ingress_rules(f"p{i}"))
@@ -151,7 +156,18 @@ class NetLab:
         self._procs.clear()
         for ns in reversed(self._created):
             _run(["ip", "netns", "del", ns], check=False)  # deleting a namespace removes its links and qdiscs
+            shutil.rmtree(ETC_NETNS / ns, ignore_errors=True)
         self._created.clear()
+        with contextlib.suppress(OSError):
+            ETC_NETNS.rmdir()  # only if no other namespace configuration is left in it
+
+    def _hosts_file(self, ns: str, addr: str) -> None:
+        """/etc/netns/<ns>/hosts, which `ip netns exec` mounts over /etc/hosts: inside host i, this machine's
+        hostname resolves to host i's own address, as on a real machine (libraries that find their address
+        from the hostname, like Gloo without an interface name, then use the lab link, not loopback)."""
+        d = ETC_NETNS / ns
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "hosts").write_text(f"127.0.0.1\tlocalhost\n{addr}\t{socket.gethostname()}\n")
 
     def _netns_add(self, ns: str) -> None:
         _run(["ip", "netns", "add", ns])
@@ -282,6 +298,7 @@ def cleanup_stale() -> list[str]:
         m = re.fullmatch(rf"{PREFIX}(\d+)-(sw|h\d+)", name)
         if m and not Path(f"/proc/{m.group(1)}").exists():
             _run(["ip", "netns", "del", name], check=False)
+            shutil.rmtree(ETC_NETNS / name, ignore_errors=True)
             removed.append(name)
     return removed
 

@@ -114,8 +114,10 @@ def test_digest_identifies_the_plan():
         build_plan(specs, Settings(0.0003, 2, 3)),
         build_plan(specs, Settings(0.0003, 2, 2), "fp16"),
         build_plan(specs, Settings(100, 2, 2)),
-        build_plan(grad_specs(nn.Sequential(nn.Linear(10, 21), nn.BatchNorm1d(21), nn.Linear(21, 3)))[0],
-                   Settings(0.0003, 2, 2)),  # fmt: skip
+        build_plan(
+            grad_specs(nn.Sequential(nn.Linear(10, 21), nn.BatchNorm1d(21), nn.Linear(21, 3)))[0],
+            Settings(0.0003, 2, 2),
+        ),  # fmt: skip
     ]
     assert len({base.digest(), *(v.digest() for v in variants)}) == 6
 
