@@ -57,6 +57,7 @@ class RunConfig:
     procs_per_node: int = _f(1, help="processes (GPUs) per machine the config is written for")
     amp: Literal["none", "bf16", "fp16"] = _f("none", help="mixed precision dtype")
     channels_last: bool = _f(False, help="NHWC memory format for model and inputs")
+    on_nonfinite: Literal["halt", "skip"] = _f("halt", help="non-finite loss/gradients: stop, or skip the step")
 
 
 @dataclass
@@ -85,23 +86,25 @@ class ModelConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = _f("sgd", help="optimizer (see recipes/optim.py)")
+    name: str = _f("sgd", help="optimizer: sgd, lars, hybrid (LARS with clipped trust ratio), lamb (recipes/optim.py)")
     lr: float = _f(0.1, help="peak learning rate (after warm-up)")
-    lr_scaling: Literal["none", "linear"] = _f("none", help="linear: lr * global_batch / 256")
+    lr_scaling: Literal["none", "linear"] = _f(
+        "none", help="linear: the LR values are per 256 images, times global_batch / 256 of the current phase"
+    )
     warmup_epochs: float = _f(0.0, help="epochs of linear warm-up from warmup_start_lr to lr")
     warmup_start_lr: float = _f(0.0, help="learning rate at step 0")
     final_lr: float = _f(0.0, help="learning rate at the last iteration (linear decay)")
     momentum: float = _f(0.9, help="momentum (start value when momentum_schedule is not constant)")
-    momentum_end: float | None = _f(None, help="momentum at the end of warm-up (linear/cyclic)")
+    momentum_end: float | None = _f(None, help="linear: momentum at the last iteration; cyclic: at the end of warm-up")
     momentum_schedule: Literal["constant", "linear", "cyclic"] = _f("constant", help="momentum shape")
     nesterov: bool = _f(True, help="Nesterov momentum")
     weight_decay: float = _f(1e-4, help="L2 weight decay")
     no_bn_decay: bool = _f(True, help="no weight decay on BatchNorm parameters and biases")
     label_smoothing: float = _f(0.1, help="label smoothing of the cross-entropy loss")
-    eta: float = _f(1e-3, help="lars/hybrid: trust coefficient")
+    eta: float = _f(1e-3, help="lars/hybrid: layer trust ratio = eta * norm(w) / (norm(g) + weight_decay * norm(w))")
     trust_clip_min: float = _f(1e-5, help="hybrid: lower clip of the layer trust ratio")
     trust_clip_max: float = _f(1.0, help="hybrid: upper clip of the layer trust ratio")
-    adapt_bn_bias: bool = _f(False, help="lars/hybrid: also adapt BN and bias parameters")
+    adapt_bn_bias: bool = _f(False, help="lars/hybrid/lamb: also adapt BN and bias parameters (else plain SGD)")
 
 
 @dataclass
@@ -156,8 +159,10 @@ class LogConfig:
 
 @dataclass
 class CheckpointConfig:
-    enabled: bool = _f(True, help="write <run_dir>/checkpoint.pt at the end of every epoch")
-    resume: bool = _f(True, help="continue from <run_dir>/checkpoint.pt when it exists")
+    enabled: bool = _f(True, help="write a checkpoint at the end of every epoch (checkpoint.pt = the newest)")
+    every_steps: int = _f(0, help="also every N optimizer steps, for mid-epoch recovery; 0 = epoch ends only")
+    keep: int = _f(2, help="keep the newest K checkpoints (an older one is the fallback if the newest is damaged)")
+    resume: bool = _f(True, help="continue from the newest good checkpoint in the run directory when one exists")
 
 
 @dataclass
@@ -250,6 +255,11 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
             raise bad
         return value
     if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads 1e30 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                raise bad from None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad
         return float(value)

@@ -77,3 +77,12 @@ def test_multistream_is_exact_across_lab_hosts(tmp_path):
         res = json.loads((tmp_path / f"rank{r}.json").read_text())
         assert sorted(res["multistream"]) == ["K1S1", "K1S4", "K4S1", "K4S4"]
         assert all(m["vs_mean"] < 1e-6 and m["vs_ddp"] <= 1e-7 for m in res["multistream"].values())
+
+
+def test_each_host_resolves_the_hostname_to_its_own_address():
+    code = "import socket; print(socket.gethostbyname(socket.gethostname()))"
+    with netlab.NetLab(2) as lab:
+        results = lab.run_all(lambda i: [sys.executable, "-c", code], timeout=60)
+        names = list(lab.names)
+    assert [out.strip() for _, out in results] == ["10.250.0.1", "10.250.0.2"]
+    assert not any((netlab.ETC_NETNS / n).exists() for n in names)  # its /etc/netns entries are gone too
