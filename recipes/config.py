@@ -112,6 +112,37 @@ class CommConfig:
     backend: str = _f("ddp", help="gradient allreduce backend (see recipes/comm)")
     bucket_cap_mb: float = _f(25.0, help="ddp: bucket size in MB")
     static_graph: bool = _f(False, help="ddp: static_graph=True")
+    bucket_mb: float = _f(
+        8.0, help="multistream: target bucket size in MB (buckets are balanced around it); horovod: fusion threshold"
+    )
+    streams: int = _f(4, help="multistream: communicators K (process groups; NCCL streams / gloo TCP connections)")
+    slices: int = _f(2, help="multistream: slices S per bucket; slice j of bucket b goes to communicator (b*S+j) mod K")
+    compression: Literal["none", "fp16", "bf16"] = _f(
+        "none", help="multistream/horovod: gradient wire format (averaged in fp32 before the cast)"
+    )
+    concurrency: Literal["overlap", "serialize"] = _f(
+        "overlap",
+        help="multistream: overlap = communicators run at once; serialize = one collective in flight "
+        "(PyTorch's rule for several NCCL process groups)",
+    )
+    autotune: bool = _f(
+        False, help="multistream: tune (bucket_mb, streams, slices) in the first steps; horovod: HOROVOD_AUTOTUNE"
+    )
+    tune_method: Literal["bayes", "grid"] = _f("bayes", help="autotune search: Gaussian-process EI or a grid")
+    tune_bucket_mb: list[float] = _f(help="autotune: bucket sizes to search (MB)", factory=lambda: [2.0, 4.0, 8.0,
+                                     16.0, 32.0])  # fmt: skip
+    tune_streams: list[int] = _f(help="autotune: communicator counts to search", factory=lambda: [1, 2, 3, 4])
+    tune_slices: list[int] = _f(help="autotune: slice counts to search", factory=lambda: [1, 2, 4])
+    tune_max_candidates: int = _f(10, help="autotune: candidates measured before the best is kept")
+    tune_warmup_steps: int = _f(3, help="autotune: steps discarded before the first measurement")
+    tune_steps_per_window: int = _f(2, help="autotune: steps averaged into one window")
+    tune_windows: int = _f(3, help="autotune: windows per candidate; its score is their median")
+    tune_cache: str | None = _f(
+        "", help="autotune: JSON file of winners ('' = ~/.cache/dawnbench/allreduce_tuning.json, null = no cache)"
+    )
+    network: str = _f(
+        "auto", help="autotune: network description in the cache key (auto: nodes, procs, socket interface)"
+    )
 
 
 @dataclass

@@ -287,6 +287,7 @@ class Trainer:
                     self.optimizer.step()
         st.step += 1
         st.epoch_step += 1
+        self.comm.on_step_end(st.step, self.log)
         return loss
 
     def train_one_epoch(self, epoch: int) -> dict:
