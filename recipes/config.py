@@ -116,6 +116,37 @@ class CommConfig:
     backend: str = _f("ddp", help="gradient allreduce backend (see recipes/comm)")
     bucket_cap_mb: float = _f(25.0, help="ddp: bucket size in MB")
     static_graph: bool = _f(False, help="ddp: static_graph=True")
+    bucket_mb: float = _f(
+        8.0, help="multistream: target bucket size in MB (buckets are balanced around it); horovod: fusion threshold"
+    )
+    streams: int = _f(4, help="multistream: communicators K (process groups; NCCL streams / gloo TCP connections)")
+    slices: int = _f(2, help="multistream: slices S per bucket; slice j of bucket b goes to communicator (b*S+j) mod K")
+    compression: Literal["none", "fp16", "bf16"] = _f(
+        "none", help="multistream/horovod: gradient wire format (averaged in fp32 before the cast)"
+    )
+    concurrency: Literal["overlap", "serialize"] = _f(
+        "overlap",
+        help="multistream: overlap = communicators run at once; serialize = one collective in flight "
+        "(PyTorch's rule for several NCCL process groups)",
+    )
+    autotune: bool = _f(
+        False, help="multistream: tune (bucket_mb, streams, slices) in the first steps; horovod: HOROVOD_AUTOTUNE"
+    )
+    tune_method: Literal["bayes", "grid"] = _f("bayes", help="autotune search: Gaussian-process EI or a grid")
+    tune_bucket_mb: list[float] = _f(help="autotune: bucket sizes to search (MB)", factory=lambda: [2.0, 4.0, 8.0,
+                                     16.0, 32.0])  # fmt: skip
+    tune_streams: list[int] = _f(help="autotune: communicator counts to search", factory=lambda: [1, 2, 3, 4])
+    tune_slices: list[int] = _f(help="autotune: slice counts to search", factory=lambda: [1, 2, 4])
+    tune_max_candidates: int = _f(10, help="autotune: candidates measured before the best is kept")
+    tune_warmup_steps: int = _f(3, help="autotune: steps discarded before the first measurement")
+    tune_steps_per_window: int = _f(2, help="autotune: steps averaged into one window")
+    tune_windows: int = _f(3, help="autotune: windows per candidate; its score is their median")
+    tune_cache: str | None = _f(
+        "", help="autotune: JSON file of winners ('' = ~/.cache/dawnbench/allreduce_tuning.json, null = no cache)"
+    )
+    network: str = _f(
+        "auto", help="autotune: network description in the cache key (auto: nodes, procs, socket interface)"
+    )
 
 
 @dataclass
@@ -139,6 +170,17 @@ class CheckpointConfig:
 
 
 @dataclass
+class DawnbenchConfig:
+    author: str = _f("", help="DAWNBench entry (<run_dir>/dawnbench.json): author or team")
+    author_email: str = _f("", help="DAWNBench entry: contact e-mail (authorEmail)")
+    framework: str = _f("", help="DAWNBench entry: framework; empty: 'PyTorch <version>'")
+    code_url: str = _f("", help="DAWNBench entry: URL of the code (codeURL)")
+    model: str = _f("", help="DAWNBench entry: model; empty: model.name")
+    hardware: str = _f("", help="DAWNBench entry: hardware; empty: detected (machines x processes x device)")
+    cost_per_hour: float | None = _f(None, help="DAWNBench entry: USD per hour for all machines (costPerHour)")
+
+
+@dataclass
 class Config:
     run: RunConfig = _f(help="run identity and global switches", factory=RunConfig)
     data: DataConfig = _f(help="input pipeline", factory=DataConfig)
@@ -148,6 +190,7 @@ class Config:
     dist: DistConfig = _f(help="torch.distributed", factory=DistConfig)
     log: LogConfig = _f(help="logging", factory=LogConfig)
     checkpoint: CheckpointConfig = _f(help="checkpoints and resume", factory=CheckpointConfig)
+    dawnbench: DawnbenchConfig = _f(help="DAWNBench submission entry", factory=DawnbenchConfig)
     phases: list[Phase] = _f(
         help="progressive-resizing schedule: list of {epochs, image_size, batch_size, ...}",
         factory=lambda: [Phase(epochs=1, image_size=224, batch_size=256)],
@@ -278,6 +321,8 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(
             f"optim.warmup_epochs: {cfg.optim.warmup_epochs} is longer than the schedule ({cfg.epochs} epochs)"
         )
+    if cfg.dawnbench.cost_per_hour is not None and cfg.dawnbench.cost_per_hour < 0:
+        raise ConfigError(f"dawnbench.cost_per_hour: expected a number >= 0, got {cfg.dawnbench.cost_per_hour}")
     if cfg.log.every_steps <= 0:
         raise ConfigError(f"log.every_steps: expected a positive integer, got {cfg.log.every_steps}")
 

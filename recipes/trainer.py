@@ -25,6 +25,7 @@ from models.factory import check_compatible, describe_model
 from recipes import checkpoint as ckpt
 from recipes.comm import create_allreduce
 from recipes.config import Config, to_dict, to_yaml
+from recipes.dawnbench import write_entry
 from recipes.distributed import DistInfo, all_gather_object, all_reduce_sum, setup, teardown
 from recipes.logger import RunLogger, format_seconds, write_tsv
 from recipes.optim import create_optimizer, describe_groups, set_lr_momentum
@@ -286,6 +287,7 @@ class Trainer:
                     self.optimizer.step()
         st.step += 1
         st.epoch_step += 1
+        self.comm.on_step_end(st.step, self.log)
         return loss
 
     def train_one_epoch(self, epoch: int) -> dict:
@@ -366,6 +368,7 @@ class Trainer:
                    "images_per_s": tr["images"] / max(tr["seconds"], 1e-9)}  # fmt: skip
             st.history.append(row)
             st.wall_seconds = time.perf_counter() - wall0
+            row["wall_seconds"] = st.wall_seconds  # top-5 against wall-clock time (scripts/compare_runs.py)
             self.log.info(
                 f"epoch {st.epoch}/{epochs}  val top1 {ev['top1']:.2f}%  top5 {ev['top5']:.2f}%  "
                 f"({ev['count']} images)  train {format_seconds(st.train_seconds)}  "
@@ -384,6 +387,7 @@ class Trainer:
         summary = self.summary()
         if self.dist.is_main:
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+            write_entry(self.run_dir / "dawnbench.json", cfg, summary, self.dist)
         self.log.info(summary_table(summary))
         return summary
 
@@ -414,6 +418,9 @@ class Trainer:
             "restarts": st.restarts,
             "redone_steps": st.redone_steps,
             "run_dir": str(self.run_dir),
+            "comm_backend": cfg.comm.backend,
+            "comm": self.comm.stats(),  # the backend's counters; scripts/compare_runs.py reads comm_seconds
+            "history": st.history,
         }
 
     def close(self) -> None:
