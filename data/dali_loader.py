@@ -1,13 +1,14 @@
 """`data.backend: dali`: NVIDIA DALI pipelines, one per phase, decoding on the GPU (nvJPEG) or on the CPU.
 
-Training: `fn.readers.file` sharded by rank (every rank reshuffles the whole list with the same seed each epoch
-and reads its own shard, so the ranks' files are disjoint and cover the set), decoding with the random crop fused
-into it (only the crop is decoded), resize, random flip and normalize, NCHW or NHWC, float32 or float16. The
-reader wraps around into the next epoch and every epoch takes exactly the plan's number of batches, like the
-torch backend's wrap-around padding. Validation: shards padded with `pad_last_batch`, the padding cut off so that
-every image counts once; or rectangular validation (data/rect.py). A phase switch releases the old pipelines
-(threads and buffers) before the new one is built. Without a GPU the same graph runs on CPU operators
-(`device_id=None`).
+Training: `fn.readers.file` over this rank's sample order for the rest of the phase, taken from the sharding rule
+every backend shares (data/sharding.py: one permutation per epoch, rank r takes every world-th sample, so the
+ranks' files are disjoint and cover the set), decoding with the random crop fused into it (only the crop is
+decoded), resize, random flip and normalize, NCHW or NHWC, float32 or float16. Every epoch takes exactly the
+plan's number of full batches (the shard wraps around to fill the last one), and a run resumed mid-epoch
+continues with exactly the samples the interrupted run had not reached yet. Validation: shards padded with
+`pad_last_batch`, the padding cut off so that every image counts once; or rectangular validation
+(data/rect.py). A phase switch releases the old pipelines (threads and buffers) before the new one is built.
+Without a GPU the same graph runs on CPU operators (`device_id=None`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from nvidia.dali.math import min as math_min
 from data.check import quick_problem
 from data.folder import DataError, Split
 from data.rect import image_sizes, plan_rect_batches, rank_rect_batches
+from data.sharding import train_shard
 from data.transforms import IMAGENET_MEAN, IMAGENET_STD
 
 READER = "Reader"
@@ -61,11 +63,9 @@ def _normalize(images, dtype, nhwc: bool, **crop):
     )
 
 
-def _train_graph(files, labels, shard_id, num_shards, shuffle_seed, size, min_scale, gpu, dtype, nhwc):
-    jpegs, labels = fn.readers.file(
-        files=files, labels=labels, shard_id=shard_id, num_shards=num_shards, shuffle_after_epoch=True,
-        shuffle_after_epoch_seed=shuffle_seed, name=READER,
-    )  # fmt: skip
+def _train_graph(files, labels, size, min_scale, gpu, dtype, nhwc):
+    # The order is decided in Python (data/sharding.py), so the reader only reads it as given.
+    jpegs, labels = fn.readers.file(files=files, labels=labels, random_shuffle=False, name=READER)
     # RandomResizedCrop fused into the decode: only the crop window is decoded (ROI decoding).
     images = fn.decoders.image_random_crop(
         jpegs, device=_decoder_device(gpu), output_type=types.RGB, random_area=[min_scale, 1.0],
@@ -164,6 +164,7 @@ class DaliPipeline:
         self.skipped: list[tuple[str, str]] = []  # (file, why): undecodable training files skipped
         self._excluded: set[str] = set()
         self._train: tuple | None = None  # (phase index, pipeline, files, split)
+        self._train_next: tuple[int, int] | None = None  # (epoch, step) the live pipeline delivers next
         self._val: tuple | None = None  # (key, pipeline, batches, per-batch real sample counts)
         self._val_sizes: np.ndarray | None = None
         self._rebuilds = 0
@@ -200,41 +201,49 @@ class DaliPipeline:
         return x, y
 
     # -- training ---------------------------------------------------------------------------------------
-    def _build_train(self, info) -> None:
+    def _phase_order(self, info, split: Split, start_step: int) -> np.ndarray:
+        """This rank's sample indices from (info.epoch, start_step) to the end of the phase, full batches only."""
+        local = info.phase.batch_size // self.dist.world_size
+        phase_end = sum(p.epochs for p in self.cfg.phases[: info.phase_index + 1])
+        per_epoch = [
+            np.resize(train_shard(len(split), self.dist.rank, self.dist.world_size, e, self.cfg.run.seed),
+                      info.steps * local)
+            for e in range(info.epoch, phase_end)
+        ]  # fmt: skip
+        return np.concatenate(per_epoch)[start_step * local :]
+
+    def _build_train(self, info, start_step: int) -> None:
         self._release("_train")
         split = self.roots[info.phase.root][0]
-        keep = [i for i, f in enumerate(split.files) if f not in self._excluded]
-        if not keep:
+        order = [i for i in self._phase_order(info, split, start_step) if split.files[i] not in self._excluded]
+        if not order:
             raise DataError(f"no decodable training image left in '{split.root}'")
-        files = [split.files[i] for i in keep]
-        labels = [split.labels[i] for i in keep]
-        seed = self.cfg.run.seed
+        files = [split.files[i] for i in order]
+        labels = [split.labels[i] for i in order]
         pipe = self._pipeline(
             _train_graph,
             info.phase.batch_size // self.dist.world_size,
-            _seed(seed, info.epoch, self.dist.rank, self._rebuilds),
+            _seed(self.cfg.run.seed, info.epoch, start_step, self.dist.rank, self._rebuilds),
             files=files,
             labels=labels,
-            shard_id=self.dist.rank,
-            num_shards=self.dist.world_size,
-            shuffle_seed=_seed(seed, info.epoch, self._rebuilds),  # the same on every rank: disjoint shards
             size=info.phase.image_size,
             min_scale=info.phase.min_scale,
         )
         self._train = (info.phase_index, pipe, files, split)
 
     def train_batches(self, info, start_step: int = 0):
-        """Exactly `info.steps - start_step` batches of this rank's shard; the phase's pipeline is built on first use.
+        """Exactly `info.steps - start_step` batches of this rank's shard, continuing at `start_step`.
 
-        Resumed mid-epoch (`start_step` > 0), the pipeline is new and the rest of the epoch is a fresh draw of
-        the shard: the same number of steps, not the same images as the interrupted run.
+        One pipeline serves the rest of the phase; it is rebuilt only at a phase switch or when the trainer asks
+        for a position the live pipeline is not at (a resume).
         """
-        if self._train is None or self._train[0] != info.phase_index:
+        if self._train is None or self._train[0] != info.phase_index or self._train_next != (info.epoch, start_step):
             self._release("_val")
-            self._build_train(info)
-        return _Batches(info.steps - start_step, lambda _i: self._next_train(info))
+            self._build_train(info, start_step)
+        self._train_next = (info.epoch + 1, 0)
+        return _Batches(info.steps - start_step, lambda i: self._next_train(info, start_step + i))
 
-    def _next_train(self, info):
+    def _next_train(self, info, step: int):
         while True:
             _, pipe, files, split = self._train
             try:
@@ -253,7 +262,7 @@ class DaliPipeline:
                 self.skipped.extend(bad)
                 self._excluded.update(p for p, _ in bad)
                 self._rebuilds += 1
-                self._build_train(info)
+                self._build_train(info, step)
                 continue
             return self._to_torch(images, labels)
 

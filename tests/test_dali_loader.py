@@ -12,6 +12,7 @@ from conftest import tiny_config
 
 from data.dali_loader import DaliPipeline
 from data.folder import DataError, Split, scan_split
+from data.sharding import train_shard
 from recipes.distributed import DistInfo
 from recipes.schedule import Plan
 
@@ -52,14 +53,19 @@ def test_train_shards_are_disjoint_and_cover_the_set_every_epoch(tiny_root, tmp_
             labels += [int(v) for _, y in batches for v in y]
         streams.append(labels)
         pipe.close()
-    # DALI's shard r of each epoch's permutation is [n*r//W, n*(r+1)//W); the reader wraps into the next epoch.
-    sizes = [n * (r + 1) // world - n * r // world for r in range(world)]
-    first = [streams[r][: sizes[r]] for r in range(world)]
-    second = [streams[r][sizes[r] : 2 * sizes[r]] for r in range(world)]
-    for epoch in (first, second):
-        seen = [i for shard in epoch for i in shard]
-        assert sorted(seen) == list(range(n))  # disjoint (no repeats) and covering
-    assert first != second  # reshuffled between epochs
+    # The shared sharding rule (data/sharding.py): each epoch rank r reads its shard of one permutation, in
+    # order, wrapped around to fill the last full batch.
+    per_rank = math.ceil(n / world)
+    steps = plan.epoch_info(0).steps
+    epochs = []
+    for epoch in range(2):
+        shards = [streams[r][epoch * steps * (12 // world) :][:per_rank] for r in range(world)]
+        for r in range(world):
+            assert shards[r] == [int(i) for i in train_shard(n, r, world, epoch, cfg.run.seed)]
+        seen = [i for shard in shards for i in shard]
+        assert set(seen) == set(range(n)) and len(seen) - n == (-n) % world  # covering; repeats only as padding
+        epochs.append(shards)
+    assert epochs[0] != epochs[1]  # reshuffled between epochs
 
 
 @pytest.mark.parametrize("rect", [False, True])
@@ -167,3 +173,19 @@ def test_undecodable_validation_image_is_named(tiny_root, tmp_path):
     pipe = _pipe(cfg, 0, 1, train, val)
     with pytest.raises(DataError, match=f"cannot decode validation image '{victim}'"):
         list(pipe.val_batches(cfg.phases[0]))
+
+
+def test_mid_epoch_resume_continues_with_exactly_the_unread_samples(tiny_root, tmp_path):
+    train = _indexed(scan_split(tiny_root, "train"))
+    val = _indexed(scan_split(tiny_root, "val"))
+    cfg = tiny_config(tiny_root, tmp_path, "data.backend=dali", "phases=[{epochs: 2, image_size: 16, batch_size: 8}]")
+    info = Plan(cfg, len(train), 2).epoch_info(0)
+    pipe = _pipe(cfg, 1, 2, train, val)
+    full = [int(v) for _, y in pipe.train_batches(info) for v in y]
+    pipe.close()
+    resumed = _pipe(cfg, 1, 2, train, val)  # a new process after a crash, asked to start at step 2
+    tail = [int(v) for _, y in resumed.train_batches(info, start_step=2) for v in y]
+    nxt = [int(v) for _, y in resumed.train_batches(Plan(cfg, len(train), 2).epoch_info(1)) for v in y]
+    resumed.close()
+    assert tail == full[2 * 4 :]  # neither repeats nor skips
+    assert nxt == [int(i) for i in train_shard(len(train), 1, 2, 1, cfg.run.seed)]  # and the next epoch is in order
