@@ -76,6 +76,9 @@ def _parser() -> argparse.ArgumentParser:
         "--srun-args", default="", help="extra srun options for the slurm transport (e.g. pyxis' --container-image)"
     )
     ap.add_argument("--horovodrun", help="horovodrun on the first host (default: next to --python)")
+    ap.add_argument("--max-restarts", type=int, default=0,
+                    help="torchrun: restart the workers up to N times after a failure (they resume from the "
+                    "newest checkpoint; set checkpoint.every_steps for mid-epoch recovery)")  # fmt: skip
     ap.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL when stopping")
     ap.add_argument("--join-timeout", type=float, default=300.0, help="seconds for every host to join the rendezvous")
     ap.add_argument("--check-timeout", type=float, default=120.0, help="seconds for the checks on every host")
@@ -178,6 +181,7 @@ def build_job(args) -> tuple[Job, object]:
         iface=args.iface,
         ssh_port=args.ssh_port,
         horovodrun=args.horovodrun,
+        max_restarts=args.max_restarts,
     ), cfg
 
 

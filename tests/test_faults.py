@@ -147,7 +147,7 @@ def _worker_pid(root: int, rank: int) -> int | None:
             env = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
         except OSError:
             env = []
-        if f"RANK={rank}".encode() in env and b"LOCAL_RANK=" + str(rank).encode() in env and pid != root:
+        if f"RANK={rank}".encode() in env and pid != root:
             if b"train.py" in (Path("/proc") / str(pid) / "cmdline").read_bytes():
                 return pid
         todo.extend(_children(pid))
@@ -223,3 +223,31 @@ def test_hung_peer_fails_with_timeout_naming_the_collective(sample_root, tmp_pat
     if alive:
         os.kill(victim, signal.SIGKILL)
     assert not alive, "the hung worker was left behind"
+
+
+@pytest.mark.slow
+def test_sigkill_through_the_launcher_with_two_local_hosts(sample_root, tmp_path):
+    hostfile = tmp_path / "hosts.txt"
+    hostfile.write_text("host-a addr=127.0.0.1\nhost-b addr=127.0.0.1\n")
+    run = tmp_path / "run"
+    cmd = [sys.executable, "scripts/launch.py", "--hostfile", str(hostfile), "--transport", "local",
+           "--gpus-per-host", "1", "--port", str(free_port()), "--run-dir", str(run), "--max-restarts", "3",
+           "--timeout", "1200", "-c", "configs/quickstart.yaml", f"data.root={sample_root}", "run.threads=1",
+           "checkpoint.every_steps=5", "log.tensorboard=false"]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # fmt: skip
+    try:
+        _wait_for_step(run, proc, 32, timeout=600)
+        victim = _worker_pid(proc.pid, 1)
+        assert victim, "rank 1 not found"
+        os.kill(victim, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=1200)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, out[-4000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 117 and summary["final_top1"] >= 90.0
+    assert summary["restarts"] == 1
+    assert "restart 1 after a failure" in out and "launch: all 2 host(s) finished" in out

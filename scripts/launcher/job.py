@@ -1,6 +1,7 @@
 """One job on several hosts: the per-host commands, the checks before starting, and the run that fails fast.
 
-`torchrun` engine: one torchrun agent per host (c10d rendezvous on the first host, `--max-restarts 0`).
+`torchrun` engine: one torchrun agent per host (c10d rendezvous on the first host; `--max-restarts N` lets the
+agents restart every worker from the last checkpoint after a failure, see README "Failures and recovery").
 `horovod` engine: one `horovodrun --gloo` on the first host, which starts the workers on every host itself.
 Either way each host's command runs under the guard (launcher/guard.py), so that stopping the job leaves nothing
 behind, and the first host whose command exits non-zero stops the whole job.
@@ -46,6 +47,7 @@ class Job:
     iface: str | None = None
     ssh_port: int | None = None
     horovodrun: str | None = None
+    max_restarts: int = 0
 
     @property
     def world_size(self) -> int:
@@ -95,7 +97,7 @@ class Job:
             "--local-addr",
             self.hosts[i].addr,
             "--max-restarts",
-            "0",
+            str(self.max_restarts),
             *self.train_args(),
         ]
 
