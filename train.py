@@ -24,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-dir", help="run directory (default: <run.out_dir>/<run.name>)")
     ap.add_argument("--resume", nargs="?", const="auto", default=None, metavar="CHECKPOINT",
                     help="continue from CHECKPOINT (default: the run directory's checkpoint.pt)")  # fmt: skip
+    ap.add_argument("--stop-after-epochs", type=int, default=None, metavar="N",
+                    help="stop after N epochs of this invocation (rerun to continue)")  # fmt: skip
     return run_cli(ap.parse_args(argv))
 
 

@@ -1,7 +1,7 @@
 """Input pipelines. `create_input(cfg, dist)` is the only place that knows which backend is in use.
 
-A pipeline exposes: `num_classes`, `classes`, `num_train`, `num_val`, `train_batches(epoch_info)` (exactly
-`epoch_info.steps` normalized batches on the device for this rank), `val_batches(phase)` (this rank's
+A pipeline exposes: `num_classes`, `classes`, `num_train`, `num_val`, `train_batches(epoch_info, start_step=0)` (exactly
+`epoch_info.steps - start_step` normalized batches on the device for this rank), `val_batches(phase)` (this rank's
 disjoint share of the validation set, every image exactly once over all ranks) and `close()`.
 """
 

@@ -35,9 +35,9 @@ class SyntheticPipeline:
             x = x.contiguous(memory_format=torch.channels_last)
         return x.to(self.dist.device), y.to(self.dist.device)
 
-    def train_batches(self, info):
+    def train_batches(self, info, start_step: int = 0):
         local = info.phase.batch_size // self.dist.world_size
-        steps = steps_per_epoch(self.num_train, info.phase.batch_size, self.dist.world_size)
+        steps = steps_per_epoch(self.num_train, info.phase.batch_size, self.dist.world_size) - start_step
         return _Repeat(*self._batch(local, info.phase.image_size, self.dist.rank), steps)
 
     def val_batches(self, phase):

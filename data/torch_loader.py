@@ -89,10 +89,11 @@ class TorchPipeline:
             multiprocessing_context="fork" if workers > 0 else None,
         )
 
-    def train_batches(self, info):
+    def train_batches(self, info, start_step: int = 0):
         phase = info.phase
         train, _ = self.roots.get(phase.root, (self.train, self.val))
         idx = train_shard(len(train), self.dist.rank, self.dist.world_size, info.epoch, self.cfg.run.seed)
+        idx = idx[start_step * (phase.batch_size // self.dist.world_size) :]  # resumed mid-epoch: skip done batches
         ds = _TrainSet(
             train, idx, phase.image_size, phase.min_scale, self.cfg.run.seed, info.epoch, self.cfg.data.skip_corrupt
         )

@@ -1,28 +1,38 @@
-"""Checkpoints written atomically (temp file + fsync + rename) and read back with clear errors."""
+"""Checkpoints: written atomically with a checksum, the last K kept, a damaged one detected and skipped.
+
+Layout in the run directory: `ckpt-<step>.pt` (+ `ckpt-<step>.pt.sha256`) for the last `checkpoint.keep`
+checkpoints, and `checkpoint.pt`, a hard link to the newest complete one (what users hand to evaluate.py).
+A write goes to a temp file that is fsynced and renamed, so a crash or a full disk never replaces a good
+checkpoint with a partial one.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 import random
+import re
+import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
 CHECKPOINT_NAME = "checkpoint.pt"
+_STEP_FILE = re.compile(r"^ckpt-(\d+)\.pt$")
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be used; the message names the file."""
+    """A checkpoint that cannot be used or written; the message names the file."""
 
 
-def save_atomic(state: dict, path: str | Path) -> None:
-    """Write `state` so that `path` is always either the old complete file or the new complete file."""
-    path = Path(path)
+def _write_bytes_atomic(data: bytes, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
-            torch.save(state, f)
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -31,10 +41,38 @@ def save_atomic(state: dict, path: str | Path) -> None:
             tmp.unlink()
 
 
-def load(path: str | Path) -> dict:
+def save_atomic(state: dict, path: str | Path) -> str:
+    """Write `state` to `path` (old complete file or new complete file, never a mix); returns its sha256."""
+    path = Path(path)
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    data = buf.getvalue()
+    digest = hashlib.sha256(data).hexdigest()
+    _write_bytes_atomic(data, path)
+    _write_bytes_atomic(f"{digest}  {path.name}\n".encode(), path.with_name(path.name + ".sha256"))
+    return digest
+
+
+def verify(path: Path) -> None:
+    """Raise CheckpointError when `path` does not match its .sha256 sidecar (when there is one)."""
+    side = path.with_name(path.name + ".sha256")
+    if not side.is_file():
+        return
+    expected = side.read_text().split()[0]
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    if h.hexdigest() != expected:
+        raise CheckpointError(f"checkpoint '{path}' is damaged: sha256 {h.hexdigest()[:12]}... != {expected[:12]}...")
+
+
+def load(path: str | Path, check: bool = True) -> dict:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint '{path}' not found")
+    if check:
+        verify(path)
     try:
         state = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # torch raises several types for a damaged file
@@ -42,6 +80,67 @@ def load(path: str | Path) -> dict:
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"checkpoint '{path}' has no 'model' entry: not a checkpoint of this trainer")
     return state
+
+
+def step_checkpoints(run_dir: Path) -> list[Path]:
+    """`ckpt-<step>.pt` files in the run directory, newest first."""
+    if not run_dir.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in run_dir.iterdir() if (m := _STEP_FILE.match(p.name))]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def load_latest(run_dir: Path, warn=lambda msg: print(f"warning: {msg}", file=sys.stderr)) -> tuple[dict, Path] | None:
+    """The newest checkpoint that verifies and loads; damaged ones are reported and skipped."""
+    candidates = step_checkpoints(run_dir)
+    legacy = run_dir / CHECKPOINT_NAME
+    if not candidates and legacy.is_file():
+        candidates = [legacy]
+    for path in candidates:
+        try:
+            return load(path), path
+        except CheckpointError as e:
+            warn(f"{e}; falling back to the previous checkpoint")
+    return None
+
+
+def save_step_checkpoint(state: dict, run_dir: Path, step: int, keep: int) -> Path:
+    """Write `ckpt-<step>.pt`, point checkpoint.pt at it, delete all but the newest `keep`."""
+    path = run_dir / f"ckpt-{step:08d}.pt"
+    try:
+        save_atomic(state, path)
+    except OSError as e:
+        last = step_checkpoints(run_dir)
+        kept = f"the last good checkpoint '{last[0]}' is kept" if last else "no earlier checkpoint exists"
+        raise CheckpointError(f"writing checkpoint '{path}' failed: {e.strerror or e}; {kept}") from None
+    link_tmp = run_dir / f".{CHECKPOINT_NAME}.link{os.getpid()}"
+    if link_tmp.exists():
+        link_tmp.unlink()
+    os.link(path, link_tmp)
+    os.replace(link_tmp, run_dir / CHECKPOINT_NAME)
+    side = run_dir / (CHECKPOINT_NAME + ".sha256")
+    shutil.copyfile(path.with_name(path.name + ".sha256"), side)
+    for old in step_checkpoints(run_dir)[max(keep, 1) :]:
+        old.unlink(missing_ok=True)
+        old.with_name(old.name + ".sha256").unlink(missing_ok=True)
+    return path
+
+
+def check_writable(run_dir: Path, needed_bytes: int) -> None:
+    """Fail before training when the run directory is unwritable or its disk cannot hold a checkpoint."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / f".write-probe-{os.getpid()}"
+        probe.write_bytes(b"x")
+        probe.unlink()
+    except OSError as e:
+        raise CheckpointError(f"run directory '{run_dir}' is not writable: {e.strerror or e}") from None
+    free = shutil.disk_usage(run_dir).free
+    if free < needed_bytes:
+        raise CheckpointError(
+            f"run directory '{run_dir}': {free / 2**20:.1f} MiB free, but a checkpoint needs about "
+            f"{needed_bytes / 2**20:.1f} MiB (two copies while one is written); free space or set run.out_dir"
+        )
 
 
 def rng_state() -> dict:

@@ -17,6 +17,12 @@ def _user_errors():
     return USER_ERRORS + (DataError,)
 
 
+def _training_errors():
+    from recipes.trainer import TrainingError
+
+    return (TrainingError,)
+
+
 def run_cli(args) -> int:
     try:
         if args.help_config:
@@ -40,8 +46,11 @@ def run_cli(args) -> int:
                 raise CheckpointError(f"--resume: no checkpoint at '{resume}'")
         elif args.resume:
             resume = args.resume
-        train(cfg, run_dir, resume)
+        train(cfg, run_dir, resume, args.stop_after_epochs)
         return 0
     except _user_errors() as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
+    except _training_errors() as e:
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 3

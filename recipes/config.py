@@ -57,6 +57,7 @@ class RunConfig:
     procs_per_node: int = _f(1, help="processes (GPUs) per machine the config is written for")
     amp: Literal["none", "bf16", "fp16"] = _f("none", help="mixed precision dtype")
     channels_last: bool = _f(False, help="NHWC memory format for model and inputs")
+    on_nonfinite: Literal["halt", "skip"] = _f("halt", help="non-finite loss/gradients: stop, or skip the step")
 
 
 @dataclass
@@ -125,8 +126,10 @@ class LogConfig:
 
 @dataclass
 class CheckpointConfig:
-    enabled: bool = _f(True, help="write <run_dir>/checkpoint.pt at the end of every epoch")
-    resume: bool = _f(True, help="continue from <run_dir>/checkpoint.pt when it exists")
+    enabled: bool = _f(True, help="write a checkpoint at the end of every epoch (checkpoint.pt = the newest)")
+    every_steps: int = _f(0, help="also every N optimizer steps, for mid-epoch recovery; 0 = epoch ends only")
+    keep: int = _f(2, help="keep the newest K checkpoints (an older one is the fallback if the newest is damaged)")
+    resume: bool = _f(True, help="continue from the newest good checkpoint in the run directory when one exists")
 
 
 @dataclass

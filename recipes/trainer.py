@@ -8,9 +8,10 @@ and the gradient allreduce backend (`recipes.comm.create_allreduce`).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +42,34 @@ class State:
     images: int = 0  # training images processed, all ranks
     history: list = field(default_factory=list)  # one dict per epoch: epoch, train_seconds, top1, top5, ...
     skipped_steps: int = 0
+    epoch_step: int = 0  # steps done inside the current epoch (mid-epoch checkpoint = data position)
+    epoch_seconds: float = 0.0  # training time already spent in the current epoch
+    epoch_images: int = 0
+    restarts: int = 0  # recoveries from a checkpoint after a failure
+    redone_steps: int = 0  # steps trained twice because they came after the last checkpoint
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (non-finite loss, a dead or hung peer); the message says where and why."""
+
+
+_PEER_FAILURE = ("timed out", "timeout", "connection closed", "connection reset", "broken pipe", "peer")
+
+
+@contextmanager
+def collective_guard(what: str, step: int, timeout_s: float):
+    """Turn a collective's timeout or lost connection into an error that names the collective and the step."""
+    try:
+        yield
+    except RuntimeError as e:
+        text = str(e).lower()
+        if isinstance(e, TrainingError) or not any(k in text for k in _PEER_FAILURE):
+            raise
+        first = str(e).strip().splitlines()[0][:300]
+        raise TrainingError(
+            f"{what} at step {step} failed: a peer is dead or hung (dist.timeout_s={timeout_s:g}); "
+            f"underlying error: {first}"
+        ) from e
 
 
 def git_commit() -> str:
@@ -132,6 +161,8 @@ class Trainer:
         self.criterion = nn.CrossEntropyLoss(label_smoothing=cfg.optim.label_smoothing)
         self.state = State()
         torch.manual_seed(cfg.run.seed + 1000 * dist.rank)  # per-rank randomness; a resume restores it
+        if cfg.checkpoint.enabled and dist.is_main:
+            ckpt.check_writable(self.run_dir, 2 * self._checkpoint_bytes())
         self._maybe_resume(resume_from)
         self.train_model, self.optimizer = self.comm.prepare(self.model, self.optimizer)
         amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.run.amp)
@@ -150,14 +181,26 @@ class Trainer:
         self.log.info(self.plan.table())
 
     # -- checkpoints ------------------------------------------------------------------------------------
-    def _checkpoint_path(self) -> Path:
-        return self.run_dir / ckpt.CHECKPOINT_NAME
+    def _checkpoint_bytes(self) -> int:
+        """Rough size of a checkpoint: weights and buffers plus one optimizer slot per parameter, plus slack."""
+        model = sum(t.numel() * t.element_size() for t in self.model.state_dict().values())
+        params = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        return int(1.1 * (model + params)) + (1 << 20)
+
+    def _progress_path(self) -> Path:
+        return self.run_dir / "progress.json"
 
     def _maybe_resume(self, resume_from: str | None) -> None:
-        path = Path(resume_from) if resume_from else self._checkpoint_path()
-        if resume_from is None and not (self.cfg.checkpoint.resume and path.is_file()):
-            return
-        state = ckpt.load(path)
+        if resume_from is not None:
+            path = Path(resume_from)
+            state = ckpt.load(path)
+        else:
+            if not self.cfg.checkpoint.resume:
+                return
+            found = ckpt.load_latest(self.run_dir, warn=self.log.warn)
+            if found is None:
+                return
+            state, path = found
         check_compatible(self.model, state["model"], str(path))
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
@@ -167,10 +210,27 @@ class Trainer:
         rngs = state["rng"]
         if len(rngs) == self.dist.world_size:
             ckpt.set_rng_state(rngs[self.dist.rank])
-        self.log.info(f"resumed from {path}: {self.state.epoch} epoch(s), {self.state.step} step(s) done")
+        restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        lost = 0
+        if self._progress_path().is_file():
+            try:
+                reached = json.loads(self._progress_path().read_text())["step"]
+                lost = max(0, reached - self.state.step)
+            except (ValueError, KeyError):
+                pass
+        if restart or lost:
+            self.state.restarts += 1
+            self.state.redone_steps += lost
+        self.log.info(
+            f"resumed from {path}: {self.state.epoch} epoch(s) + {self.state.epoch_step} step(s) into epoch "
+            f"{self.state.epoch + 1}, {self.state.step} step(s) done"
+            + (f"; restart {restart} after a failure" if restart else "")
+            + (f"; the run had reached step {self.state.step + lost}: {lost} step(s) will be redone" if lost else "")
+        )
 
     def save_checkpoint(self) -> None:
-        rngs = all_gather_object(ckpt.rng_state(), self.dist)
+        with collective_guard("checkpoint RNG-state gather", self.state.step, self.cfg.dist.timeout_s):
+            rngs = all_gather_object(ckpt.rng_state(), self.dist)
         if not self.dist.is_main:
             return
         state = {
@@ -184,72 +244,116 @@ class Trainer:
             "model_info": {"name": self.cfg.model.name, "num_classes": self.data.num_classes,
                            "classes": self.data.classes, "num_params": describe_model(self.model)["num_params"]},
         }  # fmt: skip
-        ckpt.save_atomic(state, self._checkpoint_path())
+        ckpt.save_step_checkpoint(state, self.run_dir, self.state.step, self.cfg.checkpoint.keep)
 
     # -- the loop ---------------------------------------------------------------------------------------
+    def _grads_finite(self) -> bool:
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if not grads:
+            return True
+        return bool(torch.isfinite(torch.stack(torch._foreach_norm(grads)).sum()))
+
+    def _step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """One optimizer step; returns the loss. Non-finite gradients halt or skip per run.on_nonfinite."""
+        st = self.state
+        with self.amp_ctx():
+            loss = self.criterion(self.train_model(x), y)
+        self.optimizer.zero_grad(set_to_none=True)
+        with collective_guard(f"gradient allreduce (comm.backend={self.cfg.comm.backend})", st.step,
+                              self.cfg.dist.timeout_s):  # fmt: skip
+            self.scaler.scale(loss).backward()
+            if self.scaler.is_enabled():
+                scale_before = self.scaler.get_scale()
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+                if self.scaler.get_scale() < scale_before:
+                    st.skipped_steps += 1  # fp16 overflow: GradScaler skipped this step and lowered the scale
+                    self.log.warn(f"step {st.step}: fp16 gradients overflowed; step skipped (scale {scale_before:g})")
+            else:
+                # Gradients are already averaged over ranks here, so every rank takes the same decision.
+                if not self._grads_finite():
+                    what = f"non-finite loss/gradients at step {st.step} (epoch {st.epoch + 1}, loss {float(loss):g})"
+                    if self.cfg.run.on_nonfinite == "halt":
+                        raise TrainingError(f"{what}: halting (run.on_nonfinite=halt; 'skip' would skip the step)")
+                    st.skipped_steps += 1
+                    self.log.warn(f"{what}: step skipped ({st.skipped_steps} so far; run.on_nonfinite=skip)")
+                else:
+                    self.optimizer.step()
+        st.step += 1
+        st.epoch_step += 1
+        return loss
+
     def train_one_epoch(self, epoch: int) -> dict:
-        info = self.plan.epoch_info(epoch)
-        batches = self.data.train_batches(info)
+        """Train epoch `epoch` from the data position in the state (0 unless resumed mid-epoch)."""
+        cfg, plan, st = self.cfg, self.plan, self.state
+        info = plan.epoch_info(epoch)
+        start = st.epoch_step
+        batches = self.data.train_batches(info, start_step=start)
         self.train_model.train()
-        cfg, plan = self.cfg, self.plan
-        every = cfg.log.every_steps
-        t0 = time.perf_counter()
-        window_t, window_imgs = t0, 0
+        every, ckpt_every = cfg.log.every_steps, cfg.checkpoint.every_steps
+        t0 = mark = window_t = time.perf_counter()
+        window_imgs = 0
         loss_acc = torch.zeros((), device=self.dist.device)
         loss_n = 0
-        images = 0
-        for i, (x, y) in enumerate(batches):
-            step = self.state.step
-            lr, mom = plan.lr(step), plan.momentum(step)
+        i = start - 1
+        for i, (x, y) in enumerate(batches, start=start):
+            lr, mom = plan.lr(st.step), plan.momentum(st.step)
             set_lr_momentum(self.optimizer, lr, mom)
-            with self.amp_ctx():
-                loss = self.criterion(self.train_model(x), y)
-            self.optimizer.zero_grad(set_to_none=True)
-            self.scaler.scale(loss).backward()
-            scale_before = self.scaler.get_scale() if self.scaler.is_enabled() else None
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-            if scale_before is not None and self.scaler.get_scale() < scale_before:
-                self.state.skipped_steps += 1  # inf/nan gradients: GradScaler skipped this step
-            self.state.step += 1
+            loss = self._step(x, y)
             n = y.numel() * self.dist.world_size
-            images += n
+            st.images += n
+            st.epoch_images += n
             window_imgs += n
             loss_acc += loss.detach()
             loss_n += 1
-            if (i + 1) % every == 0 or i + 1 == info.steps:
+            done = i + 1 == info.steps
+            if (i + 1) % every == 0 or done:
                 now = time.perf_counter()
                 mean_loss = float(loss_acc) / loss_n
                 img_s = window_imgs / max(now - window_t, 1e-9)
-                per_step = (now - t0) / (i + 1)
-                eta = per_step * (plan.total_steps - self.state.step)
+                eta = (now - t0) / (i + 1 - start) * (plan.total_steps - st.step)
                 self.log.step_line(epoch, len(plan.epochs), i + 1, info.steps, img_s, mean_loss, lr, eta)
-                self.log.scalars(self.state.step, **{"train/loss": mean_loss, "train/lr": lr,
-                                                     "train/momentum": mom, "train/images_per_s": img_s})  # fmt: skip
-                window_t, window_imgs = now, 0
+                self.log.scalars(st.step, **{"train/loss": mean_loss, "train/lr": lr, "train/momentum": mom,
+                                             "train/images_per_s": img_s})  # fmt: skip
+                if self.dist.is_main:
+                    self._progress_path().write_text(json.dumps({"step": st.step, "epoch": epoch}) + "\n")
+                window_t, window_imgs = time.perf_counter(), 0
                 loss_acc.zero_()
                 loss_n = 0
+            if cfg.checkpoint.enabled and ckpt_every and st.step % ckpt_every == 0 and not done:
+                now = time.perf_counter()
+                st.train_seconds += now - mark
+                st.epoch_seconds += now - mark
+                self.save_checkpoint()  # mid-epoch: the data position is st.epoch_step
+                mark = time.perf_counter()
+                window_t += mark - now
         if i + 1 != info.steps:
             raise RuntimeError(f"input pipeline gave {i + 1} batches in epoch {epoch}, the plan says {info.steps}")
-        seconds = time.perf_counter() - t0
-        return {"seconds": seconds, "images": images}
+        now = time.perf_counter()
+        st.train_seconds += now - mark
+        st.epoch_seconds += now - mark
+        result = {"seconds": st.epoch_seconds, "images": st.epoch_images}
+        st.epoch_step, st.epoch_seconds, st.epoch_images = 0, 0.0, 0
+        return result
 
     def validate(self, epoch: int) -> dict:
-        average_bn_stats(self.model, self.dist)
-        phase = self.plan.epoch_info(epoch).phase
-        return evaluate(self.model, self.data.val_batches(phase), self.dist, self.amp_ctx)
+        with collective_guard("validation (BN statistics and accuracy all_reduce)", self.state.step,
+                              self.cfg.dist.timeout_s):  # fmt: skip
+            average_bn_stats(self.model, self.dist)
+            phase = self.plan.epoch_info(epoch).phase
+            return evaluate(self.model, self.data.val_batches(phase), self.dist, self.amp_ctx)
 
-    def fit(self) -> dict:
+    def fit(self, stop_after_epochs: int | None = None) -> dict:
+        """Train to the end of the plan (or stop after `stop_after_epochs` more epochs; a rerun resumes)."""
         cfg, st = self.cfg, self.state
+        last_epoch = len(self.plan.epochs) if stop_after_epochs is None else st.epoch + stop_after_epochs
         wall0 = time.perf_counter() - st.wall_seconds
         epochs = len(self.plan.epochs)
         if st.epoch >= epochs:
             self.log.info(f"nothing to do: all {epochs} epochs are done (checkpoint in {self.run_dir})")
-        while st.epoch < epochs:
+        while st.epoch < min(epochs, last_epoch):
             epoch = st.epoch
             tr = self.train_one_epoch(epoch)
-            st.train_seconds += tr["seconds"]
-            st.images += tr["images"]
             ev = self.validate(epoch)
             st.epoch += 1
             row = {"epoch": st.epoch, "train_seconds": st.train_seconds, "top1": ev["top1"], "top5": ev["top5"],
@@ -302,6 +406,8 @@ class Trainer:
             "final_top5": last["top5"],
             "images_per_s": st.images / max(st.train_seconds, 1e-9),
             "skipped_steps": st.skipped_steps,
+            "restarts": st.restarts,
+            "redone_steps": st.redone_steps,
             "run_dir": str(self.run_dir),
         }
 
@@ -338,11 +444,12 @@ def summary_table(s: dict) -> str:
     return "\n".join(lines)
 
 
-def train(cfg: Config, run_dir: str | Path | None = None, resume_from: str | None = None) -> dict:
-    """Run the whole plan of `cfg`; returns the summary dict (also written to <run_dir>/summary.json)."""
+def train(cfg: Config, run_dir: str | Path | None = None, resume_from: str | None = None,
+          stop_after_epochs: int | None = None) -> dict:  # fmt: skip
+    """Run the plan of `cfg`; returns the summary dict (also written to <run_dir>/summary.json)."""
     trainer = Trainer(cfg, Path(run_dir) if run_dir else None, resume_from)
     try:
-        return trainer.fit()
+        return trainer.fit(stop_after_epochs)
     finally:
         trainer.close()
 

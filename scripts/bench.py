@@ -1,0 +1,56 @@
+#!/usr/bin/env python
+"""`make bench`: run every scripts/bench_*.py and collect their Markdown tables into one report.
+
+python scripts/bench.py [--out bench_report.md] [--quick] [--only trainer,optim]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="bench_report.md")
+    ap.add_argument("--quick", action="store_true", help="pass --quick to every benchmark")
+    ap.add_argument("--only", default="", help="comma-separated names (bench_<name>.py)")
+    args = ap.parse_args(argv)
+    scripts = sorted(HERE.glob("bench_*.py"))
+    if args.only:
+        wanted = {f"bench_{n.strip()}.py" for n in args.only.split(",")}
+        scripts = [s for s in scripts if s.name in wanted]
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    parts = [f"# Benchmark report\n\n{time.strftime('%Y-%m-%d %H:%M')}, {platform.processor() or platform.machine()},"
+             f" {torch.get_num_threads()} threads, GPU: {gpu}, torch {torch.__version__}\n"]  # fmt: skip
+    failed = []
+    for script in scripts:
+        cmd = [sys.executable, str(script)] + (["--quick"] if args.quick else [])
+        print(f"running {' '.join(cmd[1:])}", flush=True)
+        t = time.perf_counter()
+        p = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE.parent)
+        took = time.perf_counter() - t
+        parts.append(f"## {script.name}\n\n`python scripts/{script.name}{' --quick' if args.quick else ''}` "
+                     f"({took:.0f} s)\n\n{p.stdout.strip()}\n")  # fmt: skip
+        if p.returncode != 0:
+            failed.append(script.name)
+            parts.append(f"**failed with exit code {p.returncode}:**\n\n```\n{p.stderr[-2000:]}\n```\n")
+        print(p.stdout, flush=True)
+    Path(args.out).write_text("\n".join(parts))
+    print(f"report: {args.out}")
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

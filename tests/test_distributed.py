@@ -1,0 +1,43 @@
+"""Real multi-process runs (torchrun, gloo): exact validation and the 2-process quickstart."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import ROOT, tiny_config, torchrun
+
+from recipes.evaluation import evaluate_checkpoint
+from recipes.trainer import train
+
+
+@pytest.mark.slow
+def test_validation_is_exact_for_world_size_not_dividing_val_set(tiny_root, tmp_path):
+    train(tiny_config(tiny_root, tmp_path, "phases=[{epochs: 1, image_size: 32, batch_size: 12}]"))
+    ckpt = tmp_path / "tiny" / "checkpoint.pt"
+    single = evaluate_checkpoint(str(ckpt), str(tiny_root), batch_size=3)
+    out = tmp_path / "eval3.json"
+    p = torchrun(3, ["evaluate.py", str(ckpt), "--data", str(tiny_root), "--batch-size", "3", "--out", str(out)],
+                 timeout=300)  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    three = json.loads(out.read_text())
+    assert single["count"] == three["count"] == 20  # 20 images over 3 ranks: 7 + 7 + 6, none twice
+    assert three["world_size"] == 3
+    assert three["top1"] == pytest.approx(single["top1"]) and three["top5"] == pytest.approx(single["top5"])
+
+
+@pytest.mark.slow
+def test_two_process_quickstart_reaches_target(sample_root, tmp_path):
+    run = tmp_path / "qs"
+    p = torchrun(2, ["train.py", "-c", "configs/quickstart.yaml", "--run-dir", str(run), f"data.root={sample_root}"],
+                 timeout=900)  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["world_size"] == 2
+    assert summary["final_top1"] >= 90.0
+    assert summary["time_to_target_seconds"] is not None
+    assert "| final top-1 / top-5" in p.stdout
+    assert p.stdout.count("| summary") == 1  # rank 1 is quiet
+    lines = (run / "dawnbench.tsv").read_text().splitlines()
+    assert len(lines) == 1 + summary["epochs"]
+    assert (ROOT / "configs" / "quickstart.yaml").exists()

@@ -1,0 +1,112 @@
+"""The trainer end to end on CPU: run directory contents, DAWNBench TSV, exact resume, clear errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+from conftest import ROOT, tiny_config
+
+from data.folder import DataError
+from recipes import checkpoint as ckpt
+from recipes.checkpoint import CheckpointError
+from recipes.config import ConfigError
+from recipes.logger import TSV_HEADER
+from recipes.trainer import train
+
+
+def test_run_dir_has_config_meta_tsv_checkpoint_tb(tiny_root, tmp_path):
+    cfg = tiny_config(tiny_root, tmp_path, "log.tensorboard=true")
+    summary = train(cfg)
+    run = tmp_path / "tiny"
+    assert yaml.safe_load((run / "config.yaml").read_text())["model"]["name"] == "resnet10t"
+    meta = json.loads((run / "meta.json").read_text())
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    assert meta["git_commit"].startswith(head)
+    lines = (run / "dawnbench.tsv").read_text().splitlines(keepends=True)
+    assert lines[0] == TSV_HEADER
+    rows = [ln.rstrip("\n").split("\t") for ln in lines[1:]]
+    assert [r[0] for r in rows] == ["1", "2"]
+    hours = [float(r[1]) for r in rows]
+    assert 0 < hours[0] < hours[1] and hours[1] == pytest.approx(summary["train_seconds"] / 3600, abs=1e-6)
+    assert summary["wall_seconds"] >= summary["train_seconds"]  # validation/checkpoints excluded from hours
+    assert float(rows[-1][2]) == pytest.approx(summary["final_top1"], abs=0.01)
+    assert 0 <= float(rows[-1][2]) <= float(rows[-1][3]) <= 100
+    assert summary["steps"] == 2 * 4  # ceil(48 / 12) steps per epoch
+    state = ckpt.load(run / "checkpoint.pt")
+    assert state["state"]["epoch"] == 2 and state["state"]["step"] == 8
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ea = EventAccumulator(str(run / "tb"))
+    ea.Reload()
+    tags = set(ea.Tags()["scalars"])
+    assert {"train/loss", "train/lr", "train/images_per_s", "val/top1", "val/top5"} <= tags
+    assert len(ea.Scalars("val/top1")) == 2
+
+
+def test_interrupted_and_resumed_run_matches_uninterrupted(tiny_root, tmp_path):
+    over = ("run.deterministic=true", "phases=[{epochs: 3, image_size: 32, batch_size: 12}]")
+    full = train(tiny_config(tiny_root, tmp_path / "a", *over))
+    first = train(tiny_config(tiny_root, tmp_path / "b", *over), stop_after_epochs=1)
+    assert first["epochs"] == 1
+    resumed = train(tiny_config(tiny_root, tmp_path / "b", *over))  # same run dir: continues
+    assert resumed["epochs"] == 3 and resumed["steps"] == full["steps"]
+    a = ckpt.load(tmp_path / "a" / "tiny" / "checkpoint.pt")
+    b = ckpt.load(tmp_path / "b" / "tiny" / "checkpoint.pt")
+    for k, v in a["model"].items():
+        assert torch.equal(v, b["model"][k]), k
+    assert a["state"]["history"][-1]["top1"] == b["state"]["history"][-1]["top1"]
+    mom_a = a["optimizer"]["state"][0]["momentum_buffer"]
+    assert torch.equal(mom_a, b["optimizer"]["state"][0]["momentum_buffer"])
+
+
+def test_checkpoint_is_written_atomically(tmp_path):
+    path = tmp_path / "c.pt"
+    ckpt.save_atomic({"model": {"w": torch.ones(2)}}, path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.pt", "c.pt.sha256"]  # no temp file left behind
+    assert torch.equal(ckpt.load(path)["model"]["w"], torch.ones(2))
+
+
+def test_checkpoint_from_different_model_is_refused(tiny_root, tmp_path):
+    train(tiny_config(tiny_root, tmp_path, "phases=[{epochs: 1, image_size: 32, batch_size: 12}]"))
+    other = tiny_config(tiny_root, tmp_path, "model.name=resnet18")
+    with pytest.raises(ConfigError, match="checkpoint was made for a different model"):
+        train(other)
+
+
+def test_damaged_checkpoint_gives_clear_error(tmp_path):
+    bad = tmp_path / "checkpoint.pt"
+    bad.write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="cannot be read"):
+        ckpt.load(bad)
+
+
+def test_missing_dataset_and_empty_class_folder(tiny_root, tmp_path):
+    with pytest.raises(DataError, match="does not exist"):
+        train(tiny_config(tmp_path / "nowhere", tmp_path))
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_root, broken)
+    empty = broken / "train" / "n09999999"
+    empty.mkdir()
+    with pytest.raises(DataError, match="n09999999' is empty"):
+        train(tiny_config(broken, tmp_path))
+
+
+def test_cli_bad_inputs_exit_2_without_traceback(tmp_path):
+    bad_yaml = tmp_path / "bad.yaml"
+    bad_yaml.write_text("optim: {lr: 0.1\n")
+    cases = [
+        (["-c", str(bad_yaml)], "not valid YAML"),
+        (["-c", "configs/quickstart.yaml", f"data.root={tmp_path}/none"], "does not exist"),
+        (["-c", "configs/quickstart.yaml", "--resume", str(tmp_path / "x.pt")], "not found"),
+    ]
+    for args, msg in cases:
+        p = subprocess.run([sys.executable, "train.py", *args, f"run.out_dir={tmp_path}"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert p.returncode == 2, (args, p.stderr)
+        assert msg in p.stderr and "Traceback" not in p.stderr, p.stderr
