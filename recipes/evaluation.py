@@ -134,7 +134,8 @@ def describe_hardware(device: torch.device, threads: int) -> str:
 def latency_checkpoint(path: str, data_root: str | None = None, image_size: int | None = None,
                        modes: list[str] = ("none",), images: int = 10000, seed: int = 0, warmup: int = 10,
                        threads: int | None = None, calib_images: int = 256, device: str = "auto",
-                       price_per_hour: float | None = None, hardware: str | None = None, log=print) -> dict:  # fmt: skip
+                       price_per_hour: float | None = None, hardware: str | None = None,
+                       log=print) -> dict:  # fmt: skip
     """Batch-1 latency of the checkpoint in each of `modes` (plus the fp32 reference 'none') on `images`
     validation images; returns the results and the DAWNBench entry of the first requested mode."""
     from data.folder import scan_split
@@ -205,11 +206,17 @@ def dawnbench_entry(out: dict, mode: str) -> dict:
         "cost": cost,
         "top5Accuracy": res["top5"],
         "timestamp": datetime.date.today().isoformat(),
-        "misc": {"optimize": mode, "images": out["images"], "image_size": out["image_size"], "batch_size": 1,
-                 "latency_including_preprocessing_ms": res["latency_ms"]["including_preprocessing"]["mean"],
-                 "latency_median_ms": res["latency_ms"]["excluding_preprocessing"]["median"],
-                 "latency_p99_ms": res["latency_ms"]["excluding_preprocessing"]["p99"], "top1Accuracy": res["top1"],
-                 "threads": out["threads"]},  # fmt: skip
+        "misc": {
+            "optimize": mode,
+            "images": out["images"],
+            "image_size": out["image_size"],
+            "batch_size": 1,
+            "latency_including_preprocessing_ms": res["latency_ms"]["including_preprocessing"]["mean"],
+            "latency_median_ms": res["latency_ms"]["excluding_preprocessing"]["median"],
+            "latency_p99_ms": res["latency_ms"]["excluding_preprocessing"]["p99"],
+            "top1Accuracy": res["top1"],
+            "threads": out["threads"],
+        },
     }
 
 

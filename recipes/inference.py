@@ -35,19 +35,40 @@ class Mode:
 MODES: dict[str, Mode] = {
     "none": Mode("eager fp32 as trained: the reference every other mode is compared with", fold_bn=False),
     "fuse": Mode("BatchNorm folded into the convolutions, channels_last, eager fp32"),
-    "compile": Mode("fuse + torch.compile (inductor, weights frozen and constant-folded; CUDA graphs on GPU), fp32",
-                    compile="always"),  # fmt: skip
-    "int8": Mode("post-training static INT8: PT2E with the x86 inductor quantizer, calibrated on training images, "
-                 "compiled (CPU)", fold_bn=False, compile="always", quantize=True, devices=("cpu",)),  # fmt: skip
-    "fp16": Mode("fuse + float16 weights and activations; compiled with CUDA graphs on GPU, eager on CPU",
-                 compile="cuda", dtype=torch.float16),  # fmt: skip
-    "bf16": Mode("fuse + bfloat16 weights and activations; compiled with CUDA graphs on GPU, eager on CPU",
-                 compile="cuda", dtype=torch.bfloat16),  # fmt: skip
-    "onnxruntime": Mode("the peer: the fp32 model exported to ONNX, run by ONNX Runtime (all graph optimizations)",
-                        fold_bn=False, engine="onnxruntime"),  # fmt: skip
-    "onnxruntime-int8": Mode("ONNX Runtime's own static INT8 (QDQ, per-channel weights) calibrated on the same "
-                             "images as int8 (CPU)", fold_bn=False, quantize=True, engine="onnxruntime",
-                             devices=("cpu",)),  # fmt: skip
+    "compile": Mode(
+        "fuse + torch.compile (inductor, weights frozen and constant-folded; CUDA graphs on GPU), fp32",
+        compile="always",
+    ),
+    "int8": Mode(
+        "post-training static INT8: PT2E with the x86 inductor quantizer, calibrated on training images, "
+        "compiled (CPU)",
+        fold_bn=False,
+        compile="always",
+        quantize=True,
+        devices=("cpu",),
+    ),
+    "fp16": Mode(
+        "fuse + float16 weights and activations; compiled with CUDA graphs on GPU, eager on CPU",
+        compile="cuda",
+        dtype=torch.float16,
+    ),
+    "bf16": Mode(
+        "fuse + bfloat16 weights and activations; compiled with CUDA graphs on GPU, eager on CPU",
+        compile="cuda",
+        dtype=torch.bfloat16,
+    ),
+    "onnxruntime": Mode(
+        "the peer: the fp32 model exported to ONNX, run by ONNX Runtime (all graph optimizations)",
+        fold_bn=False,
+        engine="onnxruntime",
+    ),
+    "onnxruntime-int8": Mode(
+        "ONNX Runtime's own static INT8 (QDQ, per-channel weights) calibrated on the same images as int8 (CPU)",
+        fold_bn=False,
+        quantize=True,
+        engine="onnxruntime",
+        devices=("cpu",),
+    ),
 }
 
 
@@ -228,7 +249,9 @@ def _build_onnxruntime(name, mode, model, example, calibration, threads, info) -
         path = workdir / "model.int8.onnx"
         quantize_static(str(pre), str(path), _CalibrationReader(images), quant_format=QuantFormat.QDQ,
                         per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                        calibrate_method=CalibrationMethod.MinMax)  # fmt: skip
+                        calibrate_method=CalibrationMethod.MinMax,
+                        # logits stay fp32, as in the PT2E int8 mode (a clipped logit range loses the ranking)
+                        extra_options={"OpTypesToExcludeOutputQuantization": ["Gemm", "MatMul"]})  # fmt: skip
         info["calibration_images"] = len(images)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -238,7 +261,9 @@ def _build_onnxruntime(name, mode, model, example, calibration, threads, info) -
     providers = ["CPUExecutionProvider"]
     if device.type == "cuda":
         if "CUDAExecutionProvider" not in ort.get_available_providers():
-            raise ConfigError(f"--optimize {name} on cuda: ONNX Runtime has no CUDA provider (pip install onnxruntime-gpu)")
+            raise ConfigError(
+                f"--optimize {name} on cuda: ONNX Runtime has no CUDA provider (pip install onnxruntime-gpu)"
+            )
         providers = [("CUDAExecutionProvider", {"device_id": device.index or 0})]
     session = ort.InferenceSession(str(path), options, providers=providers)
     info.update({"onnx_file_bytes": os.path.getsize(path), "provider": session.get_providers()[0],

@@ -120,7 +120,10 @@ def run_protocol(runners: list[Runner], files: Sequence[str], labels: Sequence[i
             "mode": r.mode,
             "images": n,
             "latency_ms": {"excluding_preprocessing": _stats(excl), "including_preprocessing": _stats(incl)},
-            "images_per_s": {"excluding_preprocessing": 1e3 / excl.mean(), "including_preprocessing": 1e3 / incl.mean()},
+            "images_per_s": {
+                "excluding_preprocessing": 1e3 / excl.mean(),
+                "including_preprocessing": 1e3 / incl.mean(),
+            },
             "top1": _percent(pred[:, :1].eq(y).any(1)),
             "top5": _percent(pred.eq(y).any(1)),
             # Agreement: top-1/top-5 "accuracy" of this mode with the reference's top-1 class as the label.
@@ -140,12 +143,15 @@ def add_cost(results: dict, price_per_hour: float) -> None:
                            "per_10k_images": {k: 1e4 * v for k, v in per.items()}}  # fmt: skip
 
 
-def latency_table(results: dict, baseline: str | None = None) -> str:
-    """Markdown table of run_protocol's results (one row per mode); `baseline` adds a 'vs <baseline>' column."""
+def latency_table(results: dict, baseline: str | None = None, extra: dict[str, dict[str, str]] | None = None) -> str:
+    """Markdown table of run_protocol's results (one row per mode); `baseline` adds a 'vs <baseline>' column
+    (ratio of medians), `extra` more columns ({mode: {column: text}})."""
     head = ["mode", "mean ms", "median ms", "p99 ms", "mean ms incl. preproc.", "images/s", "top-1 %", "top-5 %",
             "agree top-1 %", "agree top-5 %"]  # fmt: skip
     if baseline in results:
         head.append(f"vs {baseline}")
+    columns = list(next(iter(extra.values())).keys()) if extra else []
+    head += columns
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for mode, r in results.items():
         ex, inc = r["latency_ms"]["excluding_preprocessing"], r["latency_ms"]["including_preprocessing"]
@@ -155,6 +161,7 @@ def latency_table(results: dict, baseline: str | None = None) -> str:
         if baseline in results:
             base = results[baseline]["latency_ms"]["excluding_preprocessing"]["median"]
             row.append(f"{ex['median'] / base:.2f}x")
+        row += [extra.get(mode, {}).get(c, "") for c in columns]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
