@@ -268,9 +268,10 @@ def run_evaluate_cli(args) -> int:
             print(latency_table(res["results"], baseline="none"))
             for mode, r in res["results"].items():
                 if "cost_usd" in r:
-                    c = r["cost_usd"]["per_10k_images"]
-                    print(f"cost per 10,000 images ({mode}): ${c['excluding_preprocessing']:.6f} excluding, "
-                          f"${c['including_preprocessing']:.6f} including preprocessing")  # fmt: skip
+                    c, k = r["cost_usd"]["per_image"], r["cost_usd"]["per_10k_images"]
+                    print(f"cost ({mode}): ${c['excluding_preprocessing']:.3g} per image, "
+                          f"${k['excluding_preprocessing']:.3g} per 10,000 images excluding preprocessing; "
+                          f"${k['including_preprocessing']:.3g} per 10,000 including it")  # fmt: skip
             _write_json(args.out, res)
             _write_json(args.entry, res["dawnbench"])
             return 0

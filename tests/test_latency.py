@@ -86,7 +86,7 @@ def test_latency_cli_writes_json_and_dawnbench_entry(tiny_checkpoint, tiny_root,
         torch.set_num_threads(threads)
     assert rc == 0
     printed = capsys.readouterr().out
-    assert "| `none` |" in printed and "| `fuse` |" in printed and "cost per 10,000 images (fuse)" in printed
+    assert "| `none` |" in printed and "| `fuse` |" in printed and "cost (fuse): $" in printed
     res = json.loads(out.read_text())
     assert (res["images"], res["batch_size"], res["image_size"], res["threads"]) == (12, 1, 32, 1)
     assert set(res["results"]) == {"none", "fuse"}
