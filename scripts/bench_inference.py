@@ -5,9 +5,10 @@
     python scripts/bench_inference.py --checkpoint runs/x/checkpoint.pt        # a trained model instead
 
 The DAWNBench protocol of evaluate.py --latency (recipes/latency.py): images decoded and cropped at 224 px, the
-contenders alternating in rounds of 32 images, medians compared. Without --checkpoint the networks have random
-weights (no pretrained weights are fetched) with BatchNorm statistics measured on sample images, 1000 classes;
-agreement is then the fraction of images on which a mode's top-1 / top-5 holds eager fp32's top-1 class.
+contenders alternating in rounds of 32 images, medians compared. Without --checkpoint each network is a random
+backbone with BatchNorm statistics and a 1000-way linear classifier fitted on the calibration (training) images
+(see probe_model; no pretrained weights are fetched). Agreement: the fraction of images on which a mode's top-1 /
+top-5 holds eager fp32's top-1 class.
 On a machine with a GPU the GPU modes are measured (fp16/bf16, CUDA graphs, input prefetch).
 """
 
@@ -24,9 +25,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from data.folder import scan_split  # noqa: E402
+from data.transforms import normalize  # noqa: E402
 from models import create_model  # noqa: E402
 from recipes.config import ModelConfig  # noqa: E402
-from recipes.inference import Classifier, build_runner  # noqa: E402
+from recipes.inference import build_runner  # noqa: E402
 from recipes.latency import latency_table, load_image, run_protocol, select_images  # noqa: E402
 
 CPU_MODES = ["none", "fuse", "compile", "int8", "onnxruntime", "onnxruntime-int8"]
@@ -42,19 +44,36 @@ def sample_data(path: Path) -> Path:
     return path
 
 
-@torch.no_grad()
-def random_model(name: str, images: list[torch.Tensor]) -> torch.nn.Module:
-    """Random weights (seed 0), every residual branch active, BN statistics measured on `images`."""
+def probe_model(name: str, images: list[torch.Tensor], labels: list[int]) -> torch.nn.Module:
+    """Random backbone (seed 0, every residual branch active), BN statistics measured on `images`, and a
+    1000-way linear classifier fitted to their features: a network whose predictions mean something, so that
+    the agreement columns measure what a quantized model loses (no pretrained weights are fetched)."""
     torch.manual_seed(0)
     model = create_model(ModelConfig(name=name, zero_init_last_bn=False), 1000)
     for m in model.modules():
         if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
             m.reset_running_stats()
             m.momentum = None  # cumulative average over the batches below
-    net = Classifier(model).train()
-    for i in range(0, len(images), 8):
-        net(torch.cat(images[i : i + 8]))
-    return model.eval()
+    batches = [normalize(torch.cat(images[i : i + 16]), False) for i in range(0, len(images), 16)]
+    with torch.no_grad():
+        model.train()
+        for x in batches:
+            model(x)
+        model.eval()
+        feats = torch.cat([model.forward_head(model.forward_features(x), pre_logits=True) for x in batches])
+    mean, std = feats.mean(0), feats.std(0) + 1e-6
+    head = torch.nn.Linear(feats.shape[1], 1000)
+    opt = torch.optim.Adam(head.parameters(), lr=1e-2, weight_decay=1e-4)
+    y = torch.as_tensor(labels)
+    for _ in range(200):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(head((feats - mean) / std), y).backward()
+        opt.step()
+    with torch.no_grad():  # fold the feature standardization into the classifier
+        fc = model.get_classifier()
+        fc.weight.copy_(head.weight / std)
+        fc.bias.copy_(head.bias - fc.weight @ mean)
+    return model
 
 
 def bench_model(label: str, model, args, files, labels, calibration, device) -> str:
@@ -117,8 +136,9 @@ def main(argv=None) -> int:
     train = scan_split(root, "train", classes=val.classes)
     pick = select_images(len(val), args.images, 0)
     files, labels = [val.files[i] for i in pick], [val.labels[i] for i in pick]
-    calibration = [load_image(train.files[i], args.image_size, 0.875)
-                   for i in select_images(len(train), args.calib_images, 1)]  # fmt: skip
+    calib = select_images(len(train), args.calib_images, 1)
+    calibration = [load_image(train.files[i], args.image_size, 0.875) for i in calib]
+    calib_labels = [train.labels[i] for i in calib]
     print(f"torch {torch.__version__}, {args.threads} threads, device {device}; ms per image excluding "
           "preprocessing; 'vs' = ratio of medians; agreement = top-1/top-5 holding eager fp32's top-1\n")  # fmt: skip
     if args.checkpoint:
@@ -131,7 +151,7 @@ def main(argv=None) -> int:
                           calibration, device))  # fmt: skip
         return 0
     for name in args.models.split(","):
-        model = random_model(name, calibration[:32])
+        model = probe_model(name, calibration, calib_labels)
         print(bench_model(name, model, args, files, labels, calibration, device), flush=True)
     return 0
 
