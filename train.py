@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="continue from CHECKPOINT (default: the run directory's checkpoint.pt)")  # fmt: skip
     ap.add_argument("--stop-after-epochs", type=int, default=None, metavar="N",
                     help="stop after N epochs of this invocation (rerun to continue)")  # fmt: skip
-    return run_cli(ap.parse_args(argv))
+    return run_cli(ap.parse_intermixed_args(argv))
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from data.folder import DataError, Split
+from data.rect import image_sizes, plan_rect_batches, rank_rect_batches
 from data.sharding import train_shard, val_shard
-from data.transforms import load_rgb, normalize, train_transform, val_transform
+from data.transforms import load_rgb, normalize, rect_transform, train_transform, val_transform
 
 
 class _TrainSet(Dataset):
@@ -53,6 +54,20 @@ class _ValSet(Dataset):
         return val_transform(load_rgb(self.split.files[j]), self.size, self.crop_ratio), self.split.labels[j]
 
 
+class _RectValSet(Dataset):
+    """Rectangular validation: items are (index, height, width) from the rank's batches of data/rect.py."""
+
+    def __init__(self, split: Split):
+        self.split = split
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def __getitem__(self, item: tuple[int, int, int]):
+        j, h, w = item
+        return rect_transform(load_rgb(self.split.files[j]), h, w), self.split.labels[j]
+
+
 class _DeviceBatches:
     """Iterates a DataLoader, moving each uint8 batch to the device and normalizing it there."""
 
@@ -75,16 +90,17 @@ class TorchPipeline:
         self.cfg, self.dist = cfg, dist
         self.train, self.val, self.roots = train, val, roots
 
-    def _loader(self, dataset: Dataset, batch: int, seed: int) -> DataLoader:
+    def _loader(self, dataset: Dataset, batch: int, seed: int, batch_sampler=None) -> DataLoader:
         workers = self.cfg.data.workers
         return DataLoader(
             dataset,
-            batch_size=batch,
+            batch_size=batch if batch_sampler is None else 1,
             shuffle=False,
+            batch_sampler=batch_sampler,
             num_workers=workers,
             pin_memory=self.dist.device.type == "cuda",
             drop_last=False,
-            generator=torch.Generator().manual_seed(seed),
+            generator=torch.Generator().manual_seed(seed) if batch_sampler is None else None,
             prefetch_factor=4 if workers > 0 else None,
             multiprocessing_context="fork" if workers > 0 else None,
         )
@@ -102,10 +118,21 @@ class TorchPipeline:
         return _DeviceBatches(loader, self.dist.device, self.cfg.run.channels_last, len(loader))
 
     def val_batches(self, phase):
-        idx = val_shard(len(self.val), self.dist.rank, self.dist.world_size)
         size = phase.val_image_size or phase.image_size
+        if phase.rect_val:
+            return self._rect_val_batches(size)
+        idx = val_shard(len(self.val), self.dist.rank, self.dist.world_size)
         ds = _ValSet(self.val, idx, size, self.cfg.data.val_crop_ratio)
         loader = self._loader(ds, self.cfg.data.val_batch_size, 0)
+        return _DeviceBatches(loader, self.dist.device, self.cfg.run.channels_last, len(loader))
+
+    def _rect_val_batches(self, size: int):
+        if getattr(self, "_val_sizes", None) is None:
+            self._val_sizes = image_sizes(self.val.files, max(1, self.cfg.data.workers) * 2)
+        batches = plan_rect_batches(self._val_sizes, self.cfg.data.val_batch_size, size)
+        mine = rank_rect_batches(batches, self.dist.rank, self.dist.world_size)
+        sampler = [[(int(j), b.height, b.width) for j in b.indices] for b in mine]
+        loader = self._loader(_RectValSet(self.val), 1, 0, batch_sampler=sampler)
         return _DeviceBatches(loader, self.dist.device, self.cfg.run.channels_last, len(loader))
 
     def close(self) -> None:

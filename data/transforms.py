@@ -64,6 +64,11 @@ def val_transform(img: Image.Image, size: int, crop_ratio: float) -> torch.Tenso
     return TF.pil_to_tensor(img)
 
 
+def rect_transform(img: Image.Image, height: int, width: int) -> torch.Tensor:
+    """Rectangular validation: the whole image resized to its batch's shape, no crop (data/rect.py)."""
+    return TF.pil_to_tensor(TF.resize(img, [height, width], antialias=True))
+
+
 def normalize(batch_u8: torch.Tensor, channels_last: bool, dtype=torch.float32) -> torch.Tensor:
     """uint8 NCHW batch -> normalized float on the batch's device."""
     mean = torch.tensor(IMAGENET_MEAN, device=batch_u8.device, dtype=dtype).view(1, 3, 1, 1)

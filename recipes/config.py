@@ -73,6 +73,10 @@ class DataConfig:
     skip_corrupt: bool = _f(False, help="skip undecodable files (and report them) instead of failing")
     synthetic_size: int = _f(1281167, help="synthetic backend: training images per epoch")
     synthetic_classes: int = _f(1000, help="synthetic backend: number of classes")
+    dali_dtype: Literal["auto", "float32", "float16"] = _f(
+        "auto", help="dali: output dtype; auto = float16 on CUDA with run.amp=fp16, else float32"
+    )
+    dali_prefetch: int = _f(2, help="dali: batches prepared ahead of the training loop (prefetch_queue_depth)")
 
 
 @dataclass
@@ -86,23 +90,25 @@ class ModelConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = _f("sgd", help="optimizer (see recipes/optim.py)")
+    name: str = _f("sgd", help="optimizer: sgd, lars, hybrid (LARS with clipped trust ratio), lamb (recipes/optim.py)")
     lr: float = _f(0.1, help="peak learning rate (after warm-up)")
-    lr_scaling: Literal["none", "linear"] = _f("none", help="linear: lr * global_batch / 256")
+    lr_scaling: Literal["none", "linear"] = _f(
+        "none", help="linear: the LR values are per 256 images, times global_batch / 256 of the current phase"
+    )
     warmup_epochs: float = _f(0.0, help="epochs of linear warm-up from warmup_start_lr to lr")
     warmup_start_lr: float = _f(0.0, help="learning rate at step 0")
     final_lr: float = _f(0.0, help="learning rate at the last iteration (linear decay)")
     momentum: float = _f(0.9, help="momentum (start value when momentum_schedule is not constant)")
-    momentum_end: float | None = _f(None, help="momentum at the end of warm-up (linear/cyclic)")
+    momentum_end: float | None = _f(None, help="linear: momentum at the last iteration; cyclic: at the end of warm-up")
     momentum_schedule: Literal["constant", "linear", "cyclic"] = _f("constant", help="momentum shape")
     nesterov: bool = _f(True, help="Nesterov momentum")
     weight_decay: float = _f(1e-4, help="L2 weight decay")
     no_bn_decay: bool = _f(True, help="no weight decay on BatchNorm parameters and biases")
     label_smoothing: float = _f(0.1, help="label smoothing of the cross-entropy loss")
-    eta: float = _f(1e-3, help="lars/hybrid: trust coefficient")
+    eta: float = _f(1e-3, help="lars/hybrid: layer trust ratio = eta * norm(w) / (norm(g) + weight_decay * norm(w))")
     trust_clip_min: float = _f(1e-5, help="hybrid: lower clip of the layer trust ratio")
     trust_clip_max: float = _f(1.0, help="hybrid: upper clip of the layer trust ratio")
-    adapt_bn_bias: bool = _f(False, help="lars/hybrid: also adapt BN and bias parameters")
+    adapt_bn_bias: bool = _f(False, help="lars/hybrid/lamb: also adapt BN and bias parameters (else plain SGD)")
 
 
 @dataclass
@@ -110,6 +116,37 @@ class CommConfig:
     backend: str = _f("ddp", help="gradient allreduce backend (see recipes/comm)")
     bucket_cap_mb: float = _f(25.0, help="ddp: bucket size in MB")
     static_graph: bool = _f(False, help="ddp: static_graph=True")
+    bucket_mb: float = _f(
+        8.0, help="multistream: target bucket size in MB (buckets are balanced around it); horovod: fusion threshold"
+    )
+    streams: int = _f(4, help="multistream: communicators K (process groups; NCCL streams / gloo TCP connections)")
+    slices: int = _f(2, help="multistream: slices S per bucket; slice j of bucket b goes to communicator (b*S+j) mod K")
+    compression: Literal["none", "fp16", "bf16"] = _f(
+        "none", help="multistream/horovod: gradient wire format (averaged in fp32 before the cast)"
+    )
+    concurrency: Literal["overlap", "serialize"] = _f(
+        "overlap",
+        help="multistream: overlap = communicators run at once; serialize = one collective in flight "
+        "(PyTorch's rule for several NCCL process groups)",
+    )
+    autotune: bool = _f(
+        False, help="multistream: tune (bucket_mb, streams, slices) in the first steps; horovod: HOROVOD_AUTOTUNE"
+    )
+    tune_method: Literal["bayes", "grid"] = _f("bayes", help="autotune search: Gaussian-process EI or a grid")
+    tune_bucket_mb: list[float] = _f(help="autotune: bucket sizes to search (MB)", factory=lambda: [2.0, 4.0, 8.0,
+                                     16.0, 32.0])  # fmt: skip
+    tune_streams: list[int] = _f(help="autotune: communicator counts to search", factory=lambda: [1, 2, 3, 4])
+    tune_slices: list[int] = _f(help="autotune: slice counts to search", factory=lambda: [1, 2, 4])
+    tune_max_candidates: int = _f(10, help="autotune: candidates measured before the best is kept")
+    tune_warmup_steps: int = _f(3, help="autotune: steps discarded before the first measurement")
+    tune_steps_per_window: int = _f(2, help="autotune: steps averaged into one window")
+    tune_windows: int = _f(3, help="autotune: windows per candidate; its score is their median")
+    tune_cache: str | None = _f(
+        "", help="autotune: JSON file of winners ('' = ~/.cache/dawnbench/allreduce_tuning.json, null = no cache)"
+    )
+    network: str = _f(
+        "auto", help="autotune: network description in the cache key (auto: nodes, procs, socket interface)"
+    )
 
 
 @dataclass
@@ -133,6 +170,17 @@ class CheckpointConfig:
 
 
 @dataclass
+class DawnbenchConfig:
+    author: str = _f("", help="DAWNBench entry (<run_dir>/dawnbench.json): author or team")
+    author_email: str = _f("", help="DAWNBench entry: contact e-mail (authorEmail)")
+    framework: str = _f("", help="DAWNBench entry: framework; empty: 'PyTorch <version>'")
+    code_url: str = _f("", help="DAWNBench entry: URL of the code (codeURL)")
+    model: str = _f("", help="DAWNBench entry: model; empty: model.name")
+    hardware: str = _f("", help="DAWNBench entry: hardware; empty: detected (machines x processes x device)")
+    cost_per_hour: float | None = _f(None, help="DAWNBench entry: USD per hour for all machines (costPerHour)")
+
+
+@dataclass
 class Config:
     run: RunConfig = _f(help="run identity and global switches", factory=RunConfig)
     data: DataConfig = _f(help="input pipeline", factory=DataConfig)
@@ -142,6 +190,7 @@ class Config:
     dist: DistConfig = _f(help="torch.distributed", factory=DistConfig)
     log: LogConfig = _f(help="logging", factory=LogConfig)
     checkpoint: CheckpointConfig = _f(help="checkpoints and resume", factory=CheckpointConfig)
+    dawnbench: DawnbenchConfig = _f(help="DAWNBench submission entry", factory=DawnbenchConfig)
     phases: list[Phase] = _f(
         help="progressive-resizing schedule: list of {epochs, image_size, batch_size, ...}",
         factory=lambda: [Phase(epochs=1, image_size=224, batch_size=256)],
@@ -222,6 +271,11 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
             raise bad
         return value
     if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads 1e30 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                raise bad from None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad
         return float(value)
@@ -259,12 +313,16 @@ def _validate(cfg: Config) -> None:
                 raise ConfigError(f"phases.{i}.{key}: expected a positive integer, got {getattr(p, key)}")
         if not 0.0 < p.min_scale <= 1.0:
             raise ConfigError(f"phases.{i}.min_scale: expected a number in (0, 1], got {p.min_scale}")
+    if cfg.data.dali_prefetch < 1:
+        raise ConfigError(f"data.dali_prefetch: expected a positive integer, got {cfg.data.dali_prefetch}")
     if not 0.0 < cfg.data.val_crop_ratio <= 1.0:
         raise ConfigError(f"data.val_crop_ratio: expected a number in (0, 1], got {cfg.data.val_crop_ratio}")
     if cfg.optim.warmup_epochs > cfg.epochs:
         raise ConfigError(
             f"optim.warmup_epochs: {cfg.optim.warmup_epochs} is longer than the schedule ({cfg.epochs} epochs)"
         )
+    if cfg.dawnbench.cost_per_hour is not None and cfg.dawnbench.cost_per_hour < 0:
+        raise ConfigError(f"dawnbench.cost_per_hour: expected a number >= 0, got {cfg.dawnbench.cost_per_hour}")
     if cfg.log.every_steps <= 0:
         raise ConfigError(f"log.every_steps: expected a positive integer, got {cfg.log.every_steps}")
 

@@ -1,37 +1,64 @@
-"""Optimizer factory: parameter groups (no decay on BN and bias) and the optimizers named by `optim.name`."""
+"""Optimizer factory: parameter groups (no decay on BN and bias) and the optimizers named by `optim.name`.
+
+    sgd     torch.optim.SGD (foreach), Nesterov by default
+    lars    LARS: SGD with the layer trust ratio eta * ||w|| / (||g|| + wd * ||w||)        (recipes/lars.py)
+    hybrid  the record's "LARS with rectified adaptive LR": the same trust ratio clipped to
+            [optim.trust_clip_min, optim.trust_clip_max] on Nesterov SGD                  (recipes/lars.py)
+    lamb    timm's Lamb (Adam moments, layer trust ratio), betas (0.9, 0.999), no global grad clipping
+
+BN parameters and biases form their own group: no weight decay when `optim.no_bn_decay`, and plain SGD (no
+trust ratio) in lars/hybrid/lamb unless `optim.adapt_bn_bias`.
+"""
 
 from __future__ import annotations
+
+from collections import Counter
 
 import torch
 from torch import nn
 
 from recipes.config import ConfigError
+from recipes.lars import LayerAdaptiveSGD
 
 
-def param_groups(model: nn.Module, weight_decay: float, no_bn_decay: bool) -> list[dict]:
-    """Two groups: weights that decay, and BN parameters + biases (1-d tensors) that do not when no_bn_decay."""
-    decay, no_decay = [], []
-    decay_names, no_decay_names = [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        if no_bn_decay and p.ndim <= 1:
-            no_decay.append(p)
-            no_decay_names.append(name)
-        else:
-            decay.append(p)
-            decay_names.append(name)
-    groups = [{"params": decay, "weight_decay": weight_decay, "names": decay_names, "adapt": True}]
-    if no_decay:
-        groups.append({"params": no_decay, "weight_decay": 0.0, "names": no_decay_names, "adapt": False})
-    return groups
+def param_groups(model: nn.Module, weight_decay: float, no_bn_decay: bool, adapt_bn_bias: bool = False) -> list[dict]:
+    """Two groups: weights (decay, adapted), and BN parameters + biases (1-d tensors).
+
+    The second group gets weight_decay 0 when no_bn_decay and adapt=adapt_bn_bias. Each group also carries
+    `label`, `names` (parameter names) and `kinds` (counts per module type and parameter, for the log).
+    """
+    groups = {
+        "weights": {"params": [], "weight_decay": weight_decay, "adapt": True, "names": [], "kinds": Counter()},
+        "bn_bias": {"params": [], "weight_decay": 0.0 if no_bn_decay else weight_decay, "adapt": adapt_bn_bias,
+                    "names": [], "kinds": Counter()},
+    }  # fmt: skip
+    for mod_name, module in model.named_modules():
+        for p_name, p in module.named_parameters(recurse=False):
+            if not p.requires_grad:
+                continue
+            g = groups["weights" if p.ndim > 1 else "bn_bias"]
+            g["params"].append(p)
+            g["names"].append(f"{mod_name}.{p_name}" if mod_name else p_name)
+            g["kinds"][f"{type(module).__name__}.{p_name}"] += 1
+    out = []
+    for label, g in groups.items():
+        if g["params"]:
+            out.append({**g, "label": label, "kinds": dict(sorted(g["kinds"].items()))})
+    return out
 
 
 def describe_groups(optimizer: torch.optim.Optimizer) -> list[str]:
+    """One log line per parameter group: what is in it, how big, its weight decay and whether it is adapted."""
     lines = []
     for i, g in enumerate(optimizer.param_groups):
         n = sum(p.numel() for p in g["params"])
-        lines.append(f"param group {i}: {len(g['params'])} tensors, {n:,} values, weight_decay={g['weight_decay']}")
+        kinds = ", ".join(f"{k} x{v}" for k, v in g.get("kinds", {}).items())
+        adapts = isinstance(optimizer, LayerAdaptiveSGD) or "always_adapt" in g  # sgd ignores the flag
+        adapt = f", adapt={g['adapt']}" if adapts and "adapt" in g else ""
+        lines.append(
+            f"param group {i} ({g.get('label', '-')}): {len(g['params'])} tensors, {n:,} values, "
+            f"weight_decay={g['weight_decay']:g}{adapt}" + (f" [{kinds}]" if kinds else "")
+        )
     return lines
 
 
@@ -42,16 +69,44 @@ def _sgd(cfg, groups):
     )  # fmt: skip
 
 
-OPTIMIZERS = {"sgd": _sgd}
+def _layer_adaptive(cfg, groups, clip: bool):
+    lo, hi = (cfg.trust_clip_min, cfg.trust_clip_max) if clip else (0.0, float("inf"))
+    if clip and not 0.0 <= lo <= hi:
+        raise ConfigError(f"optim.trust_clip_min/max: expected 0 <= min <= max, got [{lo}, {hi}]")
+    if cfg.eta <= 0:
+        raise ConfigError(f"optim.eta: expected a positive number, got {cfg.eta}")
+    return LayerAdaptiveSGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov and cfg.momentum > 0,
+                            weight_decay=cfg.weight_decay, eta=cfg.eta, trust_min=lo, trust_max=hi)  # fmt: skip
+
+
+def _lamb(cfg, groups):
+    from timm.optim import Lamb
+
+    for g in groups:
+        # timm's Lamb adapts every group whose weight decay is not zero; say so rather than silently adapt.
+        if g["weight_decay"] and not g["adapt"]:
+            raise ConfigError(
+                "optim.name=lamb adapts every parameter that decays (timm's Lamb): set optim.no_bn_decay=true "
+                "or optim.adapt_bn_bias=true"
+            )
+        g["always_adapt"] = g["adapt"]
+    return Lamb(groups, lr=cfg.lr, weight_decay=cfg.weight_decay, max_grad_norm=None, foreach=True)
+
+
+OPTIMIZERS = {
+    "sgd": _sgd,
+    "lars": lambda cfg, groups: _layer_adaptive(cfg, groups, clip=False),
+    "hybrid": lambda cfg, groups: _layer_adaptive(cfg, groups, clip=True),
+    "lamb": _lamb,
+}
 
 
 def create_optimizer(cfg, model: nn.Module) -> torch.optim.Optimizer:
     """Build the optimizer named by `cfg.name` over the model's parameter groups."""
     if cfg.name not in OPTIMIZERS:
         raise ConfigError(f"optim.name: unknown optimizer '{cfg.name}' (expected one of {', '.join(OPTIMIZERS)})")
-    groups = param_groups(model, cfg.weight_decay, cfg.no_bn_decay)
-    opt = OPTIMIZERS[cfg.name](cfg, groups)
-    return opt
+    groups = param_groups(model, cfg.weight_decay, cfg.no_bn_decay, cfg.adapt_bn_bias)
+    return OPTIMIZERS[cfg.name](cfg, groups)
 
 
 def set_lr_momentum(optimizer: torch.optim.Optimizer, lr: float, momentum: float) -> None:

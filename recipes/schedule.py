@@ -1,7 +1,8 @@
 """The training plan as pure functions of the global step: phase, epoch, LR, momentum, image and batch size.
 
 Batch size changes between phases, so iterations per epoch do too; `Plan` lays out the whole run once
-(which step starts which epoch) and everything else is `np.interp` over that table.
+(which step starts which epoch); LR and momentum are piecewise-linear functions of the global step, and
+`Plan.at(epoch, iteration)` gives every scheduled value for a point of the run.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from recipes.config import Config, Phase
+from recipes.config import Config, ConfigError, Phase
 
 
 def steps_per_epoch(num_images: int, global_batch: int, world_size: int) -> int:
@@ -19,6 +20,26 @@ def steps_per_epoch(num_images: int, global_batch: int, world_size: int) -> int:
     local_batch = max(1, global_batch // world_size)
     shard = math.ceil(num_images / world_size)
     return math.ceil(shard / local_batch)
+
+
+def _warmup_then_decay(step: float, warm: float, last: float, start: float, peak: float, end: float) -> float:
+    """start -> peak linearly over [0, warm], then peak -> end linearly over [warm, last]; constant outside."""
+    step = min(max(float(step), 0.0), float(last))
+    if step < warm:
+        return start + (peak - start) * step / warm
+    if last <= warm:
+        return peak
+    return peak + (end - peak) * (step - warm) / (last - warm)
+
+
+@dataclass(frozen=True)
+class Point:
+    step: int
+    phase_index: int
+    image_size: int
+    batch_size: int
+    lr: float
+    momentum: float
 
 
 @dataclass(frozen=True)
@@ -41,7 +62,7 @@ class Plan:
         step = 0
         for pi, phase in enumerate(cfg.phases):
             if phase.batch_size % world_size:
-                raise ValueError(
+                raise ConfigError(
                     f"phases.{pi}.batch_size: {phase.batch_size} is not divisible by the world size {world_size}"
                 )
             n = steps_per_epoch(num_images, phase.batch_size, world_size)
@@ -60,31 +81,49 @@ class Plan:
     def step_of_epoch(self, epoch: float) -> float:
         return float(np.interp(epoch, self._bounds_epoch, self._bounds_step))
 
+    def warmup_steps(self) -> float:
+        """The (fractional) step at which warm-up ends, capped at the last iteration."""
+        return min(self.step_of_epoch(self.cfg.optim.warmup_epochs), self.last_step)
+
+    @property
+    def last_step(self) -> int:
+        return max(self.total_steps - 1, 0)
+
     def lr(self, step: float) -> float:
-        """Linear warm-up to the peak, then linear decay to final_lr at the last iteration."""
+        """Linear warm-up from warmup_start_lr to lr, then linear decay to final_lr at the last iteration.
+
+        With `optim.lr_scaling: linear` the three values are per 256 images: the curve is multiplied by
+        global_batch / 256 of the phase that `step` is in (so a phase with half the batch gets half the LR).
+        """
         o = self.cfg.optim
-        peak = o.lr
+        value = _warmup_then_decay(step, self.warmup_steps(), self.last_step, o.warmup_start_lr, o.lr, o.final_lr)
         if o.lr_scaling == "linear":
-            peak = o.lr * self.batch_size(step) / 256
-        warm = self.step_of_epoch(o.warmup_epochs)
-        last = max(self.total_steps - 1, 1)
-        if warm > 0:
-            xs, ys = [0.0, warm, last], [o.warmup_start_lr, peak, o.final_lr]
-        else:
-            xs, ys = [0.0, last], [peak, o.final_lr]
-        return float(np.interp(step, xs, ys))
+            value *= self.batch_size(step) / 256
+        return value
 
     def momentum(self, step: float) -> float:
-        """constant; linear from momentum to momentum_end over the run; cyclic: down in warm-up, back up after."""
+        """constant; linear from momentum to momentum_end over the run; cyclic: momentum -> momentum_end over the
+        warm-up (while the LR rises) and back to momentum at the last iteration (while the LR decays)."""
         o = self.cfg.optim
         if o.momentum_schedule == "constant" or o.momentum_end is None:
             return o.momentum
-        last = max(self.total_steps - 1, 1)
         if o.momentum_schedule == "linear":
-            return float(np.interp(step, [0.0, last], [o.momentum, o.momentum_end]))
-        warm = self.step_of_epoch(o.warmup_epochs)
-        # Cyclic (one-cycle style): momentum falls while the LR rises and rises again while it decays.
-        return float(np.interp(step, [0.0, warm, last], [o.momentum, o.momentum_end, o.momentum]))
+            return _warmup_then_decay(step, 0.0, self.last_step, o.momentum, o.momentum, o.momentum_end)
+        return _warmup_then_decay(step, self.warmup_steps(), self.last_step, o.momentum, o.momentum_end, o.momentum)
+
+    def global_step(self, epoch: int, iteration: int) -> int:
+        """Global step of `iteration` (0-based) in `epoch` (0-based); steps per epoch depend on the phase."""
+        info = self.epochs[epoch]
+        if not 0 <= iteration < info.steps:
+            raise ValueError(f"iteration {iteration} is outside epoch {epoch} ({info.steps} iterations)")
+        return info.first_step + iteration
+
+    def at(self, epoch: int, iteration: int) -> Point:
+        """Everything the schedule says about (epoch, iteration)."""
+        step = self.global_step(epoch, iteration)
+        phase = self.epochs[epoch].phase
+        return Point(step, self.epochs[epoch].phase_index, phase.image_size, phase.batch_size, self.lr(step),
+                     self.momentum(step))  # fmt: skip
 
     def epoch_info(self, epoch: int) -> EpochInfo:
         return self.epochs[epoch]
@@ -101,14 +140,15 @@ class Plan:
 
     def table(self) -> str:
         """Readable phase table: epochs, resolution, batch, steps per epoch, LR at the phase start."""
-        lines = ["phase  epochs       size  val      batch  steps/ep  steps  lr@start"]
+        lines = ["phase  epochs       size  val      batch  steps/ep  steps  lr@start  momentum@start"]
         ep = 0
         for pi, p in enumerate(self.cfg.phases):
             info = self.epochs[ep]
             val = f"{p.val_image_size or p.image_size}{'r' if p.rect_val else ''}"
             lines.append(
                 f"{pi:>5}  {ep:>3}-{ep + p.epochs - 1:<3}  {p.image_size:>7}  {val:<6} {p.batch_size:>6}  "
-                f"{info.steps:>8}  {info.steps * p.epochs:>5}  {self.lr(info.first_step):.4g}"
+                f"{info.steps:>8}  {info.steps * p.epochs:>5}  {self.lr(info.first_step):<8.4g}  "
+                f"{self.momentum(info.first_step):.4g}"
             )
             ep += p.epochs
         lines.append(f"total: {self.total_steps} iterations in {len(self.epochs)} epochs")

@@ -25,6 +25,7 @@ from models.factory import check_compatible, describe_model
 from recipes import checkpoint as ckpt
 from recipes.comm import create_allreduce
 from recipes.config import Config, to_dict, to_yaml
+from recipes.dawnbench import write_entry
 from recipes.distributed import DistInfo, all_gather_object, all_reduce_sum, setup, teardown
 from recipes.logger import RunLogger, format_seconds, write_tsv
 from recipes.optim import create_optimizer, describe_groups, set_lr_momentum
@@ -141,7 +142,7 @@ class Trainer:
     def _build(self, resume_from: str | None) -> None:
         cfg, dist = self.cfg, self.dist
         if dist.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+            ckpt.check_writable(self.run_dir, 0)  # before any work: a clear error, not a failure at epoch 1
             (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
             meta = {"git_commit": git_commit(), "world_size": dist.world_size, "device": str(dist.device),
                     "torch": torch.__version__}  # fmt: skip
@@ -225,7 +226,11 @@ class Trainer:
             f"resumed from {path}: {self.state.epoch} epoch(s) + {self.state.epoch_step} step(s) into epoch "
             f"{self.state.epoch + 1}, {self.state.step} step(s) done"
             + (f"; restart {restart} after a failure" if restart else "")
-            + (f"; the run had reached step {self.state.step + lost}: {lost} step(s) will be redone" if lost else "")
+            + (
+                f"; the run had reached step {self.state.step + lost}: {lost} step(s) will be redone"
+                if restart or lost
+                else ""
+            )
         )
 
     def save_checkpoint(self) -> None:
@@ -272,15 +277,17 @@ class Trainer:
             else:
                 # Gradients are already averaged over ranks here, so every rank takes the same decision.
                 if not self._grads_finite():
-                    what = f"non-finite loss/gradients at step {st.step} (epoch {st.epoch + 1}, loss {float(loss):g})"
+                    value = float(loss.detach())
+                    what = f"non-finite loss/gradients at step {st.step} (epoch {st.epoch + 1}, loss {value:g})"
                     if self.cfg.run.on_nonfinite == "halt":
-                        raise TrainingError(f"{what}: halting (run.on_nonfinite=halt; 'skip' would skip the step)")
+                        raise TrainingError(f"{what}: halting (run.on_nonfinite=halt; 'skip' skips such steps)")
                     st.skipped_steps += 1
                     self.log.warn(f"{what}: step skipped ({st.skipped_steps} so far; run.on_nonfinite=skip)")
                 else:
                     self.optimizer.step()
         st.step += 1
         st.epoch_step += 1
+        self.comm.on_step_end(st.step, self.log)
         return loss
 
     def train_one_epoch(self, epoch: int) -> dict:
@@ -361,6 +368,7 @@ class Trainer:
                    "images_per_s": tr["images"] / max(tr["seconds"], 1e-9)}  # fmt: skip
             st.history.append(row)
             st.wall_seconds = time.perf_counter() - wall0
+            row["wall_seconds"] = st.wall_seconds  # top-5 against wall-clock time (scripts/compare_runs.py)
             self.log.info(
                 f"epoch {st.epoch}/{epochs}  val top1 {ev['top1']:.2f}%  top5 {ev['top5']:.2f}%  "
                 f"({ev['count']} images)  train {format_seconds(st.train_seconds)}  "
@@ -379,6 +387,7 @@ class Trainer:
         summary = self.summary()
         if self.dist.is_main:
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+            write_entry(self.run_dir / "dawnbench.json", cfg, summary, self.dist)
         self.log.info(summary_table(summary))
         return summary
 
@@ -409,6 +418,9 @@ class Trainer:
             "restarts": st.restarts,
             "redone_steps": st.redone_steps,
             "run_dir": str(self.run_dir),
+            "comm_backend": cfg.comm.backend,
+            "comm": self.comm.stats(),  # the backend's counters; scripts/compare_runs.py reads comm_seconds
+            "history": st.history,
         }
 
     def close(self) -> None:
@@ -437,6 +449,7 @@ def summary_table(s: dict) -> str:
         (f"time to target ({' and '.join(target) or '-'})", ttt),
         ("final top-1 / top-5", f"{s['final_top1']:.2f}% / {s['final_top5']:.2f}%"),
         ("images/s (training)", f"{s['images_per_s']:.1f}"),
+        ("skipped steps (inf/nan gradients)", str(s.get("skipped_steps", 0))),
     ]
     width = max(len(k) for k, _ in rows)
     lines = ["", "| " + "summary".ljust(width) + " | value |", "|" + "-" * (width + 2) + "|-------|"]

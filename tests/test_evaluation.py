@@ -75,7 +75,8 @@ def test_rect_flag_reaches_the_phase(tiny_checkpoint, tiny_root, tmp_path):
     assert phase.rect_val is False
     out = tmp_path / "rect.json"
     assert evaluate.main([str(tiny_checkpoint), "--data", str(tiny_root), "--rect", "--out", str(out)]) == 0
-    assert json.loads(out.read_text())["rect_val"] is True
+    res = json.loads(out.read_text())
+    assert res["rect_val"] is True and res["count"] == 20
 
 
 @pytest.mark.slow

@@ -97,13 +97,13 @@ def test_missing_dataset_and_empty_class_folder(tiny_root, tmp_path):
         train(tiny_config(broken, tmp_path))
 
 
-def test_cli_bad_inputs_exit_2_without_traceback(tmp_path):
+def test_cli_bad_inputs_exit_2_without_traceback(tiny_root, tmp_path):
     bad_yaml = tmp_path / "bad.yaml"
     bad_yaml.write_text("optim: {lr: 0.1\n")
     cases = [
         (["-c", str(bad_yaml)], "not valid YAML"),
         (["-c", "configs/quickstart.yaml", f"data.root={tmp_path}/none"], "does not exist"),
-        (["-c", "configs/quickstart.yaml", "--resume", str(tmp_path / "x.pt")], "not found"),
+        (["-c", "configs/quickstart.yaml", f"data.root={tiny_root}", "--resume", str(tmp_path / "x.pt")], "not found"),
     ]
     for args, msg in cases:
         p = subprocess.run([sys.executable, "train.py", *args, f"run.out_dir={tmp_path}"], cwd=ROOT,

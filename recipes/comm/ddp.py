@@ -23,6 +23,9 @@ class DDPBackend:
         )
         return ddp, optimizer
 
+    def on_step_end(self, step: int, log=None) -> None:
+        pass
+
     def stats(self) -> dict:
         return {}
 

@@ -1,0 +1,35 @@
+# The image every host of a cluster run uses: CUDA 13, Python 3.11, this repository installed by the same
+# `make install` that CI runs, Horovod (NCCL + Gloo) built by scripts/install_horovod.sh, and sshd for the launcher.
+#
+#   docker build -t dawnbench .
+#   README.md, "Reproduce the record", says how to start it on each host and launch from one of them.
+#
+# The devel image brings nvcc, which Horovod's CUDA glue needs at build time; torch ships its own CUDA libraries.
+# The hosts need an NVIDIA driver for CUDA 13 and the NVIDIA container toolkit (docker run --gpus all).
+ARG CUDA_IMAGE=nvidia/cuda:13.0.0-devel-ubuntu22.04
+FROM ${CUDA_IMAGE}
+
+ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1
+RUN apt-get update && apt-get install -y --no-install-recommends \
+        python3.11 python3.11-venv python3.11-dev make git cmake g++ \
+        openssh-server openssh-client iproute2 ca-certificates \
+    && rm -rf /var/lib/apt/lists/* \
+    && mkdir -p /run/sshd /root/.ssh \
+    && printf 'Port 2222\nPermitRootLogin prohibit-password\nPasswordAuthentication no\nStrictModes no\n' \
+        > /etc/ssh/sshd_config.d/dawnbench.conf
+
+WORKDIR /workspace
+# The Python environment: exactly the Makefile's install step (.venv with requirements.txt + requirements-dev.txt).
+COPY Makefile requirements.txt requirements-dev.txt ./
+RUN make install PYTHON_SYS=python3.11
+
+# Horovod for the baseline, built with NCCL for the record's GPUs (V100 = 70) and newer ones.
+ARG HOROVOD_BUILD_CUDA_CC_LIST=70,80,90
+COPY scripts/install_horovod.sh scripts/
+RUN HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_CUDA_HOME=/usr/local/cuda \
+    HOROVOD_BUILD_CUDA_CC_LIST=${HOROVOD_BUILD_CUDA_CC_LIST} PY=.venv/bin/python bash scripts/install_horovod.sh
+
+COPY . .
+ENV PATH=/workspace/.venv/bin:${PATH}
+# Default: an interactive shell. On every host of a multi-node run: `... dawnbench /usr/sbin/sshd -D` (port 2222).
+CMD ["bash"]

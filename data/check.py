@@ -1,0 +1,107 @@
+"""What an image file really holds: an RGB JPEG, something a loader must convert, or something undecodable.
+
+ImageNet has CMYK JPEGs, grayscale JPEGs and a PNG named .JPEG (all valid: every backend converts them to RGB);
+copies on a shared disk also get truncated or emptied. `inspect_file` says which, `quick_problem` finds the
+undecodable ones from a few bytes at each end (used to name the culprit when a DALI batch fails to decode).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from PIL import Image
+
+# Kinds that decode (possibly after a conversion to RGB) and kinds that do not.
+OK = "rgb-jpeg"
+UNDECODABLE = ("empty", "truncated", "corrupt", "not-an-image")
+
+_MAGIC = [
+    (b"\xff\xd8\xff", "JPEG"),
+    (b"\x89PNG\r\n\x1a\n", "PNG"),
+    (b"GIF87a", "GIF"),
+    (b"GIF89a", "GIF"),
+    (b"BM", "BMP"),
+    (b"II*\x00", "TIFF"),
+    (b"MM\x00*", "TIFF"),
+]
+
+
+@dataclass(frozen=True)
+class FileReport:
+    path: str
+    kind: str  # OK, "cmyk-jpeg", "grayscale-jpeg", "png", "gif", ..., or one of UNDECODABLE
+    detail: str
+
+    @property
+    def decodable(self) -> bool:
+        return self.kind not in UNDECODABLE
+
+
+def sniff_format(head: bytes) -> str | None:
+    """Image format from the first bytes of a file (None: not an image format we know)."""
+    for magic, fmt in _MAGIC:
+        if head.startswith(magic):
+            return fmt
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "WEBP"
+    return None
+
+
+def quick_problem(path: str) -> str | None:
+    """Why `path` cannot decode, judged from its size and first/last bytes; None when it looks whole.
+
+    Cheap enough to run over a whole shard: an empty file, unknown content, a JPEG without its end-of-image
+    marker or a PNG without its IEND chunk (both: a truncated copy).
+    """
+    try:
+        size = os.path.getsize(path)
+        if size == 0:
+            return "empty file (0 bytes)"
+        with open(path, "rb") as f:
+            head = f.read(16)
+            f.seek(max(0, size - 12))
+            tail = f.read(12)
+    except OSError as e:
+        return f"cannot read: {e.strerror or e}"
+    fmt = sniff_format(head)
+    if fmt is None:
+        return f"not an image (starts with {head[:8]!r})"
+    if fmt == "JPEG" and not tail.rstrip(b"\x00").endswith(b"\xff\xd9"):
+        return f"truncated JPEG (no end-of-image marker; {size} bytes)"
+    if fmt == "PNG" and b"IEND" not in tail:
+        return f"truncated PNG (no IEND chunk; {size} bytes)"
+    return None
+
+
+def inspect_file(path: str) -> FileReport:
+    """Decode `path` fully and say what it is (kind and a human-readable detail)."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(16)
+    except OSError as e:
+        return FileReport(path, "corrupt", f"cannot read: {e.strerror or e}")
+    if size == 0:
+        return FileReport(path, "empty", "empty file (0 bytes)")
+    fmt = sniff_format(head)
+    if fmt is None:
+        return FileReport(path, "not-an-image", f"unknown content (starts with {head[:8]!r}, {size} bytes)")
+    try:
+        with Image.open(path) as img:
+            mode, (w, h) = img.mode, img.size
+            img.load()
+    except OSError as e:
+        msg = str(e)
+        kind = "truncated" if "truncated" in msg or "broken data stream" in msg else "corrupt"
+        return FileReport(path, kind, f"{fmt}: {msg}")
+    except (ValueError, Image.DecompressionBombError, SyntaxError) as e:
+        return FileReport(path, "corrupt", f"{fmt}: {e}")
+    named = os.path.splitext(path)[1].lstrip(".")
+    if fmt == "JPEG":
+        if mode == "RGB":
+            return FileReport(path, OK, f"JPEG RGB {w}x{h}")
+        kind = {"CMYK": "cmyk-jpeg", "L": "grayscale-jpeg"}.get(mode, f"{mode.lower()}-jpeg")
+        return FileReport(path, kind, f"JPEG {mode} {w}x{h} (converted to RGB when loaded)")
+    where = f" in a .{named} file" if named.lower() in ("jpeg", "jpg") else ""
+    return FileReport(path, fmt.lower(), f"{fmt} {mode} {w}x{h}{where} (converted to RGB when loaded)")

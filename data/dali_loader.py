@@ -1,0 +1,348 @@
+"""`data.backend: dali`: NVIDIA DALI pipelines, one per phase, decoding on the GPU (nvJPEG) or on the CPU.
+
+Training: `fn.readers.file` over this rank's sample order for the rest of the phase, taken from the sharding rule
+every backend shares (data/sharding.py: one permutation per epoch, rank r takes every world-th sample, so the
+ranks' files are disjoint and cover the set), decoding with the random crop fused into it (only the crop is
+decoded), resize, random flip and normalize, NCHW or NHWC, float32 or float16. Every epoch takes exactly the
+plan's number of full batches (the shard wraps around to fill the last one), and a run resumed mid-epoch
+continues with exactly the samples the interrupted run had not reached yet. Validation: shards padded with
+`pad_last_batch`, the padding cut off so that every image counts once; or rectangular validation
+(data/rect.py). A phase switch releases the old pipelines (threads and buffers) before the new one is built.
+Without a GPU the same graph runs on CPU operators (`device_id=None`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+from nvidia.dali import fn, pipeline_def, types
+from nvidia.dali.math import max as math_max
+from nvidia.dali.math import min as math_min
+
+from data.check import quick_problem
+from data.folder import DataError, Split
+from data.rect import image_sizes, plan_rect_batches, rank_rect_batches
+from data.sharding import train_shard
+from data.transforms import IMAGENET_MEAN, IMAGENET_STD
+
+READER = "Reader"
+# nvJPEG buffers preallocated for ImageNet-sized images (NVIDIA's ResNet-50 example), so that decoding a
+# large image does not reallocate mid-epoch.
+_MIXED_PADDING = {"device_memory_padding": 211025920, "host_memory_padding": 140544512}
+
+
+def output_dtype(cfg, device: torch.device) -> torch.dtype:
+    """The dtype of the images a DALI pipeline hands to the model (`data.dali_dtype`)."""
+    choice = cfg.data.dali_dtype
+    if choice == "auto":
+        choice = "float16" if device.type == "cuda" and cfg.run.amp == "fp16" else "float32"
+    return torch.float16 if choice == "float16" else torch.float32
+
+
+def _seed(*parts: int) -> int:
+    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+def _decoder_device(gpu: bool) -> str:
+    return "mixed" if gpu else "cpu"
+
+
+def _normalize(images, dtype, nhwc: bool, **crop):
+    return fn.crop_mirror_normalize(
+        images,
+        dtype=types.FLOAT16 if dtype == torch.float16 else types.FLOAT,
+        output_layout="HWC" if nhwc else "CHW",
+        mean=list(IMAGENET_MEAN),
+        std=list(IMAGENET_STD),
+        **crop,
+    )
+
+
+def _train_graph(files, labels, size, min_scale, gpu, dtype, nhwc):
+    # The order is decided in Python (data/sharding.py), so the reader only reads it as given.
+    jpegs, labels = fn.readers.file(files=files, labels=labels, random_shuffle=False, name=READER)
+    # RandomResizedCrop fused into the decode: only the crop window is decoded (ROI decoding).
+    images = fn.decoders.image_random_crop(
+        jpegs, device=_decoder_device(gpu), output_type=types.RGB, random_area=[min_scale, 1.0],
+        random_aspect_ratio=[3 / 4, 4 / 3], num_attempts=10, adjust_orientation=False,
+        **(_MIXED_PADDING if gpu else {}),
+    )  # fmt: skip
+    images = fn.resize(images, resize_x=size, resize_y=size, antialias=True)
+    images = _normalize(images, dtype, nhwc, mirror=fn.random.coin_flip(probability=0.5))
+    return images, labels.gpu() if gpu else labels
+
+
+def _float(node):
+    return fn.cast(node, dtype=types.FLOAT)
+
+
+def _center(length, size: int):
+    """crop_pos that puts the window where torchvision's center_crop does: offset round((length - size) / 2)."""
+    d = math_max(length - size, 0)
+    k = d // 2
+    offset = k + (d % 2) * (k % 2)  # Python's round(): half to even
+    return _float(offset) / _float(math_max(d, 1))
+
+
+def _val_graph(files, labels, shard_id, num_shards, size, resize_to, gpu, dtype, nhwc):
+    jpegs, labels = fn.readers.file(
+        files=files, labels=labels, shard_id=shard_id, num_shards=num_shards, pad_last_batch=True,
+        stick_to_shard=True, name=READER,
+    )  # fmt: skip
+    # Sizes and crop window computed as torchvision's Resize(int) + CenterCrop do (longer side rounded down,
+    # offset rounded half to even), so that both backends validate on the same pixels.
+    shape = fn.peek_image_shape(jpegs, adjust_orientation=False)
+    h, w = shape[0], shape[1]
+    short = math_min(h, w)
+    h, w = (h * resize_to) // short, (w * resize_to) // short
+    images = fn.decoders.image(jpegs, device=_decoder_device(gpu), output_type=types.RGB, adjust_orientation=False)
+    images = fn.resize(images, resize_y=_float(h), resize_x=_float(w), antialias=True)
+    window = {"crop": (size, size), "crop_pos_y": _center(h, size), "crop_pos_x": _center(w, size)}
+    images = _normalize(images, dtype, nhwc, **window)
+    return images, labels.gpu() if gpu else labels
+
+
+class _Cycle:
+    """External-source callback: the rank's rectangular batch shapes, in reader order, forever."""
+
+    def __init__(self, shapes: list[np.ndarray]):
+        self.shapes, self.i = shapes, 0
+
+    def __call__(self):
+        batch = self.shapes[self.i % len(self.shapes)]
+        self.i += 1
+        return list(batch)
+
+
+def _rect_val_graph(files, labels, shapes, gpu, dtype, nhwc):
+    jpegs, labels = fn.readers.file(files=files, labels=labels, pad_last_batch=True, name=READER)
+    hw = fn.external_source(source=_Cycle(shapes), batch=True, dtype=types.FLOAT)
+    images = fn.decoders.image(jpegs, device=_decoder_device(gpu), output_type=types.RGB, adjust_orientation=False)
+    images = fn.resize(images, size=hw, antialias=True)  # the whole image to the batch's (h, w): no crop
+    images = _normalize(images, dtype, nhwc)
+    return images, labels.gpu() if gpu else labels
+
+
+def _dali_reason(err: Exception) -> str:
+    """The informative line of a DALI pipeline error (it also carries the graph's traceback)."""
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    lines = [ln for ln in lines if "pipeline object is no longer valid" not in ln and not ln.startswith("C++")]
+    return lines[-1] if lines else type(err).__name__
+
+
+class _Batches:
+    """`steps` batches from `pull()`; `len()` is known up front (the trainer's progress lines use it)."""
+
+    def __init__(self, steps: int, pull):
+        self.steps, self.pull = steps, pull
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self):
+        for i in range(self.steps):
+            batch = self.pull(i)
+            if batch is not None:
+                yield batch
+
+
+class DaliPipeline:
+    """`data.backend: dali`."""
+
+    def __init__(self, cfg, dist, train: Split, val: Split, roots: dict[str, tuple[Split, Split]]):
+        self.cfg, self.dist = cfg, dist
+        self.train, self.val, self.roots = train, val, roots
+        self.gpu = dist.device.type == "cuda"
+        self.dtype = output_dtype(cfg, dist.device)
+        self.nhwc = cfg.run.channels_last
+        self.threads = max(1, cfg.data.workers)
+        self.skipped: list[tuple[str, str]] = []  # (file, why): undecodable training files skipped
+        self._excluded: set[str] = set()
+        self._train: tuple | None = None  # (phase index, pipeline, files, split)
+        self._train_next: tuple[int, int] | None = None  # (epoch, step) the live pipeline delivers next
+        self._val: tuple | None = None  # (key, pipeline, batches, per-batch real sample counts)
+        self._val_sizes: np.ndarray | None = None
+        self._rebuilds = 0
+
+    # -- pipelines --------------------------------------------------------------------------------------
+    def _pipeline(self, graph, batch_size: int, seed: int, **graph_args):
+        pipe = pipeline_def(
+            graph,
+            batch_size=batch_size,
+            num_threads=self.threads,
+            device_id=self.dist.device.index if self.gpu else None,
+            seed=seed,
+            prefetch_queue_depth=self.cfg.data.dali_prefetch,
+        )(gpu=self.gpu, dtype=self.dtype, nhwc=self.nhwc, **graph_args)
+        pipe.build()
+        return pipe
+
+    def _release(self, which: str) -> None:
+        # Dropping the only reference shuts the pipeline down: its threads end and its buffers are freed.
+        setattr(self, which, None)
+
+    def _to_torch(self, images, labels, keep: int | None = None):
+        """DALI outputs -> (float images NCHW or channels_last, int64 labels), zero-copy via DLPack."""
+        if self.gpu:
+            with torch.cuda.device(self.dist.device):
+                x, y = torch.from_dlpack(images.as_tensor()), torch.from_dlpack(labels.as_tensor())
+        else:
+            x, y = torch.from_dlpack(images.as_tensor()), torch.from_dlpack(labels.as_tensor())
+        if self.nhwc:
+            x = x.permute(0, 3, 1, 2)  # an NCHW view with channels_last strides: no copy
+        y = y.reshape(-1).long()
+        if keep is not None and keep < y.numel():
+            x, y = x[:keep], y[:keep]
+        return x, y
+
+    # -- training ---------------------------------------------------------------------------------------
+    def _phase_order(self, info, split: Split, start_step: int) -> np.ndarray:
+        """This rank's sample indices from (info.epoch, start_step) to the end of the phase, full batches only."""
+        local = info.phase.batch_size // self.dist.world_size
+        phase_end = sum(p.epochs for p in self.cfg.phases[: info.phase_index + 1])
+        per_epoch = [
+            np.resize(train_shard(len(split), self.dist.rank, self.dist.world_size, e, self.cfg.run.seed),
+                      info.steps * local)
+            for e in range(info.epoch, phase_end)
+        ]  # fmt: skip
+        return np.concatenate(per_epoch)[start_step * local :]
+
+    def _build_train(self, info, start_step: int) -> None:
+        self._release("_train")
+        split = self.roots[info.phase.root][0]
+        order = [i for i in self._phase_order(info, split, start_step) if split.files[i] not in self._excluded]
+        if not order:
+            raise DataError(f"no decodable training image left in '{split.root}'")
+        files = [split.files[i] for i in order]
+        labels = [split.labels[i] for i in order]
+        pipe = self._pipeline(
+            _train_graph,
+            info.phase.batch_size // self.dist.world_size,
+            _seed(self.cfg.run.seed, info.epoch, start_step, self.dist.rank, self._rebuilds),
+            files=files,
+            labels=labels,
+            size=info.phase.image_size,
+            min_scale=info.phase.min_scale,
+        )
+        self._train = (info.phase_index, pipe, files, split)
+
+    def train_batches(self, info, start_step: int = 0):
+        """Exactly `info.steps - start_step` batches of this rank's shard, continuing at `start_step`.
+
+        One pipeline serves the rest of the phase; it is rebuilt only at a phase switch or when the trainer asks
+        for a position the live pipeline is not at (a resume).
+        """
+        if self._train is None or self._train[0] != info.phase_index or self._train_next != (info.epoch, start_step):
+            self._release("_val")
+            self._build_train(info, start_step)
+        self._train_next = (info.epoch + 1, 0)
+        return _Batches(info.steps - start_step, lambda i: self._next_train(info, start_step + i))
+
+    def _next_train(self, info, step: int):
+        while True:
+            _, pipe, files, split = self._train
+            try:
+                images, labels = pipe.run()
+            except RuntimeError as e:
+                self._release("_train")
+                bad = self._find_undecodable(e, files, split)
+                if not self.cfg.data.skip_corrupt:
+                    path, why = bad[0]
+                    raise DataError(
+                        f"cannot decode '{path}': {why} (set data.skip_corrupt: true to skip such files; "
+                        f"`python data/prepare.py --check {split.root.parent}` lists them all)"
+                    ) from None
+                for path, why in bad:
+                    print(f"warning: skipping corrupt file '{path}': {why}", file=sys.stderr)
+                self.skipped.extend(bad)
+                self._excluded.update(p for p, _ in bad)
+                self._rebuilds += 1
+                self._build_train(info, step)
+                continue
+            return self._to_torch(images, labels)
+
+    def _find_undecodable(self, err: Exception, files: list[str], split: Split) -> list[tuple[str, str]]:
+        """The files behind a failed DALI batch: those its message names, else a quick scan of the shard."""
+        reason = _dali_reason(err)
+        known = set(files)
+        named = [t.rstrip(".,:;)") for t in re.split(r"[\s'\"]+", str(err))]
+        named = list(dict.fromkeys(t for t in named if t in known))
+        if named:
+            return [(p, quick_problem(p) or reason) for p in named]
+        print(f"DALI failed ({reason}): scanning {len(files)} files of '{split.root}' for the culprit", file=sys.stderr)
+        with ThreadPoolExecutor(self.threads * 2) as pool:
+            problems = list(pool.map(quick_problem, files, chunksize=256))
+        bad = [(f, why) for f, why in zip(files, problems, strict=True) if why]
+        if not bad:
+            raise DataError(
+                f"DALI failed to decode a batch of '{split.root}': {reason} (no file looks damaged; "
+                f"`python data/prepare.py --check {split.root.parent}` decodes every file)"
+            ) from None
+        return bad
+
+    # -- validation -------------------------------------------------------------------------------------
+    def _build_val(self, phase) -> None:
+        size = phase.val_image_size or phase.image_size
+        batch = self.cfg.data.val_batch_size
+        rank, world = self.dist.rank, self.dist.world_size
+        key = (size, phase.rect_val)
+        if self._val is not None and self._val[0] == key:
+            return
+        self._release("_val")
+        files, labels = self.val.files, self.val.labels
+        if phase.rect_val:
+            if self._val_sizes is None:
+                self._val_sizes = image_sizes(files, self.threads * 2)
+            mine = rank_rect_batches(plan_rect_batches(self._val_sizes, batch, size), rank, world)
+            counts = [len(b.indices) for b in mine]
+            if not mine:
+                self._val = (key, None, 0, counts)
+                return
+            order = np.concatenate([b.indices for b in mine])
+            shapes = [np.tile(np.array([b.height, b.width], np.float32), (batch, 1)) for b in mine]
+            pipe = self._pipeline(
+                _rect_val_graph, batch, _seed(self.cfg.run.seed, 1),
+                files=[files[i] for i in order], labels=[labels[i] for i in order], shapes=shapes,
+            )  # fmt: skip
+            self._val = (key, pipe, len(mine), counts)
+            return
+        # DALI's shard r is [N*r//W, N*(r+1)//W); pad_last_batch pads every shard to the largest one (rounded up
+        # to whole batches) by repeating its last image, and stick_to_shard makes the next epoch start over.
+        n = len(files)
+        real = n * (rank + 1) // world - n * rank // world
+        steps = math.ceil(math.ceil(n / world) / batch)
+        counts = [max(0, min(batch, real - i * batch)) for i in range(steps)]
+        if real == 0:
+            self._val = (key, None, 0, counts)
+            return
+        pipe = self._pipeline(
+            _val_graph, batch, _seed(self.cfg.run.seed, 1), files=files, labels=labels, shard_id=rank,
+            num_shards=world, size=size, resize_to=int(round(size / self.cfg.data.val_crop_ratio)),
+        )  # fmt: skip
+        self._val = (key, pipe, steps, counts)
+
+    def val_batches(self, phase):
+        """This rank's share of the validation set, every image exactly once over all ranks, padding removed."""
+        self._build_val(phase)
+        _, pipe, steps, counts = self._val
+
+        def pull(i: int):
+            try:
+                images, labels = pipe.run()
+            except RuntimeError as e:
+                self._release("_val")
+                bad = self._find_undecodable(e, self.val.files, self.val)
+                path, why = bad[0]
+                raise DataError(f"cannot decode validation image '{path}': {why}") from None
+            return self._to_torch(images, labels, counts[i]) if counts[i] else None
+
+        return _Batches(steps, pull)
+
+    def close(self) -> None:
+        self._release("_train")
+        self._release("_val")

@@ -1,0 +1,131 @@
+"""`comm.backend: horovod`: the baseline, real `horovod.torch` (DistributedOptimizer + parameter broadcast).
+
+Run it under horovodrun, e.g. `horovodrun --gloo -np 2 python train.py -c configs/quickstart.yaml
+comm.backend=horovod`. Horovod 0.28.1 does not build against torch 2.x as released; `make horovod` (or
+`scripts/install_horovod.sh`) builds it with the one-line C++20 patch. The trainer's own collectives
+(exact evaluation, checkpoint RNG states) still use torch.distributed: `torch_env_from_horovod` derives the
+torchrun-style environment from horovodrun's, so `recipes.distributed.setup` works unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from functools import partial
+
+import torch
+from torch import nn
+
+from recipes.config import ConfigError
+
+INSTALL_HINT = (
+    "the horovod backend needs Horovod 0.28.1 built for this torch: run `make horovod` "
+    "(or `PY=.venv/bin/python scripts/install_horovod.sh`), then launch with `horovodrun --gloo -np N ...`"
+)
+
+
+def import_horovod():
+    """`horovod.torch`, or a RuntimeError saying how to install it."""
+    try:
+        import horovod.torch as hvd
+    except ImportError as e:
+        raise RuntimeError(f"comm.backend=horovod: cannot import horovod.torch ({e}); {INSTALL_HINT}") from None
+    return hvd
+
+
+def launched_by_horovodrun() -> bool:
+    return "HOROVOD_RANK" in os.environ and "RANK" not in os.environ
+
+
+def torch_env_from_horovod(cfg) -> dict[str, str]:
+    """Under horovodrun: start Horovod and return RANK/WORLD_SIZE/.../MASTER_ADDR/MASTER_PORT for torch.distributed.
+
+    Horovod reads its tuning knobs when it starts, so `comm.bucket_mb` (fusion threshold) and `comm.autotune`
+    are exported first, unless the user set the HOROVOD_* variables themselves. Rank 0 picks a free port on its
+    own host and sends (host, port) to everyone through Horovod.
+    """
+    c = cfg.comm
+    os.environ.setdefault("HOROVOD_FUSION_THRESHOLD", str(int(c.bucket_mb * 2**20)))
+    if c.autotune:
+        os.environ.setdefault("HOROVOD_AUTOTUNE", "1")
+    hvd = import_horovod()
+    hvd.init()
+    if hvd.rank() == 0:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        master = (os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname(), port)
+    else:
+        master = None
+    host, port = hvd.broadcast_object(master, root_rank=0, name="dawnbench.master")
+    if host in ("localhost", "127.0.0.1", socket.gethostname()) and hvd.cross_size() == 1:
+        host = "127.0.0.1"
+    return {"RANK": str(hvd.rank()), "WORLD_SIZE": str(hvd.size()), "LOCAL_RANK": str(hvd.local_rank()),
+            "LOCAL_WORLD_SIZE": str(hvd.local_size()), "MASTER_ADDR": host, "MASTER_PORT": str(port)}  # fmt: skip
+
+
+def _zero_grad(opt, set_to_none: bool = True) -> None:
+    """Horovod's check (no allreduce may be pending), then the wrapped optimizer's own zero_grad(set_to_none)."""
+    if opt._handles:
+        raise AssertionError("optimizer.zero_grad() called while Horovod allreduces are pending (after backward, "
+                             "before step)")  # fmt: skip
+    super(type(opt), opt).zero_grad(set_to_none=set_to_none)
+
+
+class HorovodBackend:
+    def __init__(self, cfg, dist):
+        self.cfg, self.dist = cfg, dist
+        if cfg.comm.compression == "bf16":
+            raise ConfigError("comm.compression: horovod supports 'none' or 'fp16', got 'bf16'")
+        self.optimizer = None
+
+    def prepare(self, model: nn.Module, optimizer):
+        if self.dist.world_size == 1:
+            return model, optimizer  # nothing to reduce
+        hvd = import_horovod()
+        hvd.init()
+        if hvd.size() != self.dist.world_size or hvd.rank() != self.dist.rank:
+            raise RuntimeError(
+                f"comm.backend=horovod: Horovod sees rank {hvd.rank()} of {hvd.size()} but torch.distributed sees "
+                f"rank {self.dist.rank} of {self.dist.world_size}; launch with horovodrun, not torchrun"
+            )
+        compression = hvd.Compression.fp16 if self.cfg.comm.compression == "fp16" else hvd.Compression.none
+        state = optimizer.state_dict()  # a resume loaded it into the plain optimizer
+        dist_opt = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                            compression=compression, op=hvd.Average)  # fmt: skip
+        dist_opt.load_state_dict(state)
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(dist_opt, root_rank=0)
+        # Horovod averages in optimizer.step(); GradScaler reads the gradients before that (unscale_, inf check).
+        # Finishing the allreduce when backward ends, as DDP does, keeps the trainer free of Horovod calls.
+        dist_opt._should_synchronize = False  # what `with dist_opt.skip_synchronize():` sets, for every step
+        dist_opt.zero_grad = partial(_zero_grad, dist_opt)  # Horovod's takes no set_to_none
+        self._params = [p for p in model.parameters() if p.requires_grad]
+        self._armed = False
+        for p in self._params:
+            p.register_post_accumulate_grad_hook(self._on_grad)
+        self.optimizer = dist_opt
+        return model, dist_opt
+
+    def _on_grad(self, param: torch.Tensor) -> None:
+        if not self._armed:
+            self._armed = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._synchronize)
+
+    def _synchronize(self) -> None:
+        try:
+            self.optimizer.synchronize()
+        finally:
+            self._armed = False
+
+    def on_step_end(self, step: int, log=None) -> None:
+        pass
+
+    def stats(self) -> dict:
+        return {}
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass

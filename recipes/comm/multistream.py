@@ -1,0 +1,401 @@
+"""`comm.backend: multistream`: balanced fused buckets, each sliced over K communicators, no per-step negotiation.
+
+How a step goes (see plan.py for the plan itself):
+- every parameter has a post-accumulate-grad hook; when all gradients of bucket b are ready (and all buckets
+  before it were launched, so every rank issues collectives in the same order), the gradients are copied into
+  the bucket's flat buffer, divided by the world size in fp32, optionally cast to the fp16/bf16 wire format, and
+  its S slices are allreduced asynchronously, slice j on communicator (b*S + j) mod K, while backward goes on;
+- a callback queued on the autograd engine runs when backward ends: it launches any bucket not launched yet
+  (unused parameters count as zeros), waits for every slice, and writes the averages back into `.grad`, so
+  `loss.backward()` returns with averaged gradients exactly as with DDP and the optimizer step needs nothing.
+
+K communicators are process groups created once, in the same order on every rank: with NCCL each has its own
+CUDA stream, with gloo its own TCP connections (so K flows on the wire). `comm.concurrency: serialize` issues
+the slices from one helper thread, each only after the previous one completed, following PyTorch's rule for
+several NCCL process groups (no two in flight at once); `overlap` lets them all run concurrently.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import queue
+import threading
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.distributed as td
+from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from recipes.comm import tuner as tuning
+from recipes.comm.plan import WIRE_DTYPES, FusionPlan, Settings, build_plan, grad_specs
+from recipes.config import ConfigError
+
+
+class PlanMismatchError(RuntimeError):
+    """Ranks derived different fusion plans (different models, configs or code versions)."""
+
+
+class CommError(RuntimeError):
+    """A collective failed or timed out (a dead or stalled peer)."""
+
+
+class _Engine:
+    """Runs one FusionPlan over the given communicators for every backward pass."""
+
+    def __init__(self, plan: FusionPlan, params: list[nn.Parameter], groups: list, world: int, serialize: bool,
+                 timeout_s: float):  # fmt: skip
+        self.plan, self.params, self.groups, self.world = plan, params, groups, world
+        self.timeout_s = timeout_s
+        self.bucket_of, self.offset = {}, {}
+        for b, idxs in enumerate(plan.buckets):
+            off = 0
+            for i in idxs:
+                self.bucket_of[i], self.offset[i] = b, off
+                off += plan.tensors[i].numel
+        first = params[plan.buckets[0][0]]
+        self.device = first.device
+        self.buffers = [torch.empty(plan.bucket_numel(b), dtype=params[plan.buckets[b][0]].dtype, device=self.device)
+                        for b in range(len(plan.buckets))]  # fmt: skip
+        wire = WIRE_DTYPES[plan.compression]
+        self.wire = [buf if wire is None else torch.empty_like(buf, dtype=wire) for buf in self.buffers]
+        self.slices = [plan.slice_bounds(b) for b in range(len(plan.buckets))]
+        self.counts = [len(idxs) for idxs in plan.buckets]
+        self.active = False
+        self.step_seconds = 0.0  # backward + synchronisation of the last step (first gradient to averages)
+        self.wait_seconds = 0.0  # of which: waiting for communication after backward ended
+        self.serialize = serialize
+        self._queue: queue.Queue | None = None
+        self._error: BaseException | None = None
+        if serialize:
+            self._queue = queue.Queue()
+            self._thread = threading.Thread(target=self._serial_loop, name="multistream-serial", daemon=True)
+            self._thread.start()
+
+    # -- during backward --------------------------------------------------------------------------------
+    def grad_ready(self, i: int) -> None:
+        if not self.active:
+            self.active = True
+            self.t_start = time.perf_counter()
+            self.pending = list(self.counts)
+            self.next_bucket = 0
+            self.works = []
+            torch.autograd.Variable._execution_engine.queue_callback(self.finalize)
+        b = self.bucket_of[i]
+        self.pending[b] -= 1
+        while self.next_bucket < len(self.pending) and self.pending[self.next_bucket] == 0:
+            self._launch(self.next_bucket)
+            self.next_bucket += 1
+
+    def _launch(self, b: int) -> None:
+        buf = self.buffers[b]
+        for i in self.plan.buckets[b]:
+            p, n = self.params[i], self.plan.tensors[i].numel
+            seg = buf[self.offset[i] : self.offset[i] + n]
+            if p.grad is None:
+                seg.zero_()  # an unused parameter contributes zeros, as in DDP
+            else:
+                seg.view(p.shape).copy_(p.grad)
+        buf.div_(self.world)  # average in the gradients' own precision, before any cast to the wire format
+        wire = self.wire[b]
+        if wire is not buf:
+            wire.copy_(buf)
+        event = None
+        if self.serialize and wire.is_cuda:
+            event = torch.cuda.Event()
+            event.record()
+        for j, (lo, hi) in enumerate(self.slices[b]):
+            k = self.plan.communicator(b, j)
+            if self.serialize:
+                self._queue.put((b, j, k, wire[lo:hi], event))
+            else:
+                self.works.append((b, j, k, td.all_reduce(wire[lo:hi], group=self.groups[k], async_op=True)))
+
+    def _serial_loop(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                b, j, k, tensor, event = item
+                if self._error is not None:
+                    continue  # drain after a failure; finalize raises it
+                if event is not None:
+                    event.synchronize()
+                work = td.all_reduce(tensor, group=self.groups[k], async_op=True)
+                work.wait()
+                if tensor.is_cuda:
+                    torch.cuda.current_stream().synchronize()  # completed on the device, not only enqueued
+            except BaseException as e:  # noqa: BLE001 - handed to the training thread
+                self._error = self._comm_error(b, j, k, e)
+            finally:
+                self._queue.task_done()
+
+    def _comm_error(self, b: int, j: int, k: int, e: BaseException) -> CommError:
+        return CommError(
+            f"multistream: allreduce of bucket {b} slice {j} on communicator {k} failed: {e}. A peer died or "
+            f"stalled; collectives give up after dist.timeout_s={self.timeout_s:g} s"
+        )
+
+    def finalize(self) -> None:
+        """End of backward: launch what is left, wait for every slice, write the averages into `.grad`."""
+        try:
+            while self.next_bucket < len(self.pending):
+                self._launch(self.next_bucket)
+                self.next_bucket += 1
+            t_wait = time.perf_counter()
+            if self.serialize:
+                self._queue.join()
+                if self._error is not None:
+                    err, self._error = self._error, None
+                    raise err
+            else:
+                for b, j, k, work in self.works:
+                    try:
+                        work.wait()
+                    except Exception as e:
+                        raise self._comm_error(b, j, k, e) from e
+            for b, idxs in enumerate(self.plan.buckets):
+                src = self.wire[b]
+                for i in idxs:
+                    p, n = self.params[i], self.plan.tensors[i].numel
+                    avg = src[self.offset[i] : self.offset[i] + n].view(p.shape)
+                    if p.grad is None:
+                        p.grad = avg.to(p.dtype, copy=True)
+                    else:
+                        p.grad.copy_(avg)
+            now = time.perf_counter()
+            self.wait_seconds = now - t_wait
+            self.step_seconds = now - self.t_start
+        finally:
+            self.works = []
+            self.active = False
+
+    def close(self) -> None:
+        if self._queue is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=5)
+
+
+class MultiStreamBackend:
+    def __init__(self, cfg, dist):
+        self.cfg, self.dist = cfg, dist
+        c = cfg.comm
+        for key in ("streams", "slices", "tune_max_candidates", "tune_steps_per_window", "tune_windows"):
+            if getattr(c, key) < 1:
+                raise ConfigError(f"comm.{key}: expected a positive integer, got {getattr(c, key)}")
+        if c.tune_warmup_steps < 0:
+            raise ConfigError(f"comm.tune_warmup_steps: expected 0 or more, got {c.tune_warmup_steps}")
+        if c.bucket_mb <= 0:
+            raise ConfigError(f"comm.bucket_mb: expected a positive number, got {c.bucket_mb}")
+        for key in ("tune_bucket_mb", "tune_streams", "tune_slices"):
+            values = getattr(c, key)
+            if not values or any(v <= 0 for v in values):
+                raise ConfigError(f"comm.{key}: expected a non-empty list of positive numbers, got {values}")
+        self.settings = Settings(float(c.bucket_mb), c.streams, c.slices)
+        self.engine: _Engine | None = None
+        self.tuner: tuning.AutoTuner | None = None
+        self.groups: list = []
+        self._resumed: Settings | None = None
+        self._steps = 0
+        self._sync_seconds = 0.0
+        self._wait_seconds = 0.0
+
+    # -- set-up -----------------------------------------------------------------------------------------
+    def prepare(self, model: nn.Module, optimizer):
+        if self.dist.world_size == 1:
+            return model, optimizer  # nothing to reduce
+        c = self.cfg.comm
+        self.specs, self.params = grad_specs(model)
+        want_tuning = c.autotune and self._resumed is None
+        start = self._resumed or self.settings
+        if want_tuning:
+            cached = self._cached_winner()
+            if cached is not None:
+                start = cached
+            else:
+                self.tuner = tuning.AutoTuner(self._distinct_plans(), self.settings, c.tune_max_candidates,
+                                              c.tune_warmup_steps, c.tune_steps_per_window, c.tune_windows,
+                                              c.tune_method)  # fmt: skip
+                self._note(
+                    f"multistream autotune: up to {self.tuner.max_candidates} candidates ({c.tune_method}), "
+                    f"{c.tune_warmup_steps} warm-up steps, then {self.tuner.steps_per_trial} steps each"
+                )
+        plan = self._verified_plan(start)  # before anything else, so a mismatch fails fast
+        _broadcast_states(model)
+        streams = [start.streams] + ([s.streams for s in self.tuner.space] if self.tuner is not None else [])
+        self._create_groups(max(streams))
+        self._start(plan)
+        for i, p in enumerate(self.params):
+            p.register_post_accumulate_grad_hook(partial(self._grad_ready, i))
+        return model, optimizer
+
+    def _distinct_plans(self) -> list[Settings]:
+        """The search space, less settings whose plan is identical to an earlier one (e.g. two bucket sizes that
+        both leave every tensor alone), so no candidate is measured twice."""
+        c = self.cfg.comm
+        seen: dict[str, Settings] = {}
+        for s in [self.settings, *tuning.search_space(c.tune_bucket_mb, c.tune_streams, c.tune_slices)]:
+            seen.setdefault(build_plan(self.specs, s, c.compression).digest(), s)
+        return list(seen.values())
+
+    def _create_groups(self, k: int) -> None:
+        timeout = datetime.timedelta(seconds=self.cfg.dist.timeout_s)
+        self.groups = [td.new_group(timeout=timeout) for _ in range(k)]
+        probe = torch.ones(1, device=self.dist.device)
+        for g in self.groups:  # connect every communicator now, one at a time, instead of lazily mid-backward
+            td.all_reduce(probe, group=g)
+        if probe.item() != self.dist.world_size ** len(self.groups):
+            raise CommError(f"multistream: communicator check gave {probe.item()}, expected "
+                            f"{self.dist.world_size ** len(self.groups)}")  # fmt: skip
+
+    def _verified_plan(self, settings: Settings) -> FusionPlan:
+        """The plan for `settings`, after checking that every rank derived the same one (one all-gather)."""
+        plan = build_plan(self.specs, settings, self.cfg.comm.compression)
+        mine = (plan.digest(), plan.describe())
+        everyone = [None] * self.dist.world_size
+        td.all_gather_object(everyone, mine)
+        differ = [r for r, (h, _) in enumerate(everyone) if h != everyone[0][0]]
+        if differ:
+            lines = "; ".join(f"rank {r}: {h[:12]} ({d})" for r, (h, d) in enumerate(everyone) if r in [0, *differ])
+            raise PlanMismatchError(
+                f"multistream: ranks derived different fusion plans ({lines}). Every rank must run the same "
+                "model, config and code version"
+            )
+        return plan
+
+    def _start(self, plan: FusionPlan) -> None:
+        if self.engine is not None:
+            self.engine.close()
+        self.engine = _Engine(plan, self.params, self.groups[: plan.streams], self.dist.world_size,
+                              self.cfg.comm.concurrency == "serialize", self.cfg.dist.timeout_s)  # fmt: skip
+        self.settings = plan.settings
+        self._note(f"multistream plan {plan.digest()[:12]}: {plan.describe()}, concurrency {self.cfg.comm.concurrency}")
+
+    def _grad_ready(self, i: int, param: torch.Tensor) -> None:
+        self.engine.grad_ready(i)
+
+    # -- the tuner --------------------------------------------------------------------------------------
+    def _cache_path(self):
+        c = self.cfg.comm.tune_cache
+        if c is None:
+            return None
+        return Path(c).expanduser() if c else tuning.default_cache_path()
+
+    def _cache_key(self) -> str:
+        c, d = self.cfg.comm, self.dist
+        network = c.network
+        if network == "auto":
+            ifname = os.environ.get("NCCL_SOCKET_IFNAME") or os.environ.get("GLOO_SOCKET_IFNAME") or "default"
+            network = f"{d.world_size // max(d.local_world_size, 1)}nodes-x{d.local_world_size}-if:{ifname}"
+        dtype = str(self.params[0].dtype).removeprefix("torch.")
+        return tuning.cache_key(self.cfg.model.name, d.world_size, td.get_backend(), dtype, c.compression, network)
+
+    def _cached_winner(self) -> Settings | None:
+        """Rank 0 reads the cache and tells everyone (other machines may not have the file)."""
+        found = None
+        path = self._cache_path()
+        if self.dist.is_main and path is not None:
+            found = tuning.cache_load(path, self._cache_key())
+        box = [found]
+        td.broadcast_object_list(box, src=0)
+        if box[0] is not None:
+            self._note(f"multistream autotune: cached winner for {self._cache_key()} in {path}: {box[0].label()} "
+                       "(delete that entry, or set comm.tune_cache=null, to tune again)")  # fmt: skip
+        return box[0]
+
+    def on_step_end(self, step: int, log=None) -> None:
+        """Called by the trainer after every optimizer step; drives the auto-tuner during the first steps."""
+        if self.engine is None:
+            return
+        self._steps += 1
+        self._sync_seconds += self.engine.step_seconds
+        self._wait_seconds += self.engine.wait_seconds
+        tuner = self.tuner
+        if tuner is None or tuner.done or not tuner.record(self.engine.step_seconds):
+            return
+        trial = tuner.trials[-1]
+        self._note(
+            f"multistream autotune: candidate {len(tuner.trials)}: {trial.settings.label()}: median "
+            f"backward+sync {trial.score * 1000:.1f} ms over {len(trial.window_means)} windows",
+            log,
+        )
+        if log is not None:
+            log.scalars(step, **{"autotune/candidate_ms": trial.score * 1000, "autotune/bucket_mb":
+                                 trial.settings.bucket_mb, "autotune/streams": trial.settings.streams,
+                                 "autotune/slices": trial.settings.slices})  # fmt: skip
+        decision = [None, None]
+        if self.dist.is_main:
+            nxt = tuner.propose()
+            decision = [nxt, None if nxt is not None else tuner.winner().settings]
+        td.broadcast_object_list(decision, src=0)  # every rank switches at this same step boundary
+        nxt, win = decision
+        if nxt is not None:
+            tuner.begin(nxt)
+            self._start(self._verified_plan(nxt))
+            return
+        tuner.done = True
+        best = next(t for t in tuner.trials if t.settings == win)
+        self._note(f"multistream autotune: winner after {len(tuner.trials)} candidates: {win.label()} "
+                   f"({best.score * 1000:.1f} ms)", log)  # fmt: skip
+        if log is not None:
+            log.scalars(
+                step,
+                **{
+                    "autotune/winner_ms": best.score * 1000,
+                    "autotune/winner_bucket_mb": win.bucket_mb,
+                    "autotune/winner_streams": win.streams,
+                    "autotune/winner_slices": win.slices,
+                },
+            )
+        path = self._cache_path()
+        if self.dist.is_main and path is not None:
+            tuning.cache_store(path, self._cache_key(), tuner)
+            self._note(f"multistream autotune: winner cached in {path}", log)
+        if win != self.settings:
+            self._start(self._verified_plan(win))
+
+    def _note(self, msg: str, log=None) -> None:
+        if log is not None:
+            log.info(msg)
+        elif self.dist.is_main:
+            print(msg, flush=True)
+
+    # -- the backend interface --------------------------------------------------------------------------
+    def stats(self) -> dict:
+        if self.engine is None:
+            return {}
+        n = max(self._steps, 1)
+        return {"comm/sync_ms": 1000 * self._sync_seconds / n, "comm/wait_ms": 1000 * self._wait_seconds / n,
+                "comm/buckets": len(self.engine.plan.buckets), "comm/streams": self.settings.streams,
+                "comm/slices": self.settings.slices}  # fmt: skip
+
+    def state_dict(self) -> dict:
+        tuned = self.tuner is None or self.tuner.done
+        if self.engine is None or not tuned:
+            return {}
+        s = self.settings
+        return {"bucket_mb": s.bucket_mb, "streams": s.streams, "slices": s.slices}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state:
+            self._resumed = Settings(float(state["bucket_mb"]), int(state["streams"]), int(state["slices"]))
+
+
+def _broadcast_states(model: nn.Module) -> None:
+    """Rank 0's parameters and buffers to every rank (as DDP does at construction), one flat tensor per dtype."""
+    tensors = [t for t in [*model.parameters(), *model.buffers()] if t.numel() > 0]
+    by_dtype: dict = {}
+    for t in tensors:
+        by_dtype.setdefault(t.dtype, []).append(t)
+    with torch.no_grad():
+        for group in by_dtype.values():
+            flat = _flatten_dense_tensors([t.data for t in group])
+            td.broadcast(flat, src=0)
+            for t, v in zip(group, _unflatten_dense_tensors(flat, group), strict=True):
+                t.data.copy_(v)

@@ -1,0 +1,194 @@
+"""Auto-tuning of (bucket size, communicators K, slices S) during the first steps of the real run.
+
+Like Horovod's autotune: a few warm-up steps are discarded, then each candidate runs for `windows` windows of
+`steps_per_window` steps (after one discarded settling step), and is scored by the median over windows of the
+mean step time. The next candidate is chosen from the measurements by rank 0 (a small Gaussian-process
+Bayesian optimisation with expected improvement, or a fixed grid) and broadcast, so every rank switches plan at
+the same step boundary. After `max_candidates` candidates the fastest one wins, and is kept in a JSON cache keyed
+by model, world size, process-group backend, dtypes and network, so that the next run starts tuned.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from recipes.comm.plan import Settings
+
+
+@dataclass
+class Trial:
+    settings: Settings
+    window_means: list[float] = field(default_factory=list)
+
+    @property
+    def score(self) -> float:
+        return statistics.median(self.window_means) if self.window_means else math.inf
+
+
+def search_space(bucket_mb: list[float], streams: list[int], slices: list[int]) -> list[Settings]:
+    return [
+        Settings(float(b), k, s) for b, k, s in itertools.product(sorted(bucket_mb), sorted(streams), sorted(slices))
+    ]
+
+
+class AutoTuner:
+    """Step-count-driven search; `propose()` runs on rank 0 only, everything else on every rank."""
+
+    def __init__(self, space: list[Settings], start: Settings, max_candidates: int, warmup_steps: int,
+                 steps_per_window: int, windows: int, method: str = "bayes"):  # fmt: skip
+        if method not in ("bayes", "grid"):
+            raise ValueError(f"tuner method: expected 'bayes' or 'grid', got {method!r}")
+        self.space = list(dict.fromkeys([start, *space]))
+        self.max_candidates = max(1, min(max_candidates, len(self.space)))
+        self.warmup_steps, self.steps_per_window, self.windows = warmup_steps, steps_per_window, windows
+        self.method = method
+        rest, m = self.space[1:], self.max_candidates - 1
+        picks = [round(i * (len(rest) - 1) / max(m - 1, 1)) for i in range(m)] if rest and m > 0 else []
+        self._grid = [start] + [rest[i] for i in dict.fromkeys(picks)]  # start, then evenly through the grid
+        self.trials: list[Trial] = [Trial(start)]
+        self._step_in_trial = -warmup_steps  # negative: warm-up; 0: the settling step after a switch
+        self._window: list[float] = []
+        self.done = False
+
+    @property
+    def current(self) -> Settings:
+        return self.trials[-1].settings
+
+    @property
+    def steps_per_trial(self) -> int:
+        return 1 + self.windows * self.steps_per_window
+
+    def record(self, seconds: float) -> bool:
+        """Record one step's time under `current`; True when this trial is complete (a decision is due)."""
+        i = self._step_in_trial
+        self._step_in_trial += 1
+        if i < 1:
+            return False  # warm-up or settling step after a plan switch: not measured
+        self._window.append(seconds)
+        if len(self._window) == self.steps_per_window:
+            self.trials[-1].window_means.append(sum(self._window) / len(self._window))
+            self._window = []
+        return len(self.trials[-1].window_means) == self.windows
+
+    def propose(self) -> Settings | None:
+        """Rank 0: the next candidate to try, or None when the search is over."""
+        if len(self.trials) >= self.max_candidates:
+            return None
+        tried = {t.settings for t in self.trials}
+        untried = [s for s in self.space if s not in tried]
+        if not untried:
+            return None
+        if self.method == "grid":
+            return next((s for s in self._grid if s not in tried), None)
+        if len(self.trials) < min(3, self.max_candidates):
+            return _farthest(untried, [t.settings for t in self.trials], self.space)  # space-filling start
+        return _expected_improvement(self.trials, untried, self.space)
+
+    def begin(self, settings: Settings) -> None:
+        """Every rank: start measuring `settings` (the decision rank 0 broadcast)."""
+        self.trials.append(Trial(settings))
+        self._step_in_trial = 0
+        self._window = []
+
+    def winner(self) -> Trial:
+        return min(self.trials, key=lambda t: t.score)
+
+    def table(self) -> list[dict]:
+        return [{**asdict(t.settings), "median_step_s": t.score, "windows": t.window_means} for t in self.trials]
+
+
+def _coords(s: Settings, space: list[Settings]) -> np.ndarray:
+    """Settings -> [0, 1]^3 (log2 of bucket size, K and S, each scaled to the span of the search space)."""
+
+    def unit(v: float, lo: float, hi: float) -> float:
+        return 0.0 if hi == lo else (v - lo) / (hi - lo)
+
+    logb = [math.log2(x.bucket_mb) for x in space]
+    ks = [x.streams for x in space]
+    ss = [math.log2(x.slices) for x in space]
+    return np.array([unit(math.log2(s.bucket_mb), min(logb), max(logb)), unit(s.streams, min(ks), max(ks)),
+                     unit(math.log2(s.slices), min(ss), max(ss))])  # fmt: skip
+
+
+def _farthest(untried: list[Settings], tried: list[Settings], space: list[Settings]) -> Settings:
+    pts = [_coords(t, space) for t in tried]
+    return max(untried, key=lambda s: min(float(np.sum((_coords(s, space) - p) ** 2)) for p in pts))
+
+
+def _expected_improvement(trials: list[Trial], untried: list[Settings], space: list[Settings]) -> Settings:
+    """The untried point with the largest expected improvement under a GP fitted to the normalised times."""
+    x = np.stack([_coords(t.settings, space) for t in trials])
+    y = np.array([t.score for t in trials])
+    mu, sd = y.mean(), y.std() or 1.0
+    yn = (y - mu) / sd
+    length, noise = 0.35, 1e-2
+
+    def k(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        d2 = ((a[:, None, :] - b[None, :, :]) ** 2).sum(-1)
+        return np.exp(-0.5 * d2 / length**2)
+
+    kxx = k(x, x) + noise * np.eye(len(x))
+    chol = np.linalg.cholesky(kxx)
+    alpha = np.linalg.solve(chol.T, np.linalg.solve(chol, yn))
+    xs = np.stack([_coords(s, space) for s in untried])
+    ks = k(xs, x)
+    mean = ks @ alpha
+    v = np.linalg.solve(chol, ks.T)
+    std = np.sqrt(np.clip(1.0 - (v**2).sum(0), 1e-12, None))
+    best, xi = yn.min(), 0.01
+    z = (best - mean - xi) / std
+    cdf = 0.5 * (1 + np.vectorize(math.erf)(z / math.sqrt(2)))
+    pdf = np.exp(-0.5 * z**2) / math.sqrt(2 * math.pi)
+    ei = (best - mean - xi) * cdf + std * pdf
+    return untried[int(np.argmax(ei))]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The cache of winners.
+
+
+def default_cache_path() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "dawnbench" / "allreduce_tuning.json"
+
+
+def cache_key(model: str, world_size: int, pg_backend: str, param_dtype: str, wire: str, network: str) -> str:
+    return f"model={model}|world={world_size}|pg={pg_backend}|dtype={param_dtype}|wire={wire}|net={network}"
+
+
+def cache_load(path: Path, key: str) -> Settings | None:
+    try:
+        entry = json.loads(path.read_text()).get(key)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(entry, dict):
+        return None
+    try:
+        return Settings(float(entry["bucket_mb"]), int(entry["streams"]), int(entry["slices"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def cache_store(path: Path, key: str, tuner: AutoTuner) -> None:
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict):
+            data = {}
+    except (OSError, ValueError):
+        data = {}
+    win = tuner.winner()
+    data[key] = {**asdict(win.settings), "median_step_s": win.score, "tuned_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+                 "candidates": tuner.table()}  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.replace(path)

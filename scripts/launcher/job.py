@@ -1,0 +1,336 @@
+"""One job on several hosts: the per-host commands, the checks before starting, and the run that fails fast.
+
+`torchrun` engine: one torchrun agent per host (c10d rendezvous on the first host, `--max-restarts 0`).
+`horovod` engine: one `horovodrun --gloo` on the first host, which starts the workers on every host itself.
+Either way each host's command runs under the guard (launcher/guard.py), so that stopping the job leaves nothing
+behind, and the first host whose command exits non-zero stops the whole job.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from launcher.hosts import Host
+
+# Variables that tune communication: passed to every host, since ssh and srun do not carry our environment.
+FORWARD_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "HOROVOD_")
+FORWARD_NAMES = ("OMP_NUM_THREADS",)
+CHECK_MARK = "launch-check:"
+
+
+@dataclass
+class Job:
+    hosts: list[Host]
+    transport: object  # launcher.transports.*
+    config: str
+    overrides: list[str]
+    run_dir: str
+    procs_per_host: int
+    engine: str = "torchrun"  # torchrun | horovod
+    port: int = 29400
+    workdir: str = "."
+    python: str = "python"
+    env: dict[str, str] = field(default_factory=dict)
+    data_paths: list[str] = field(default_factory=list)  # directories every host must see
+    grace: float = 10.0
+    join_timeout: float = 300.0
+    rdzv_id: str = "dawnbench"
+    iface: str | None = None
+    ssh_port: int | None = None
+    horovodrun: str | None = None
+
+    @property
+    def world_size(self) -> int:
+        return len(self.hosts) * self.procs_per_host
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.hosts[0].addr}:{self.port}"
+
+    # -- commands ---------------------------------------------------------------------------------------
+    def train_args(self) -> list[str]:
+        return ["train.py", "-c", self.config, "--run-dir", self.run_dir, *self.overrides]
+
+    def _env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k.startswith(FORWARD_PREFIXES) or k in FORWARD_NAMES}
+        if self.iface:
+            env.update(GLOO_SOCKET_IFNAME=self.iface, NCCL_SOCKET_IFNAME=self.iface)
+        env["PYTHONUNBUFFERED"] = "1"
+        env.update(self.env)
+        env.update(extra or {})
+        return env
+
+    def _wrap(self, argv: list[str], env: dict[str, str]) -> str:
+        """`cd WORKDIR && exec env K=V... PYTHON scripts/launch.py guard -- ARGV` as one shell command."""
+        guard = [self.python, "scripts/launch.py", "guard", "--grace", f"{self.grace:g}", "--"]
+        assigns = [f"{k}={v}" for k, v in sorted(env.items())]
+        return f"cd {shlex.quote(self.workdir)} && exec " + shlex.join(["env", *assigns, *guard, *argv])
+
+    def torchrun_argv(self, i: int) -> list[str]:
+        conf = f"is_host={1 if i == 0 else 0},join_timeout={self.join_timeout:g}"
+        return [
+            self.python,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            str(len(self.hosts)),
+            "--nproc-per-node",
+            str(self.procs_per_host),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            self.endpoint,
+            "--rdzv-id",
+            self.rdzv_id,
+            "--rdzv-conf",
+            conf,
+            "--local-addr",
+            self.hosts[i].addr,
+            "--max-restarts",
+            "0",
+            *self.train_args(),
+        ]
+
+    def horovodrun_path(self) -> str:
+        if self.horovodrun:
+            return self.horovodrun
+        return str(Path(self.python).parent / "horovodrun") if "/" in self.python else "horovodrun"
+
+    def horovod_argv(self) -> list[str]:
+        hosts = ",".join(f"{h.name}:{self.procs_per_host}" for h in self.hosts)
+        extra = (["--network-interface", self.iface] if self.iface else []) + (
+            ["-p", str(self.ssh_port)] if self.ssh_port else []
+        )
+        return [
+            self.horovodrun_path(),
+            "--gloo",
+            "-np",
+            str(self.world_size),
+            "-H",
+            hosts,
+            "--start-timeout",
+            f"{self.join_timeout:g}",
+            *extra,
+            self.python,
+            *self.train_args(),
+        ]
+
+    def commands(self) -> list[tuple[Host, str]]:
+        """(host, shell command) for every host that the launcher starts something on."""
+        if self.engine == "horovod":
+            # torch.distributed inside the workers (validation counts, BN averaging) rendezvous here.
+            env = self._env({"MASTER_ADDR": self.hosts[0].addr, "MASTER_PORT": str(self.port)})
+            return [(self.hosts[0], self._wrap(self.horovod_argv(), env))]
+        return [(h, self._wrap(self.torchrun_argv(i), self._env())) for i, h in enumerate(self.hosts)]
+
+    def check_command(self, first: bool) -> str:
+        """Shell command that prints one `launch-check:` line per problem on a host and exits non-zero if any."""
+        q = shlex.quote
+
+        def problem(msg: str, fatal: bool = False) -> str:
+            return "{ echo " + q(f"{CHECK_MARK} {msg}") + ("; exit 3; }" if fatal else "; fail=1; }")
+
+        modules = "torch, horovod.torch" if self.engine == "horovod" else "torch"
+        lines = [
+            f"cd {q(self.workdir)} 2>/dev/null || " + problem(f"working directory {self.workdir} not found", True),
+            "fail=0",
+            "test -f train.py || " + problem(f"{self.workdir} has no train.py (not this repository)"),
+            f"{q(self.python)} -c {q('import ' + modules)} >/dev/null 2>&1 || "
+            + problem(f"{self.python} cannot import {modules}"),
+            f"test -f {q(self.config)} || " + problem(f"config {self.config} not found"),
+        ]
+        if self.engine == "horovod" and first:
+            lines.append(
+                f"command -v {q(self.horovodrun_path())} >/dev/null || "
+                + problem(f"{self.horovodrun_path()} not found")
+            )
+        for path in self.data_paths:
+            lines.append(
+                f'test -n "$(ls -A {q(path)} 2>/dev/null | head -n 1)" || '
+                + problem(f"data path {path} is missing or empty")
+            )
+        lines.append(f"test $fail = 0 && echo {q(CHECK_MARK + ' ok')}")
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Checks before starting anything.
+
+
+def run_checks(job: Job, timeout: float) -> list[str]:
+    """Run the check command on every host at once; returns one message per problem (empty: all good)."""
+    procs = []
+    for i, host in enumerate(job.hosts):
+        argv = job.transport.argv(host, job.check_command(first=i == 0))
+        try:
+            p = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+        except OSError as e:
+            return [f"host {host.name}: cannot run the {job.transport.name} transport ({argv[0]}): {e}"]
+        procs.append((host, p))
+    problems = []
+    deadline = time.monotonic() + timeout
+    for host, p in procs:
+        try:
+            out, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _kill_group(p, signal.SIGKILL)
+            p.communicate()
+            problems.append(f"host {host.name}: no answer within {timeout:g} s ({job.transport.name} transport)")
+            continue
+        marks = [ln[len(CHECK_MARK) :].strip() for ln in out.splitlines() if ln.startswith(CHECK_MARK)]
+        if p.returncode == 0 and "ok" in marks:
+            continue
+        found = [m for m in marks if m != "ok"]
+        if found:
+            problems += [f"host {host.name}: {m}" for m in found]
+        else:
+            why = job.transport.failure(p.returncode) or f"exit {p.returncode}"
+            tail = " | ".join((err.strip() or out.strip()).splitlines()[-3:])
+            problems.append(f"host {host.name}: not reachable through {job.transport.name}: {why}: {tail}")
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Running and stopping.
+
+
+def describe_exit(rc: int) -> str:
+    if rc < 0:
+        return f"killed by {signal.Signals(-rc).name}"
+    if rc > 128:
+        try:
+            return f"exit code {rc} ({signal.Signals(rc - 128).name})"
+        except ValueError:
+            pass
+    return f"exit code {rc}"
+
+
+def _kill_group(p: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(p.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class _Host:
+    """One running host command: its process, and a thread copying its output with a `[host]` prefix."""
+
+    def __init__(self, host: Host, argv: list[str], label: str, out: TextIO, lock: threading.Lock, log: Path):
+        self.host, self.label = host, label
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self.thread = threading.Thread(target=self._copy, args=(out, lock, log), daemon=True)
+        self.thread.start()
+
+    def _copy(self, out: TextIO, lock: threading.Lock, log: Path) -> None:
+        with open(log, "ab") as f:
+            for raw in self.proc.stdout:
+                f.write(raw)
+                f.flush()
+                with lock:
+                    out.write(f"[{self.label}] {raw.decode(errors='replace').rstrip()}\n")
+                    out.flush()
+
+    def close_stdin(self) -> None:
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+
+
+def _wait(running: list[_Host], seconds: float) -> list[_Host]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(h.proc.poll() is None for h in running):
+        time.sleep(0.05)
+    return [h for h in running if h.proc.poll() is None]
+
+
+def stop_hosts(running: list[_Host], grace: float) -> None:
+    """Close every host's stdin (its guard stops its tree); after grace + 10 s, SIGTERM then SIGKILL the rest."""
+    for h in running:
+        h.close_stdin()
+    left = _wait(running, grace + 10)
+    for h in left:
+        _kill_group(h.proc, signal.SIGTERM)
+    for h in _wait(left, 3):
+        _kill_group(h.proc, signal.SIGKILL)
+        h.proc.wait(timeout=30)
+
+
+def run(job: Job, log_dir: Path, out: TextIO, timeout: float | None = None) -> int:
+    """Start every host's command and wait. Returns 0, or the exit code of the first host that failed."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    lock = threading.Lock()
+    width = max(len(h.name) for h in job.hosts)
+
+    def say(msg: str) -> None:
+        with lock:
+            out.write(f"launch: {msg}\n")
+            out.flush()
+
+    stop_reason: list[str] = []
+
+    def on_signal(signum, frame):
+        stop_reason.append(signal.Signals(signum).name)
+
+    old = {}
+    if threading.current_thread() is threading.main_thread():
+        old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    running: list[_Host] = []
+    t0 = time.monotonic()
+    try:
+        for i, (host, command) in enumerate(job.commands()):
+            argv = job.transport.argv(host, command)
+            try:
+                running.append(
+                    _Host(host, argv, host.name.ljust(width), out, lock, log_dir / f"{i:03d}-{host.name}.log")
+                )
+            except OSError as e:
+                say(f"host {host.name}: cannot start the {job.transport.name} transport ({argv[0]}): {e}")
+                return 127
+        while True:
+            codes = [h.proc.poll() for h in running]
+            failed = [(h, c) for h, c in zip(running, codes, strict=True) if c not in (None, 0)]
+            if failed:
+                h, rc = failed[0]
+                why = job.transport.failure(rc)
+                others = [x for x in running if x.proc.poll() is None]
+                say(
+                    f"host {h.host.name} ({h.host.addr}) failed: {describe_exit(rc)}{'; ' + why if why else ''} "
+                    f"after {time.monotonic() - t0:.1f} s; stopping {len(others)} other host(s)"
+                )
+                t1 = time.monotonic()
+                stop_hosts(others, job.grace)
+                say(f"stopped in {time.monotonic() - t1:.1f} s; log of {h.host.name}: {log_dir}")
+                return rc if 0 < rc < 256 else 1
+            if all(c == 0 for c in codes):
+                say(f"all {len(running)} host(s) finished in {time.monotonic() - t0:.1f} s")
+                return 0
+            if stop_reason or (timeout is not None and time.monotonic() - t0 > timeout):
+                what = f"got {stop_reason[0]}" if stop_reason else f"timeout of {timeout:g} s reached"
+                say(f"{what}: stopping all hosts")
+                stop_hosts([x for x in running if x.proc.poll() is None], job.grace)
+                return 130 if stop_reason else 124
+            time.sleep(0.1)
+    finally:
+        stop_hosts([x for x in running if x.proc.poll() is None], job.grace)
+        for h in running:
+            h.thread.join(timeout=10)
+        for s, handler in old.items():
+            signal.signal(s, handler)

@@ -1,0 +1,402 @@
+#!/usr/bin/env python
+"""Network lab: several "hosts" on one machine, as Linux network namespaces behind a shaped link.
+
+Each host is a namespace `dbn<pid>-h<i>` with one interface (eth0, 10.250.0.<i+1>/24) wired by a veth pair to a
+bridge in a switch namespace `dbn<pid>-sw`. Nothing is added to the calling namespace, and every address lives
+inside the lab's own namespaces. Each host's egress is shaped with `tc`:
+
+    htb root 1:  ->  class 1:1  rate = ceil = link cap                       (the NIC)
+                       -> 256 leaf classes 1:100..1:1ff  rate link/256, ceil = per-flow cap
+    u32 filter: TCP packets are hashed on the low 8 bits of their source port into the 256 leaves, so each
+    TCP connection (flow) is held to the per-flow cap while all of them share the link cap; anything that is not
+    TCP goes to the default leaf 1:2 (link rate).
+
+The switch side of each veth caps the host's ingress at the link rate too. Inside each host, the machine's
+hostname resolves to that host's address (an /etc/netns/<ns>/hosts file, which `ip netns exec` mounts).
+A per-flow cap of about a third of the link reproduces the record's situation: one stream reaches ~1/3 of
+the link, several streams fill it.
+Two flows whose source ports share the low 8 bits share a leaf; `flows_per_class()` reports it.
+
+Use it from Python (`with NetLab(2, link_mbit=1000, flow_mbit=333) as lab: lab.run_all(...)`) or as a command:
+
+    sudo python scripts/netlab.py --hosts 2 --link-mbit 1000 --flow-mbit 333 -- \\
+        python -c "print('host {rank} of {world} at {addr}, master {master}')"
+    sudo python scripts/netlab.py --hosts 2 --link-mbit 1000 --flow-mbit 333 --check   # measure the shaping
+    sudo python scripts/netlab.py --cleanup     # remove namespaces left by labs whose process died
+
+`{rank}`, `{world}`, `{addr}` and `{master}` in the command are replaced per host. The lab is torn down when
+the block or command ends, on an exception, on Ctrl-C and on SIGTERM/SIGHUP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+PREFIX = "dbn"
+SUBNET = "10.250.0"
+ETC_NETNS = Path("/etc/netns")
+FLOW_CLASSES = 256  # leaves selected by the low 8 bits of the TCP source port
+
+
+class NetLabError(RuntimeError):
+    """The lab could not be set up (not root, no `ip`/`tc`, a kernel without netns/htb/u32...)."""
+
+
+def available() -> str | None:
+    """None when a lab can be built here, else the reason it cannot."""
+    if os.geteuid() != 0:
+        return "the network lab needs root (network namespaces and tc)"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return f"the network lab needs '{tool}' (apt-get install iproute2)"
+    return None
+
+
+def _run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    if check and p.returncode != 0:
+        raise NetLabError(f"`{' '.join(argv)}` failed ({p.returncode}): {p.stderr.strip() or p.stdout.strip()}")
+    return p
+
+
+def _mbit(v: float) -> str:
+    return f"{int(round(v * 1000))}kbit"
+
+
+class NetLab:
+    """N hosts in network namespaces joined by a bridge; see the module docstring for the shaping."""
+
+    def __init__(self, hosts: int, link_mbit: float | None = None, flow_mbit: float | None = None,
+                 tag: str | None = None):  # fmt: skip
+        if hosts < 1 or hosts > 250:
+            raise ValueError(f"hosts: expected 1..250, got {hosts}")
+        if flow_mbit is not None and link_mbit is None:
+            raise ValueError("a per-flow cap needs a link cap (flow_mbit without link_mbit)")
+        if link_mbit is not None and link_mbit <= 0 or flow_mbit is not None and flow_mbit <= 0:
+            raise ValueError(f"link_mbit/flow_mbit must be positive, got {link_mbit}/{flow_mbit}")
+        self.hosts, self.link_mbit, self.flow_mbit = hosts, link_mbit, flow_mbit
+        self.tag = tag or f"{PREFIX}{os.getpid()}"
+        if not re.fullmatch(r"[a-z0-9]{1,12}", self.tag):
+            raise ValueError(f"tag: expected 1-12 lowercase letters/digits, got {self.tag!r}")
+        self.switch = f"{self.tag}-sw"
+        self.names = [f"{self.tag}-h{i}" for i in range(hosts)]
+        self._created: list[str] = []
+        self._old_handlers: dict = {}
+        self._procs: list[subprocess.Popen] = []
+
+    # -- life cycle -------------------------------------------------------------------------------------
+    def __enter__(self) -> NetLab:
+        self._install_signal_handlers()
+        try:
+            self.up()
+        except BaseException:
+            self.down()
+            self._restore_signal_handlers()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.down()
+        finally:
+            self._restore_signal_handlers()
+
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def handler(signum, frame):
+            raise SystemExit(128 + signum)  # unwinds through __exit__, which removes the namespaces
+
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            self._old_handlers[sig] = signal.signal(sig, handler)
+
+    def _restore_signal_handlers(self) -> None:
+        for sig, old in self._old_handlers.items():
+            signal.signal(sig, old)
+        self._old_handlers.clear()
+
+    def up(self) -> None:
+        reason = available()
+        if reason:
+            raise NetLabError(reason)
+        self._netns_add(self.switch)
+        _run(["ip", "-n", self.switch, "link", "add", "br0", "type", "bridge"])
+        _run(["ip", "-n", self.switch, "link", "set", "br0", "up"])
+        for i, ns in enumerate(self.names):
+            self._netns_add(ns)
+            _run(["ip", "-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", f"p{i}",
+                  "netns", self.switch])  # fmt: skip
+            _run(["ip", "-n", self.switch, "link", "set", f"p{i}", "master", "br0", "up"])
+            _run(["ip", "-n", ns, "addr", "add", f"{self.addr(i)}/24", "dev", "eth0"])
+            _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
+            self._hosts_file(ns, self.addr(i))
+            if self.link_mbit is not None:
+                self._tc_batch(ns, self._egress_rules("eth0"))
+                self._tc_batch(self.switch, self._ingress_rules(f"p{i}"))
+        for i in range(1, self.hosts):  # wait until the bridge forwards (ARP, port state)
+            self._wait_reachable(0, i)
+
+    def down(self) -> None:
+        for p in self._procs:
+            if p.poll() is None:
+                _kill_tree(p)
+        self._procs.clear()
+        for ns in reversed(self._created):
+            _run(["ip", "netns", "del", ns], check=False)  # deleting a namespace removes its links and qdiscs
+            shutil.rmtree(ETC_NETNS / ns, ignore_errors=True)
+        self._created.clear()
+        with contextlib.suppress(OSError):
+            ETC_NETNS.rmdir()  # only if no other namespace configuration is left in it
+
+    def _hosts_file(self, ns: str, addr: str) -> None:
+        """/etc/netns/<ns>/hosts, which `ip netns exec` mounts over /etc/hosts: inside host i, this machine's
+        hostname resolves to host i's own address, as on a real machine (libraries that find their address
+        from the hostname, like Gloo without an interface name, then use the lab link, not loopback)."""
+        d = ETC_NETNS / ns
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "hosts").write_text(f"127.0.0.1\tlocalhost\n{addr}\t{socket.gethostname()}\n")
+
+    def _netns_add(self, ns: str) -> None:
+        _run(["ip", "netns", "add", ns])
+        self._created.append(ns)
+        _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+
+    # -- shaping ----------------------------------------------------------------------------------------
+    def _egress_rules(self, dev: str) -> list[str]:
+        link = _mbit(self.link_mbit)
+        rules = [
+            f"qdisc add dev {dev} root handle 1: htb default 2",
+            f"class add dev {dev} parent 1: classid 1:1 htb rate {link} ceil {link} burst 256k cburst 256k",
+            f"class add dev {dev} parent 1:1 classid 1:2 htb rate {_mbit(self.link_mbit / 2)} ceil {link} "
+            "burst 64k cburst 64k",
+        ]
+        if self.flow_mbit is None:
+            return rules
+        leaf_rate = _mbit(max(self.link_mbit / (2 * FLOW_CLASSES), 0.01))
+        flow = _mbit(min(self.flow_mbit, self.link_mbit))
+        for h in range(FLOW_CLASSES):
+            rules.append(f"class add dev {dev} parent 1:1 classid 1:{0x100 + h:x} htb rate {leaf_rate} "
+                         f"ceil {flow} burst 128k cburst 128k quantum 65536")  # fmt: skip
+        rules += [
+            f"filter add dev {dev} parent 1: prio 1 handle 2: protocol ip u32 divisor {FLOW_CLASSES}",
+            # IPv4 without options (Linux TCP never sets any): the TCP source port is the high half of word 20.
+            f"filter add dev {dev} parent 1: prio 1 protocol ip u32 ht 800:: match ip protocol 6 0xff "
+            "hashkey mask 0x00ff0000 at 20 link 2:",
+        ]
+        for h in range(FLOW_CLASSES):
+            rules.append(f"filter add dev {dev} parent 1: prio 1 protocol ip u32 ht 2:{h:x}: match u32 0 0 "
+                         f"flowid 1:{0x100 + h:x}")  # fmt: skip
+        return rules
+
+    def _ingress_rules(self, dev: str) -> list[str]:
+        link = _mbit(self.link_mbit)
+        return [
+            f"qdisc add dev {dev} root handle 1: htb default 1",
+            f"class add dev {dev} parent 1: classid 1:1 htb rate {link} ceil {link} burst 256k cburst 256k",
+        ]
+
+    def _tc_batch(self, ns: str, rules: list[str]) -> None:
+        with tempfile.NamedTemporaryFile("w", suffix=".tc", delete=False) as f:
+            f.write("\n".join(rules) + "\n")
+        try:
+            _run(["ip", "netns", "exec", ns, "tc", "-batch", f.name])
+        finally:
+            os.unlink(f.name)
+
+    def flows_per_class(self, i: int) -> dict[str, int]:
+        """Leaf class -> bytes sent through it so far on host i (classes that carried traffic only)."""
+        out = _run(["ip", "netns", "exec", self.names[i], "tc", "-s", "class", "show", "dev", "eth0"]).stdout
+        stats: dict[str, int] = {}
+        for m in re.finditer(r"class htb (1:[0-9a-f]+) parent 1:1 .*?\n\s*Sent (\d+) bytes", out):
+            if int(m.group(2)) > 0:
+                stats[m.group(1)] = int(m.group(2))
+        return stats
+
+    # -- running things ---------------------------------------------------------------------------------
+    def addr(self, i: int) -> str:
+        return f"{SUBNET}.{i + 1}"
+
+    def argv(self, i: int, argv: list[str]) -> list[str]:
+        """`argv` wrapped to run inside host i."""
+        return ["ip", "netns", "exec", self.names[i], *argv]
+
+    def popen(self, i: int, argv: list[str], **kw) -> subprocess.Popen:
+        p = subprocess.Popen(self.argv(i, argv), start_new_session=True, **kw)
+        self._procs.append(p)
+        return p
+
+    def run_all(self, argv_for, env_for=None, timeout: float = 600, cwd: str | None = None) -> list[tuple[int, str]]:
+        """Run `argv_for(i)` in every host at once; returns [(returncode, output)] per host.
+
+        If one host fails, the others are stopped (a collective would wait for it until its own timeout);
+        if `timeout` passes, all are killed and their return code is -9.
+        """
+        outs = [tempfile.TemporaryFile("w+") for _ in range(self.hosts)]
+        procs = []
+        for i in range(self.hosts):
+            env = {**os.environ, **(env_for(i) if env_for else {})}
+            procs.append(self.popen(i, argv_for(i), stdout=outs[i], stderr=subprocess.STDOUT, env=env, cwd=cwd))
+        deadline = time.monotonic() + timeout
+        while any(p.poll() is None for p in procs):
+            if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in procs):
+                time.sleep(1.0 if time.monotonic() <= deadline else 0)  # let a failing peer finish its message
+                for p in procs:
+                    if p.poll() is None:
+                        _kill_tree(p)
+                break
+            time.sleep(0.05)
+        results = []
+        for p, f in zip(procs, outs, strict=True):
+            p.wait()
+            f.seek(0)
+            results.append((p.returncode, f.read()))
+            f.close()
+        return results
+
+    def _wait_reachable(self, src: int, dst: int, timeout: float = 10.0) -> None:
+        code = (
+            "import socket, sys, time\n"
+            "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+            f"s.connect(({self.addr(dst)!r}, 9)); s.send(b'x')\n"
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            r = subprocess.run(self.argv(src, [sys.executable, "-c", code]), capture_output=True, timeout=30)
+            neigh = _run(["ip", "-n", self.names[src], "neigh", "show", self.addr(dst)], check=False).stdout
+            if r.returncode == 0 and ("REACHABLE" in neigh or "STALE" in neigh or "DELAY" in neigh):
+                return
+            time.sleep(0.1)
+        raise NetLabError(f"host {dst} ({self.addr(dst)}) not reachable from host {src} after {timeout:.0f} s")
+
+
+def _kill_tree(p: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(p.pid, signal.SIGKILL)  # the process was started in its own session: its group is its tree
+    with contextlib.suppress(Exception):
+        p.wait(timeout=10)
+
+
+def cleanup_stale() -> list[str]:
+    """Remove lab namespaces whose creating process no longer exists; returns their names."""
+    out = _run(["ip", "netns", "list"], check=False).stdout
+    removed = []
+    for line in out.splitlines():
+        name = line.split()[0] if line.split() else ""
+        m = re.fullmatch(rf"{PREFIX}(\d+)-(sw|h\d+)", name)
+        if m and not Path(f"/proc/{m.group(1)}").exists():
+            _run(["ip", "netns", "del", name], check=False)
+            shutil.rmtree(ETC_NETNS / name, ignore_errors=True)
+            removed.append(name)
+    return removed
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Throughput check: TCP streams from host 1 to host 0, to see the link and per-flow caps at work.
+
+_SINK = r"""
+import socket, sys, threading
+srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind((sys.argv[1], int(sys.argv[2]))); srv.listen(64)
+def drain(c):
+    while c.recv(1 << 20):
+        pass
+while True:
+    c, _ = srv.accept()
+    threading.Thread(target=drain, args=(c,), daemon=True).start()
+"""
+
+_SOURCE = r"""
+import socket, sys, threading, time
+host, port, streams, seconds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+buf = b"\0" * (1 << 20); sent = [0] * streams
+def push(k):
+    s = socket.create_connection((host, port)); end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        sent[k] += s.send(buf)
+    s.close()
+threads = [threading.Thread(target=push, args=(k,)) for k in range(streams)]
+t0 = time.monotonic(); [t.start() for t in threads]; [t.join() for t in threads]
+print(sum(sent) * 8 / (time.monotonic() - t0) / 1e6)
+"""
+
+
+def measure_mbit(lab: NetLab, streams: int, seconds: float = 3.0, port: int = 5201) -> float:
+    """Throughput (Mbit/s) of `streams` parallel TCP connections from host 1 to host 0."""
+    sink = lab.popen(0, [sys.executable, "-c", _SINK, lab.addr(0), str(port)],
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            probe = f"import socket; socket.create_connection(({lab.addr(0)!r}, {port}), timeout=1).close()"
+            if subprocess.run(lab.argv(1, [sys.executable, "-c", probe]), capture_output=True).returncode == 0:
+                break
+            if time.monotonic() > deadline:
+                raise NetLabError("throughput check: the sink on host 0 did not start")
+            time.sleep(0.1)
+        r = subprocess.run(
+            lab.argv(1, [sys.executable, "-c", _SOURCE, lab.addr(0), str(port), str(streams), str(seconds)]),
+            capture_output=True,
+            text=True,
+            timeout=seconds + 60,
+        )
+        if r.returncode != 0:
+            raise NetLabError(f"throughput check failed: {r.stderr.strip()}")
+        return float(r.stdout.strip())
+    finally:
+        _kill_tree(sink)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--hosts", type=int, default=2, help="number of hosts (namespaces)")
+    ap.add_argument("--link-mbit", type=float, default=None, help="link cap per host and direction (Mbit/s)")
+    ap.add_argument("--flow-mbit", type=float, default=None, help="cap of one TCP connection (Mbit/s)")
+    ap.add_argument("--timeout", type=float, default=3600, help="kill the command after this many seconds")
+    ap.add_argument("--check", action="store_true", help="measure 1, 2, 3, 4 and 8 TCP streams between 2 hosts")
+    ap.add_argument("--cleanup", action="store_true", help="remove namespaces of labs whose process died")
+    ap.add_argument("command", nargs=argparse.REMAINDER, help="-- command to run in every host")
+    args = ap.parse_args(argv)
+    if args.cleanup:
+        removed = cleanup_stale()
+        print(f"removed {len(removed)} stale namespace(s){': ' + ', '.join(removed) if removed else ''}")
+        return 0
+    cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not args.check and not cmd:
+        ap.error("give a command after --, or --check, or --cleanup")
+    reason = available()
+    if reason:
+        print(f"netlab: {reason}", file=sys.stderr)
+        return 2
+    with NetLab(max(args.hosts, 2 if args.check else 1), args.link_mbit, args.flow_mbit) as lab:
+        if args.check:
+            print(f"| TCP streams | Mbit/s (link cap {args.link_mbit}, per-flow cap {args.flow_mbit}) |")
+            print("|---:|---:|")
+            for k in (1, 2, 3, 4, 8):
+                print(f"| {k} | {measure_mbit(lab, k):.0f} |", flush=True)
+            return 0
+        fmt = {"world": lab.hosts, "master": lab.addr(0)}
+        results = lab.run_all(lambda i: [a.format(rank=i, addr=lab.addr(i), **fmt) for a in cmd],
+                              timeout=args.timeout)  # fmt: skip
+        for i, (rc, out) in enumerate(results):
+            for line in out.splitlines():
+                print(f"[host {i}] {line}")
+            if rc != 0:
+                print(f"[host {i}] exited with {rc}", file=sys.stderr)
+        return max((abs(rc) for rc, _ in results), default=0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

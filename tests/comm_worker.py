@@ -1,0 +1,233 @@
+"""One rank of a real multi-process allreduce check, launched by the comm tests under torchrun or horovodrun.
+
+    python tests/comm_worker.py SCENARIO OUT_DIR [key=value ...]
+
+Each rank writes OUT_DIR/rank<r>.json with what it saw; the tests compare those files.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.distributed as td  # noqa: E402
+from torch import nn  # noqa: E402
+
+from recipes.comm import create_allreduce  # noqa: E402
+from recipes.comm.multistream import CommError, PlanMismatchError  # noqa: E402
+from recipes.config import load_config  # noqa: E402
+from recipes.distributed import setup  # noqa: E402
+
+
+class Net(nn.Module):
+    """Odd-sized tensors (so slices come out unequal), a BN layer, optionally a layer that never gets a gradient."""
+
+    def __init__(self, unused: bool = False):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 5, 3, bias=False)
+        self.bn = nn.BatchNorm2d(5)
+        self.fc1 = nn.Linear(5 * 6 * 6, 37)
+        self.fc2 = nn.Linear(37, 7)
+        self.unused = nn.Linear(3, 3) if unused else None  # DDP (without find_unused_parameters) cannot have it
+
+    def forward(self, x):
+        x = torch.relu(self.bn(self.conv(x)))
+        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+
+
+def config(*overrides: str):
+    return load_config(None, ["run.device=cpu", "dist.backend=gloo", "run.threads=1", "log.tensorboard=false",
+                              *overrides])  # fmt: skip
+
+
+def batch(rank: int, step: int = 0):
+    g = torch.Generator().manual_seed(1000 * rank + step)
+    return torch.randn(6, 3, 8, 8, generator=g), torch.randint(0, 7, (6,), generator=g)
+
+
+def local_grads(model: nn.Module, rank: int, step: int = 0) -> list[torch.Tensor]:
+    ref = copy.deepcopy(model)
+    x, y = batch(rank, step)
+    nn.functional.cross_entropy(ref(x), y).backward()
+    return [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in ref.parameters()]
+
+
+def exact_mean(model: nn.Module, rank: int, world: int, step: int = 0) -> list[torch.Tensor]:
+    """The mean over ranks of each rank's local gradients, in float64 (gathered, then summed here)."""
+    mine = torch.cat([g.reshape(-1) for g in local_grads(model, rank, step)]).double()
+    everyone = [torch.empty_like(mine) for _ in range(world)]
+    td.all_gather(everyone, mine)
+    flat = (sum(everyone) / world).split([p.numel() for p in model.parameters()])
+    return [t.view(p.shape) for t, p in zip(flat, model.parameters(), strict=True)]
+
+
+def run_backend(cfg, dist, model: nn.Module, steps: int = 2) -> tuple[list[torch.Tensor], object]:
+    """Train `steps` backward passes through the backend (no optimizer step); gradients after the last one."""
+    m = copy.deepcopy(model)
+    opt = torch.optim.SGD(m.parameters(), lr=0.0)
+    backend = create_allreduce(cfg, dist)
+    tm, opt = backend.prepare(m, opt)
+    for step in range(steps):
+        opt.zero_grad(set_to_none=True)
+        x, y = batch(dist.rank, step)
+        nn.functional.cross_entropy(tm(x), y).backward()
+        backend.on_step_end(step + 1)
+    return [p.grad.detach().clone() for p in m.parameters()], backend
+
+
+def max_err(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    return max(float((x.double() - y.double()).abs().max()) for x, y in zip(a, b, strict=True))
+
+
+def scenario_equal(out: dict, args: list[str]) -> None:
+    """Every backend and setting: gradients after backward vs the exact mean, and multistream vs ddp."""
+    tiny = "comm.bucket_mb=0.004"  # ~1000 floats: the test net (13 tensors) becomes several buckets
+    cfg = config(*args)
+    dist = setup(cfg)
+    torch.manual_seed(0)
+    model = Net()
+    mean = exact_mean(model, dist.rank, dist.world_size, step=1)
+    ddp, _ = run_backend(config("comm.backend=ddp", "comm.bucket_cap_mb=0.002", *args), dist, model)
+    out["ddp"] = max_err(ddp, mean)
+    grid = [int(v) for v in os.environ.get("KS_GRID", "1,2,3,4").split(",")]
+    out["multistream"] = {}
+    for k in grid:
+        for s in grid:
+            g, backend = run_backend(config("comm.backend=multistream", tiny, f"comm.streams={k}",
+                                            f"comm.slices={s}", *args), dist, model)  # fmt: skip
+            plan = backend.engine.plan
+            lengths = sorted({hi - lo for b in range(len(plan.buckets)) for lo, hi in plan.slice_bounds(b)})
+            out["multistream"][f"K{k}S{s}"] = {"vs_mean": max_err(g, mean), "vs_ddp": max_err(g, ddp),
+                                               "buckets": len(plan.buckets), "slice_lengths": lengths,
+                                               "digest": plan.digest()}  # fmt: skip
+    for extra in (["comm.concurrency=serialize", "comm.streams=3", "comm.slices=2"],
+                  ["comm.compression=fp16", "comm.streams=2", "comm.slices=3"],
+                  ["comm.compression=bf16", "comm.streams=4", "comm.slices=1"]):  # fmt: skip
+        g, backend = run_backend(config("comm.backend=multistream", tiny, *extra, *args), dist, model)
+        out["/".join(extra)] = {"vs_mean": max_err(g, mean), "vs_ddp": max_err(g, ddp),
+                                "scale": max(float(t.abs().max()) for t in mean)}  # fmt: skip
+    torch.manual_seed(0)
+    with_unused = Net(unused=True)
+    mean = exact_mean(with_unused, dist.rank, dist.world_size, step=1)
+    g, _ = run_backend(config("comm.backend=multistream", tiny, "comm.streams=2", "comm.slices=2", *args), dist,
+                       with_unused)  # fmt: skip
+    out["unused"] = {"vs_mean": max_err(g, mean), "grad_is_zero": all(float(t.abs().max()) == 0 for t in g[-2:])}
+
+
+def scenario_horovod(out: dict, args: list[str]) -> None:
+    cfg = config("comm.backend=horovod", *args)
+    dist = setup(cfg)  # under horovodrun: torch.distributed is bootstrapped from Horovod's environment
+    torch.manual_seed(0)
+    model = Net()
+    mean = exact_mean(model, dist.rank, dist.world_size, step=1)
+    g, backend = run_backend(cfg, dist, model)
+    out["world"] = dist.world_size
+    out["horovod"] = max_err(g, mean)
+    g16, _ = run_backend(config("comm.backend=horovod", "comm.compression=fp16", *args), dist, model)
+    out["horovod_fp16"] = max_err(g16, mean)
+    out["scale"] = max(float(t.abs().max()) for t in mean)
+
+
+def scenario_tune(out: dict, args: list[str]) -> None:
+    """Auto-tune, record the settings in force after every step; then a second backend must start from the cache."""
+    cfg = config("comm.backend=multistream", "comm.autotune=true", "comm.bucket_mb=0.004", "comm.streams=1",
+                 "comm.slices=1", "comm.tune_bucket_mb=[0.001,0.004]", "comm.tune_streams=[1,2]",
+                 "comm.tune_slices=[1,3]", "comm.tune_max_candidates=4", "comm.tune_warmup_steps=1",
+                 "comm.tune_steps_per_window=1", "comm.tune_windows=2", *args)  # fmt: skip
+    dist = setup(cfg)
+    torch.manual_seed(0)
+    model = Net()
+    m = copy.deepcopy(model)
+    opt = torch.optim.SGD(m.parameters(), lr=0.0)
+    backend = create_allreduce(cfg, dist)
+    tm, opt = backend.prepare(m, opt)
+    seq = []
+    mean = exact_mean(model, dist.rank, dist.world_size, step=0)
+    errs = []
+    for step in range(16):
+        opt.zero_grad(set_to_none=True)
+        x, y = batch(dist.rank, 0)
+        nn.functional.cross_entropy(tm(x), y).backward()
+        errs.append(max_err([p.grad for p in m.parameters()], mean))
+        backend.on_step_end(step + 1)
+        seq.append([backend.settings.bucket_mb, backend.settings.streams, backend.settings.slices])
+    out["sequence"] = seq
+    out["max_err"] = max(errs)
+    out["trials"] = len(backend.tuner.trials)
+    out["done"] = backend.tuner.done
+    out["state"] = backend.state_dict()
+    second = create_allreduce(cfg, dist)
+    second.prepare(copy.deepcopy(model), torch.optim.SGD(model.parameters(), lr=0.0))
+    out["second_tuner"] = second.tuner is not None
+    out["second_settings"] = [second.settings.bucket_mb, second.settings.streams, second.settings.slices]
+
+
+def scenario_mismatch(out: dict, args: list[str]) -> None:
+    cfg = config(*args)
+    dist = setup(cfg)
+    slices = 2 if dist.rank == 0 else 3  # rank 1 runs a different config
+    model = Net()
+    backend = create_allreduce(config("comm.backend=multistream", f"comm.slices={slices}", *args), dist)
+    t0 = time.monotonic()
+    try:
+        backend.prepare(model, None)
+        out["error"] = None
+    except PlanMismatchError as e:
+        out["error"] = str(e)
+    out["seconds"] = time.monotonic() - t0
+
+
+def scenario_dead_peer(out: dict, args: list[str]) -> None:
+    """Rank 1 disappears (or stalls, with STALL=1) after the first step; the others must fail fast and clearly."""
+    cfg = config("comm.backend=multistream", "comm.bucket_mb=0.004", "comm.streams=2", "comm.slices=2", *args)
+    dist = setup(cfg)
+    model = Net()
+    backend = create_allreduce(cfg, dist)
+    tm, _ = backend.prepare(copy.deepcopy(model), None)
+    x, y = batch(dist.rank)
+    nn.functional.cross_entropy(tm(x), y).backward()  # one good step
+    td.barrier()
+    if dist.rank == 1:
+        Path(out["_path"]).write_text(json.dumps({"rank": 1, "left": True}))
+        if os.environ.get("STALL") == "1":
+            time.sleep(float(os.environ.get("STALL_S", "30")))
+        os._exit(0)
+    t0 = time.monotonic()
+    try:
+        nn.functional.cross_entropy(tm(x), y).backward()
+        out["error"] = None
+    except Exception as e:  # noqa: BLE001 - the test checks the type and the text
+        out["error"] = f"{type(e).__name__}: {e}"
+        out["is_comm_error"] = isinstance(e, CommError) or "CommError" in str(e)
+    out["seconds"] = time.monotonic() - t0
+
+
+def main() -> None:
+    scenario, out_dir, *args = sys.argv[1:]
+    rank = int(os.environ.get("RANK", os.environ.get("HOROVOD_RANK", "0")))
+    path = Path(out_dir) / f"rank{rank}.json"
+    out: dict = {"rank": rank, "_path": str(path)}
+    code = 0
+    try:
+        globals()[f"scenario_{scenario}"](out, args)
+    except BaseException:
+        out["exception"] = traceback.format_exc()
+        code = 1
+    finally:
+        out.pop("_path", None)
+        path.write_text(json.dumps(out, indent=1))
+        sys.stdout.flush()
+        os._exit(code)  # no process-group teardown: after a dead peer it would wait for it
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""The allreduce backends for real: 2-4 gloo processes under torchrun (tests/comm_worker.py is one rank)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, tiny_config, torchrun  # noqa: F401
+
+WORKER = str(ROOT / "tests" / "comm_worker.py")
+
+# fp16/bf16 wire formats: the sum over ranks is done in the wire dtype, so each result carries a few roundings of
+# the wire format. Stated tolerance, relative to the largest gradient magnitude: fp16 2^-9, bf16 2^-6.
+FP16_TOL, BF16_TOL = 2.0**-9, 2.0**-6
+
+
+def run_worker(tmp_path: Path, nproc: int, scenario: str, *args: str, env: dict | None = None, timeout=300):
+    out = tmp_path / scenario
+    out.mkdir(exist_ok=True)
+    p = torchrun(nproc, [WORKER, scenario, str(out), *args], timeout=timeout, env=env)
+    results = []
+    for r in range(nproc):
+        f = out / f"rank{r}.json"
+        assert f.is_file(), f"rank {r} wrote nothing:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+        results.append(json.loads(f.read_text()))
+        assert "exception" not in results[-1], results[-1]["exception"]
+    return results, p
+
+
+@pytest.mark.parametrize("nproc", [2, pytest.param(3, marks=pytest.mark.slow), pytest.param(4, marks=pytest.mark.slow)])
+def test_every_backend_leaves_every_rank_with_the_mean(tmp_path, nproc):
+    results, _ = run_worker(tmp_path, nproc, "equal")
+    exact = 1e-6  # fp32: the mean up to float32 rounding (gradients here are ~0.1)
+    for r in results:
+        assert r["ddp"] < exact
+        assert sorted(r["multistream"]) == [f"K{k}S{s}" for k in (1, 2, 3, 4) for s in (1, 2, 3, 4)]
+        for name, m in r["multistream"].items():
+            assert m["vs_mean"] < exact, name
+            assert m["vs_ddp"] <= 1e-7, name  # the same numbers as DDP, for every K and S
+            assert m["buckets"] == 3
+            s = int(name.split("S")[1])
+            if s > 1:  # some buckets are cut into slices of different lengths (odd sizes)
+                lengths = m["slice_lengths"]
+                assert any(b - a == 1 for a, b in zip(lengths, lengths[1:], strict=False)), name
+        serial = r["comm.concurrency=serialize/comm.streams=3/comm.slices=2"]
+        assert serial["vs_mean"] < exact and serial["vs_ddp"] <= 1e-7
+        fp16 = r["comm.compression=fp16/comm.streams=2/comm.slices=3"]
+        bf16 = r["comm.compression=bf16/comm.streams=4/comm.slices=1"]
+        assert 0 < fp16["vs_mean"] <= FP16_TOL * fp16["scale"]
+        assert 0 < bf16["vs_mean"] <= BF16_TOL * bf16["scale"]
+        assert r["unused"]["vs_mean"] < exact and r["unused"]["grad_is_zero"]
+    # every rank derived the same plans and ended with the same gradients
+    for name in results[0]["multistream"]:
+        assert len({r["multistream"][name]["digest"] for r in results}) == 1
+
+
+def test_tuner_decisions_are_identical_on_all_ranks_and_cached(tmp_path):
+    cache = tmp_path / "tune.json"
+    results, p = run_worker(tmp_path, 2, "tune", f"comm.tune_cache={cache}")
+    a, b = results
+    assert a["sequence"] == b["sequence"]  # every rank switched plan at the same step, to the same settings
+    assert a["trials"] == b["trials"] == 4 and a["done"] and b["done"]
+    assert len({tuple(s) for s in a["sequence"]}) >= 3  # it really tried several plans
+    assert a["max_err"] < 1e-6  # and gradients stayed exact through the switches
+    winner = a["sequence"][-1]
+    assert a["state"] == {"bucket_mb": winner[0], "streams": winner[1], "slices": winner[2]}
+    data = json.loads(cache.read_text())
+    (key,) = data
+    assert key.startswith("model=") and "|world=2|pg=gloo|dtype=float32|wire=none|net=" in key
+    assert [data[key][k] for k in ("bucket_mb", "streams", "slices")] == winner
+    assert len(data[key]["candidates"]) == 4
+    medians = [c["median_step_s"] for c in data[key]["candidates"]]
+    assert data[key]["median_step_s"] == min(medians)
+    # the next run starts from the cached winner without tuning
+    assert not a["second_tuner"] and not b["second_tuner"]
+    assert a["second_settings"] == b["second_settings"] == winner
+    assert "candidate 4:" in p.stdout and "winner after 4 candidates" in p.stdout
+
+
+def test_plan_mismatch_fails_fast_with_a_clear_error(tmp_path):
+    results, _ = run_worker(tmp_path, 2, "mismatch", "dist.timeout_s=60")
+    for r in results:
+        assert r["error"] is not None and "different fusion plans" in r["error"]
+        assert "rank 0:" in r["error"] and "rank 1:" in r["error"] and "S=2" in r["error"] and "S=3" in r["error"]
+        assert r["seconds"] < 10  # one all-gather, not the 60 s collective timeout
+
+
+@pytest.mark.parametrize("stall", [False, True], ids=["dead", "stalled"])
+def test_dead_or_stalled_peer_fails_within_the_timeout(tmp_path, stall):
+    timeout_s = 4
+    env = {"STALL": "1" if stall else "0", "STALL_S": "20"}
+    results, _ = run_worker(tmp_path, 2, "dead_peer", f"dist.timeout_s={timeout_s}", env=env)
+    r0 = results[0]
+    assert r0["error"] is not None and r0["is_comm_error"], r0
+    assert "multistream: allreduce of bucket" in r0["error"] and f"dist.timeout_s={timeout_s}" in r0["error"]
+    if stall:
+        assert timeout_s - 0.5 < r0["seconds"] < timeout_s + 5  # waited for the timeout, not forever
+    else:
+        assert r0["seconds"] < timeout_s + 5  # a closed connection is noticed at once
+
+
+def _train(tmp_path: Path, root: Path, name: str, *overrides: str, nproc: int = 2):
+    cfg_overrides = [f"data.root={root}", f"run.out_dir={tmp_path}", f"run.name={name}", "run.threads=1",
+                     "model.name=resnet10t", "data.workers=0", "data.val_batch_size=8", "log.every_steps=1",
+                     "optim.lr=0.1", "phases=[{epochs: 2, image_size: 32, batch_size: 12}]", "run.deterministic=true",
+                     *overrides]  # fmt: skip
+    p = torchrun(nproc, ["train.py", "-c", str(ROOT / "configs" / "base.yaml"), *cfg_overrides], timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return p, tmp_path / name
+
+
+@pytest.mark.slow
+def test_trainer_multistream_matches_ddp_and_autotunes(tmp_path, tiny_root):
+    """End to end: the same training with ddp and with multistream ends with the same weights; with autotune the
+    candidates and the winner reach the log and TensorBoard, and the next run starts from the cache."""
+    _, ddp_dir = _train(tmp_path, tiny_root, "ddp", "comm.backend=ddp", "log.tensorboard=false")
+    cache = tmp_path / "tune.json"
+    tune = ["comm.backend=multistream", "comm.autotune=true", f"comm.tune_cache={cache}", "comm.bucket_mb=0.5",
+            "comm.tune_bucket_mb=[0.5,2]", "comm.tune_streams=[1,3]", "comm.tune_slices=[1,2]",
+            "comm.tune_max_candidates=3", "comm.tune_warmup_steps=0", "comm.tune_steps_per_window=1",
+            "comm.tune_windows=1"]  # fmt: skip
+    p, ms_dir = _train(tmp_path, tiny_root, "ms", *tune, "log.tensorboard=true")
+    assert "multistream autotune: candidate 3:" in p.stdout and "winner after 3 candidates" in p.stdout
+    a = torch.load(ddp_dir / "checkpoint.pt", weights_only=False)["model"]
+    b = torch.load(ms_dir / "checkpoint.pt", weights_only=False)["model"]
+    for k in a:
+        assert torch.allclose(a[k].float(), b[k].float(), atol=2e-5, rtol=1e-4), k
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ev = EventAccumulator(str(ms_dir / "tb"))
+    ev.Reload()
+    tags = ev.Tags()["scalars"]
+    assert len(ev.Scalars("autotune/candidate_ms")) == 3
+    assert "autotune/winner_ms" in tags and "autotune/winner_streams" in tags
+    assert all(math.isfinite(e.value) and e.value > 0 for e in ev.Scalars("autotune/candidate_ms"))
+    p2, _ = _train(tmp_path, tiny_root, "ms2", *tune, "log.tensorboard=false")
+    assert "cached winner" in p2.stdout and "candidate 1:" not in p2.stdout

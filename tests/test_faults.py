@@ -1,0 +1,225 @@
+"""Faults injected for real: killed and hung workers, non-finite loss, damaged checkpoints, full disks."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, free_port, tiny_config
+
+from recipes import checkpoint as ckpt
+from recipes.checkpoint import CheckpointError
+from recipes.trainer import TrainingError, train
+
+DET = ("run.deterministic=true", "phases=[{epochs: 2, image_size: 32, batch_size: 12}]")
+
+
+def test_step_checkpoints_keep_the_last_k(tiny_root, tmp_path):
+    train(tiny_config(tiny_root, tmp_path, *DET, "checkpoint.every_steps=3", "checkpoint.keep=2"))
+    run = tmp_path / "tiny"
+    names = sorted(p.name for p in run.glob("ckpt-*.pt"))
+    assert names == ["ckpt-00000006.pt", "ckpt-00000008.pt"]  # steps 3, 4 (epoch end), 6, 8: newest two
+    assert os.path.samefile(run / "checkpoint.pt", run / "ckpt-00000008.pt")
+    mid = ckpt.load(run / "ckpt-00000006.pt")["state"]
+    assert (mid["epoch"], mid["epoch_step"], mid["step"]) == (1, 2, 6)  # data position: 2 steps into epoch 2
+
+
+def test_mid_epoch_resume_neither_repeats_nor_skips(tiny_root, tmp_path):
+    full = train(tiny_config(tiny_root, tmp_path / "a", *DET, "checkpoint.every_steps=1", "checkpoint.keep=100"))
+    a = tmp_path / "a" / "tiny"
+    b = tmp_path / "b" / "tiny"
+    shutil.copytree(a, b)
+    for p in ckpt.step_checkpoints(b):
+        if int(p.stem.split("-")[1]) > 6:  # "crash" after step 6, mid-way through epoch 2
+            p.unlink()
+    (b / "summary.json").unlink()
+    resumed = train(tiny_config(tiny_root, tmp_path / "b", *DET, "checkpoint.every_steps=1", "checkpoint.keep=100"))
+    assert resumed["steps"] == full["steps"] == 8
+    assert resumed["restarts"] == 1 and resumed["redone_steps"] == 2  # progress.json said step 8
+    wa = ckpt.load(a / "ckpt-00000008.pt")["model"]
+    wb = ckpt.load(b / "ckpt-00000008.pt")["model"]
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)  # the same samples, in the same order, once each
+
+
+def test_damaged_newest_checkpoint_falls_back_to_previous(tiny_root, tmp_path):
+    train(tiny_config(tiny_root, tmp_path, *DET, "checkpoint.every_steps=2", "checkpoint.keep=2"))
+    run = tmp_path / "tiny"
+    newest = run / "ckpt-00000008.pt"
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])  # truncated
+    warnings = []
+    state, path = ckpt.load_latest(run, warn=warnings.append)
+    assert path.name == "ckpt-00000006.pt" and state["state"]["step"] == 6
+    assert len(warnings) == 1 and "ckpt-00000008.pt' is damaged: sha256" in warnings[0]
+    # A resumed run with a longer schedule starts from step 6 and finishes the plan.
+    more = ("run.deterministic=true", "phases=[{epochs: 3, image_size: 32, batch_size: 12}]")
+    summary = train(tiny_config(tiny_root, tmp_path, *more, "checkpoint.every_steps=2"))
+    assert summary["steps"] == 12 and summary["epochs"] == 3
+
+
+def test_nonfinite_loss_halts_naming_the_step(tiny_root, tmp_path):
+    with pytest.raises(TrainingError, match=r"non-finite loss/gradients at step \d+ \(epoch 1"):
+        train(tiny_config(tiny_root, tmp_path, "optim.lr=1e30", "optim.warmup_epochs=0"))
+
+
+def test_nonfinite_loss_skip_mode_skips_and_counts(tiny_root, tmp_path):
+    s = train(tiny_config(tiny_root, tmp_path, "optim.lr=1e30", "run.on_nonfinite=skip"))
+    assert s["steps"] == 8 and 1 <= s["skipped_steps"] < 8
+
+
+def test_nonfinite_cli_exit_code(tiny_root, tmp_path):
+    args = ["train.py", "-c", "configs/base.yaml", f"data.root={tiny_root}", f"run.out_dir={tmp_path}",
+            "model.name=resnet10t", "data.workers=0", "optim.lr=1e30",
+            "phases=[{epochs: 1, image_size: 32, batch_size: 12}]"]  # fmt: skip
+    p = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 3
+    assert "TrainingError: non-finite loss/gradients at step" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_unwritable_run_dir_fails_at_startup(tiny_root, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(CheckpointError, match="is not writable"):
+        train(tiny_config(tiny_root, blocker))
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 3 MiB tmpfs (root only): a real full disk."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a small tmpfs")
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if p.returncode != 0:
+        pytest.skip(f"cannot mount tmpfs: {p.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_full_disk_fails_at_startup(tiny_root, small_disk):
+    with pytest.raises(CheckpointError, match=r"MiB free, but a checkpoint needs about"):
+        train(tiny_config(tiny_root, small_disk))
+
+
+def test_failed_checkpoint_write_keeps_last_good(small_disk):
+    good = {"model": {"w": torch.ones(128, 1024)}}  # 0.5 MiB
+    ckpt.save_step_checkpoint(good, small_disk, 1, keep=2)
+    too_big = {"model": {"w": torch.ones(1024, 1024)}}  # 4 MiB: cannot fit
+    with pytest.raises(CheckpointError, match=r"ckpt-00000002.pt' failed: No space left on device; the last good"):
+        ckpt.save_step_checkpoint(too_big, small_disk, 2, keep=2)
+    assert sorted(p.name for p in small_disk.iterdir()) == [
+        "checkpoint.pt", "checkpoint.pt.sha256", "ckpt-00000001.pt", "ckpt-00000001.pt.sha256"
+    ]  # fmt: skip
+    assert torch.equal(ckpt.load(small_disk / "checkpoint.pt")["model"]["w"], good["model"]["w"])
+
+
+# -- killed and hung workers under torchrun --------------------------------------------------------------------
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == pid:
+                out.append(int(d.name))
+    return out
+
+
+def _worker_pid(root: int, rank: int) -> int | None:
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            env = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
+        except OSError:
+            env = []
+        if f"RANK={rank}".encode() in env and b"LOCAL_RANK=" + str(rank).encode() in env and pid != root:
+            if b"train.py" in (Path("/proc") / str(pid) / "cmdline").read_bytes():
+                return pid
+        todo.extend(_children(pid))
+    return None
+
+
+def _start_torchrun(run_dir: Path, root: Path, extra: list[str], max_restarts: int) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts",
+           str(max_restarts), "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "train.py", "-c",
+           "configs/quickstart.yaml", "--run-dir", str(run_dir), f"data.root={root}", *extra]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+
+
+def _wait_for_step(run_dir: Path, proc: subprocess.Popen, step: int, timeout: float) -> None:
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            if json.loads((run_dir / "progress.json").read_text())["step"] >= step:
+                return
+        except (OSError, ValueError, KeyError):
+            pass
+        if proc.poll() is not None:
+            raise AssertionError(f"torchrun ended early: {proc.stderr.read()[-3000:]}")
+        time.sleep(0.2)
+    raise AssertionError(f"step {step} not reached in {timeout} s")
+
+
+@pytest.mark.slow
+def test_sigkill_of_a_worker_restarts_and_finishes(sample_root, tmp_path):
+    run = tmp_path / "run"
+    proc = _start_torchrun(run, sample_root, ["checkpoint.every_steps=5"], max_restarts=3)
+    try:
+        _wait_for_step(run, proc, 32, timeout=600)  # epoch 3 of 9, after the step-30 checkpoint
+        victim = _worker_pid(proc.pid, 1)
+        assert victim, "rank 1 not found"
+        os.kill(victim, signal.SIGKILL)
+        out, err = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 117  # the same number of optimizer steps as an uninterrupted run
+    assert summary["final_top1"] >= 90.0
+    assert summary["restarts"] == 1 and 0 <= summary["redone_steps"] <= 9
+    assert "restart 1 after a failure" in out and "step(s) will be redone" in out
+
+
+@pytest.mark.slow
+def test_hung_peer_fails_with_timeout_naming_the_collective(sample_root, tmp_path):
+    run = tmp_path / "run"
+    proc = _start_torchrun(run, sample_root, ["dist.timeout_s=10"], max_restarts=0)
+    victim = None
+    try:
+        _wait_for_step(run, proc, 5, timeout=600)
+        victim = _worker_pid(proc.pid, 1)
+        assert victim, "rank 1 not found"
+        os.kill(victim, signal.SIGSTOP)
+        t0 = time.time()
+        out, err = proc.communicate(timeout=240)
+        took = time.time() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    assert "TrainingError: gradient allreduce (comm.backend=ddp) at step" in err, err[-3000:]
+    assert "a peer is dead or hung (dist.timeout_s=10)" in err
+    assert took < 120
+    time.sleep(1)
+    alive = victim is not None and Path(f"/proc/{victim}").exists()
+    if alive:
+        os.kill(victim, signal.SIGKILL)
+    assert not alive, "the hung worker was left behind"

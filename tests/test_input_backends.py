@@ -1,0 +1,106 @@
+"""Every input backend: batch shapes, dtypes and layouts; the same labels, classes and pixels across backends."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from conftest import ROOT, tiny_config
+
+from data import create_input
+from data.make_sample import main as make_sample
+from recipes.config import ConfigError, load_config
+from recipes.distributed import DistInfo
+from recipes.schedule import Plan
+
+CPU = DistInfo(0, 1, 0, 1, torch.device("cpu"))
+
+
+def _first_batches(cfg):
+    pipe = create_input(cfg, CPU)
+    info = Plan(cfg, pipe.num_train, 1).epoch_info(0)
+    train = next(iter(pipe.train_batches(info)))
+    val = next(iter(pipe.val_batches(info.phase)))
+    pipe.close()
+    return train, val
+
+
+@pytest.mark.parametrize(
+    "backend, overrides, dtype, channels_last",
+    [
+        ("dali", [], torch.float32, False),
+        ("dali", ["run.channels_last=true"], torch.float32, True),  # DALI writes NHWC: no transpose afterwards
+        ("dali", ["data.dali_dtype=float16"], torch.float16, False),
+        ("torch", [], torch.float32, False),
+        ("torch", ["run.channels_last=true"], torch.float32, True),
+        ("synthetic", ["data.synthetic_size=48", "data.synthetic_classes=4"], torch.float32, False),
+        ("synthetic", ["data.synthetic_size=48", "data.synthetic_classes=4", "run.channels_last=true"],
+         torch.float32, True),
+    ],
+)  # fmt: skip
+def test_batch_shape_dtype_and_layout(tiny_root, tmp_path, backend, overrides, dtype, channels_last):
+    phases = "phases=[{epochs: 1, image_size: 40, batch_size: 6, val_image_size: 36}]"
+    cfg = tiny_config(tiny_root, tmp_path, f"data.backend={backend}", "data.val_batch_size=5", phases, *overrides)
+    (x, y), (vx, vy) = _first_batches(cfg)
+    assert x.shape == (6, 3, 40, 40) and vx.shape[1:] == (3, 36, 36)
+    assert vx.shape[0] == (10 if backend == "synthetic" else 5)  # synthetic: its whole val share in one batch
+    for images, labels in ((x, y), (vx, vy)):
+        assert images.dtype == dtype and images.device.type == "cpu"
+        assert images.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+        assert labels.dtype == torch.int64 and labels.min() >= 0 and labels.max() < 4
+        if backend != "synthetic":  # normalized with the ImageNet mean/std: roughly zero-centred, unit spread
+            assert -3.0 < float(images.float().mean()) < 3.0 and 0.2 < float(images.float().std()) < 3.0
+
+
+@pytest.mark.parametrize("rect", [False, True])
+def test_dali_and_torch_agree_on_classes_labels_and_validation_pixels(tiny_root, tmp_path, rect):
+    phases = f"phases=[{{epochs: 1, image_size: 48, batch_size: 6, rect_val: {str(rect).lower()}}}]"
+    out = {}
+    for backend in ("dali", "torch"):
+        cfg = tiny_config(tiny_root, tmp_path, f"data.backend={backend}", "data.val_batch_size=7", phases)
+        pipe = create_input(cfg, CPU)
+        batches = [(x.clone(), y.clone()) for x, y in pipe.val_batches(cfg.phases[0])]
+        out[backend] = (pipe.classes, batches)
+        pipe.close()
+    assert out["dali"][0] == out["torch"][0] == sorted(p.name for p in (tiny_root / "train").iterdir())
+    dali, tv = out["dali"][1], out["torch"][1]
+    assert [y.tolist() for _, y in dali] == [y.tolist() for _, y in tv]
+    for (a, _), (b, _) in zip(dali, tv, strict=True):
+        assert a.shape == b.shape
+        # Same resize, same crop window: they differ only by resampling rounding (measured ~0.003).
+        assert (a - b).abs().mean() < 0.02
+
+
+@pytest.fixture(scope="module")
+def odd_val_root(tmp_path_factory):
+    """A dataset whose validation split holds a CMYK JPEG, a grayscale JPEG and a PNG named .JPEG."""
+    root = tmp_path_factory.mktemp("oddval")
+    make_sample(["--out", str(root), "--classes", "3", "--train-per-class", "2", "--val-per-class", "1", "--odd"])
+    for path in (root / "train").rglob("*_odd_*"):
+        shutil.move(path, root / "val" / path.parent.name / path.name)
+    return root
+
+
+def test_odd_files_decode_as_the_same_rgb_in_every_backend(odd_val_root, tmp_path):
+    odd = sorted(p.name.rsplit("_", 1)[1] for p in (odd_val_root / "val").rglob("*_odd_*"))
+    assert odd == ["cmyk.JPEG", "gray.JPEG", "png.JPEG"]
+    phases = "phases=[{epochs: 1, image_size: 32, batch_size: 3, rect_val: true, val_image_size: 40}]"
+    out = {}
+    for backend in ("dali", "torch"):
+        cfg = tiny_config(odd_val_root, tmp_path, f"data.backend={backend}", "data.val_batch_size=1", phases)
+        pipe = create_input(cfg, CPU)
+        out[backend] = [x for x, _ in pipe.val_batches(cfg.phases[0])]
+        pipe.close()
+    assert len(out["dali"]) == len(out["torch"]) == 6
+    for a, b in zip(out["dali"], out["torch"], strict=True):
+        assert a.shape[:2] == (1, 3) and a.shape == b.shape
+        assert (a - b).abs().mean() < 0.02  # CMYK and grayscale converted to RGB the same way as PIL does
+
+
+def test_dali_keys_are_checked_and_the_quickstart_uses_dali():
+    assert load_config(ROOT / "configs" / "quickstart.yaml").data.backend == "dali"
+    with pytest.raises(ConfigError, match="data.dali_prefetch: expected a positive integer, got 0"):
+        load_config(None, ["data.dali_prefetch=0"])
+    with pytest.raises(ConfigError, match="data.dali_dtype: expected one of 'auto', 'float32', 'float16'"):
+        load_config(None, ["data.dali_dtype=bf16"])

@@ -1,0 +1,88 @@
+"""The network lab: namespaces, shaping (link cap and per-flow cap), clean-up; multistream across its hosts."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import netlab  # noqa: E402
+
+pytestmark = [
+    pytest.mark.netns,
+    pytest.mark.skipif(netlab.available() is not None, reason=str(netlab.available())),
+]
+
+
+def lab_namespaces(tag: str) -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.startswith(tag + "-")]
+
+
+def test_link_cap_and_per_flow_cap():
+    link, flow = 200.0, 200.0 / 3
+    with netlab.NetLab(2, link_mbit=link, flow_mbit=flow) as lab:
+        one = netlab.measure_mbit(lab, 1, seconds=2)
+        four = netlab.measure_mbit(lab, 4, seconds=2)
+    assert 0.75 * flow < one < 1.15 * flow  # one TCP connection: held to the per-flow cap
+    assert 0.8 * link < four < 1.1 * link  # several connections fill the link, and no more
+
+
+def test_namespaces_are_removed_on_exception_and_on_sigterm(tmp_path):
+    lab = netlab.NetLab(2, link_mbit=100, flow_mbit=30, tag="dbntest1")
+    with pytest.raises(RuntimeError, match="boom"), lab:
+        assert len(lab_namespaces("dbntest1")) == 3  # two hosts and the switch
+        raise RuntimeError("boom")
+    assert lab_namespaces("dbntest1") == []
+    # a lab run as a command, killed with SIGTERM while its hosts are busy
+    p = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "netlab.py"), "--hosts", "2", "--link-mbit", "100",
+                          "--", "sleep", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    tag = f"dbn{p.pid}"
+    deadline = time.monotonic() + 30
+    while len(lab_namespaces(tag)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(lab_namespaces(tag)) == 3
+    time.sleep(1.0)
+    p.send_signal(signal.SIGTERM)
+    p.wait(timeout=30)
+    assert lab_namespaces(tag) == []
+
+
+def test_run_all_stops_the_others_when_one_host_fails():
+    with netlab.NetLab(2) as lab:
+        t0 = time.monotonic()
+        results = lab.run_all(lambda i: ["sh", "-c", "sleep 60" if i == 0 else "echo failing; exit 3"], timeout=60)
+        assert time.monotonic() - t0 < 15
+    assert results[1] == (3, "failing\n")
+    assert results[0][0] != 0  # killed, not left running
+
+
+def test_multistream_is_exact_across_lab_hosts(tmp_path):
+    """Two hosts on a shaped link, one process each (as two machines would run), K and S in {1, 4}."""
+    with netlab.NetLab(2, link_mbit=500, flow_mbit=170) as lab:
+        env = lambda i: {"RANK": str(i), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",  # noqa: E731
+                         "MASTER_ADDR": lab.addr(0), "MASTER_PORT": "29500", "GLOO_SOCKET_IFNAME": "eth0",
+                         "KS_GRID": "1,4", "OMP_NUM_THREADS": "1"}  # fmt: skip
+        results = lab.run_all(lambda i: [sys.executable, str(ROOT / "tests" / "comm_worker.py"), "equal",
+                                         str(tmp_path)], env, timeout=300, cwd=str(ROOT))  # fmt: skip
+    for rc, out in results:
+        assert rc == 0, out[-3000:]
+    for r in range(2):
+        res = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert sorted(res["multistream"]) == ["K1S1", "K1S4", "K4S1", "K4S4"]
+        assert all(m["vs_mean"] < 1e-6 and m["vs_ddp"] <= 1e-7 for m in res["multistream"].values())
+
+
+def test_each_host_resolves_the_hostname_to_its_own_address():
+    code = "import socket; print(socket.gethostbyname(socket.gethostname()))"
+    with netlab.NetLab(2) as lab:
+        results = lab.run_all(lambda i: [sys.executable, "-c", code], timeout=60)
+        names = list(lab.names)
+    assert [out.strip() for _, out in results] == ["10.250.0.1", "10.250.0.2"]
+    assert not any((netlab.ETC_NETNS / n).exists() for n in names)  # its /etc/netns entries are gone too

@@ -1,0 +1,94 @@
+"""`train.py --plan` (recipes/plan.py) and the record configs: the phase table, iteration count and the PNG."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PIL import Image
+
+import train
+from recipes.config import load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_158s_plan_prints_1159_iterations_and_writes_the_plot(tmp_path, capsys):
+    rc = train.main(["-c", str(ROOT / "configs/dawnbench_158s.yaml"), "--plan", f"run.out_dir={tmp_path}",
+                     f"data.root={tmp_path / 'no-imagenet-here'}"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "1,281,167 training images" in out and "128 processes" in out
+    assert "total: 1159 iterations in 28 epochs" in out
+    rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit() and "-" in line.split()[1]]
+    # phase, epochs, size, val, batch, steps/epoch, steps
+    assert [r[:7] for r in rows] == [
+        ["0", "0-12", "96", "96", "32768", "40", "520"],
+        ["1", "13-23", "128", "128", "32768", "40", "440"],
+        ["2", "24-26", "224", "224", "32768", "40", "120"],
+        ["3", "27-27", "288", "288r", "16384", "79", "79"],
+    ]
+    png = tmp_path / "dawnbench_158s_plan.png"
+    assert f"plot: {png}" in out
+    with Image.open(png) as im:
+        assert im.format == "PNG" and im.size[0] >= 600 and im.size[1] >= 600
+    assert not (tmp_path / "no-imagenet-here").exists()
+
+
+def test_8gpu_plan_and_explicit_sizes(tmp_path, capsys):
+    assert train.main(["-c", str(ROOT / "configs/dawnbench_8gpu.yaml"), "--plan", f"run.out_dir={tmp_path}",
+                       "data.root=/nonexistent"]) == 0  # fmt: skip
+    assert "total: 13772 iterations in 21 epochs" in capsys.readouterr().out
+    assert train.main(["-c", str(ROOT / "configs/dawnbench_158s.yaml"), "--plan", f"run.out_dir={tmp_path}",
+                       "--num-images", "1000000", "--world-size", "256"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    # ceil(ceil(1e6 / 256) / 128) = 31 per epoch at 32768, 62 at 16384
+    assert "256 processes (--world-size)" in out and "total: 899 iterations in 28 epochs" in out
+
+
+def test_plan_counts_a_local_dataset(tiny_root, tmp_path, capsys):
+    assert train.main(["-c", str(ROOT / "configs/quickstart.yaml"), "--plan", f"run.out_dir={tmp_path}",
+                       f"data.root={tiny_root}"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    # 48 images on 2 processes, local batch 32: 1 step per epoch, 9 epochs
+    assert f"48 training images (counted in {tiny_root})" in out and "total: 9 iterations in 9 epochs" in out
+
+
+def test_plan_bad_world_size_is_a_clear_error(tmp_path, capsys):
+    rc = train.main(["-c", str(ROOT / "configs/dawnbench_158s.yaml"), "--plan", "--world-size", "100",
+                     f"run.out_dir={tmp_path}"])  # fmt: skip
+    assert rc == 2
+    assert "phases.0.batch_size: 32768 is not divisible by the world size 100" in capsys.readouterr().err
+
+
+def test_record_configs_hold_the_published_values():
+    r = load_config(ROOT / "configs/dawnbench_158s.yaml")
+    assert (r.run.nodes, r.run.procs_per_node) == (16, 8)
+    assert [(p.epochs, p.image_size, p.batch_size, p.rect_val) for p in r.phases] == [
+        (13, 96, 32768, False), (11, 128, 32768, False), (3, 224, 32768, False), (1, 288, 16384, True)]  # fmt: skip
+    o = r.optim
+    assert (o.name, o.nesterov, o.eta, o.trust_clip_min, o.trust_clip_max) == ("hybrid", True, 8e-4, 1e-5, 1.0)
+    assert (o.lr, o.final_lr, o.warmup_epochs) == (25.0, 0.2, 14.0)
+    assert (o.momentum, o.momentum_end, o.momentum_schedule) == (0.98, 0.90, "cyclic")
+    assert (o.label_smoothing, o.weight_decay, o.no_bn_decay, o.adapt_bn_bias) == (0.1, 1e-4, True, False)
+    assert r.model.name == "resnet50_tweaked" and r.model.zero_init_last_bn
+
+    e = load_config(ROOT / "configs/dawnbench_8gpu.yaml")
+    assert (e.run.nodes, e.run.procs_per_node) == (1, 8)
+    assert [(p.epochs, p.image_size, p.batch_size, p.rect_val) for p in e.phases] == [
+        (12, 96, 2048, False), (6, 128, 2048, False), (2, 224, 2048, False), (1, 288, 1024, True)]  # fmt: skip
+    o = e.optim
+    assert (o.name, o.nesterov, o.lr, o.final_lr, o.warmup_epochs) == ("sgd", True, 1.2, 1e-4, 5.0)
+    assert (o.momentum, o.momentum_end, o.momentum_schedule) == (0.96, 0.90, "linear")
+
+
+def test_quickstart_stays_cpu_sized():
+    q = load_config(ROOT / "configs/quickstart.yaml")
+    assert q.model.name == "resnet18" and max(p.image_size for p in q.phases) <= 96 and q.epochs <= 10
+
+
+def test_exponent_without_a_dot_is_a_number(tmp_path):
+    """YAML 1.1 reads 8e-4 as a string; the config accepts it as the number users mean."""
+    f = tmp_path / "c.yaml"
+    f.write_text("optim:\n  eta: 8e-4\n  trust_clip_min: 1E-5\n")
+    cfg = load_config(f, ["optim.final_lr=2e-1"])
+    assert (cfg.optim.eta, cfg.optim.trust_clip_min, cfg.optim.final_lr) == (8e-4, 1e-5, 0.2)

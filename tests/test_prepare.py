@@ -1,0 +1,154 @@
+"""data/prepare.py (pre-resized copies: resize, manifest, resume) and data/check.py (what a file really is)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from conftest import tiny_config
+from PIL import Image
+
+from data import create_input
+from data.check import OK, inspect_file, quick_problem
+from data.folder import DataError
+from data.make_sample import main as make_sample
+from data.prepare import main as prepare_main
+from data.prepare import target_size
+from recipes.distributed import DistInfo
+from recipes.schedule import Plan
+
+
+def _damage(root):
+    """Add a truncated JPEG, an empty file and a non-image named .JPEG to train/ of `root`."""
+    folder = sorted((root / "train").iterdir())[0]
+    good = sorted(folder.glob("*_0000*.JPEG"))[0].read_bytes()
+    (folder / "bad_truncated.JPEG").write_bytes(good[: len(good) // 3])
+    (folder / "bad_empty.JPEG").write_bytes(b"")
+    (folder / "bad_text.JPEG").write_bytes(b"<html>not found</html>" * 4)
+
+
+@pytest.fixture()
+def odd_src(tmp_path):
+    """2 classes, 5 train / 2 val each, plus a CMYK JPEG, a grayscale JPEG and a PNG named .JPEG."""
+    src = tmp_path / "src"
+    make_sample(["--out", str(src), "--classes", "2", "--train-per-class", "5", "--val-per-class", "2", "--odd"])
+    return src
+
+
+def test_target_size_scales_down_only():
+    assert target_size(500, 375, 160, None) == (160, 120)
+    assert target_size(375, 500, None, 160) == (160, 213)
+    assert target_size(100, 80, 160, None) == (100, 80)
+
+
+def test_inspect_file_names_each_oddity(odd_src):
+    _damage(odd_src)
+    kinds = {p.name.split("_", 1)[1]: inspect_file(str(p)).kind for p in (odd_src / "train").rglob("*odd_*")}
+    kinds.update({p.name: inspect_file(str(p)).kind for p in (odd_src / "train").rglob("bad_*")})
+    assert kinds == {"odd_cmyk.JPEG": "cmyk-jpeg", "odd_gray.JPEG": "grayscale-jpeg", "odd_png.JPEG": "png",
+                     "bad_truncated.JPEG": "truncated", "bad_empty.JPEG": "empty",
+                     "bad_text.JPEG": "not-an-image"}  # fmt: skip
+    plain = next((odd_src / "val").rglob("*.JPEG"))
+    assert inspect_file(str(plain)).kind == OK
+    # The cheap check (run over a shard when DALI fails) finds the same three undecodable files, nothing else.
+    flagged = sorted(p.name for p in (odd_src / "train").rglob("*.JPEG") if quick_problem(str(p)))
+    assert flagged == ["bad_empty.JPEG", "bad_text.JPEG", "bad_truncated.JPEG"]
+
+
+def test_check_lists_every_odd_file_and_fails_on_undecodable(odd_src, tmp_path, capsys):
+    assert prepare_main(["--check", str(odd_src), "--workers", "1"]) == 0  # odd but valid: status 0
+    out = capsys.readouterr().out
+    assert "cmyk-jpeg" in out and "grayscale-jpeg" in out and "PNG RGB" in out and "in a .JPEG file" in out
+    assert "0 cannot be decoded" in out
+    _damage(odd_src)
+    report = tmp_path / "bad.tsv"
+    assert prepare_main(["--check", str(odd_src), "--workers", "2", "--out", str(report)]) == 1
+    out = capsys.readouterr().out
+    assert "3 cannot be decoded" in out
+    rows = [line.split("\t") for line in report.read_text().splitlines()[1:]]
+    by_name = {os.path.basename(r[1]): r[0] for r in rows}
+    assert by_name == {"bad_empty.JPEG": "empty", "bad_text.JPEG": "not-an-image", "bad_truncated.JPEG": "truncated",
+                       "n01440764_odd_cmyk.JPEG": "cmyk-jpeg", "n01443537_odd_gray.JPEG": "grayscale-jpeg",
+                       "n01440764_odd_png.JPEG": "png"}  # fmt: skip
+
+
+def test_prepare_resizes_to_rgb_jpeg_with_manifest(odd_src, tmp_path, capsys):
+    dst = tmp_path / "p64"
+    assert prepare_main(["--src", str(odd_src), "--dst", str(dst), "--max-side", "64", "--workers", "2"]) == 0
+    src_files = sorted(p.relative_to(odd_src) for p in (odd_src / "train").rglob("*.JPEG"))
+    dst_files = sorted(p.relative_to(dst) for p in (dst / "train").rglob("*.JPEG"))
+    assert dst_files == src_files and not (dst / "val").exists()  # default: train only
+    for rel in dst_files:
+        with Image.open(dst / rel) as img:
+            assert img.format == "JPEG" and img.mode == "RGB"  # CMYK, grayscale and PNG become RGB JPEGs
+            assert max(img.size) == 64
+            with Image.open(odd_src / rel) as orig:
+                assert img.width / img.height == pytest.approx(orig.width / orig.height, rel=0.05)
+    entries = [json.loads(line) for line in (dst / "manifest.jsonl").read_text().splitlines()]
+    assert len(entries) == len(src_files) and {e["status"] for e in entries} == {"resized"}
+    cmyk = next(e for e in entries if e["file"].endswith("odd_cmyk.JPEG"))
+    assert cmyk["kind"] == "JPEG CMYK" and max(cmyk["size"]) == 64
+    assert cmyk["bytes"] == os.path.getsize(dst / cmyk["file"])
+    settings = json.loads((dst / "prepare.json").read_text())
+    assert settings["complete"] is True and settings["resized"] == len(src_files) and settings["max_side"] == 64
+
+
+def test_prepare_resumes_and_refuses_other_settings(odd_src, tmp_path, capsys):
+    dst = tmp_path / "p64"
+    args = ["--src", str(odd_src), "--dst", str(dst), "--short-side", "48", "--workers", "1"]
+    assert prepare_main(args) == 0
+    files = sorted((dst / "train").rglob("*.JPEG"))
+    # Simulate an interruption: two outputs never written, the manifest's last line cut in half.
+    files[0].unlink()
+    files[1].unlink()
+    manifest = dst / "manifest.jsonl"
+    text = manifest.read_text()
+    manifest.write_text(text[: len(text) - 20])
+    untouched = {p: p.stat().st_mtime_ns for p in files[2:]}
+    capsys.readouterr()
+    assert prepare_main(args) == 0
+    out = capsys.readouterr().out
+    assert "3 file(s) to write" in out  # the two deleted ones and the one whose manifest line was cut
+    assert files[0].is_file() and files[1].is_file()
+    assert sum(p.stat().st_mtime_ns != t for p, t in untouched.items()) <= 1
+    with Image.open(files[0]) as img:
+        assert min(img.size) == 48
+    assert len(manifest.read_text().splitlines()) == len(files)
+    assert prepare_main(["--src", str(odd_src), "--dst", str(dst), "--max-side", "64", "--workers", "1"]) == 2
+    assert "other settings" in capsys.readouterr().err
+
+
+def test_prepare_reports_undecodable_sources(odd_src, tmp_path, capsys):
+    _damage(odd_src)
+    dst = tmp_path / "p64"
+    args = ["--src", str(odd_src), "--dst", str(dst), "--max-side", "64", "--workers", "2"]
+    assert prepare_main(args) == 1
+    captured = capsys.readouterr()
+    assert "bad_truncated.JPEG: truncated" in captured.out and "bad_empty.JPEG: empty" in captured.out
+    assert "3 source file(s) cannot be decoded" in captured.err
+    assert not list((dst / "train").rglob("bad_*"))  # the copy holds only decodable images
+    assert prepare_main([*args, "--skip-corrupt"]) == 0
+    settings = json.loads((dst / "prepare.json").read_text())
+    assert settings["undecodable"] == 3 and settings["complete"] is False
+
+
+@pytest.mark.parametrize("backend", ["dali", "torch"])
+def test_a_phase_reads_the_prepared_copy(odd_src, tmp_path, backend):
+    dst = tmp_path / "p96"
+    assert prepare_main(["--src", str(odd_src), "--dst", str(dst), "--max-side", "96", "--workers", "1"]) == 0
+    for path in (odd_src / "train").rglob("*.JPEG"):
+        path.write_bytes(b"gone")  # the full-size originals no longer decode: only the copy can feed training
+    dist = DistInfo(0, 1, 0, 1, torch.device("cpu"))
+    phases = (
+        "phases=[{epochs: 1, image_size: 32, batch_size: 4, root: '96'}, {epochs: 1, image_size: 32, batch_size: 4}]"
+    )
+    cfg = tiny_config(odd_src, tmp_path, f"data.backend={backend}", f"data.roots={{'96': {dst}}}", phases)
+    pipe = create_input(cfg, dist)
+    plan = Plan(cfg, pipe.num_train, 1)
+    batches = list(pipe.train_batches(plan.epoch_info(0)))
+    assert len(batches) == plan.epoch_info(0).steps and batches[0][0].shape == (4, 3, 32, 32)
+    with pytest.raises(DataError, match="cannot decode"):
+        list(pipe.train_batches(plan.epoch_info(1)))  # phase 2 reads the (now broken) full-size files
+    pipe.close()
