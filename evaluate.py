@@ -1,8 +1,13 @@
 #!/usr/bin/env python
-"""Evaluate a checkpoint: top-1/top-5 over every validation image exactly once (any world size).
+"""Evaluate a checkpoint: exact top-1/top-5, the DAWNBench batch-1 latency protocol, ONNX export.
 
-python evaluate.py runs/quickstart/checkpoint.pt --data data/sample [--image-size 96] [--out eval.json]
-torchrun --nproc-per-node 2 evaluate.py CHECKPOINT --data /imagenet
+Accuracy (every validation image exactly once, any world size):
+  python evaluate.py runs/quickstart/checkpoint.pt --data data/sample [--image-size 96] [--tta flip] [--out eval.json]
+  torchrun --nproc-per-node 2 evaluate.py CHECKPOINT --data /imagenet/val
+Latency (batch size 1, optimize modes compared with eager fp32 on the same images):
+  python evaluate.py CHECKPOINT --latency --images 10000 --optimize int8 --price-per-hour 0.5 --out latency.json
+Export:
+  python evaluate.py CHECKPOINT --export onnx [--export-file model.onnx]
 """
 
 from __future__ import annotations
@@ -10,17 +15,39 @@ from __future__ import annotations
 import argparse
 import sys
 
-from recipes.evaluation import run_evaluate_cli
+from recipes.evaluation import TTA, run_evaluate_cli
+from recipes.inference import MODES
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("checkpoint", help="checkpoint.pt written by train.py")
-    ap.add_argument("--data", help="dataset root with val/ (default: the checkpoint's data.root)")
+    ap.add_argument("--data", help="dataset root with val/, or the val folder (default: the checkpoint's data.root)")
     ap.add_argument("--image-size", type=int, help="validation crop size (default: the last phase's)")
-    ap.add_argument("--batch-size", type=int, default=64, help="per-process batch size")
-    ap.add_argument("--backend", choices=["torch", "dali"], help="input backend (default: the checkpoint's)")
     ap.add_argument("--out", help="write the results as JSON to this file")
+    acc = ap.add_argument_group("accuracy")
+    acc.add_argument("--batch-size", type=int, default=64, help="per-process batch size")
+    acc.add_argument("--backend", choices=["torch", "dali"], help="input backend (default: the checkpoint's)")
+    acc.add_argument("--tta", choices=list(TTA), default="none", help="test-time augmentation: flip = mean of the "
+                     "softmax of the image and its mirror image")  # fmt: skip
+    acc.add_argument("--rect", action="store_true", help="rectangular validation (aspect-ratio batches, no crop)")
+    lat = ap.add_argument_group("latency (DAWNBench inference protocol)")
+    lat.add_argument("--latency", action="store_true", help="measure batch-1 latency per image")
+    lat.add_argument("--images", type=int, default=10000, help="images to classify (50000: the whole ImageNet val "
+                     "set, as DAWNBench's rules say; 0: every image)")  # fmt: skip
+    lat.add_argument("--optimize", default="none", help="comma-separated modes, each compared with eager fp32 "
+                     "('none'): " + "; ".join(f"{k}: {v.help}" for k, v in MODES.items()))  # fmt: skip
+    lat.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: cuda if available")
+    lat.add_argument("--threads", type=int, help="CPU threads (torch and ONNX Runtime; default: all cores)")
+    lat.add_argument("--warmup", type=int, default=10, help="untimed runs per mode before timing")
+    lat.add_argument("--calib-images", type=int, default=256, help="training images that calibrate int8")
+    lat.add_argument("--seed", type=int, default=0, help="which validation images (a seeded draw)")
+    lat.add_argument("--price-per-hour", type=float, help="machine price in USD/hour: adds cost per image")
+    lat.add_argument("--hardware", help="hardware description for the DAWNBench entry (default: detected)")
+    lat.add_argument("--entry", help="write the DAWNBench inference JSON entry (first --optimize mode) here")
+    ex = ap.add_argument_group("export")
+    ex.add_argument("--export", choices=["onnx"], help="write the model in this format (uint8 image in, logits out)")
+    ex.add_argument("--export-file", help="output file (default: the checkpoint's path with .onnx)")
     return run_evaluate_cli(ap.parse_args(argv))
 
 

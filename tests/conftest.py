@@ -66,3 +66,13 @@ def torchrun(nproc: int, args: list[str], timeout: float = 600, env: dict | None
            "--master-addr", "127.0.0.1", "--master-port", str(free_port()), *args]  # fmt: skip
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tiny_root, tmp_path_factory) -> Path:
+    """checkpoint.pt of resnet10t trained 2 epochs on `tiny_root` at 32 px (evaluation and inference tests)."""
+    from recipes.trainer import train
+
+    out = tmp_path_factory.mktemp("tiny_ckpt")
+    train(tiny_config(tiny_root, out))
+    return out / "tiny" / "checkpoint.pt"

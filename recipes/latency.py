@@ -1,0 +1,169 @@
+"""The DAWNBench inference protocol: classify validation images one at a time and time each one.
+
+Per image, two latencies are kept, labelled everywhere:
+- excluding preprocessing: from the uint8 crop being ready (on the device: prefetched while the previous image
+  ran) to its top-5 classes being back on the host. This is the figure DAWNBench entries report.
+- including preprocessing: the same plus this image's JPEG decode, resize and center crop on the CPU
+  (timed on its own, while no model runs).
+Several runners (optimize modes) are measured on the same images, alternating in rounds of `chunk` images so
+that a slow drift of the machine's load affects every contender alike; each round starts with one untimed call.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from data.transforms import load_rgb, val_transform
+from recipes.inference import Runner
+
+
+def select_images(num: int, count: int, seed: int = 0) -> np.ndarray:
+    """`count` distinct indices out of `num` (every index when count <= 0 or count >= num): a seeded draw, sorted,
+    so that a subset covers all classes of a class-sorted folder."""
+    if count <= 0 or count >= num:
+        return np.arange(num)
+    return np.sort(np.random.default_rng(seed).permutation(num)[:count])
+
+
+def load_image(path: str, size: int, crop_ratio: float) -> torch.Tensor:
+    """The validation crop of one file as uint8 [1, 3, size, size] (same transform as the accuracy evaluation)."""
+    return val_transform(load_rgb(path), size, crop_ratio).unsqueeze(0)
+
+
+class Prefetcher:
+    """Yields each host image on the device; on CUDA the copy of image i+1 is issued on a side stream before
+    image i is handed out, so it overlaps image i's compute. On the CPU it passes images through."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def _issue(self, host: torch.Tensor | None):
+        if host is None:
+            return None
+        with torch.cuda.stream(self.stream):
+            image = host.to(self.device, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(self.stream)
+        return image, done
+
+    def __call__(self, images: Sequence[torch.Tensor]) -> Iterator[torch.Tensor]:
+        if self.stream is None:
+            yield from images
+            return
+        it = iter(images)
+        pending = self._issue(next(it, None))
+        while pending is not None:
+            image, done = pending
+            pending = self._issue(next(it, None))
+            torch.cuda.current_stream(self.device).wait_event(done)
+            image.record_stream(torch.cuda.current_stream(self.device))
+            yield image
+
+
+def _stats(ms: np.ndarray) -> dict:
+    return {"mean": float(ms.mean()), "median": float(np.median(ms)), "p99": float(np.percentile(ms, 99)),
+            "min": float(ms.min()), "max": float(ms.max())}  # fmt: skip
+
+
+def _percent(hits: torch.Tensor) -> float:
+    return 100.0 * int(hits.sum()) / max(hits.numel(), 1)
+
+
+def run_protocol(runners: list[Runner], files: Sequence[str], labels: Sequence[int], size: int, crop_ratio: float,
+                 warmup: int = 10, chunk: int = 32, log: Callable[[str], None] | None = None) -> dict:  # fmt: skip
+    """Batch-1 latency and accuracy of every runner on the same images; agreement is against runners[0]."""
+    if not runners:
+        raise ValueError("run_protocol: no runner given")
+    device = runners[0].device
+    prefetch = Prefetcher(device)
+    n = len(files)
+    pre_ms = np.zeros(n)
+    model_ms = {r.mode: np.zeros(n) for r in runners}
+    top = {r.mode: [] for r in runners}
+    warmed = set()
+    for c, start in enumerate(range(0, n, chunk)):
+        host = []
+        for i in range(start, min(start + chunk, n)):
+            t0 = time.perf_counter()
+            image = load_image(files[i], size, crop_ratio)
+            if device.type == "cuda":
+                image = image.pin_memory()
+            pre_ms[i] = (time.perf_counter() - t0) * 1e3
+            host.append(image)
+        order = runners[c % len(runners) :] + runners[: c % len(runners)]
+        for r in order:
+            first = host[0].to(device)
+            for _ in range(1 if r.mode in warmed else max(1, warmup)):
+                r.fn(first)
+            warmed.add(r.mode)
+            times, preds = model_ms[r.mode], top[r.mode]
+            for i, image in enumerate(prefetch(host), start):
+                t0 = time.perf_counter()
+                logits = r.fn(image)
+                preds.append(logits.topk(min(5, logits.shape[-1]), dim=-1).indices.cpu().view(-1))
+                times[i] = (time.perf_counter() - t0) * 1e3
+        if log and (c + 1) % 10 == 0:
+            log(f"  {min(start + chunk, n)}/{n} images")
+    y = torch.as_tensor(list(labels)).view(-1, 1)
+    ref = torch.stack(top[runners[0].mode])[:, :1]
+    results = {}
+    for r in runners:
+        pred = torch.stack(top[r.mode])
+        excl = model_ms[r.mode]
+        incl = excl + pre_ms
+        results[r.mode] = {
+            "mode": r.mode,
+            "images": n,
+            "latency_ms": {"excluding_preprocessing": _stats(excl), "including_preprocessing": _stats(incl)},
+            "images_per_s": {
+                "excluding_preprocessing": 1e3 / excl.mean(),
+                "including_preprocessing": 1e3 / incl.mean(),
+            },
+            "top1": _percent(pred[:, :1].eq(y).any(1)),
+            "top5": _percent(pred.eq(y).any(1)),
+            # Agreement: top-1/top-5 "accuracy" of this mode with the reference's top-1 class as the label.
+            "agreement_top1": _percent(pred[:, :1].eq(ref).any(1)),
+            "agreement_top5": _percent(pred.eq(ref).any(1)),
+            "agreement_with": runners[0].mode,
+            "build": r.info,
+        }
+    return {"preprocessing_ms": _stats(pre_ms), "results": results}
+
+
+def add_cost(results: dict, price_per_hour: float) -> None:
+    """Cost of classifying one image (and 10,000, DAWNBench's unit) at `price_per_hour` USD, from the mean latency."""
+    for res in results.values():
+        per = {k: price_per_hour * v["mean"] / 3.6e6 for k, v in res["latency_ms"].items()}
+        res["cost_usd"] = {"price_per_hour": price_per_hour, "per_image": per,
+                           "per_10k_images": {k: 1e4 * v for k, v in per.items()}}  # fmt: skip
+
+
+def latency_table(results: dict, baseline: str | None = None, extra: dict[str, dict[str, str]] | None = None) -> str:
+    """Markdown table of run_protocol's results (one row per mode); `baseline` adds a 'vs <baseline>' column
+    (ratio of medians), `extra` more columns ({mode: {column: text}})."""
+    head = ["mode", "mean ms", "median ms", "p99 ms", "mean ms incl. preproc.", "images/s", "top-1 %", "top-5 %",
+            "agree top-1 %", "agree top-5 %"]  # fmt: skip
+    if baseline in results:
+        head.append(f"vs {baseline}")
+    columns = list(next(iter(extra.values())).keys()) if extra else []
+    head += columns
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for mode, r in results.items():
+        ex, inc = r["latency_ms"]["excluding_preprocessing"], r["latency_ms"]["including_preprocessing"]
+        row = [f"`{mode}`", f"{ex['mean']:.3f}", f"{ex['median']:.3f}", f"{ex['p99']:.3f}", f"{inc['mean']:.3f}",
+               f"{r['images_per_s']['excluding_preprocessing']:.1f}", f"{r['top1']:.2f}", f"{r['top5']:.2f}",
+               f"{r['agreement_top1']:.2f}", f"{r['agreement_top5']:.2f}"]  # fmt: skip
+        if baseline in results:
+            base = results[baseline]["latency_ms"]["excluding_preprocessing"]["median"]
+            row.append(f"{ex['median'] / base:.2f}x")
+        row += [extra.get(mode, {}).get(c, "") for c in columns]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+__all__ = ["Prefetcher", "add_cost", "latency_table", "load_image", "run_protocol", "select_images"]

@@ -1,0 +1,130 @@
+"""The DAWNBench latency protocol: image selection, statistics, agreement, rounds, the CLI's JSON and entry."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import evaluate
+from data.folder import scan_split
+from data.transforms import normalize
+from recipes import checkpoint as ckpt
+from recipes.evaluation import config_from_checkpoint, load_model
+from recipes.inference import Runner
+from recipes.latency import Prefetcher, load_image, run_protocol, select_images
+
+
+def test_select_images_is_a_seeded_sorted_subset():
+    a = select_images(100, 10, seed=0)
+    assert len(a) == 10 and len(set(a.tolist())) == 10 and (np.diff(a) > 0).all()
+    assert (a == select_images(100, 10, seed=0)).all() and not (a == select_images(100, 10, seed=1)).all()
+    assert (select_images(5, 10) == np.arange(5)).all() and (select_images(5, 0) == np.arange(5)).all()
+
+
+def _ranked(order: list[int]) -> torch.Tensor:
+    logits = torch.zeros(1, 10)
+    for rank, c in enumerate(order):
+        logits[0, c % 10] = 10.0 - rank
+    return logits
+
+
+def _cls(image: torch.Tensor) -> int:
+    return int(image.to(torch.int64).sum()) % 10
+
+
+def test_protocol_statistics_agreement_and_rounds(tiny_root):
+    val = scan_split(tiny_root, "val")
+    files, labels = val.files[:10], val.labels[:10]
+    calls = []
+
+    def ref(image):
+        calls.append("ref")
+        c = _cls(image)
+        return _ranked([c + i for i in range(10)])
+
+    def other(image):  # c % 3 == 0: reference class outside the top-5; == 1: at rank 2; else identical
+        calls.append("other")
+        c = _cls(image)
+        if c % 3 == 0:
+            return _ranked([c + 5 + i for i in range(10)])
+        if c % 3 == 1:
+            return _ranked([c + 1, c] + [c + i for i in range(2, 10)])
+        return _ranked([c + i for i in range(10)])
+
+    cpu = torch.device("cpu")
+    out = run_protocol([Runner("ref", ref, cpu), Runner("other", other, cpu)], files, labels, 32, 0.875, warmup=2,
+                       chunk=4)  # fmt: skip
+    classes = np.array([_cls(load_image(f, 32, 0.875)) for f in files])
+    r, o = out["results"]["ref"], out["results"]["other"]
+    assert r["images"] == o["images"] == 10
+    assert r["top1"] == pytest.approx(100.0 * np.mean(classes == np.array(labels)))
+    assert r["agreement_top1"] == r["agreement_top5"] == 100.0 and o["agreement_with"] == "ref"
+    assert o["agreement_top1"] == pytest.approx(100.0 * np.mean(classes % 3 == 2))
+    assert o["agreement_top5"] == pytest.approx(100.0 * np.mean(classes % 3 != 0))
+    for res in (r, o):
+        ex, inc = res["latency_ms"]["excluding_preprocessing"], res["latency_ms"]["including_preprocessing"]
+        assert 0 < ex["min"] <= ex["median"] <= ex["p99"] <= ex["max"]
+        assert inc["mean"] == pytest.approx(ex["mean"] + out["preprocessing_ms"]["mean"])
+        assert res["images_per_s"]["excluding_preprocessing"] == pytest.approx(1e3 / ex["mean"])
+    # 3 rounds of 4, 4, 2 images; the contender that starts alternates: ref, other | other, ref | ref, other
+    switches = [c for i, c in enumerate(calls) if i == 0 or calls[i - 1] != c]
+    assert switches == ["ref", "other", "ref", "other"]
+    assert calls.count("ref") == 10 + 2 + 2  # timed + warm-up + one untimed call at each later round
+
+
+def test_latency_cli_writes_json_and_dawnbench_entry(tiny_checkpoint, tiny_root, tmp_path, capsys):
+    out, entry = tmp_path / "latency.json", tmp_path / "entry.json"
+    threads = torch.get_num_threads()
+    try:
+        rc = evaluate.main([str(tiny_checkpoint), "--data", str(tiny_root), "--latency", "--images", "12",
+                            "--optimize", "fuse", "--warmup", "1", "--threads", "1", "--price-per-hour", "3.6",
+                            "--hardware", "test box", "--out", str(out), "--entry", str(entry)])  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "| `none` |" in printed and "| `fuse` |" in printed and "cost (fuse): $" in printed
+    res = json.loads(out.read_text())
+    assert (res["images"], res["batch_size"], res["image_size"], res["threads"]) == (12, 1, 32, 1)
+    assert set(res["results"]) == {"none", "fuse"}
+    # top-1 of the eager model on the same 12 images, counted here image by image
+    state = ckpt.load(tiny_checkpoint)
+    model = load_model(state, config_from_checkpoint(state, str(tiny_checkpoint)), str(tiny_checkpoint)).eval()
+    val = scan_split(tiny_root, "val", classes=state["model_info"]["classes"])
+    pick = select_images(len(val), 12, 0)
+    with torch.no_grad():
+        hits = sum(int(model(normalize(load_image(val.files[i], 32, 0.875), False)).argmax()) == val.labels[i]
+                   for i in pick)  # fmt: skip
+    fuse = res["results"]["fuse"]
+    assert res["results"]["none"]["top1"] == pytest.approx(100.0 * hits / 12)
+    assert fuse["top1"] == pytest.approx(100.0 * hits / 12) and fuse["agreement_top1"] == 100.0
+    mean = fuse["latency_ms"]["excluding_preprocessing"]["mean"]
+    assert fuse["cost_usd"]["per_image"]["excluding_preprocessing"] == pytest.approx(3.6 * mean / 3.6e6)
+    e = json.loads(entry.read_text())
+    assert e == res["dawnbench"]
+    assert (e["latency"], e["top5Accuracy"], e["hardware"]) == (mean, fuse["top5"], "test box")
+    assert e["cost"] == pytest.approx(1e4 * 3.6 * mean / 3.6e6) and e["misc"]["optimize"] == "fuse"
+    assert e["misc"]["latency_including_preprocessing_ms"] > e["latency"]
+
+
+def test_latency_caps_images_and_refuses_torchrun(tiny_checkpoint, tiny_root, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "l.json"
+    assert evaluate.main([str(tiny_checkpoint), "--data", str(tiny_root), "--latency", "--images", "1000",
+                          "--warmup", "1", "--out", str(out)]) == 0  # fmt: skip
+    assert "has 20 images, fewer than --images 1000: measuring all of them" in capsys.readouterr().out
+    assert json.loads(out.read_text())["images"] == 20
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert evaluate.main([str(tiny_checkpoint), "--data", str(tiny_root), "--latency"]) == 2
+    assert "run it without torchrun" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_prefetcher_delivers_every_image_on_the_device():
+    dev = torch.device("cuda")
+    host = [torch.full((1, 3, 8, 8), i, dtype=torch.uint8).pin_memory() for i in range(5)]
+    got = [x for x in Prefetcher(dev)(host)]
+    assert all(x.device.type == "cuda" for x in got)
+    assert [int(x[0, 0, 0, 0]) for x in got] == list(range(5))
