@@ -172,7 +172,7 @@ def _wait_for_step(run_dir: Path, proc: subprocess.Popen, step: int, timeout: fl
         except (OSError, ValueError, KeyError):
             pass
         if proc.poll() is not None:
-            raise AssertionError(f"torchrun ended early: {proc.stderr.read()[-3000:]}")
+            raise AssertionError(f"the job ended early: {(proc.stderr or proc.stdout).read()[-3000:]}")
         time.sleep(0.2)
     raise AssertionError(f"step {step} not reached in {timeout} s")
 
@@ -250,4 +250,5 @@ def test_sigkill_through_the_launcher_with_two_local_hosts(sample_root, tmp_path
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 117 and summary["final_top1"] >= 90.0
     assert summary["restarts"] == 1
-    assert "restart 1 after a failure" in out and "launch: all 2 host(s) finished" in out
+    # Rank 0's agent may not be the one that restarted (TORCHELASTIC_RESTART_COUNT is per agent), but it resumed.
+    assert "step(s) will be redone" in out and "launch: all 2 host(s) finished" in out
