@@ -62,12 +62,30 @@ def setup(cfg) -> DistInfo:
         backend = cfg.dist.backend
         if backend == "auto":
             backend = "nccl" if use_cuda else "gloo"
+        timeout = datetime.timedelta(seconds=cfg.dist.timeout_s)
         td.init_process_group(
             backend=backend,
-            timeout=datetime.timedelta(seconds=cfg.dist.timeout_s),
+            timeout=timeout,
             device_id=device if use_cuda else None,
+            **_elastic_store(rank, world, timeout),
         )
     return DistInfo(rank, world, local_rank, local_world, device)
+
+
+def _elastic_store(rank: int, world: int, timeout: datetime.timedelta) -> dict:
+    """Under torchrun, a store namespace of its own for every generation of workers.
+
+    The agents' store outlives a restart, and with several agents (multi-node) the workers of a new round could
+    read the addresses the dead round's workers left there (gloo: "connection refused"). Each worker takes a
+    ticket from a counter in the agents' store; tickets [g*world, (g+1)*world) form generation g.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "MASTER_ADDR" not in os.environ:
+        return {}
+    store = td.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size=world,
+                        is_master=False, timeout=timeout)  # fmt: skip
+    ticket = store.add("dawnbench/worker_tickets", 1) - 1
+    generation = ticket // world
+    return {"store": td.PrefixStore(f"dawnbench/gen{generation}", store), "rank": rank, "world_size": world}
 
 
 def teardown() -> None:
