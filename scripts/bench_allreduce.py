@@ -388,12 +388,10 @@ def main(argv: list[str] | None = None) -> int:
                 res = _run_torch(n, None, args, tmp)
                 lines += _table("Loopback", n, res, _run_horovod(n, None, args, tmp), None)
                 print("\n".join(lines), file=sys.stderr, flush=True)
-        reason = netlab.available()
-        if args.no_lab:
-            pass
-        elif reason:
+        reason = None if args.no_lab else netlab.available()
+        if reason:
             lines.append(f"\nnetwork lab skipped: {reason}")
-        else:
+        elif not args.no_lab:
             for n in worlds:
                 with netlab.NetLab(n, args.link_mbit, flow) as lab:
                     one, four = netlab.measure_mbit(lab, 1, 2.0), netlab.measure_mbit(lab, 4, 2.0)
