@@ -2,7 +2,7 @@
 # `make install` that CI runs, Horovod (NCCL + Gloo) built by scripts/install_horovod.sh, and sshd for the launcher.
 #
 #   docker build -t dawnbench .
-#   README.md, "Reproduce the record", says how to start it on each host and launch from one of them.
+#   docs/reproduce.md says how to start it on each host and launch from one of them.
 #
 # The devel image brings nvcc, which Horovod's CUDA glue needs at build time; torch ships its own CUDA libraries.
 # The hosts need an NVIDIA driver for CUDA 13 and the NVIDIA container toolkit (docker run --gpus all).

@@ -53,7 +53,7 @@ format: install
 clean:
 	rm -rf runs $(SAMPLE) .pytest_cache
 
-# --- Reproduce the record on a cluster (scripts/launch.py; README "Reproduce the record") -------------------
+# --- Reproduce the record on a cluster (scripts/launch.py; docs/reproduce.md) -------------------
 # HOSTS=hostfile ("host [slots=N] [addr=IP]" per line; omit inside a SLURM allocation), DATA=ImageNet root,
 # GPUS=processes per host (default: hostfile slots, else the config's 8), PORT=rendezvous port, RUN_DIR=run directory
 # (a rerun into the same one resumes from its checkpoint), OVERRIDES='key=value ...', TRANSPORT=ssh|slurm|local,

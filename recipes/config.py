@@ -449,7 +449,7 @@ def to_yaml(cfg: Config) -> str:
 
 
 def reference_table() -> str:
-    """Markdown table of every key, its type, default and meaning (the README's config reference)."""
+    """Markdown table of every key, its type, default and meaning (docs/config.md)."""
     rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
 
     def walk(cls: type, prefix: str) -> None:

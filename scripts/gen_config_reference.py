@@ -1,8 +1,8 @@
 #!/usr/bin/env python
-"""Rewrite the config reference table in README.md from the schema (recipes/config.py).
+"""Rewrite the config reference table in docs/config.md from the schema (recipes/config.py).
 
-python scripts/gen_config_reference.py          # update README.md
-python scripts/gen_config_reference.py --check  # exit 1 if README.md is out of date
+python scripts/gen_config_reference.py          # update docs/config.md
+python scripts/gen_config_reference.py --check  # exit 1 if docs/config.md is out of date
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ END = "<!-- config-reference:end -->"
 
 def render(readme: str) -> str:
     if BEGIN not in readme or END not in readme:
-        raise SystemExit(f"README.md: markers {BEGIN!r} and {END!r} not found")
+        raise SystemExit(f"docs/config.md: markers {BEGIN!r} and {END!r} not found")
     head, rest = readme.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
     return f"{head}{BEGIN}\n{reference_table()}\n{END}{tail}"
@@ -32,12 +32,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true")
     args = ap.parse_args(argv)
-    path = ROOT / "README.md"
+    path = ROOT / "docs" / "config.md"
     old = path.read_text()
     new = render(old)
     if args.check:
         if new != old:
-            print("README.md config reference is out of date: run python scripts/gen_config_reference.py")
+            print("docs/config.md is out of date: run python scripts/gen_config_reference.py")
             return 1
         return 0
     path.write_text(new)

@@ -1,7 +1,7 @@
 """One job on several hosts: the per-host commands, the checks before starting, and the run that fails fast.
 
 `torchrun` engine: one torchrun agent per host (c10d rendezvous on the first host; `--max-restarts N` lets the
-agents restart every worker from the last checkpoint after a failure, see README "Failures and recovery").
+agents restart every worker from the last checkpoint after a failure, see docs/failures.md).
 `horovod` engine: one `horovodrun --gloo` on the first host, which starts the workers on every host itself.
 Either way each host's command runs under the guard (launcher/guard.py), so that stopping the job leaves nothing
 behind, and the first host whose command exits non-zero stops the whole job.
