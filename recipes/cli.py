@@ -35,6 +35,10 @@ def run_cli(args) -> int:
         if args.plan:
             from recipes.plan import print_plan
 
+            for flag, value in (("--world-size", args.world_size), ("--num-images", args.num_images)):
+                if value is not None and value < 1:
+                    raise ConfigError(f"{flag}: expected a positive integer, got {value}")
+
             return print_plan(cfg, args.num_images, args.world_size)
         from recipes.trainer import run_dir_for, train
 

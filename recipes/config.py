@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -22,39 +23,63 @@ class ConfigError(ValueError):
     """A configuration problem a user can fix; the message names the key and what was expected."""
 
 
-def _f(default: Any = dataclasses.MISSING, help: str = "", factory: Any = None) -> Any:
-    meta = {"help": help}
+def _f(default: Any = dataclasses.MISSING, help: str = "", factory: Any = None, domain: str = "") -> Any:
+    """A schema field: default (or factory), meaning, and `domain`: the values allowed besides the type
+    (keys of DOMAINS, space-separated; on a list, "nonempty" is about the list and the others about its items)."""
+    meta = {"help": help, "domain": domain}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
+
+
+def _is_name(v: str) -> bool:
+    return bool(v.strip()) and "/" not in v and "\\" not in v and "\0" not in v and v not in (".", "..")
+
+
+# Domain -> (test, what the error and the reference say). Every number is also required to be finite.
+DOMAINS: dict[str, tuple[Any, str]] = {
+    ">0": (lambda v: v > 0, "> 0"),
+    ">=0": (lambda v: v >= 0, ">= 0"),
+    "(0,1]": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "[0,1]": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "[0,1)": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "[0,100]": (lambda v: 0 <= v <= 100, "in [0, 100]"),
+    "nonempty": (lambda v: len(v) > 0 and (not isinstance(v, str) or bool(v.strip())), "that is not empty"),
+    "name": (_is_name, "that is a single path component (not empty, no '/', not '.' or '..')"),
+}
+
+
+def domain_text(domain: str) -> str:
+    """The allowed values of a domain, as the reference and the errors say them ('' = any value of the type)."""
+    return ", ".join(DOMAINS[d][1].removeprefix("that is ") for d in domain.split())
 
 
 @dataclass
 class Phase:
     """One block of epochs of the progressive-resizing schedule."""
 
-    epochs: int = _f(help="number of epochs in this phase")
-    image_size: int = _f(help="training crop size in pixels (square)")
-    batch_size: int = _f(help="GLOBAL batch size (summed over all ranks)")
-    min_scale: float = _f(0.35, help="smallest area fraction of RandomResizedCrop")
-    val_image_size: int | None = _f(None, help="validation crop size; default: image_size")
+    epochs: int = _f(help="number of epochs in this phase", domain=">0")
+    image_size: int = _f(help="training crop size in pixels (square)", domain=">0")
+    batch_size: int = _f(help="GLOBAL batch size (summed over all ranks)", domain=">0")
+    min_scale: float = _f(0.35, help="smallest area fraction of RandomResizedCrop", domain="(0,1]")
+    val_image_size: int | None = _f(None, help="validation crop size; default: image_size", domain=">0")
     rect_val: bool = _f(False, help="rectangular validation (aspect-ratio batches, no crop)")
-    root: str = _f("full", help="which entry of data.roots this phase reads (pre-resized copies)")
+    root: str = _f("full", help="which entry of data.roots this phase reads (pre-resized copies)", domain="nonempty")
 
 
 @dataclass
 class RunConfig:
-    name: str = _f("run", help="run name; the run directory is <out_dir>/<name>")
-    out_dir: str = _f("runs", help="parent directory of run directories")
-    seed: int = _f(0, help="global seed; rank r uses seed + r for its own randomness")
+    name: str = _f("run", help="run name; the run directory is <out_dir>/<name>", domain="name")
+    out_dir: str = _f("runs", help="parent directory of run directories", domain="nonempty")
+    seed: int = _f(0, help="global seed; rank r uses seed + r for its own randomness", domain=">=0")
     deterministic: bool = _f(False, help="use deterministic algorithms (slower; for exact resume tests)")
     device: Literal["auto", "cpu", "cuda"] = _f("auto", help="auto = cuda if available else cpu")
-    threads: int = _f(0, help="torch intra-op threads per process; 0 = cores / local processes")
-    target_top1: float | None = _f(None, help="top-1 accuracy (%) whose first crossing is reported")
-    target_top5: float | None = _f(None, help="top-5 accuracy (%) whose first crossing is reported")
+    threads: int = _f(0, help="torch intra-op threads per process; 0 = cores / local processes", domain=">=0")
+    target_top1: float | None = _f(None, help="top-1 accuracy (%) whose first crossing is reported", domain="[0,100]")
+    target_top5: float | None = _f(None, help="top-5 accuracy (%) whose first crossing is reported", domain="[0,100]")
     stop_at_target: bool = _f(False, help="stop training once every given target is reached")
-    nodes: int = _f(1, help="machines the config is written for (launcher and --plan)")
-    procs_per_node: int = _f(1, help="processes (GPUs) per machine the config is written for")
+    nodes: int = _f(1, help="machines the config is written for (launcher and --plan)", domain=">0")
+    procs_per_node: int = _f(1, help="processes (GPUs) per machine the config is written for", domain=">0")
     amp: Literal["none", "bf16", "fp16"] = _f("none", help="mixed precision dtype")
     channels_last: bool = _f(False, help="NHWC memory format for model and inputs")
     on_nonfinite: Literal["halt", "skip"] = _f("halt", help="non-finite loss/gradients: stop, or skip the step")
@@ -63,64 +88,76 @@ class RunConfig:
 @dataclass
 class DataConfig:
     backend: Literal["torch", "dali", "synthetic"] = _f("torch", help="input pipeline")
-    root: str = _f("data/sample", help="dataset root with train/ and val/ in ImageNet folder layout")
+    root: str = _f("data/sample", help="dataset root with train/ and val/ in ImageNet folder layout", domain="nonempty")
     roots: dict[str, str] = _f(
         help="named dataset copies (e.g. pre-resized '160'); 'full' defaults to data.root", factory=dict
     )
-    workers: int = _f(1, help="decoding workers (threads for DALI, processes for torch) per rank")
-    val_crop_ratio: float = _f(0.875, help="validation: resize shorter side to size/ratio, center crop")
-    val_batch_size: int = _f(64, help="per-rank validation batch size")
+    workers: int = _f(1, help="decoding workers (threads for DALI, processes for torch) per rank", domain=">=0")
+    val_crop_ratio: float = _f(0.875, help="validation: resize shorter side to size/ratio, center crop", domain="(0,1]")
+    val_batch_size: int = _f(64, help="per-rank validation batch size", domain=">0")
     skip_corrupt: bool = _f(False, help="skip undecodable files (and report them) instead of failing")
-    synthetic_size: int = _f(1281167, help="synthetic backend: training images per epoch")
-    synthetic_classes: int = _f(1000, help="synthetic backend: number of classes")
+    synthetic_size: int = _f(1281167, help="synthetic backend: training images per epoch", domain=">0")
+    synthetic_classes: int = _f(1000, help="synthetic backend: number of classes", domain=">0")
     dali_dtype: Literal["auto", "float32", "float16"] = _f(
         "auto", help="dali: output dtype; auto = float16 on CUDA with run.amp=fp16, else float32"
     )
-    dali_prefetch: int = _f(2, help="dali: batches prepared ahead of the training loop (prefetch_queue_depth)")
+    dali_prefetch: int = _f(
+        2, help="dali: batches prepared ahead of the training loop (prefetch_queue_depth)", domain=">0"
+    )
 
 
 @dataclass
 class ModelConfig:
     name: str = _f("resnet18", help="model name (see models/factory.py)")
-    bn_momentum: float = _f(0.1, help="BatchNorm momentum (PyTorch convention)")
-    bn_eps: float = _f(1e-5, help="BatchNorm epsilon")
+    bn_momentum: float = _f(0.1, help="BatchNorm momentum (PyTorch convention)", domain="[0,1]")
+    bn_eps: float = _f(1e-5, help="BatchNorm epsilon", domain=">0")
     zero_init_last_bn: bool = _f(True, help="zero gamma of the last BN in each residual block")
-    drop_rate: float = _f(0.0, help="dropout before the classifier")
+    drop_rate: float = _f(0.0, help="dropout before the classifier", domain="[0,1)")
 
 
 @dataclass
 class OptimConfig:
     name: str = _f("sgd", help="optimizer: sgd, lars, hybrid (LARS with clipped trust ratio), lamb (recipes/optim.py)")
-    lr: float = _f(0.1, help="peak learning rate (after warm-up)")
+    lr: float = _f(0.1, help="peak learning rate (after warm-up)", domain=">=0")
     lr_scaling: Literal["none", "linear"] = _f(
         "none", help="linear: the LR values are per 256 images, times global_batch / 256 of the current phase"
     )
-    warmup_epochs: float = _f(0.0, help="epochs of linear warm-up from warmup_start_lr to lr")
-    warmup_start_lr: float = _f(0.0, help="learning rate at step 0")
-    final_lr: float = _f(0.0, help="learning rate at the last iteration (linear decay)")
-    momentum: float = _f(0.9, help="momentum (start value when momentum_schedule is not constant)")
-    momentum_end: float | None = _f(None, help="linear: momentum at the last iteration; cyclic: at the end of warm-up")
+    warmup_epochs: float = _f(0.0, help="epochs of linear warm-up from warmup_start_lr to lr", domain=">=0")
+    warmup_start_lr: float = _f(0.0, help="learning rate at step 0", domain=">=0")
+    final_lr: float = _f(0.0, help="learning rate at the last iteration (linear decay)", domain=">=0")
+    momentum: float = _f(0.9, help="momentum (start value when momentum_schedule is not constant)", domain="[0,1)")
+    momentum_end: float | None = _f(
+        None, help="linear: momentum at the last iteration; cyclic: at the end of warm-up", domain="[0,1)"
+    )
     momentum_schedule: Literal["constant", "linear", "cyclic"] = _f("constant", help="momentum shape")
     nesterov: bool = _f(True, help="Nesterov momentum")
-    weight_decay: float = _f(1e-4, help="L2 weight decay")
+    weight_decay: float = _f(1e-4, help="L2 weight decay", domain=">=0")
     no_bn_decay: bool = _f(True, help="no weight decay on BatchNorm parameters and biases")
-    label_smoothing: float = _f(0.1, help="label smoothing of the cross-entropy loss")
-    eta: float = _f(1e-3, help="lars/hybrid: layer trust ratio = eta * norm(w) / (norm(g) + weight_decay * norm(w))")
-    trust_clip_min: float = _f(1e-5, help="hybrid: lower clip of the layer trust ratio")
-    trust_clip_max: float = _f(1.0, help="hybrid: upper clip of the layer trust ratio")
+    label_smoothing: float = _f(0.1, help="label smoothing of the cross-entropy loss", domain="[0,1)")
+    eta: float = _f(
+        1e-3, help="lars/hybrid: layer trust ratio = eta * norm(w) / (norm(g) + weight_decay * norm(w))", domain=">0"
+    )
+    trust_clip_min: float = _f(1e-5, help="hybrid: lower clip of the layer trust ratio", domain=">0")
+    trust_clip_max: float = _f(1.0, help="hybrid: upper clip of the layer trust ratio", domain=">0")
     adapt_bn_bias: bool = _f(False, help="lars/hybrid/lamb: also adapt BN and bias parameters (else plain SGD)")
 
 
 @dataclass
 class CommConfig:
     backend: str = _f("ddp", help="gradient allreduce backend (see recipes/comm)")
-    bucket_cap_mb: float = _f(25.0, help="ddp: bucket size in MB")
+    bucket_cap_mb: float = _f(25.0, help="ddp: bucket size in MB", domain=">0")
     static_graph: bool = _f(False, help="ddp: static_graph=True")
     bucket_mb: float = _f(
-        8.0, help="multistream: target bucket size in MB (buckets are balanced around it); horovod: fusion threshold"
+        8.0,
+        help="multistream: target bucket size in MB (buckets are balanced around it); horovod: fusion threshold",
+        domain=">0",
     )
-    streams: int = _f(4, help="multistream: communicators K (process groups; NCCL streams / gloo TCP connections)")
-    slices: int = _f(2, help="multistream: slices S per bucket; slice j of bucket b goes to communicator (b*S+j) mod K")
+    streams: int = _f(
+        4, help="multistream: communicators K (process groups; NCCL streams / gloo TCP connections)", domain=">0"
+    )
+    slices: int = _f(
+        2, help="multistream: slices S per bucket; slice j of bucket b goes to communicator (b*S+j) mod K", domain=">0"
+    )
     compression: Literal["none", "fp16", "bf16"] = _f(
         "none", help="multistream/horovod: gradient wire format (averaged in fp32 before the cast)"
     )
@@ -134,38 +171,48 @@ class CommConfig:
     )
     tune_method: Literal["bayes", "grid"] = _f("bayes", help="autotune search: Gaussian-process EI or a grid")
     tune_bucket_mb: list[float] = _f(help="autotune: bucket sizes to search (MB)", factory=lambda: [2.0, 4.0, 8.0,
-                                     16.0, 32.0])  # fmt: skip
-    tune_streams: list[int] = _f(help="autotune: communicator counts to search", factory=lambda: [1, 2, 3, 4])
-    tune_slices: list[int] = _f(help="autotune: slice counts to search", factory=lambda: [1, 2, 4])
-    tune_max_candidates: int = _f(10, help="autotune: candidates measured before the best is kept")
-    tune_warmup_steps: int = _f(3, help="autotune: steps discarded before the first measurement")
-    tune_steps_per_window: int = _f(2, help="autotune: steps averaged into one window")
-    tune_windows: int = _f(3, help="autotune: windows per candidate; its score is their median")
+                                     16.0, 32.0], domain="nonempty >0")  # fmt: skip
+    tune_streams: list[int] = _f(
+        help="autotune: communicator counts to search", factory=lambda: [1, 2, 3, 4], domain="nonempty >0"
+    )
+    tune_slices: list[int] = _f(
+        help="autotune: slice counts to search", factory=lambda: [1, 2, 4], domain="nonempty >0"
+    )
+    tune_max_candidates: int = _f(10, help="autotune: candidates measured before the best is kept", domain=">0")
+    tune_warmup_steps: int = _f(3, help="autotune: steps discarded before the first measurement", domain=">=0")
+    tune_steps_per_window: int = _f(2, help="autotune: steps averaged into one window", domain=">0")
+    tune_windows: int = _f(3, help="autotune: windows per candidate; its score is their median", domain=">0")
     tune_cache: str | None = _f(
         "", help="autotune: JSON file of winners ('' = ~/.cache/dawnbench/allreduce_tuning.json, null = no cache)"
     )
     network: str = _f(
-        "auto", help="autotune: network description in the cache key (auto: nodes, procs, socket interface)"
+        "auto",
+        help="autotune: network description in the cache key (auto: nodes, procs, socket interface)",
+        domain="nonempty",
     )
 
 
 @dataclass
 class DistConfig:
     backend: Literal["auto", "gloo", "nccl"] = _f("auto", help="process group backend; auto: nccl on GPU")
-    timeout_s: float = _f(300.0, help="collective timeout; a dead or hung peer fails within this time")
+    timeout_s: float = _f(300.0, help="collective timeout; a dead or hung peer fails within this time", domain=">0")
 
 
 @dataclass
 class LogConfig:
-    every_steps: int = _f(10, help="console line every N steps (rank 0)")
+    every_steps: int = _f(10, help="console line every N steps (rank 0)", domain=">0")
     tensorboard: bool = _f(True, help="write TensorBoard scalars to <run_dir>/tb")
 
 
 @dataclass
 class CheckpointConfig:
     enabled: bool = _f(True, help="write a checkpoint at the end of every epoch (checkpoint.pt = the newest)")
-    every_steps: int = _f(0, help="also every N optimizer steps, for mid-epoch recovery; 0 = epoch ends only")
-    keep: int = _f(2, help="keep the newest K checkpoints (an older one is the fallback if the newest is damaged)")
+    every_steps: int = _f(
+        0, help="also every N optimizer steps, for mid-epoch recovery; 0 = epoch ends only", domain=">=0"
+    )
+    keep: int = _f(
+        2, help="keep the newest K checkpoints (an older one is the fallback if the newest is damaged)", domain=">0"
+    )
     resume: bool = _f(True, help="continue from the newest good checkpoint in the run directory when one exists")
 
 
@@ -177,7 +224,9 @@ class DawnbenchConfig:
     code_url: str = _f("", help="DAWNBench entry: URL of the code (codeURL)")
     model: str = _f("", help="DAWNBench entry: model; empty: model.name")
     hardware: str = _f("", help="DAWNBench entry: hardware; empty: detected (machines x processes x device)")
-    cost_per_hour: float | None = _f(None, help="DAWNBench entry: USD per hour for all machines (costPerHour)")
+    cost_per_hour: float | None = _f(
+        None, help="DAWNBench entry: USD per hour for all machines (costPerHour)", domain=">=0"
+    )
 
 
 @dataclass
@@ -194,6 +243,7 @@ class Config:
     phases: list[Phase] = _f(
         help="progressive-resizing schedule: list of {epochs, image_size, batch_size, ...}",
         factory=lambda: [Phase(epochs=1, image_size=224, batch_size=256)],
+        domain="nonempty",
     )
 
     @property
@@ -288,6 +338,28 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
     raise bad
 
 
+def _check_domain(value: Any, tp: Any, domain: str, path: str) -> None:
+    """Raise ConfigError when a converted value lies outside its key's domain (or is a NaN/infinite number)."""
+    if value is None:
+        return
+    parts = domain.split()
+    if isinstance(value, list) and typing.get_origin(_plain(tp)) is list:
+        if "nonempty" in parts and not value:
+            raise ConfigError(f"{path}: expected a non-empty list, got []")
+        item_tp = typing.get_args(_plain(tp))[0]
+        for i, v in enumerate(value):
+            _check_domain(v, item_tp, " ".join(d for d in parts if d != "nonempty"), f"{path}.{i}")
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        extra = f" {domain_text(domain)}" if domain else ""
+        raise ConfigError(f"{path}: expected a finite number{extra}, got {value!r}")
+    for d in parts:
+        test, text = DOMAINS[d]
+        if not test(value):
+            what = _type_name(_plain(tp))
+            raise ConfigError(f"{path}: expected {what} {text}, got {value!r}")
+
+
 def _build(cls: type, data: dict, path: str) -> Any:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -297,6 +369,7 @@ def _build(cls: type, data: dict, path: str) -> Any:
         if key not in fields:
             raise ConfigError(f"unknown key '{full}'{_closest(full, list(fields))}")
         kwargs[key] = _convert(value, hints[key], full)
+        _check_domain(kwargs[key], hints[key], fields[key].metadata.get("domain", ""), full)
     for name, f in fields.items():
         if name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             full = f"{path}.{name}" if path else name
@@ -305,37 +378,51 @@ def _build(cls: type, data: dict, path: str) -> Any:
 
 
 def _validate(cfg: Config) -> None:
-    if not cfg.phases:
-        raise ConfigError("phases: expected at least one phase")
-    for i, p in enumerate(cfg.phases):
-        for key in ("epochs", "image_size", "batch_size"):
-            if getattr(p, key) <= 0:
-                raise ConfigError(f"phases.{i}.{key}: expected a positive integer, got {getattr(p, key)}")
-        if not 0.0 < p.min_scale <= 1.0:
-            raise ConfigError(f"phases.{i}.min_scale: expected a number in (0, 1], got {p.min_scale}")
-    if cfg.data.dali_prefetch < 1:
-        raise ConfigError(f"data.dali_prefetch: expected a positive integer, got {cfg.data.dali_prefetch}")
-    if not 0.0 < cfg.data.val_crop_ratio <= 1.0:
-        raise ConfigError(f"data.val_crop_ratio: expected a number in (0, 1], got {cfg.data.val_crop_ratio}")
+    """Checks that involve several keys (one key's own range is its domain, checked in _build)."""
     if cfg.optim.warmup_epochs > cfg.epochs:
         raise ConfigError(
             f"optim.warmup_epochs: {cfg.optim.warmup_epochs} is longer than the schedule ({cfg.epochs} epochs)"
         )
-    if cfg.dawnbench.cost_per_hour is not None and cfg.dawnbench.cost_per_hour < 0:
-        raise ConfigError(f"dawnbench.cost_per_hour: expected a number >= 0, got {cfg.dawnbench.cost_per_hour}")
-    if cfg.log.every_steps <= 0:
-        raise ConfigError(f"log.every_steps: expected a positive integer, got {cfg.log.every_steps}")
+    if cfg.optim.trust_clip_min > cfg.optim.trust_clip_max:
+        raise ConfigError(
+            f"optim.trust_clip_min: {cfg.optim.trust_clip_min} is above optim.trust_clip_max "
+            f"({cfg.optim.trust_clip_max})"
+        )
+    for name, root in cfg.data.roots.items():
+        if not _is_name(name) or not root.strip():
+            raise ConfigError(f"data.roots: expected names mapped to non-empty paths, got {name!r}: {root!r}")
 
 
 # ---------------------------------------------------------------------------------------------------------
 # Files, inheritance and overrides.
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key given twice in one mapping is an error (not: the last one wins)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, typing.Hashable) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key '{key}' (first at line {seen[key].line + 1})", key_node.start_mark
+                )
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep)
+
+
 def _read_yaml(path: Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file (not UTF-8)") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from None
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -366,8 +453,13 @@ def load_yaml_tree(path: str | Path, _seen: tuple = ()) -> dict:
         return data
     if isinstance(parents, str):
         parents = [parents]
+    if not isinstance(parents, list) or not all(isinstance(p, str) and p for p in parents):
+        raise ConfigError(f"{path}: extends: expected a YAML file name or a list of them, got {parents!r}")
     merged: dict = {}
     for parent in parents:
+        if Path(parent).suffix.lower() not in (".yaml", ".yml"):
+            # Not read at all: an error about its content would print a line of an arbitrary file.
+            raise ConfigError(f"{path}: extends: '{parent}' is not a .yaml/.yml file")
         merged = _merge(merged, load_yaml_tree(path.parent / parent, _seen + (path,)))
     return _merge(merged, data)
 
@@ -450,7 +542,7 @@ def to_yaml(cfg: Config) -> str:
 
 def reference_table() -> str:
     """Markdown table of every key, its type, default and meaning (docs/config.md)."""
-    rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    rows = ["| key | type | allowed | default | meaning |", "|---|---|---|---|---|"]
 
     def walk(cls: type, prefix: str) -> None:
         hints = typing.get_type_hints(cls)
@@ -462,14 +554,18 @@ def reference_table() -> str:
                 walk(tp, key + ".")
                 continue
             if typing.get_origin(tp) is list and dataclasses.is_dataclass(typing.get_args(tp)[0]):
-                rows.append(f"| `{key}` | list | see below | {f.metadata['help']} |")
+                allowed = domain_text(f.metadata.get("domain", "")) or "any"
+                rows.append(f"| `{key}` | list | {allowed} | see below | {f.metadata['help']} |")
                 walk(typing.get_args(tp)[0], key + "[].")
                 continue
             if defaults is not None:
                 default = getattr(defaults, f.name)
             else:
                 default = "required" if f.default is dataclasses.MISSING else f.default
-            rows.append(f"| `{key}` | {_type_name(tp)} | `{default!r}` | {f.metadata['help']} |")
+            allowed = domain_text(f.metadata.get("domain", "")) or "any"
+            if _plain(tp) is float or typing.get_origin(_plain(tp)) is list and typing.get_args(_plain(tp))[0] is float:
+                allowed = "finite" + (f", {allowed}" if allowed != "any" else "")
+            rows.append(f"| `{key}` | {_type_name(tp)} | {allowed} | `{default!r}` | {f.metadata['help']} |")
 
     walk(Config, "")
     return "\n".join(rows)
