@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import pickle
 import random
 import re
 import shutil
@@ -74,12 +75,82 @@ def load(path: str | Path, check: bool = True) -> dict:
     if check:
         verify(path)
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        # weights_only: the unpickler builds tensors and plain values only, so a planted file cannot run code.
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        text = str(e)
+        if "weights_only" in text or "Unsupported global" in text or "Unsupported operand" in text:
+            found = re.search(r"GLOBAL ([\w.]+)", text)
+            what = f" ({found.group(1)})" if found else ""
+            raise CheckpointError(
+                f"checkpoint '{path}' refused: it holds objects other than tensors and plain values{what}, "
+                "which would run code when loaded"
+            ) from None
+        raise CheckpointError(f"checkpoint '{path}' cannot be read: {_first_line(e)}") from None
     except Exception as e:  # torch raises several types for a damaged file
-        raise CheckpointError(f"checkpoint '{path}' cannot be read: {e}") from None
+        raise CheckpointError(f"checkpoint '{path}' cannot be read: {_first_line(e)}") from None
+    check_structure(state, path)
+    return state
+
+
+def _first_line(e: Exception) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return lines[0][:300] if lines else type(e).__name__
+
+
+# Entry -> (type, what it must be). `model` is required; the others are checked when present.
+_ENTRIES = {
+    "model": (dict, "a mapping of parameter names to tensors"),
+    "optimizer": (dict, "an optimizer state_dict (a mapping)"),
+    "scaler": (dict, "a GradScaler state_dict (a mapping)"),
+    "comm": (dict, "a mapping"),
+    "state": (dict, "a mapping of training progress"),
+    "rng": (list, "a list of per-rank RNG states"),
+    "config": (dict, "a config mapping"),
+    "model_info": (dict, "a mapping with num_classes and classes"),
+}
+
+
+def check_structure(state, path: str | Path) -> None:
+    """Raise CheckpointError naming the file and entry when `state` is not shaped like this trainer's checkpoint."""
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"checkpoint '{path}' has no 'model' entry: not a checkpoint of this trainer")
-    return state
+    for key, (tp, what) in _ENTRIES.items():
+        if key in state and not isinstance(state[key], tp):
+            got = type(state[key]).__name__
+            raise CheckpointError(f"checkpoint '{path}': entry '{key}' must be {what}, got {got}")
+    bad = [k for k, v in state["model"].items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)]
+    if bad:
+        raise CheckpointError(f"checkpoint '{path}': entry 'model' must map names to tensors ('{bad[0]}' does not)")
+    info = state.get("model_info", {})
+    if "num_classes" in info and (isinstance(info["num_classes"], bool) or not isinstance(info["num_classes"], int)):
+        raise CheckpointError(f"checkpoint '{path}': model_info.num_classes must be an integer")
+
+
+RESUME_ENTRIES = ("optimizer", "scaler", "state", "rng")
+
+
+def check_resumable(state: dict, path: str | Path, state_fields: set[str]) -> None:
+    """A checkpoint that --resume / the automatic resume can continue from: every entry there, known fields."""
+    missing = [k for k in RESUME_ENTRIES if k not in state]
+    if missing:
+        raise CheckpointError(f"checkpoint '{path}' cannot be resumed: no '{missing[0]}' entry")
+    unknown = sorted(set(state["state"]) - state_fields)
+    if unknown:
+        raise CheckpointError(f"checkpoint '{path}': entry 'state' has unknown field '{unknown[0]}'")
+
+
+def non_finite_weights(model_state: dict) -> tuple[int, int, str | None]:
+    """(non-finite values, all values, first tensor holding one) over the floating-point tensors of a state_dict."""
+    bad = total = 0
+    first = None
+    for name, t in model_state.items():
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            n = int((~torch.isfinite(t)).sum())
+            bad, total = bad + n, total + t.numel()
+            if n and first is None:
+                first = name
+    return bad, total, first
 
 
 def step_checkpoints(run_dir: Path) -> list[Path]:
@@ -144,9 +215,17 @@ def check_writable(run_dir: Path, needed_bytes: int) -> None:
 
 
 def rng_state() -> dict:
+    """Every generator's state as tensors and plain values (what a weights_only load accepts)."""
+    kind, key, pos, has_gauss, gauss = np.random.get_state()
     return {
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "numpy": {
+            "kind": str(kind),
+            "key": torch.from_numpy(key.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(gauss),
+        },  # fmt: skip
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
     }
@@ -154,7 +233,9 @@ def rng_state() -> dict:
 
 def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    n = state["numpy"]
+    key = n["key"].numpy().astype(np.uint32)
+    np.random.set_state((n["kind"], key, n["pos"], n["has_gauss"], n["cached_gaussian"]))
     torch.set_rng_state(state["torch"])
     if state.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

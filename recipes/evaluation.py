@@ -26,6 +26,12 @@ def load_model(state: dict, cfg: Config, path: str):
     from models import create_model
     from models.factory import check_compatible
 
+    bad, total, first = ckpt.non_finite_weights(state["model"])
+    if bad:
+        raise ckpt.CheckpointError(
+            f"checkpoint '{path}' has {bad} non-finite values among {total} weights (first in '{first}'): "
+            "the training diverged; no accuracy or latency is reported for it"
+        )
     model = create_model(cfg.model, state["model_info"]["num_classes"])
     check_compatible(model, state["model"], path)
     model.load_state_dict(state["model"])
@@ -282,6 +288,13 @@ def run_evaluate_cli(args) -> int:
     except (ConfigError, DataError, ckpt.CheckpointError) as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
+    except RuntimeError as e:
+        from recipes.trainer import NonFiniteError
+
+        if not isinstance(e, NonFiniteError):
+            raise
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 3
     if main:
         extra = f", tta {res['tta']}" if res["tta"] != "none" else ""
         print(f"top-1 {res['top1']:.2f}%  top-5 {res['top5']:.2f}%  on {res['count']} images "

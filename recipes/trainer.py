@@ -7,6 +7,7 @@ and the gradient allreduce backend (`recipes.comm.create_allreduce`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -54,6 +55,10 @@ class TrainingError(RuntimeError):
     """Training cannot go on (non-finite loss, a dead or hung peer); the message says where and why."""
 
 
+class NonFiniteError(TrainingError):
+    """A model whose outputs are not finite numbers: evaluating it would report a meaningless accuracy."""
+
+
 _PEER_FAILURE = ("timed out", "timeout", "connection closed", "connection reset", "broken pipe", "peer")
 
 
@@ -99,17 +104,24 @@ def _accuracy_counts(logits: torch.Tensor, labels: torch.Tensor) -> tuple[int, i
 def evaluate(model: nn.Module, batches, dist: DistInfo, amp_ctx=nullcontext) -> dict:
     """Top-1/top-5 over every validation image exactly once: each rank counts its disjoint share, then sum."""
     model.eval()
-    c1 = c5 = n = 0
+    c1 = c5 = n = bad = 0
     loss_sum = 0.0
     for images, labels in batches:
         with amp_ctx():
             logits = model(images)
         logits = logits.float()
+        bad += int((~torch.isfinite(logits).all(dim=1)).sum())
         loss_sum += float(nn.functional.cross_entropy(logits, labels, reduction="sum"))
         a, b = _accuracy_counts(logits, labels)
         c1, c5, n = c1 + a, c5 + b, n + labels.numel()
-    c1, c5, n, loss_sum = all_reduce_sum([c1, c5, n, loss_sum], dist)
+    c1, c5, n, loss_sum, bad = all_reduce_sum([c1, c5, n, loss_sum, bad], dist)
     n = int(n)
+    if bad:
+        # top-k of NaN logits picks arbitrary classes: an accuracy computed from them means nothing.
+        raise NonFiniteError(
+            f"validation: {int(bad)} of {n} images got non-finite logits (NaN/inf weights or activations); "
+            "no accuracy is reported"
+        )
     return {"top1": 100.0 * c1 / max(n, 1), "top5": 100.0 * c5 / max(n, 1), "count": n,
             "loss": loss_sum / max(n, 1)}  # fmt: skip
 
@@ -202,6 +214,7 @@ class Trainer:
             if found is None:
                 return
             state, path = found
+        ckpt.check_resumable(state, path, {f.name for f in dataclasses.fields(State)})
         check_compatible(self.model, state["model"], str(path))
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])

@@ -124,8 +124,8 @@ def test_trainer_multistream_matches_ddp_and_autotunes(tmp_path, tiny_root):
             "comm.tune_windows=1"]  # fmt: skip
     p, ms_dir = _train(tmp_path, tiny_root, "ms", *tune, "log.tensorboard=true")
     assert "multistream autotune: candidate 3:" in p.stdout and "winner after 3 candidates" in p.stdout
-    a = torch.load(ddp_dir / "checkpoint.pt", weights_only=False)["model"]
-    b = torch.load(ms_dir / "checkpoint.pt", weights_only=False)["model"]
+    a = torch.load(ddp_dir / "checkpoint.pt", weights_only=True)["model"]
+    b = torch.load(ms_dir / "checkpoint.pt", weights_only=True)["model"]
     for k in a:
         assert torch.allclose(a[k].float(), b[k].float(), atol=2e-5, rtol=1e-4), k
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -76,6 +76,6 @@ def test_dali_training_switches_phases_under_torchrun(tiny_root, tmp_path):
             " val_image_size: 40, rect_val: true}]"]  # fmt: skip
     proc = torchrun(2, args, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    state = torch.load(tmp_path / "dali" / "checkpoint.pt", weights_only=False)["state"]
+    state = torch.load(tmp_path / "dali" / "checkpoint.pt", weights_only=True)["state"]
     assert [h["val_count"] for h in state["history"]] == [20, 20]  # every validation image once, no padding
     assert state["step"] == math.ceil(24 / 6) + math.ceil(24 / 4)  # the plan's steps, per phase
