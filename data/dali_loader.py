@@ -23,12 +23,13 @@ import torch
 from nvidia.dali import fn, pipeline_def, types
 from nvidia.dali.math import max as math_max
 from nvidia.dali.math import min as math_min
+from PIL import Image
 
 from data.check import quick_problem
 from data.folder import DataError, Split
 from data.rect import image_sizes, plan_rect_batches, rank_rect_batches
 from data.sharding import train_shard
-from data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from data.transforms import IMAGENET_MEAN, IMAGENET_STD, too_many_pixels
 
 READER = "Reader"
 # nvJPEG buffers preallocated for ImageNet-sized images (NVIDIA's ResNet-50 example), so that decoding a
@@ -151,6 +152,40 @@ class _Batches:
                 yield batch
 
 
+def _header_problem(path: str, limit: int) -> str | None:
+    """Why DALI must not be handed `path`, from its name and image header only (PIL's lazy open decodes nothing)."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return f"file name {path.encode('utf-8', 'surrogateescape')!r} is not valid UTF-8 (DALI reads UTF-8 names only)"
+    try:
+        with Image.open(path) as img:
+            w, h = img.size
+    except (OSError, ValueError, Image.DecompressionBombError):
+        return None  # undecodable files get the decode error's own handling (data.skip_corrupt)
+    return too_many_pixels(path, w, h, limit) if w * h > limit else None
+
+
+def check_headers(files: list[str], limit: int, threads: int, rank: int, world: int) -> list[tuple[str, str]]:
+    """(file, why) for the files of this rank's share (every world-th) that DALI must not decode: names that are not
+    UTF-8, and images above `limit` pixels, which nvJPEG/libjpeg would decode in full (a decompression bomb)."""
+    mine = files[rank::world]
+    with ThreadPoolExecutor(max(1, threads)) as pool:
+        problems = list(pool.map(lambda f: _header_problem(f, limit), mine, chunksize=256))
+    return [(f, why) for f, why in zip(mine, problems, strict=True) if why]
+
+
+def _gather_problems(bad: list[tuple[str, str]], dist) -> list[tuple[str, str]]:
+    """Every rank's findings, so that all ranks stop together instead of the others waiting in a collective."""
+    import torch.distributed as td
+
+    if not (dist.enabled and td.is_initialized()):
+        return bad
+    parts: list = [None] * dist.world_size
+    td.all_gather_object(parts, bad)
+    return [item for part in parts for item in part]
+
+
 class DaliPipeline:
     """`data.backend: dali`."""
 
@@ -163,11 +198,27 @@ class DaliPipeline:
         self.threads = max(1, cfg.data.workers)
         self.skipped: list[tuple[str, str]] = []  # (file, why): undecodable training files skipped
         self._excluded: set[str] = set()
+        self._check_files()
         self._train: tuple | None = None  # (phase index, pipeline, files, split)
         self._train_next: tuple[int, int] | None = None  # (epoch, step) the live pipeline delivers next
         self._val: tuple | None = None  # (key, pipeline, batches, per-batch real sample counts)
         self._val_sizes: np.ndarray | None = None
         self._rebuilds = 0
+
+    def _check_files(self) -> None:
+        """Header check of every file before DALI sees it; each rank reads 1/world of the headers."""
+        limit, rank, world = self.cfg.data.max_image_pixels, self.dist.rank, self.dist.world_size
+        val_files = set(self.val.files)
+        files = list(dict.fromkeys(f for tr, va in [(self.train, self.val), *self.roots.values()]
+                                   for f in (*tr.files, *va.files)))  # fmt: skip
+        bad = _gather_problems(check_headers(files, limit, self.threads * 2, rank, world), self.dist)
+        fatal = [(f, why) for f, why in bad if f in val_files or not self.cfg.data.skip_corrupt]
+        if fatal:
+            raise DataError(fatal[0][1] + (f" (and {len(fatal) - 1} more file(s))" if len(fatal) > 1 else ""))
+        for _, why in bad:
+            print(f"warning: skipping training file: {why}", file=sys.stderr)
+        self.skipped.extend(bad)
+        self._excluded.update(f for f, _ in bad)
 
     # -- pipelines --------------------------------------------------------------------------------------
     def _pipeline(self, graph, batch_size: int, seed: int, **graph_args):

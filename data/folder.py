@@ -23,6 +23,13 @@ class Split:
         return len(self.files)
 
 
+def _list(folder: Path) -> list[Path]:
+    try:
+        return list(folder.iterdir())
+    except OSError as e:  # PermissionError on an unreadable folder, EIO on a failing disk...
+        raise DataError(f"cannot list '{folder}': {e.strerror or e}") from None
+
+
 def scan_split(root: str | Path, split: str, classes: list[str] | None = None) -> Split:
     """List `<root>/<split>`; `classes` pins the label mapping (validation must reuse training's)."""
     base = Path(root)
@@ -31,7 +38,7 @@ def scan_split(root: str | Path, split: str, classes: list[str] | None = None) -
     folder = base / split
     if not folder.is_dir():
         raise DataError(f"'{folder}' not found: expected '{split}/<class>/*.JPEG' under data.root '{base}'")
-    found = sorted(d.name for d in folder.iterdir() if d.is_dir())
+    found = sorted(d.name for d in _list(folder) if d.is_dir())
     if not found:
         raise DataError(f"'{folder}' has no class folders")
     if classes is None:
@@ -43,7 +50,7 @@ def scan_split(root: str | Path, split: str, classes: list[str] | None = None) -
     index = {c: i for i, c in enumerate(classes)}
     files, labels = [], []
     for wnid in found:
-        names = sorted(p for p in (folder / wnid).iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
+        names = sorted(p for p in _list(folder / wnid) if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
         if not names:
             raise DataError(f"class folder '{folder / wnid}' is empty (no .JPEG/.jpg/.png files)")
         files.extend(str(p) for p in names)

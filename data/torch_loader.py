@@ -15,6 +15,8 @@ from data.transforms import load_rgb, normalize, rect_transform, train_transform
 
 
 class _TrainSet(Dataset):
+    max_pixels: int | None = None
+
     def __init__(
         self, split: Split, indices: np.ndarray, size: int, min_scale: float, seed: int, epoch: int, skip_corrupt: bool
     ):
@@ -29,7 +31,7 @@ class _TrainSet(Dataset):
         for attempt in range(len(self.split)):
             j = (idx + attempt) % len(self.split)
             try:
-                img = load_rgb(self.split.files[j])
+                img = load_rgb(self.split.files[j], self.max_pixels)
             except DataError as e:
                 if not self.skip_corrupt:
                     raise
@@ -43,6 +45,8 @@ class _TrainSet(Dataset):
 
 
 class _ValSet(Dataset):
+    max_pixels: int | None = None
+
     def __init__(self, split: Split, indices: np.ndarray, size: int, crop_ratio: float):
         self.split, self.indices, self.size, self.crop_ratio = split, indices, size, crop_ratio
 
@@ -51,11 +55,14 @@ class _ValSet(Dataset):
 
     def __getitem__(self, i: int):
         j = int(self.indices[i])
-        return val_transform(load_rgb(self.split.files[j]), self.size, self.crop_ratio), self.split.labels[j]
+        img = load_rgb(self.split.files[j], self.max_pixels)
+        return val_transform(img, self.size, self.crop_ratio), self.split.labels[j]
 
 
 class _RectValSet(Dataset):
     """Rectangular validation: items are (index, height, width) from the rank's batches of data/rect.py."""
+
+    max_pixels: int | None = None
 
     def __init__(self, split: Split):
         self.split = split
@@ -65,7 +72,7 @@ class _RectValSet(Dataset):
 
     def __getitem__(self, item: tuple[int, int, int]):
         j, h, w = item
-        return rect_transform(load_rgb(self.split.files[j]), h, w), self.split.labels[j]
+        return rect_transform(load_rgb(self.split.files[j], self.max_pixels), h, w), self.split.labels[j]
 
 
 class _DeviceBatches:
@@ -92,6 +99,7 @@ class TorchPipeline:
 
     def _loader(self, dataset: Dataset, batch: int, seed: int, batch_sampler=None) -> DataLoader:
         workers = self.cfg.data.workers
+        dataset.max_pixels = self.cfg.data.max_image_pixels
         return DataLoader(
             dataset,
             batch_size=batch if batch_sampler is None else 1,
@@ -108,12 +116,15 @@ class TorchPipeline:
     def train_batches(self, info, start_step: int = 0):
         phase = info.phase
         train, _ = self.roots.get(phase.root, (self.train, self.val))
+        local = phase.batch_size // self.dist.world_size
         idx = train_shard(len(train), self.dist.rank, self.dist.world_size, info.epoch, self.cfg.run.seed)
-        idx = idx[start_step * (phase.batch_size // self.dist.world_size) :]  # resumed mid-epoch: skip done batches
+        # Full batches only, as the DALI backend: the shard wraps around to fill the last one (a 1-image batch
+        # would make BatchNorm fail, and the two backends would train on different batches).
+        idx = np.resize(idx, info.steps * local)
+        idx = idx[start_step * local :]  # resumed mid-epoch: skip done batches
         ds = _TrainSet(
             train, idx, phase.image_size, phase.min_scale, self.cfg.run.seed, info.epoch, self.cfg.data.skip_corrupt
         )
-        local = phase.batch_size // self.dist.world_size
         loader = self._loader(ds, local, self.cfg.run.seed * 7919 + info.epoch)
         return _DeviceBatches(loader, self.dist.device, self.cfg.run.channels_last, len(loader))
 

@@ -15,14 +15,24 @@ IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 
 
-def load_rgb(path: str) -> Image.Image:
-    """Decode any image PIL reads (CMYK and grayscale JPEG, PNG content named .JPEG) as RGB."""
+def load_rgb(path: str, max_pixels: int | None = None) -> Image.Image:
+    """Decode any image PIL reads (CMYK and grayscale JPEG, PNG content named .JPEG) as RGB; an image with more
+    than `max_pixels` pixels (data.max_image_pixels) is refused before it is decoded."""
     try:
         with Image.open(path) as img:
+            if max_pixels is not None and img.width * img.height > max_pixels:
+                raise DataError(too_many_pixels(path, img.width, img.height, max_pixels))
             img.load()
             return img.convert("RGB")
     except (OSError, ValueError, Image.DecompressionBombError) as e:
         raise DataError(f"cannot decode image '{path}': {e}") from None
+
+
+def too_many_pixels(path: str, width: int, height: int, limit: int) -> str:
+    return (
+        f"image '{path}' has {width}x{height} = {width * height:,} pixels, above data.max_image_pixels "
+        f"({limit:,}): refused before decoding (a decompression bomb, or raise the limit)"
+    )
 
 
 def random_resized_crop_params(

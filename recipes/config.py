@@ -101,6 +101,11 @@ class DataConfig:
     dali_dtype: Literal["auto", "float32", "float16"] = _f(
         "auto", help="dali: output dtype; auto = float16 on CUDA with run.amp=fp16, else float32"
     )
+    max_image_pixels: int = _f(
+        89_478_485,
+        help="refuse an image with more pixels (a decompression bomb) in every backend; default: PIL's limit",
+        domain=">0",
+    )
     dali_prefetch: int = _f(
         2, help="dali: batches prepared ahead of the training loop (prefetch_queue_depth)", domain=">0"
     )
