@@ -6,6 +6,11 @@ NPROC      ?= 2
 SAMPLE     ?= data/sample
 RUN_DIR    ?= runs/quickstart-$(shell date +%Y%m%d-%H%M%S)
 PYTEST_ARGS ?=
+# $(call q,TEXT): TEXT as one single-quoted shell word, so that a value with spaces, ';', '$' or quotes is passed
+# as it is and never run (make DATA='x;touch y' reads a folder named "x;touch y").
+q = '$(subst ','\'',$(1))'
+# $(call qw,WORDS): each whitespace-separated word quoted on its own (option lists such as LAUNCH_ARGS).
+qw = $(foreach w,$(1),$(call q,$(w)))
 
 .PHONY: install horovod sample quickstart test test-fast bench lint format clean
 
@@ -25,21 +30,22 @@ $(VENV)/.horovod: scripts/install_horovod.sh $(VENV)/.installed
 
 horovod: $(VENV)/.horovod
 
-$(SAMPLE)/sample.json: data/make_sample.py
-	$(PY) data/make_sample.py --out $(SAMPLE) --odd
-
-sample: install $(SAMPLE)/sample.json
+# (Not a file target: a make target cannot hold a path with spaces.)
+sample: install
+	@test $(call q,$(SAMPLE)/sample.json) -nt data/make_sample.py || \
+		$(PY) data/make_sample.py --out $(call q,$(SAMPLE)) --odd
 
 # Train on the sample data with 2 CPU processes (torchrun, gloo, DDP), then evaluate the checkpoint.
 quickstart: sample
-	$(VENV)/bin/torchrun --standalone --nproc-per-node $(NPROC) train.py -c configs/quickstart.yaml --run-dir $(RUN_DIR) data.root=$(SAMPLE)
-	$(PY) evaluate.py $(RUN_DIR)/checkpoint.pt --data $(SAMPLE) --out $(RUN_DIR)/eval.json
+	$(VENV)/bin/torchrun --standalone --nproc-per-node $(call q,$(NPROC)) train.py -c configs/quickstart.yaml \
+		--run-dir $(call q,$(RUN_DIR)) $(call q,data.root=$(SAMPLE))
+	$(PY) evaluate.py $(call q,$(RUN_DIR)/checkpoint.pt) --data $(call q,$(SAMPLE)) --out $(call q,$(RUN_DIR)/eval.json)
 
 test: install horovod
-	$(PY) -m pytest -q $(PYTEST_ARGS) tests
+	$(PY) -m pytest -q $(call qw,$(PYTEST_ARGS)) tests
 
 test-fast: install horovod
-	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS) tests
+	$(PY) -m pytest -q -m "not slow" $(call qw,$(PYTEST_ARGS)) tests
 
 bench: install
 	$(PY) scripts/bench.py --out bench_report.md
@@ -51,47 +57,52 @@ format: install
 	$(VENV)/bin/ruff format . && $(VENV)/bin/ruff check --fix .
 
 clean:
-	rm -rf runs $(SAMPLE) .pytest_cache
+	rm -rf runs $(call q,$(SAMPLE)) .pytest_cache
 
 # --- Reproduce the record on a cluster (scripts/launch.py; docs/reproduce.md) -------------------
 # HOSTS=hostfile ("host [slots=N] [addr=IP]" per line; omit inside a SLURM allocation), DATA=ImageNet root,
 # GPUS=processes per host (default: hostfile slots, else the config's 8), PORT=rendezvous port, RUN_DIR=run directory
-# (a rerun into the same one resumes from its checkpoint), OVERRIDES='key=value ...', TRANSPORT=ssh|slurm|local,
-# IFACE=network interface, LAUNCH_ARGS=any other scripts/launch.py option (e.g. --dry-run).
-HOSTS       ?=
-DATA        ?=
-GPUS        ?=
-PORT        ?= 29400
-TRANSPORT   ?=
-IFACE       ?=
-OVERRIDES   ?=
-LAUNCH_ARGS ?=
-LAUNCH = $(PY) scripts/launch.py --python $(PY) --port $(PORT) $(if $(GPUS),--gpus-per-host $(GPUS)) \
-	$(if $(TRANSPORT),--transport $(TRANSPORT)) $(if $(IFACE),--iface $(IFACE)) $(LAUNCH_ARGS)
-DATA_ARG = $(if $(DATA),data.root=$(DATA))
+# (a rerun into the same one resumes from its checkpoint), OVERRIDES='key=value ...' (split before each key=, so a
+# value may hold spaces: 'data.roots={160: /data/imagenet-160} phases.0.root=160'), TRANSPORT=ssh|slurm|local,
+# IFACE=network interface, LAUNCH_ARGS=any other scripts/launch.py options (e.g. --dry-run).
+# Each is taken from the make command line, or from the environment as DAWNBENCH_<NAME> (DAWNBENCH_DATA=...):
+# a PORT or DATA that happens to be set in the shell does not apply. Every value is passed quoted.
+HOSTS       = $(value DAWNBENCH_HOSTS)
+DATA        = $(value DAWNBENCH_DATA)
+GPUS        = $(value DAWNBENCH_GPUS)
+PORT        = $(or $(value DAWNBENCH_PORT),29400)
+TRANSPORT   = $(value DAWNBENCH_TRANSPORT)
+IFACE       = $(value DAWNBENCH_IFACE)
+OVERRIDES   = $(value DAWNBENCH_OVERRIDES)
+LAUNCH_ARGS = $(value DAWNBENCH_LAUNCH_ARGS)
+LAUNCH = $(PY) scripts/launch.py --python $(PY) --port $(call q,$(PORT)) $(if $(GPUS),--gpus-per-host $(call q,$(GPUS))) \
+	$(if $(TRANSPORT),--transport $(call q,$(TRANSPORT))) $(if $(IFACE),--iface $(call q,$(IFACE))) \
+	$(call qw,$(LAUNCH_ARGS)) $(if $(OVERRIDES),--overrides-text $(call q,$(OVERRIDES)))
+DATA_ARG = $(if $(DATA),$(call q,data.root=$(DATA)))
+HOSTFILE_ARG = $(if $(HOSTS),--hostfile $(call q,$(HOSTS)))
 
 .PHONY: reproduce-158s reproduce-8gpu baseline-horovod compare
 
 # 16 machines x 8 GPUs: one torchrun agent per host, c10d rendezvous on the first, NCCL, multistream + auto-tuning.
 reproduce-158s: RUN_DIR = runs/dawnbench_158s-multistream
 reproduce-158s: install
-	$(LAUNCH) $(if $(HOSTS),--hostfile $(HOSTS)) --run-dir $(RUN_DIR) -c configs/dawnbench_158s.yaml $(DATA_ARG) \
-		comm.backend=multistream comm.autotune=true $(OVERRIDES)
+	$(LAUNCH) $(HOSTFILE_ARG) --run-dir $(call q,$(RUN_DIR)) -c configs/dawnbench_158s.yaml $(DATA_ARG) \
+		comm.backend=multistream comm.autotune=true
 
 # One machine with 8 GPUs, with the allreduce backend the config chooses (HOSTS may name one remote machine).
 reproduce-8gpu: RUN_DIR = runs/dawnbench_8gpu
 reproduce-8gpu: install
-	$(LAUNCH) $(if $(HOSTS),--hostfile $(HOSTS),--hosts localhost $(if $(TRANSPORT),,--transport local)) \
-		--run-dir $(RUN_DIR) -c configs/dawnbench_8gpu.yaml $(DATA_ARG) $(OVERRIDES)
+	$(LAUNCH) $(if $(HOSTS),$(HOSTFILE_ARG),--hosts localhost $(if $(TRANSPORT),,--transport local)) \
+		--run-dir $(call q,$(RUN_DIR)) -c configs/dawnbench_8gpu.yaml $(DATA_ARG)
 
 # The same 158 s recipe with Horovod's allreduce under horovodrun --gloo, into its own run directory.
 baseline-horovod: RUN_DIR = runs/dawnbench_158s-horovod
 baseline-horovod: install
 	PY=$(PY) bash scripts/install_horovod.sh
-	$(LAUNCH) --engine horovod $(if $(HOSTS),--hostfile $(HOSTS)) --run-dir $(RUN_DIR) -c configs/dawnbench_158s.yaml \
-		$(DATA_ARG) comm.backend=horovod $(OVERRIDES)
+	$(LAUNCH) --engine horovod $(HOSTFILE_ARG) --run-dir $(call q,$(RUN_DIR)) -c configs/dawnbench_158s.yaml \
+		$(DATA_ARG) comm.backend=horovod
 
 # Side-by-side table and plot of the two runs above (RUNS= to compare others).
 RUNS ?= runs/dawnbench_158s-multistream runs/dawnbench_158s-horovod
 compare: install
-	$(PY) scripts/compare_runs.py $(RUNS) --plot runs/compare.png --markdown runs/compare.md
+	$(PY) scripts/compare_runs.py $(call qw,$(RUNS)) --plot runs/compare.png --markdown runs/compare.md

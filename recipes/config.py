@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -519,6 +520,25 @@ def parse_override(text: str) -> tuple[str, str]:
     if not key:
         raise ConfigError(f"override '{text}': empty key")
     return key.strip(), raw
+
+
+_KEY_START = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*=")
+
+
+def split_overrides(text: str) -> list[str]:
+    """`key=value` overrides from one string (make's OVERRIDES=): a new one starts at a word that begins with
+    `key=` once the brackets and quotes of the previous one are closed, so values may hold spaces
+    ('data.roots={160: /data/imagenet-160} phases.0.root=160' is two overrides)."""
+    out: list[str] = []
+    for word in text.split():
+        prev = out[-1] if out else ""
+        closed = all(prev.count(a) == prev.count(b) for a, b in ("{}", "[]", "()")) and prev.count("'") % 2 == 0
+        closed = closed and prev.count('"') % 2 == 0
+        if not out or (closed and _KEY_START.match(word)):
+            out.append(word)
+        else:
+            out[-1] += " " + word
+    return out
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:

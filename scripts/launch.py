@@ -44,6 +44,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("-c", "--config", required=True, help="YAML config (the same file on every host)")
     ap.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides passed to train.py")
+    ap.add_argument("--overrides-text", default="", metavar="TEXT",
+                    help="more overrides as one string, applied last (make's OVERRIDES=): a new one starts at each "
+                    "word that begins with key=, so values may hold spaces")  # fmt: skip
     where = ap.add_argument_group("hosts (one of; default: the SLURM allocation we run in)")
     where.add_argument("--hostfile", help="one 'host [slots=N] [addr=IP]' per line")
     where.add_argument("--hosts", help="comma-separated host[:slots] list, e.g. node01:8,node02:8 or localhost")
@@ -125,8 +128,12 @@ def build_job(args) -> tuple[Job, object]:
     from recipes.comm import BACKENDS
     from recipes.config import load_config
 
+    if not 1 <= args.port <= 65535:
+        raise LaunchError(f"--port: expected a TCP port 1..65535, got {args.port}")
     hosts, default_transport = resolve_hosts(args)
-    overrides = list(args.overrides)
+    from recipes.config import split_overrides
+
+    overrides = list(args.overrides) + split_overrides(args.overrides_text)
     backend_given = [o.split("=", 1)[1].strip() for o in overrides if o.split("=", 1)[0].strip() == "comm.backend"]
     cfg = load_config(args.config, overrides)
     if args.engine == "horovod" and cfg.comm.backend != "horovod":

@@ -495,15 +495,51 @@ def _make(*args: str) -> str:
 def test_make_targets_run_the_launcher_with_the_record_settings():
     out = _make("reproduce-158s", "HOSTS=hosts.txt", "DATA=/data/imagenet", "GPUS=8", "PORT=29555",
                 "OVERRIDES=optim.lr=24 run.seed=1")  # fmt: skip
-    assert ("scripts/launch.py --python .venv/bin/python --port 29555 --gpus-per-host 8 --hostfile hosts.txt "
-            "--run-dir runs/dawnbench_158s-multistream -c configs/dawnbench_158s.yaml data.root=/data/imagenet "
-            "comm.backend=multistream comm.autotune=true optim.lr=24 run.seed=1") in out  # fmt: skip
+    assert ("scripts/launch.py --python .venv/bin/python --port '29555' --gpus-per-host '8' --overrides-text "
+            "'optim.lr=24 run.seed=1' --hostfile 'hosts.txt' --run-dir 'runs/dawnbench_158s-multistream' "
+            "-c configs/dawnbench_158s.yaml 'data.root=/data/imagenet' comm.backend=multistream "
+            "comm.autotune=true") in out  # fmt: skip
     out = _make("reproduce-158s", "RUN_DIR=runs/mine", "LAUNCH_ARGS=--dry-run")  # inside SLURM: no HOSTS
-    assert "--hostfile" not in out and "--run-dir runs/mine" in out and "--dry-run" in out
+    assert "--hostfile" not in out and "--run-dir 'runs/mine'" in out and "'--dry-run'" in out
     out = _make("reproduce-8gpu")
-    assert "--hosts localhost --transport local --run-dir runs/dawnbench_8gpu -c configs/dawnbench_8gpu.yaml" in out
+    assert "--hosts localhost --transport local --run-dir 'runs/dawnbench_8gpu' -c configs/dawnbench_8gpu.yaml" in out
     out = _make("baseline-horovod", "HOSTS=hosts.txt", "IFACE=eth1")
     assert "PY=.venv/bin/python bash scripts/install_horovod.sh" in out
-    assert ("--iface eth1 --engine horovod --hostfile hosts.txt --run-dir runs/dawnbench_158s-horovod "
+    assert ("--iface 'eth1' --engine horovod --hostfile 'hosts.txt' --run-dir 'runs/dawnbench_158s-horovod' "
             "-c configs/dawnbench_158s.yaml comm.backend=horovod") in out  # fmt: skip
-    assert "scripts/compare_runs.py runs/dawnbench_158s-multistream runs/dawnbench_158s-horovod" in _make("compare")
+    assert "scripts/compare_runs.py 'runs/dawnbench_158s-multistream' 'runs/dawnbench_158s-horovod'" in _make("compare")
+
+
+def test_make_quotes_every_value_and_ignores_stray_environment(tmp_path):
+    """make DATA='x;touch y' runs nothing; a path with spaces is one argument; a PORT/DATA exported in the shell is
+    ignored (DAWNBENCH_PORT/DAWNBENCH_DATA are the documented ones); OVERRIDES values may hold spaces."""
+    marker = tmp_path / "ran"
+    env = {**os.environ, "PORT": "1111", "DATA": "/stray", "DAWNBENCH_IFACE": "$(shell touch " + str(marker) + ")"}
+    run_dir = tmp_path / "run dir"
+    p = subprocess.run(
+        ["make", "-s", "--no-print-directory", "-o", ".venv/.installed", f"PY={sys.executable}", "reproduce-8gpu",
+         f"DATA={tmp_path}/x;touch {marker}", f"RUN_DIR={run_dir}", "GPUS=1", "LAUNCH_ARGS=--dry-run",
+         f"OVERRIDES=data.roots={{160: {tmp_path}/my data}} phases.0.root=160 dawnbench.author='Your team'"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert not marker.exists()
+    assert "localhost:29400" in p.stdout and "1111" not in p.stdout and "/stray" not in p.stdout
+    argv = shlex.split(shlex.split(next(ln for ln in p.stdout.splitlines() if "[localhost]" in ln))[-1])
+    assert argv[argv.index("--run-dir") + 1] == str(run_dir)
+    assert f"data.root={tmp_path}/x;touch {marker}" in argv
+    assert f"data.roots={{160: {tmp_path}/my data}}" in argv and "phases.0.root=160" in argv
+    assert "dawnbench.author='Your team'" in argv
+    assert f"GLOO_SOCKET_IFNAME=$(shell touch {marker})" in p.stdout  # DAWNBENCH_IFACE: taken as text, not run
+    out = _make("reproduce-158s", "DAWNBENCH_DATA=/env/imagenet", "DAWNBENCH_PORT=29777")
+    assert "--port '29777'" in out and "'data.root=/env/imagenet'" in out
+
+
+def test_split_overrides_keeps_values_with_spaces():
+    from recipes.config import split_overrides
+
+    assert split_overrides("optim.lr=24 run.seed=1") == ["optim.lr=24", "run.seed=1"]
+    assert split_overrides("data.roots={160: /d/i 160, 128: /d/x} phases.0.root=160") == [
+        "data.roots={160: /d/i 160, 128: /d/x}", "phases.0.root=160"]  # fmt: skip
+    assert split_overrides("dawnbench.hardware='16 x a=b (8 V100)' x.y=1") == [
+        "dawnbench.hardware='16 x a=b (8 V100)'", "x.y=1"]  # fmt: skip

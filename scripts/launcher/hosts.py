@@ -53,8 +53,16 @@ def parse_hostfile(path: str | Path) -> list[Host]:
     path = Path(path)
     if not path.is_file():
         raise HostError(f"{path}: hostfile not found")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise HostError(
+            f"{path}: not a UTF-8 text file (byte {e.start}): expected 'host [slots=N] [addr=IP]' lines"
+        ) from None
+    except OSError as e:
+        raise HostError(f"{path}: cannot read the hostfile: {e.strerror or e}") from None
     hosts: list[Host] = []
-    for no, raw in enumerate(path.read_text().splitlines(), 1):
+    for no, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue

@@ -154,6 +154,14 @@ class Job:
                 f"command -v {q(self.horovodrun_path())} >/dev/null || "
                 + problem(f"{self.horovodrun_path()} not found")
             )
+        if first:
+            # The rendezvous (torchrun's c10d store, or MASTER_PORT for horovod) binds this port on the first host;
+            # when something holds it, torchrun would only say so deep inside a traceback.
+            bind = f"import socket; s = socket.socket(); s.bind(('', {int(self.port)}))"
+            lines.append(
+                f"{q(self.python)} -c {q(bind)} >/dev/null 2>&1 || "
+                + problem(f"rendezvous port {self.port} is in use (stop what holds it, or choose --port / PORT=)")
+            )
         for path in self.data_paths:
             lines.append(
                 f'test -n "$(ls -A {q(path)} 2>/dev/null | head -n 1)" || '
