@@ -24,14 +24,17 @@ Use it from Python (`with NetLab(2, link_mbit=1000, flow_mbit=333) as lab: lab.r
     sudo python scripts/netlab.py --hosts 2 --link-mbit 1000 --flow-mbit 333 --check   # measure the shaping
     sudo python scripts/netlab.py --cleanup     # remove namespaces left by labs whose process died
 
-`{rank}`, `{world}`, `{addr}` and `{master}` in the command are replaced per host. The lab is torn down when
-the block or command ends, on an exception, on Ctrl-C and on SIGTERM/SIGHUP.
+`{rank}`, `{world}`, `{addr}` and `{master}` in the command are replaced per host (other braces pass through).
+The lab is torn down when the block or command ends, on an exception, on Ctrl-C and on SIGTERM/SIGHUP: every process
+inside its namespaces is ended (`ip netns pids`), then the namespaces and their /etc/netns entries are removed.
+After a SIGKILL of the lab itself, `--cleanup` does the same for every lab whose process is gone.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import re
 import shutil
@@ -48,6 +51,9 @@ PREFIX = "dbn"
 SUBNET = "10.250.0"
 ETC_NETNS = Path("/etc/netns")
 FLOW_CLASSES = 256  # leaves selected by the low 8 bits of the TCP source port
+# Rates tc's htb shapes faithfully: below ~0.1 Mbit/s a leaf's share (link / 512) rounds to nothing.
+MIN_MBIT, MAX_MBIT = 0.1, 1_000_000.0
+_LAB_NAME = re.compile(rf"{PREFIX}(\d+)-(sw|h\d+)")
 
 
 class NetLabError(RuntimeError):
@@ -84,8 +90,9 @@ class NetLab:
             raise ValueError(f"hosts: expected 1..250, got {hosts}")
         if flow_mbit is not None and link_mbit is None:
             raise ValueError("a per-flow cap needs a link cap (flow_mbit without link_mbit)")
-        if link_mbit is not None and link_mbit <= 0 or flow_mbit is not None and flow_mbit <= 0:
-            raise ValueError(f"link_mbit/flow_mbit must be positive, got {link_mbit}/{flow_mbit}")
+        for name, rate in (("link_mbit", link_mbit), ("flow_mbit", flow_mbit)):
+            if rate is not None and not (math.isfinite(rate) and MIN_MBIT <= rate <= MAX_MBIT):
+                raise ValueError(f"{name}: expected a rate from {MIN_MBIT:g} to {MAX_MBIT:g} Mbit/s, got {rate}")
         self.hosts, self.link_mbit, self.flow_mbit = hosts, link_mbit, flow_mbit
         self.tag = tag or f"{PREFIX}{os.getpid()}"
         if not re.fullmatch(r"[a-z0-9]{1,12}", self.tag):
@@ -155,6 +162,9 @@ class NetLab:
                 _kill_tree(p)
         self._procs.clear()
         for ns in reversed(self._created):
+            # Processes that left the child's process group (torchrun's workers start their own sessions) would
+            # outlive `ip netns del` in a namespace without a name: end everything that runs inside first.
+            kill_namespace_processes(ns)
             _run(["ip", "netns", "del", ns], check=False)  # deleting a namespace removes its links and qdiscs
             shutil.rmtree(ETC_NETNS / ns, ignore_errors=True)
         self._created.clear()
@@ -289,18 +299,66 @@ def _kill_tree(p: subprocess.Popen) -> None:
         p.wait(timeout=10)
 
 
-def cleanup_stale() -> list[str]:
-    """Remove lab namespaces whose creating process no longer exists; returns their names."""
+def namespace_pids(ns: str) -> list[int]:
+    """PIDs of the processes whose network namespace is `ns` (`ip netns pids`)."""
+    out = _run(["ip", "netns", "pids", ns], check=False).stdout
+    return [int(t) for t in out.split() if t.isdigit() and int(t) != os.getpid()]
+
+
+def kill_namespace_processes(ns: str, timeout: float = 10.0) -> int:
+    """SIGKILL every process inside namespace `ns` until none is left (a dying tree may still fork); returns
+    how many were killed."""
+    killed: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while (pids := namespace_pids(ns)) and time.monotonic() < deadline:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+        time.sleep(0.05)
+    return len(killed)
+
+
+def _lab_pid(name: str) -> int | None:
+    m = _LAB_NAME.fullmatch(name)
+    return int(m.group(1)) if m else None
+
+
+def cleanup_stale(tag: str | None = None) -> list[str]:
+    """Remove what labs whose creating process died left behind: the processes inside their namespaces, the
+    namespaces and their /etc/netns entries. Only names of this module's form (`dbn<pid>-sw`, `dbn<pid>-h<i>`)
+    whose <pid> no longer exists are touched; `tag` (`dbn<pid>`) narrows it to one lab. Returns the names."""
+
+    def stale(name: str) -> bool:
+        pid = _lab_pid(name)
+        return pid is not None and not Path(f"/proc/{pid}").exists() and (tag is None or name.startswith(tag + "-"))
+
     out = _run(["ip", "netns", "list"], check=False).stdout
     removed = []
     for line in out.splitlines():
         name = line.split()[0] if line.split() else ""
-        m = re.fullmatch(rf"{PREFIX}(\d+)-(sw|h\d+)", name)
-        if m and not Path(f"/proc/{m.group(1)}").exists():
+        if stale(name):
+            kill_namespace_processes(name)
             _run(["ip", "netns", "del", name], check=False)
             shutil.rmtree(ETC_NETNS / name, ignore_errors=True)
             removed.append(name)
+    if ETC_NETNS.is_dir():
+        for d in ETC_NETNS.iterdir():  # entries whose namespace was deleted without them
+            if d.name not in removed and stale(d.name):
+                shutil.rmtree(d, ignore_errors=True)
+                removed.append(d.name)
+    with contextlib.suppress(OSError):
+        ETC_NETNS.rmdir()
     return removed
+
+
+_PLACEHOLDER = re.compile(r"\{(rank|world|addr|master)\}")
+
+
+def substitute(arg: str, **values) -> str:
+    """`arg` with {rank}, {world}, {addr} and {master} replaced; any other brace is left as it is (no str.format:
+    a command such as `python -c "d = {'a': 1}"` passes through)."""
+    return _PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), arg)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -380,7 +438,12 @@ def main(argv: list[str] | None = None) -> int:
     if reason:
         print(f"netlab: {reason}", file=sys.stderr)
         return 2
-    with NetLab(max(args.hosts, 2 if args.check else 1), args.link_mbit, args.flow_mbit) as lab:
+    try:
+        lab = NetLab(max(args.hosts, 2 if args.check else 1), args.link_mbit, args.flow_mbit)
+    except ValueError as e:
+        print(f"netlab: error: {e}", file=sys.stderr)
+        return 2
+    with lab:
         if args.check:
             print(f"| TCP streams | Mbit/s (link cap {args.link_mbit}, per-flow cap {args.flow_mbit}) |")
             print("|---:|---:|")
@@ -388,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"| {k} | {measure_mbit(lab, k):.0f} |", flush=True)
             return 0
         fmt = {"world": lab.hosts, "master": lab.addr(0)}
-        results = lab.run_all(lambda i: [a.format(rank=i, addr=lab.addr(i), **fmt) for a in cmd],
+        results = lab.run_all(lambda i: [substitute(a, rank=i, addr=lab.addr(i), **fmt) for a in cmd],
                               timeout=args.timeout)  # fmt: skip
         for i, (rc, out) in enumerate(results):
             for line in out.splitlines():

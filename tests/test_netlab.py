@@ -86,3 +86,62 @@ def test_each_host_resolves_the_hostname_to_its_own_address():
         names = list(lab.names)
     assert [out.strip() for _, out in results] == ["10.250.0.1", "10.250.0.2"]
     assert not any((netlab.ETC_NETNS / n).exists() for n in names)  # its /etc/netns entries are gone too
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "\nState:\tZ" not in f.read()
+    except FileNotFoundError:
+        return False
+
+
+def _wait(cond, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return cond()
+
+
+def test_teardown_ends_processes_that_left_the_process_group():
+    """A process in its own session (as torchrun's workers are) is ended with the lab, not left in a nameless
+    namespace."""
+    with netlab.NetLab(1, tag="dbnt13a") as lab:
+        p = lab.popen(0, ["sh", "-c", "setsid sleep 300 & echo $!; sleep 300"], stdout=subprocess.PIPE, text=True)
+        escaped = int(p.stdout.readline())
+        assert _alive(escaped) and escaped in netlab.namespace_pids("dbnt13a-h0")
+    assert _wait(lambda: not _alive(escaped), 10)
+    assert lab_namespaces("dbnt13a") == []
+
+
+def test_cleanup_after_sigkill_removes_namespaces_etc_entries_and_processes():
+    p = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "netlab.py"), "--hosts", "2", "--",
+                          "sh", "-c", "setsid sleep 300 & sleep 300"], stdout=subprocess.PIPE)  # fmt: skip
+    tag = f"dbn{p.pid}"
+    assert _wait(lambda: len(lab_namespaces(tag)) == 3 and all(netlab.namespace_pids(f"{tag}-h{i}") for i in (0, 1)))
+    assert _wait(lambda: all(len(netlab.namespace_pids(f"{tag}-h{i}")) >= 2 for i in (0, 1)))
+    inside = [pid for i in (0, 1) for pid in netlab.namespace_pids(f"{tag}-h{i}")]
+    p.kill()  # SIGKILL: no teardown at all
+    p.wait(timeout=30)
+    assert len(lab_namespaces(tag)) == 3 and (netlab.ETC_NETNS / f"{tag}-h0").is_dir()
+    with netlab.NetLab(1, tag="dbnt13b"):  # a live lab: never touched by a clean-up
+        assert netlab.cleanup_stale("dbnt13b") == []
+        removed = netlab.cleanup_stale(tag)
+        assert sorted(lab_namespaces("dbnt13b")) == ["dbnt13b-h0", "dbnt13b-sw"]
+    assert sorted(removed) == sorted([f"{tag}-sw", f"{tag}-h0", f"{tag}-h1"])
+    assert lab_namespaces(tag) == [] and not (netlab.ETC_NETNS / f"{tag}-h0").exists()
+    assert _wait(lambda: not any(_alive(pid) for pid in inside), 10)
+
+
+def test_braces_in_a_lab_command_and_bad_rates():
+    code = "d = {'a': 1}; print(d['a'], '{rank} of {world} {x}')"
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "netlab.py"), "--hosts", "2", "--", sys.executable,
+                        "-c", code], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert sorted(p.stdout.splitlines()) == ["[host 0] 1 0 of 2 {x}", "[host 1] 1 1 of 2 {x}"]
+    for rate in ("nan", "inf", "0.00001", "-5"):
+        p = subprocess.run([sys.executable, str(ROOT / "scripts" / "netlab.py"), "--link-mbit", rate, "--", "true"],
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+        assert p.stderr.strip().splitlines() == [
+            f"netlab: error: link_mbit: expected a rate from 0.1 to 1e+06 Mbit/s, got {float(rate)}"]  # fmt: skip
