@@ -87,7 +87,7 @@ def test_invalid_yaml_reports_line(tmp_path):
 
 
 def test_semantic_validation():
-    with pytest.raises(ConfigError, match="phases.0.batch_size: expected a positive integer"):
+    with pytest.raises(ConfigError, match=r"phases.0.batch_size: expected an integer > 0, got 0"):
         load_config(None, ["phases=[{epochs: 1, image_size: 32, batch_size: 0}]"])
     with pytest.raises(ConfigError, match="optim.warmup_epochs"):
         load_config(None, ["optim.warmup_epochs=5"])
