@@ -63,3 +63,25 @@ def test_odd_files_decode_as_rgb(sample_root, tmp_path):
     for f in (sample_root / "train").rglob("*_odd_*.JPEG"):
         img = load_rgb(str(f))
         assert img.mode == "RGB" and img.width >= 150
+
+
+def test_unreadable_class_folder_is_a_data_error(tiny_root, monkeypatch):
+    """(Root reads any folder, so the PermissionError an ordinary user gets is raised by hand.)"""
+    from pathlib import Path
+
+    import pytest
+
+    from data.folder import DataError, scan_split
+
+    victim = sorted((tiny_root / "train").iterdir())[1]
+    real = Path.iterdir
+
+    def iterdir(self):
+        if self == victim:
+            raise PermissionError(13, "Permission denied")
+        return real(self)
+
+    monkeypatch.setattr(Path, "iterdir", iterdir)
+    with pytest.raises(DataError) as e:
+        scan_split(tiny_root, "train")
+    assert str(e.value) == f"cannot list '{victim}': Permission denied"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
@@ -104,3 +105,75 @@ def test_dali_keys_are_checked_and_the_quickstart_uses_dali():
         load_config(None, ["data.dali_prefetch=0"])
     with pytest.raises(ConfigError, match="data.dali_dtype: expected one of 'auto', 'float32', 'float16'"):
         load_config(None, ["data.dali_dtype=bf16"])
+
+
+def _indexed(split, n):
+    """The first n files of a split, with label = file index (a batch's labels say which files it holds)."""
+    from data.folder import Split
+
+    return Split(split.root, split.classes, split.files[:n], list(range(n)))
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_short_last_batch_is_filled_the_same_way_in_torch_and_dali(tiny_root, tmp_path, world):
+    """17 images, global batch 8: every batch is full (no 1-image batch for BatchNorm) and both backends read the
+    same samples in the same order, the shard wrapping around to fill the last batch."""
+    from data.dali_loader import DaliPipeline
+    from data.folder import scan_split
+    from data.torch_loader import TorchPipeline
+
+    train, val = _indexed(scan_split(tiny_root, "train"), 17), scan_split(tiny_root, "val")
+    streams = {}
+    for name, cls in (("torch", TorchPipeline), ("dali", DaliPipeline)):
+        cfg = tiny_config(tiny_root, tmp_path, f"data.backend={name}",
+                          "phases=[{epochs: 1, image_size: 16, batch_size: 8}]")  # fmt: skip
+        plan = Plan(cfg, len(train), world)
+        info = plan.epoch_info(0)
+        for rank in range(world):
+            pipe = cls(cfg, DistInfo(rank, world, rank, world, torch.device("cpu")), train, val, {"full": (train, val)})
+            batches = list(pipe.train_batches(info))
+            assert len(batches) == info.steps
+            assert [len(y) for _, y in batches] == [8 // world] * info.steps
+            streams[name, rank] = [int(v) for _, y in batches for v in y]
+            pipe.close()
+    for rank in range(world):
+        assert streams["torch", rank] == streams["dali", rank]
+
+
+def test_dali_refuses_images_above_the_pixel_limit_and_non_utf8_names(tiny_root, tmp_path, capsys):
+    """Judged from the file name and image header before DALI decodes anything; the torch backend applies the
+    same data.max_image_pixels when it opens the file."""
+    from PIL import Image
+
+    from data.folder import DataError
+    from data.transforms import load_rgb
+
+    root = tmp_path / "data"
+    shutil.copytree(tiny_root, root)
+    wnid = sorted(p.name for p in (root / "train").iterdir())[0]
+    bomb = root / "train" / wnid / "bomb.png"
+    Image.new("L", (3000, 2000)).save(bomb)  # 6 Mpixel, a few kB on disk
+    cfg = tiny_config(root, tmp_path, "data.backend=dali", "data.max_image_pixels=5000000")
+    with pytest.raises(DataError) as e:
+        create_input(cfg, CPU)
+    assert str(e.value) == (
+        f"image '{bomb}' has 3000x2000 = 6,000,000 pixels, above data.max_image_pixels (5,000,000): refused "
+        "before decoding (a decompression bomb, or raise the limit)"
+    )
+    with pytest.raises(DataError, match="above data.max_image_pixels"):
+        load_rgb(str(bomb), 5_000_000)
+    assert load_rgb(str(bomb), 6_000_000).size == (3000, 2000)
+    pipe = create_input(tiny_config(root, tmp_path, "data.backend=dali", "data.max_image_pixels=5000000",
+                                    "data.skip_corrupt=true"), CPU)  # fmt: skip
+    assert [p for p, _ in pipe.skipped] == [str(bomb)]
+    assert f"warning: skipping training file: image '{bomb}'" in capsys.readouterr().err
+    pipe.close()
+    bomb.unlink()
+
+    odd = os.path.join(os.fsencode(root / "val" / wnid), b"caf\xe9.JPEG")
+    shutil.copyfile(next((root / "val" / wnid).iterdir()), odd)
+    with pytest.raises(DataError) as e:
+        create_input(tiny_config(root, tmp_path, "data.backend=dali"), CPU)
+    assert str(e.value) == (f"file name {odd!r} is not valid UTF-8 (DALI reads UTF-8 names only)")
+    torch_pipe = create_input(tiny_config(root, tmp_path, "data.backend=torch"), CPU)  # PIL opens it
+    assert sum(len(y) for _, y in torch_pipe.val_batches(cfg.phases[0])) == 21
