@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # $(call q,TEXT): TEXT as one single-quoted shell word, so that a value with spaces, ';', '$' or quotes is passed
 # as it is and never run (make DATA='x;touch y' reads a folder named "x;touch y").
 q = '$(subst ','\'',$(1))'
-# $(call qw,WORDS): each whitespace-separated word quoted on its own (option lists such as LAUNCH_ARGS).
+# $(call qw,WORDS): each whitespace-separated word quoted on its own (a list of paths such as RUNS).
 qw = $(foreach w,$(1),$(call q,$(w)))
 
 .PHONY: install horovod sample quickstart test test-fast bench lint format clean
@@ -42,10 +42,10 @@ quickstart: sample
 	$(PY) evaluate.py $(call q,$(RUN_DIR)/checkpoint.pt) --data $(call q,$(SAMPLE)) --out $(call q,$(RUN_DIR)/eval.json)
 
 test: install horovod
-	$(PY) -m pytest -q $(call qw,$(PYTEST_ARGS)) tests
+	PYTEST_ADDOPTS=$(call q,$(PYTEST_ARGS)) $(PY) -m pytest -q tests
 
 test-fast: install horovod
-	$(PY) -m pytest -q -m "not slow" $(call qw,$(PYTEST_ARGS)) tests
+	PYTEST_ADDOPTS=$(call q,$(PYTEST_ARGS)) $(PY) -m pytest -q -m "not slow" tests
 
 bench: install
 	$(PY) scripts/bench.py --out bench_report.md
@@ -64,7 +64,8 @@ clean:
 # GPUS=processes per host (default: hostfile slots, else the config's 8), PORT=rendezvous port, RUN_DIR=run directory
 # (a rerun into the same one resumes from its checkpoint), OVERRIDES='key=value ...' (split before each key=, so a
 # value may hold spaces: 'data.roots={160: /data/imagenet-160} phases.0.root=160'), TRANSPORT=ssh|slurm|local,
-# IFACE=network interface, LAUNCH_ARGS=any other scripts/launch.py options (e.g. --dry-run).
+# IFACE=network interface, LAUNCH_ARGS=any other scripts/launch.py options (e.g. --dry-run; split by launch.py as a
+# shell would split them, quotes included, but never run by a shell).
 # Each is taken from the make command line, or from the environment as DAWNBENCH_<NAME> (DAWNBENCH_DATA=...):
 # a PORT or DATA that happens to be set in the shell does not apply. Every value is passed quoted.
 HOSTS       = $(value DAWNBENCH_HOSTS)
@@ -77,7 +78,7 @@ OVERRIDES   = $(value DAWNBENCH_OVERRIDES)
 LAUNCH_ARGS = $(value DAWNBENCH_LAUNCH_ARGS)
 LAUNCH = $(PY) scripts/launch.py --python $(PY) --port $(call q,$(PORT)) $(if $(GPUS),--gpus-per-host $(call q,$(GPUS))) \
 	$(if $(TRANSPORT),--transport $(call q,$(TRANSPORT))) $(if $(IFACE),--iface $(call q,$(IFACE))) \
-	$(call qw,$(LAUNCH_ARGS)) $(if $(OVERRIDES),--overrides-text $(call q,$(OVERRIDES)))
+	$(if $(LAUNCH_ARGS),--args-text $(call q,$(LAUNCH_ARGS))) $(if $(OVERRIDES),--overrides-text $(call q,$(OVERRIDES)))
 DATA_ARG = $(if $(DATA),$(call q,data.root=$(DATA)))
 HOSTFILE_ARG = $(if $(HOSTS),--hostfile $(call q,$(HOSTS)))
 

@@ -40,7 +40,8 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="launch.py",
         description=__doc__.split("\n\n")[0],
-        epilog="Internal: launch.py guard [--grace S] -- COMMAND (runs on each host).",
+        epilog="--args-text TEXT: more options in one string, split like shell words (make's LAUNCH_ARGS). "
+        "Internal: launch.py guard [--grace S] -- COMMAND (runs on each host).",
     )
     ap.add_argument("-c", "--config", required=True, help="YAML config (the same file on every host)")
     ap.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides passed to train.py")
@@ -210,12 +211,32 @@ def describe(job: Job, cfg) -> list[str]:
     return lines
 
 
+def expand_args_text(argv: list[str]) -> list[str]:
+    """`--args-text TEXT` replaced by the options in TEXT, split as a shell splits words (quotes respected) but
+    never run by one: make's LAUNCH_ARGS arrive this way."""
+    out: list[str] = []
+    it = iter(argv)
+    for a in it:
+        if a == "--args-text":
+            out += shlex.split(next(it, ""))
+        elif a.startswith("--args-text="):
+            out += shlex.split(a.split("=", 1)[1])
+        else:
+            out.append(a)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["guard"]:
         from launcher.guard import main as guard_main
 
         return guard_main(argv[1:])
+    try:
+        argv = expand_args_text(argv)
+    except ValueError as e:
+        print(f"launch: error: --args-text: {e}", file=sys.stderr)
+        return 2
     args = _parser().parse_args(argv)
     sys.path.insert(0, str(REPO))
     from recipes.config import ConfigError

@@ -500,7 +500,7 @@ def test_make_targets_run_the_launcher_with_the_record_settings():
             "-c configs/dawnbench_158s.yaml 'data.root=/data/imagenet' comm.backend=multistream "
             "comm.autotune=true") in out  # fmt: skip
     out = _make("reproduce-158s", "RUN_DIR=runs/mine", "LAUNCH_ARGS=--dry-run")  # inside SLURM: no HOSTS
-    assert "--hostfile" not in out and "--run-dir 'runs/mine'" in out and "'--dry-run'" in out
+    assert "--hostfile" not in out and "--run-dir 'runs/mine'" in out and "--args-text '--dry-run'" in out
     out = _make("reproduce-8gpu")
     assert "--hosts localhost --transport local --run-dir 'runs/dawnbench_8gpu' -c configs/dawnbench_8gpu.yaml" in out
     out = _make("baseline-horovod", "HOSTS=hosts.txt", "IFACE=eth1")
@@ -518,7 +518,8 @@ def test_make_quotes_every_value_and_ignores_stray_environment(tmp_path):
     run_dir = tmp_path / "run dir"
     p = subprocess.run(
         ["make", "-s", "--no-print-directory", "-o", ".venv/.installed", f"PY={sys.executable}", "reproduce-8gpu",
-         f"DATA={tmp_path}/x;touch {marker}", f"RUN_DIR={run_dir}", "GPUS=1", "LAUNCH_ARGS=--dry-run",
+         f"DATA={tmp_path}/x;touch {marker}", f"RUN_DIR={run_dir}", "GPUS=1",
+         f"LAUNCH_ARGS=--dry-run --env 'NOTE=a b;touch {marker}'",
          f"OVERRIDES=data.roots={{160: {tmp_path}/my data}} phases.0.root=160 dawnbench.author='Your team'"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -530,6 +531,7 @@ def test_make_quotes_every_value_and_ignores_stray_environment(tmp_path):
     assert f"data.root={tmp_path}/x;touch {marker}" in argv
     assert f"data.roots={{160: {tmp_path}/my data}}" in argv and "phases.0.root=160" in argv
     assert "dawnbench.author='Your team'" in argv
+    assert f"NOTE=a b;touch {marker}" in argv  # a LAUNCH_ARGS value with spaces, quoted as in a shell
     assert f"GLOO_SOCKET_IFNAME=$(shell touch {marker})" in p.stdout  # DAWNBENCH_IFACE: taken as text, not run
     out = _make("reproduce-158s", "DAWNBENCH_DATA=/env/imagenet", "DAWNBENCH_PORT=29777")
     assert "--port '29777'" in out and "'data.root=/env/imagenet'" in out
