@@ -79,18 +79,25 @@ def load(path: str | Path, check: bool = True) -> dict:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         text = str(e)
-        if "weights_only" in text or "Unsupported global" in text or "Unsupported operand" in text:
-            found = re.search(r"GLOBAL ([\w.]+)", text)
+        found = re.search(r"GLOBAL ([\w.]+)", text)
+        operand = re.search(r"Unsupported operand (\d+)", text)
+        if found or (operand and int(operand.group(1)) in _CODE_OPCODES):
             what = f" ({found.group(1)})" if found else ""
             raise CheckpointError(
                 f"checkpoint '{path}' refused: it holds objects other than tensors and plain values{what}, "
                 "which would run code when loaded"
             ) from None
-        raise CheckpointError(f"checkpoint '{path}' cannot be read: {_first_line(e)}") from None
+        why = f"unsupported pickle opcode {operand.group(1)}" if operand else "a pickle the weights-only loader rejects"
+        raise CheckpointError(f"checkpoint '{path}' cannot be read: not a torch checkpoint ({why})") from None
     except Exception as e:  # torch raises several types for a damaged file
         raise CheckpointError(f"checkpoint '{path}' cannot be read: {_first_line(e)}") from None
     check_structure(state, path)
     return state
+
+
+# Pickle opcodes that import or call something (GLOBAL, STACK_GLOBAL, REDUCE, INST, OBJ, NEWOBJ, NEWOBJ_EX): the
+# weights-only unpickler stops at them; any other unsupported opcode is a damaged or foreign file.
+_CODE_OPCODES = {ord("c"), 0x93, ord("R"), ord("i"), ord("o"), 0x81, 0x92}
 
 
 def _first_line(e: Exception) -> str:

@@ -101,7 +101,7 @@ def test_odd_files_decode_as_the_same_rgb_in_every_backend(odd_val_root, tmp_pat
 
 def test_dali_keys_are_checked_and_the_quickstart_uses_dali():
     assert load_config(ROOT / "configs" / "quickstart.yaml").data.backend == "dali"
-    with pytest.raises(ConfigError, match="data.dali_prefetch: expected a positive integer, got 0"):
+    with pytest.raises(ConfigError, match="data.dali_prefetch: expected an integer > 0, got 0"):
         load_config(None, ["data.dali_prefetch=0"])
     with pytest.raises(ConfigError, match="data.dali_dtype: expected one of 'auto', 'float32', 'float16'"):
         load_config(None, ["data.dali_dtype=bf16"])
