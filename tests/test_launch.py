@@ -163,6 +163,7 @@ def test_check_command_reports_each_problem(tmp_path):
         config="configs/quickstart.yaml",
         hosts=[Host("h", "h")],
         data_paths=[str(tmp_path / "data" / "train"), str(tmp_path / "data" / "val"), "/nonexistent 1/x"],
+        port=free_port(),
     )
     p = subprocess.run(["sh", "-c", job.check_command(first=True)], capture_output=True, text=True, timeout=120)
     assert p.returncode != 0
@@ -174,6 +175,29 @@ def test_check_command_reports_each_problem(tmp_path):
     job.workdir = str(tmp_path / "nowhere")
     p = subprocess.run(["sh", "-c", job.check_command(first=True)], capture_output=True, text=True, timeout=60)
     assert p.stdout.strip() == f"launch-check: working directory {tmp_path}/nowhere not found"
+
+
+def test_busy_rendezvous_port_and_non_utf8_hostfile_are_named(tmp_path):
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        job = _job(workdir=str(ROOT), python=sys.executable, config="configs/quickstart.yaml", hosts=[Host("h", "h")],
+                   data_paths=[], port=port)  # fmt: skip
+        p = subprocess.run(["sh", "-c", job.check_command(first=True)], capture_output=True, text=True, timeout=120)
+        assert p.stdout.splitlines() == [f"launch-check: rendezvous port {port} is in use (stop what holds it, or "
+                                         "choose --port / PORT=)"]  # fmt: skip
+        p = subprocess.run(["sh", "-c", job.check_command(first=False)], capture_output=True, text=True, timeout=120)
+        assert p.stdout.strip() == "launch-check: ok"  # only the first host binds it
+    hostfile = tmp_path / "hosts"
+    hostfile.write_bytes(b"node01 slots=8\nn\xf6de02\n")
+    with pytest.raises(HostError) as e:
+        parse_hostfile(hostfile)
+    assert str(e.value) == f"{hostfile}: not a UTF-8 text file (byte 16): expected 'host [slots=N] [addr=IP]' lines"
+    p = launch("--hostfile", str(hostfile), "-c", "configs/quickstart.yaml", "--port", "0", timeout=120)
+    assert p.returncode == 2 and p.stderr.strip() == "launch: error: --port: expected a TCP port 1..65535, got 0"
 
 
 # ---------------------------------------------------------------------------------------------------------
