@@ -198,23 +198,23 @@ class DaliPipeline:
         self.threads = max(1, cfg.data.workers)
         self.skipped: list[tuple[str, str]] = []  # (file, why): undecodable training files skipped
         self._excluded: set[str] = set()
-        self._check_files()
+        self._checked: set[str] = set()  # split roots whose headers were checked
         self._train: tuple | None = None  # (phase index, pipeline, files, split)
         self._train_next: tuple[int, int] | None = None  # (epoch, step) the live pipeline delivers next
         self._val: tuple | None = None  # (key, pipeline, batches, per-batch real sample counts)
         self._val_sizes: np.ndarray | None = None
         self._rebuilds = 0
 
-    def _check_files(self) -> None:
-        """Header check of every file before DALI sees it; each rank reads 1/world of the headers."""
+    def _check_split(self, split: Split, is_val: bool) -> None:
+        """Header check of a split's files before its first pipeline is built (once per split; evaluate.py reads
+        only val/). Each rank reads 1/world of the headers and all ranks share the findings."""
+        if str(split.root) in self._checked:
+            return
+        self._checked.add(str(split.root))
         limit, rank, world = self.cfg.data.max_image_pixels, self.dist.rank, self.dist.world_size
-        val_files = set(self.val.files)
-        files = list(dict.fromkeys(f for tr, va in [(self.train, self.val), *self.roots.values()]
-                                   for f in (*tr.files, *va.files)))  # fmt: skip
-        bad = _gather_problems(check_headers(files, limit, self.threads * 2, rank, world), self.dist)
-        fatal = [(f, why) for f, why in bad if f in val_files or not self.cfg.data.skip_corrupt]
-        if fatal:
-            raise DataError(fatal[0][1] + (f" (and {len(fatal) - 1} more file(s))" if len(fatal) > 1 else ""))
+        bad = _gather_problems(check_headers(split.files, limit, self.threads * 2, rank, world), self.dist)
+        if bad and (is_val or not self.cfg.data.skip_corrupt):
+            raise DataError(bad[0][1] + (f" (and {len(bad) - 1} more file(s))" if len(bad) > 1 else ""))
         for _, why in bad:
             print(f"warning: skipping training file: {why}", file=sys.stderr)
         self.skipped.extend(bad)
@@ -266,6 +266,7 @@ class DaliPipeline:
     def _build_train(self, info, start_step: int) -> None:
         self._release("_train")
         split = self.roots[info.phase.root][0]
+        self._check_split(split, is_val=False)
         order = [i for i in self._phase_order(info, split, start_step) if split.files[i] not in self._excluded]
         if not order:
             raise DataError(f"no decodable training image left in '{split.root}'")
@@ -345,6 +346,7 @@ class DaliPipeline:
         if self._val is not None and self._val[0] == key:
             return
         self._release("_val")
+        self._check_split(self.val, is_val=True)
         files, labels = self.val.files, self.val.labels
         if phase.rect_val:
             if self._val_sizes is None:

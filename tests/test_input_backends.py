@@ -154,8 +154,11 @@ def test_dali_refuses_images_above_the_pixel_limit_and_non_utf8_names(tiny_root,
     bomb = root / "train" / wnid / "bomb.png"
     Image.new("L", (3000, 2000)).save(bomb)  # 6 Mpixel, a few kB on disk
     cfg = tiny_config(root, tmp_path, "data.backend=dali", "data.max_image_pixels=5000000")
+    info = Plan(cfg, 49, 1).epoch_info(0)
+    pipe = create_input(cfg, CPU)
     with pytest.raises(DataError) as e:
-        create_input(cfg, CPU)
+        pipe.train_batches(info)  # checked when the phase's pipeline is built, before DALI decodes anything
+    pipe.close()
     assert str(e.value) == (
         f"image '{bomb}' has 3000x2000 = 6,000,000 pixels, above data.max_image_pixels (5,000,000): refused "
         "before decoding (a decompression bomb, or raise the limit)"
@@ -165,6 +168,7 @@ def test_dali_refuses_images_above_the_pixel_limit_and_non_utf8_names(tiny_root,
     assert load_rgb(str(bomb), 6_000_000).size == (3000, 2000)
     pipe = create_input(tiny_config(root, tmp_path, "data.backend=dali", "data.max_image_pixels=5000000",
                                     "data.skip_corrupt=true"), CPU)  # fmt: skip
+    assert len(list(pipe.train_batches(info))) == info.steps
     assert [p for p, _ in pipe.skipped] == [str(bomb)]
     assert f"warning: skipping training file: image '{bomb}'" in capsys.readouterr().err
     pipe.close()
@@ -172,8 +176,10 @@ def test_dali_refuses_images_above_the_pixel_limit_and_non_utf8_names(tiny_root,
 
     odd = os.path.join(os.fsencode(root / "val" / wnid), b"caf\xe9.JPEG")
     shutil.copyfile(next((root / "val" / wnid).iterdir()), odd)
+    pipe = create_input(tiny_config(root, tmp_path, "data.backend=dali"), CPU)
     with pytest.raises(DataError) as e:
-        create_input(tiny_config(root, tmp_path, "data.backend=dali"), CPU)
+        pipe.val_batches(cfg.phases[0])
     assert str(e.value) == (f"file name {odd!r} is not valid UTF-8 (DALI reads UTF-8 names only)")
+    pipe.close()
     torch_pipe = create_input(tiny_config(root, tmp_path, "data.backend=torch"), CPU)  # PIL opens it
     assert sum(len(y) for _, y in torch_pipe.val_batches(cfg.phases[0])) == 21
