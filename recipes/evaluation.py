@@ -13,13 +13,13 @@ import torch
 from torch import nn
 
 from recipes import checkpoint as ckpt
-from recipes.config import Config, ConfigError, _build
+from recipes.config import Config, ConfigError, config_from_dict
 
 
 def config_from_checkpoint(state: dict, path: str) -> Config:
     if "config" not in state or "model_info" not in state:
         raise ckpt.CheckpointError(f"checkpoint '{path}' has no config: not written by this trainer")
-    return _build(Config, state["config"], "")
+    return config_from_dict(state["config"], f"checkpoint '{path}' config")
 
 
 def load_model(state: dict, cfg: Config, path: str):
