@@ -7,7 +7,6 @@ ready (the future's callback). `wait_seconds` is not measured here: DDP waits fo
 
 from __future__ import annotations
 
-import torch.distributed as td
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
@@ -38,7 +37,7 @@ class DDPBackend(BackendDefaults):
         ddp.register_comm_hook(None, self._allreduce)
         return ddp, optimizer
 
-    def _allreduce(self, state, bucket: td.GradBucket):
+    def _allreduce(self, state, bucket):  # no annotations: DDP checks them against its own types
         """DDP's default hook (divide by the world size, allreduce), timed."""
         self.window.begin()
         buf = bucket.buffer()
