@@ -1,13 +1,16 @@
 """Input pipelines. `create_input(cfg, dist)` is the only place that knows which backend is in use.
 
-A pipeline exposes: `num_classes`, `classes`, `num_train`, `num_val`, `train_batches(epoch_info, start_step=0)` (exactly
-`epoch_info.steps - start_step` normalized batches on the device for this rank), `val_batches(phase)` (this rank's
-disjoint share of the validation set, every image exactly once over all ranks) and `close()`.
+Every pipeline implements `data.pipeline.InputPipeline`: `num_classes`, `classes`, `num_train`, `num_val`,
+`train_batches(epoch_info, start_step=0)` (exactly `epoch_info.steps - start_step` normalized batches on the
+device for this rank), `val_batches(phase)` (this rank's disjoint share of the validation set, every image exactly
+once over all ranks) and `close()`. The names of `data.backend` are in recipes/registry.py.
 """
 
 from __future__ import annotations
 
 from data.folder import DataError, scan_split
+from data.pipeline import BasePipeline, InputPipeline
+from recipes import registry
 
 
 def _scan(cfg):
@@ -24,29 +27,13 @@ def _scan(cfg):
     return train, val, roots
 
 
-def create_input(cfg, dist):
+def create_input(cfg, dist) -> InputPipeline:
     """Build the input pipeline named by `data.backend`."""
     backend = cfg.data.backend
-    if backend == "synthetic":
-        from data.synthetic import SyntheticPipeline
-
-        return SyntheticPipeline(cfg, dist)
-    train, val, roots = _scan(cfg)
-    if backend == "torch":
-        from data.torch_loader import TorchPipeline
-
-        pipe = TorchPipeline(cfg, dist, train, val, roots)
-    elif backend == "dali":
-        from data.dali_loader import DaliPipeline
-
-        pipe = DaliPipeline(cfg, dist, train, val, roots)
-    else:
-        raise DataError(f"data.backend: unknown backend '{backend}' (expected dali, torch or synthetic)")
-    pipe.num_classes = len(train.classes)
-    pipe.classes = train.classes
-    pipe.num_train = len(train)
-    pipe.num_val = len(val)
-    return pipe
+    pipeline = registry.load(registry.INPUT_PIPELINES, backend, "data.backend", "backend")
+    if not pipeline.reads_folders:
+        return pipeline(cfg, dist)
+    return pipeline(cfg, dist, *_scan(cfg))  # Pipeline(cfg, dist, train split, val split, roots by name)
 
 
-__all__ = ["DataError", "create_input"]
+__all__ = ["BasePipeline", "DataError", "InputPipeline", "create_input"]

@@ -27,6 +27,7 @@ from PIL import Image
 
 from data.check import quick_problem
 from data.folder import DataError, Split
+from data.pipeline import BasePipeline
 from data.rect import image_sizes, plan_rect_batches, rank_rect_batches
 from data.sharding import train_shard
 from data.transforms import IMAGENET_MEAN, IMAGENET_STD, too_many_pixels
@@ -186,11 +187,11 @@ def _gather_problems(bad: list[tuple[str, str]], dist) -> list[tuple[str, str]]:
     return [item for part in parts for item in part]
 
 
-class DaliPipeline:
+class DaliPipeline(BasePipeline):
     """`data.backend: dali`."""
 
     def __init__(self, cfg, dist, train: Split, val: Split, roots: dict[str, tuple[Split, Split]]):
-        self.cfg, self.dist = cfg, dist
+        super().__init__(cfg, dist, train.classes, len(train), len(val))
         self.train, self.val, self.roots = train, val, roots
         self.gpu = dist.device.type == "cuda"
         self.dtype = output_dtype(cfg, dist.device)

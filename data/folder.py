@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from recipes.errors import DataError
+
 IMAGE_EXTENSIONS = (".jpeg", ".jpg", ".png")
 
-
-class DataError(RuntimeError):
-    """A dataset problem a user can fix; the message names the path."""
+__all__ = ["IMAGE_EXTENSIONS", "DataError", "Split", "scan_split"]
 
 
 @dataclass(frozen=True)

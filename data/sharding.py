@@ -1,6 +1,8 @@
-"""Which samples each rank reads: the same rule for every input backend."""
+"""Which samples each rank reads, and so how many steps an epoch has: the same rule for every input backend."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -15,6 +17,13 @@ def train_shard(num: int, rank: int, world: int, epoch: int, seed: int, shuffle:
     per_rank = -(-num // world)
     padded = np.resize(order, per_rank * world)
     return padded[rank::world]
+
+
+def steps_per_epoch(num_images: int, global_batch: int, world_size: int) -> int:
+    """Iterations per epoch when each rank reads ceil(N / world) images (train_shard) in local batches of B / world."""
+    local_batch = max(1, global_batch // world_size)
+    shard = math.ceil(num_images / world_size)
+    return math.ceil(shard / local_batch)
 
 
 def val_shard(num: int, rank: int, world: int) -> np.ndarray:

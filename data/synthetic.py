@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from recipes.schedule import steps_per_epoch
+from data.pipeline import BasePipeline
+from data.sharding import steps_per_epoch
 
 
 class _Repeat:
@@ -19,13 +20,13 @@ class _Repeat:
             yield self.images, self.labels
 
 
-class SyntheticPipeline:
+class SyntheticPipeline(BasePipeline):
+    reads_folders = False  # built as SyntheticPipeline(cfg, dist)
+
     def __init__(self, cfg, dist):
-        self.cfg, self.dist = cfg, dist
-        self.num_classes = cfg.data.synthetic_classes
-        self.num_train = cfg.data.synthetic_size
-        self.num_val = max(dist.world_size, min(cfg.data.synthetic_size, 2 * cfg.data.val_batch_size * dist.world_size))
-        self.classes = [f"class{i:04d}" for i in range(self.num_classes)]
+        d = cfg.data
+        num_val = max(dist.world_size, min(d.synthetic_size, 2 * d.val_batch_size * dist.world_size))
+        super().__init__(cfg, dist, [f"class{i:04d}" for i in range(d.synthetic_classes)], d.synthetic_size, num_val)
 
     def _batch(self, n: int, size: int, seed: int):
         g = torch.Generator().manual_seed(seed)
@@ -44,6 +45,3 @@ class SyntheticPipeline:
         n = len(range(self.dist.rank, self.num_val, self.dist.world_size))
         size = phase.val_image_size or phase.image_size
         return _Repeat(*self._batch(n, size, 10_000 + self.dist.rank), 1)
-
-    def close(self) -> None:
-        pass

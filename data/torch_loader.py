@@ -9,6 +9,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from data.folder import DataError, Split
+from data.pipeline import BasePipeline
 from data.rect import image_sizes, plan_rect_batches, rank_rect_batches
 from data.sharding import train_shard, val_shard
 from data.transforms import load_rgb, normalize, rect_transform, train_transform, val_transform
@@ -90,11 +91,11 @@ class _DeviceBatches:
             yield normalize(images, self.channels_last), labels.to(self.device, non_blocking=True)
 
 
-class TorchPipeline:
+class TorchPipeline(BasePipeline):
     """`data.backend: torch`."""
 
     def __init__(self, cfg, dist, train: Split, val: Split, roots: dict[str, tuple[Split, Split]]):
-        self.cfg, self.dist = cfg, dist
+        super().__init__(cfg, dist, train.classes, len(train), len(val))
         self.train, self.val, self.roots = train, val, roots
 
     def _loader(self, dataset: Dataset, batch: int, seed: int, batch_sampler=None) -> DataLoader:
@@ -145,6 +146,3 @@ class TorchPipeline:
         sampler = [[(int(j), b.height, b.width) for j in b.indices] for b in mine]
         loader = self._loader(_RectValSet(self.val), 1, 0, batch_sampler=sampler)
         return _DeviceBatches(loader, self.dist.device, self.cfg.run.channels_last, len(loader))
-
-    def close(self) -> None:
-        pass

@@ -6,25 +6,13 @@ import timm
 import torch
 from torch import nn
 
-from recipes.config import ConfigError
-
-# Our name -> timm architecture. `resnet50_tweaked` is ResNet-D (deep stem, average-pool downsampling in the
-# shortcut) = timm's resnet50d; the BN tweaks (zero-init last gamma, BN momentum/eps, no BN decay) are applied
-# from the config on top.
-MODELS = {
-    "resnet50_tweaked": "resnet50d",
-    "resnet50d": "resnet50d",
-    "resnet50": "resnet50",
-    "resnet26d": "resnet26d",
-    "resnet18": "resnet18",
-    "resnet10t": "resnet10t",
-}
+from recipes.errors import ConfigError
+from recipes.registry import MODELS, check_name
 
 
 def create_model(cfg, num_classes: int) -> nn.Module:
     """Build `cfg.name` for `num_classes` classes with the configured BN settings."""
-    if cfg.name not in MODELS:
-        raise ConfigError(f"model.name: unknown model '{cfg.name}' (expected one of {', '.join(MODELS)})")
+    check_name(MODELS, cfg.name, "model.name", "model")
     model = timm.create_model(
         MODELS[cfg.name], pretrained=False, num_classes=num_classes, drop_rate=cfg.drop_rate,
         zero_init_last=cfg.zero_init_last_bn,

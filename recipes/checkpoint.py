@@ -21,12 +21,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-CHECKPOINT_NAME = "checkpoint.pt"
+from recipes import run_files
+from recipes.errors import CheckpointError
+
+CHECKPOINT_NAME = run_files.CHECKPOINT
 _STEP_FILE = re.compile(r"^ckpt-(\d+)\.pt$")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be used or written; the message names the file."""
 
 
 def _write_bytes_atomic(data: bytes, path: Path) -> None:

@@ -5,22 +5,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from recipes.checkpoint import CheckpointError
-from recipes.config import ConfigError, load_config, reference_table, to_yaml
+from recipes import run_files
+from recipes.config import load_config, reference_table, to_yaml
+from recipes.errors import CheckpointError, ConfigError, DataError, TrainingError
 
-USER_ERRORS = (ConfigError, CheckpointError)
-
-
-def _user_errors():
-    from data.folder import DataError
-
-    return USER_ERRORS + (DataError,)
-
-
-def _training_errors():
-    from recipes.trainer import TrainingError
-
-    return (TrainingError,)
+USER_ERRORS = (ConfigError, CheckpointError, DataError)
 
 
 def run_cli(args) -> int:
@@ -45,16 +34,16 @@ def run_cli(args) -> int:
         run_dir = Path(args.run_dir) if args.run_dir else run_dir_for(cfg)
         resume = None
         if args.resume == "auto":
-            resume = str(run_dir / "checkpoint.pt")
+            resume = str(run_dir / run_files.CHECKPOINT)
             if not Path(resume).is_file():
                 raise CheckpointError(f"--resume: no checkpoint at '{resume}'")
         elif args.resume:
             resume = args.resume
         train(cfg, run_dir, resume, args.stop_after_epochs)
         return 0
-    except _user_errors() as e:
+    except USER_ERRORS as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
-    except _training_errors() as e:
+    except TrainingError as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 3

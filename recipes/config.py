@@ -19,9 +19,14 @@ from typing import Any, Literal
 
 import yaml
 
+from recipes import registry
+from recipes.errors import ConfigError
 
-class ConfigError(ValueError):
-    """A configuration problem a user can fix; the message names the key and what was expected."""
+# The names each plug-in seam accepts, from its registry: a wrong name fails when the config loads.
+AllreduceName = Literal[tuple(registry.ALLREDUCE_BACKENDS)]
+InputName = Literal[tuple(registry.INPUT_PIPELINES)]
+ModelName = Literal[tuple(registry.MODELS)]
+OptimizerName = Literal[tuple(registry.OPTIMIZERS)]
 
 
 def _f(default: Any = dataclasses.MISSING, help: str = "", factory: Any = None, domain: str = "") -> Any:
@@ -88,7 +93,7 @@ class RunConfig:
 
 @dataclass
 class DataConfig:
-    backend: Literal["torch", "dali", "synthetic"] = _f("torch", help="input pipeline")
+    backend: InputName = _f("torch", help="input pipeline (recipes/registry.py)")
     root: str = _f("data/sample", help="dataset root with train/ and val/ in ImageNet folder layout", domain="nonempty")
     roots: dict[str, str] = _f(
         help="named dataset copies (e.g. pre-resized '160'); 'full' defaults to data.root", factory=dict
@@ -114,7 +119,7 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    name: str = _f("resnet18", help="model name (see models/factory.py)")
+    name: ModelName = _f("resnet18", help="model name (recipes/registry.py; built by models/factory.py)")
     bn_momentum: float = _f(0.1, help="BatchNorm momentum (PyTorch convention)", domain="[0,1]")
     bn_eps: float = _f(1e-5, help="BatchNorm epsilon", domain=">0")
     zero_init_last_bn: bool = _f(True, help="zero gamma of the last BN in each residual block")
@@ -123,7 +128,7 @@ class ModelConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = _f("sgd", help="optimizer: sgd, lars, hybrid (LARS with clipped trust ratio), lamb (recipes/optim.py)")
+    name: OptimizerName = _f("sgd", help="optimizer: sgd, lars, hybrid (LARS with clipped trust ratio), lamb")
     lr: float = _f(0.1, help="peak learning rate (after warm-up)", domain=">=0")
     lr_scaling: Literal["none", "linear"] = _f(
         "none", help="linear: the LR values are per 256 images, times global_batch / 256 of the current phase"
@@ -150,7 +155,7 @@ class OptimConfig:
 
 @dataclass
 class CommConfig:
-    backend: str = _f("ddp", help="gradient allreduce backend (see recipes/comm)")
+    backend: AllreduceName = _f("ddp", help="gradient allreduce backend (recipes/registry.py; see recipes/comm)")
     bucket_cap_mb: float = _f(25.0, help="ddp: bucket size in MB", domain=">0")
     static_graph: bool = _f(False, help="ddp: static_graph=True")
     bucket_mb: float = _f(
@@ -290,7 +295,9 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
     bad = ConfigError(f"{path}: expected {_type_name(tp)}, got {value!r}")
     if origin is Literal:
         if value not in typing.get_args(tp):
-            raise bad
+            choices = [a for a in typing.get_args(tp) if isinstance(a, str)]
+            match = difflib.get_close_matches(value, choices, n=1, cutoff=0.5) if isinstance(value, str) else []
+            raise ConfigError(f"{bad}{f' (did you mean {match[0]!r}?)' if match else ''}")
         return value
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
@@ -553,6 +560,16 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
     except ConfigError as e:
         where = f"{path}: " if path is not None else ""
         raise ConfigError(f"{where}{e}") from None
+    _validate(cfg)
+    return cfg
+
+
+def config_from_dict(data: dict, source: str = "") -> Config:
+    """A validated `Config` from plain data (a checkpoint's `config`, a parsed YAML tree without `extends:`)."""
+    try:
+        cfg = _build(Config, data, "")
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}" if source else str(e)) from None
     _validate(cfg)
     return cfg
 

@@ -39,10 +39,9 @@ def _env_int(name: str, default: int) -> int:
 
 def setup(cfg) -> DistInfo:
     """Read RANK/WORLD_SIZE/LOCAL_RANK (set by torchrun), pick the device, init the process group."""
-    from recipes.comm.horovod_backend import launched_by_horovodrun, torch_env_from_horovod
+    from recipes.comm import backend_class
 
-    if launched_by_horovodrun():  # horovodrun sets HOROVOD_RANK...; derive torchrun's variables from it
-        os.environ.update(torch_env_from_horovod(cfg))
+    os.environ.update(backend_class(cfg.comm.backend).process_env(cfg))  # horovod: derived from horovodrun's
     rank = _env_int("RANK", 0)
     world = _env_int("WORLD_SIZE", 1)
     local_rank = _env_int("LOCAL_RANK", 0)

@@ -13,13 +13,14 @@ import torch
 from torch import nn
 
 from recipes import checkpoint as ckpt
-from recipes.config import Config, ConfigError, _build
+from recipes.config import Config, ConfigError, config_from_dict
+from recipes.errors import NonFiniteError
 
 
 def config_from_checkpoint(state: dict, path: str) -> Config:
     if "config" not in state or "model_info" not in state:
         raise ckpt.CheckpointError(f"checkpoint '{path}' has no config: not written by this trainer")
-    return _build(Config, state["config"], "")
+    return config_from_dict(state["config"], f"checkpoint '{path}' config")
 
 
 def load_model(state: dict, cfg: Config, path: str):
@@ -288,11 +289,7 @@ def run_evaluate_cli(args) -> int:
     except (ConfigError, DataError, ckpt.CheckpointError) as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
-    except RuntimeError as e:
-        from recipes.trainer import NonFiniteError
-
-        if not isinstance(e, NonFiniteError):
-            raise
+    except NonFiniteError as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 3
     if main:

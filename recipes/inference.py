@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from data.transforms import IMAGENET_MEAN, IMAGENET_STD
-from recipes.config import ConfigError
+from recipes.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@ import sys
 import time
 from pathlib import Path
 
+from recipes import run_files
+
 TSV_HEADER = "epoch\thours\ttop1Accuracy\ttop5Accuracy\n"
 
 
@@ -19,7 +21,7 @@ class RunLogger:
         if active and tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(str(run_dir / "tb"))
+            self.tb = SummaryWriter(str(run_dir / run_files.TENSORBOARD))
 
     def info(self, msg: str) -> None:
         if self.active:

@@ -17,7 +17,8 @@ from collections import Counter
 import torch
 from torch import nn
 
-from recipes.config import ConfigError
+from recipes import registry
+from recipes.errors import ConfigError
 from recipes.lars import LayerAdaptiveSGD
 
 
@@ -62,7 +63,7 @@ def describe_groups(optimizer: torch.optim.Optimizer) -> list[str]:
     return lines
 
 
-def _sgd(cfg, groups):
+def build_sgd(cfg, groups):
     return torch.optim.SGD(
         groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov and cfg.momentum > 0,
         weight_decay=cfg.weight_decay, foreach=True,
@@ -79,7 +80,7 @@ def _layer_adaptive(cfg, groups, clip: bool):
                             weight_decay=cfg.weight_decay, eta=cfg.eta, trust_min=lo, trust_max=hi)  # fmt: skip
 
 
-def _lamb(cfg, groups):
+def build_lamb(cfg, groups):
     from timm.optim import Lamb
 
     for g in groups:
@@ -93,20 +94,22 @@ def _lamb(cfg, groups):
     return Lamb(groups, lr=cfg.lr, weight_decay=cfg.weight_decay, max_grad_norm=None, foreach=True)
 
 
-OPTIMIZERS = {
-    "sgd": _sgd,
-    "lars": lambda cfg, groups: _layer_adaptive(cfg, groups, clip=False),
-    "hybrid": lambda cfg, groups: _layer_adaptive(cfg, groups, clip=True),
-    "lamb": _lamb,
-}
+def build_lars(cfg, groups):
+    return _layer_adaptive(cfg, groups, clip=False)
+
+
+def build_hybrid(cfg, groups):
+    return _layer_adaptive(cfg, groups, clip=True)
+
+
+OPTIMIZERS = registry.OPTIMIZERS  # optim.name -> "recipes.optim:build_<name>"
 
 
 def create_optimizer(cfg, model: nn.Module) -> torch.optim.Optimizer:
     """Build the optimizer named by `cfg.name` over the model's parameter groups."""
-    if cfg.name not in OPTIMIZERS:
-        raise ConfigError(f"optim.name: unknown optimizer '{cfg.name}' (expected one of {', '.join(OPTIMIZERS)})")
+    build = registry.load(OPTIMIZERS, cfg.name, "optim.name", "optimizer")
     groups = param_groups(model, cfg.weight_decay, cfg.no_bn_decay, cfg.adapt_bn_bias)
-    return OPTIMIZERS[cfg.name](cfg, groups)
+    return build(cfg, groups)
 
 
 def set_lr_momentum(optimizer: torch.optim.Optimizer, lr: float, momentum: float) -> None:

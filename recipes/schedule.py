@@ -7,19 +7,12 @@ Batch size changes between phases, so iterations per epoch do too; `Plan` lays o
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
+from data.sharding import steps_per_epoch  # the sharding rule decides the steps per epoch
 from recipes.config import Config, ConfigError, Phase
-
-
-def steps_per_epoch(num_images: int, global_batch: int, world_size: int) -> int:
-    """Iterations per epoch when each rank reads ceil(N / world) images in local batches of B / world."""
-    local_batch = max(1, global_batch // world_size)
-    shard = math.ceil(num_images / world_size)
-    return math.ceil(shard / local_batch)
 
 
 def _warmup_then_decay(step: float, warm: float, last: float, start: float, peak: float, end: float) -> float:

@@ -24,10 +24,12 @@ from data import create_input
 from models import create_model
 from models.factory import check_compatible, describe_model
 from recipes import checkpoint as ckpt
+from recipes import run_files as files
 from recipes.comm import create_allreduce
 from recipes.config import Config, to_dict, to_yaml
 from recipes.dawnbench import write_entry
 from recipes.distributed import DistInfo, all_gather_object, all_reduce_sum, setup, teardown
+from recipes.errors import NonFiniteError, TrainingError
 from recipes.logger import RunLogger, format_seconds, write_tsv
 from recipes.optim import create_optimizer, describe_groups, set_lr_momentum
 from recipes.schedule import Plan
@@ -49,14 +51,6 @@ class State:
     epoch_images: int = 0
     restarts: int = 0  # recoveries from a checkpoint after a failure
     redone_steps: int = 0  # steps trained twice because they came after the last checkpoint
-
-
-class TrainingError(RuntimeError):
-    """Training cannot go on (non-finite loss, a dead or hung peer); the message says where and why."""
-
-
-class NonFiniteError(TrainingError):
-    """A model whose outputs are not finite numbers: evaluating it would report a meaningless accuracy."""
 
 
 _PEER_FAILURE = ("timed out", "timeout", "connection closed", "connection reset", "broken pipe", "peer")
@@ -155,10 +149,10 @@ class Trainer:
         cfg, dist = self.cfg, self.dist
         if dist.is_main:
             ckpt.check_writable(self.run_dir, 0)  # before any work: a clear error, not a failure at epoch 1
-            (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
+            (self.run_dir / files.CONFIG).write_text(to_yaml(cfg))
             meta = {"git_commit": git_commit(), "world_size": dist.world_size, "device": str(dist.device),
                     "torch": torch.__version__}  # fmt: skip
-            (self.run_dir / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+            (self.run_dir / files.META).write_text(json.dumps(meta, indent=1) + "\n")
         if cfg.run.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
         torch.manual_seed(cfg.run.seed)  # identical initial weights on every rank
@@ -201,7 +195,7 @@ class Trainer:
         return int(1.1 * (model + params)) + (1 << 20)
 
     def _progress_path(self) -> Path:
-        return self.run_dir / "progress.json"
+        return self.run_dir / files.PROGRESS
 
     def _maybe_resume(self, resume_from: str | None) -> None:
         if resume_from is not None:
@@ -390,7 +384,7 @@ class Trainer:
             self.log.scalars(st.step, **{"val/top1": ev["top1"], "val/top5": ev["top5"], "val/loss": ev["loss"],
                                          "epoch/images_per_s": row["images_per_s"]})  # fmt: skip
             if self.dist.is_main:
-                write_tsv(self.run_dir / "dawnbench.tsv", st.history)
+                write_tsv(self.run_dir / files.TSV, st.history)
             if cfg.checkpoint.enabled:
                 self.save_checkpoint()
             if cfg.run.stop_at_target and self._targets_reached(ev):
@@ -399,8 +393,8 @@ class Trainer:
         st.wall_seconds = time.perf_counter() - wall0
         summary = self.summary()
         if self.dist.is_main:
-            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-            write_entry(self.run_dir / "dawnbench.json", cfg, summary, self.dist)
+            (self.run_dir / files.SUMMARY).write_text(json.dumps(summary, indent=1) + "\n")
+            write_entry(self.run_dir / files.ENTRY, cfg, summary, self.dist)
         self.log.info(summary_table(summary))
         return summary
 
@@ -432,7 +426,7 @@ class Trainer:
             "redone_steps": st.redone_steps,
             "run_dir": str(self.run_dir),
             "comm_backend": cfg.comm.backend,
-            "comm": self.comm.stats(),  # the backend's counters; scripts/compare_runs.py reads comm_seconds
+            "comm": self.comm.stats().to_dict(),  # recipes.comm.stats.CommStats; scripts/compare_runs.py reads it
             "history": st.history,
         }
 
@@ -480,4 +474,4 @@ def train(cfg: Config, run_dir: str | Path | None = None, resume_from: str | Non
         trainer.close()
 
 
-__all__ = ["Trainer", "evaluate", "train", "summary_table"]
+__all__ = ["Trainer", "TrainingError", "NonFiniteError", "evaluate", "train", "summary_table"]

@@ -11,9 +11,9 @@ time and images/s per phase.
 - time to target: training time (DAWNBench's clock: no validation, no checkpoints) until the first epoch at the
   target. The target is --target for every run, else each run's own run.target_top1/top5, else top-5 >= 93%.
 - images/s: training images per second over the whole run, in total and per process (GPU).
-- communication per step and its share of the step: from the allreduce backend's counters in summary.json
-  (`comm.comm_seconds` over `comm.comm_steps` steps, or `comm.comm_seconds_per_step`); "n/a" when the backend
-  reports none.
+- communication per step and its share of the step: the allreduce backend's `CommStats` in summary.json's `comm`
+  (recipes/comm/stats.py: comm_seconds over steps, each backend timing its own communication window); "n/a" for
+  a single process (nothing to reduce) or a run directory older than the record.
 - scaling efficiency: images/s / (processes x images/s of the single-process run), when a single-process run is
   among the arguments.
 """
@@ -27,6 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from recipes import run_files  # noqa: E402
+from recipes.comm.stats import CommStats  # noqa: E402
 
 DEFAULT_TARGET = {"top5": 93.0}
 
@@ -50,6 +56,10 @@ class Run:
     def world(self) -> int:
         return int(self.summary["world_size"])
 
+    @property
+    def comm(self) -> CommStats | None:
+        return CommStats.from_dict(self.summary.get("comm"))
+
 
 def _read_tsv(path: Path) -> list[dict]:
     rows = []
@@ -65,17 +75,18 @@ def load_run(path: str | Path) -> Run:
     path = Path(path)
     if not path.is_dir():
         raise CompareError(f"{path}: not a directory")
-    summary_path = path / "summary.json"
+    summary_path = path / run_files.SUMMARY
     if not summary_path.is_file():
         raise CompareError(f"{path}: no summary.json (not a run directory, or the run has not finished)")
     try:
         summary = json.loads(summary_path.read_text())
     except json.JSONDecodeError as e:
         raise CompareError(f"{summary_path}: not valid JSON ({e})") from None
-    config = yaml.safe_load((path / "config.yaml").read_text()) if (path / "config.yaml").is_file() else {}
+    config_path, tsv = path / run_files.CONFIG, path / run_files.TSV
+    config = yaml.safe_load(config_path.read_text()) if config_path.is_file() else {}
     history = summary.get("history")
-    if history is None and (path / "dawnbench.tsv").is_file():
-        history = _read_tsv(path / "dawnbench.tsv")
+    if history is None and tsv.is_file():
+        history = _read_tsv(tsv)
     return Run(path, summary, config or {}, history or [])
 
 
@@ -109,12 +120,9 @@ def time_to_target(run: Run, target: dict[str, float]) -> dict | None:
 
 
 def comm_per_step(run: Run) -> float | None:
-    stats = run.summary.get("comm") or {}
-    if stats.get("comm_seconds_per_step") is not None:
-        return float(stats["comm_seconds_per_step"])
-    if stats.get("comm_seconds") is not None and stats.get("comm_steps"):
-        return float(stats["comm_seconds"]) / float(stats["comm_steps"])
-    return None
+    """Seconds of gradient communication per step (None: not measured, or nothing was reduced)."""
+    stats = run.comm
+    return stats.comm_seconds_per_step if stats is not None else None
 
 
 def phase_throughput(run: Run) -> list[tuple[str, float | None]]:

@@ -126,28 +126,21 @@ def _default_python() -> str:
 
 def build_job(args) -> tuple[Job, object]:
     """Everything the launch needs, checked here before any host is contacted."""
-    from recipes.comm import BACKENDS
-    from recipes.config import load_config
+    from recipes.config import load_config, parse_override, split_overrides
 
     if not 1 <= args.port <= 65535:
         raise LaunchError(f"--port: expected a TCP port 1..65535, got {args.port}")
     hosts, default_transport = resolve_hosts(args)
-    from recipes.config import split_overrides
-
     overrides = list(args.overrides) + split_overrides(args.overrides_text)
-    backend_given = [o.split("=", 1)[1].strip() for o in overrides if o.split("=", 1)[0].strip() == "comm.backend"]
-    cfg = load_config(args.config, overrides)
+    cfg = load_config(args.config, overrides)  # the same loader and checks as train.py on every host
     if args.engine == "horovod" and cfg.comm.backend != "horovod":
-        if backend_given:
-            raise LaunchError(
-                f"--engine horovod runs comm.backend=horovod, but comm.backend={backend_given[-1]} was given"
-            )
+        if "comm.backend" in [parse_override(o)[0] for o in overrides]:
+            given = cfg.comm.backend
+            raise LaunchError(f"--engine horovod runs comm.backend=horovod, but comm.backend={given} was given")
         overrides.append("comm.backend=horovod")
         cfg = load_config(args.config, overrides)
     if args.engine == "torchrun" and cfg.comm.backend == "horovod":
         raise LaunchError("comm.backend=horovod runs under horovodrun: add --engine horovod")
-    if cfg.comm.backend not in BACKENDS:
-        raise LaunchError(f"comm.backend: unknown backend '{cfg.comm.backend}' (known: {', '.join(BACKENDS)})")
 
     slots = {h.slots for h in hosts if h.slots is not None}
     if args.gpus_per_host is not None:
@@ -239,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args = _parser().parse_args(argv)
     sys.path.insert(0, str(REPO))
+    from recipes import run_files
     from recipes.config import ConfigError
 
     try:
@@ -265,8 +259,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"launch: {len(problems)} problem(s) found; nothing was started", file=sys.stderr)
             return 2
     run_dir = Path(job.run_dir) if Path(job.run_dir).is_absolute() else REPO / job.run_dir
-    rc = run(job, run_dir / "launch", sys.stdout, args.timeout)
-    for name in ("summary.json", "dawnbench.tsv", "dawnbench.json"):
+    rc = run(job, run_dir / run_files.LAUNCH, sys.stdout, args.timeout)
+    for name in run_files.RESULTS:
         if rc == 0 and (run_dir / name).is_file():
             print(f"launch: {run_dir / name}")
     return rc

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-import shutil
 import subprocess
 import sys
 
@@ -18,6 +17,11 @@ from recipes.trainer import train
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import compare_runs  # noqa: E402
+from test_horovod import horovodrun, needs_horovod  # noqa: E402
+
+from models import create_model  # noqa: E402
+from recipes.comm.stats import CommStats  # noqa: E402
+from recipes.config import ModelConfig  # noqa: E402
 
 HORIZON = "phases=[{epochs: 1, image_size: 32, batch_size: 12}, {epochs: 1, image_size: 48, batch_size: 12}]"
 CLI = ["model.name=resnet10t", "run.threads=1", "data.workers=0", "data.val_batch_size=8", "log.tensorboard=false",
@@ -100,7 +104,11 @@ def test_table_numbers_match_the_runs_logs_and_the_plot_is_a_png(runs, tmp_path,
     assert re.search(r"\| images/s \(training\)\s+\| (\S+) \|", log).group(1) == d["images/s"]
     assert d["scaling efficiency"] == f"{100 * s2['images_per_s'] / (2 * s1['images_per_s']):.1f}%"
     assert o["scaling efficiency"] == "100.0%"
-    assert d["comm per step"] == d["comm share"] == "n/a"  # ddp reports no counters
+    # ddp times its allreduce through its comm hook (CommStats in summary.json); one process reduces nothing.
+    comm = s2["comm"]
+    assert comm["backend"] == "ddp" and comm["steps"] == s2["steps"] and comm["comm_seconds"] > 0
+    assert d["comm per step"] == f"{1000 * comm['comm_seconds'] / comm['steps']:.1f} ms"
+    assert o["comm per step"] == o["comm share"] == "n/a"
     assert d["final top-1 / top-5"] == f"{s2['final_top1']:.2f}% / {s2['final_top5']:.2f}%"
     # Per-phase images/s: one epoch per phase here, so each equals the epoch line the trainer printed.
     epoch_ips = re.findall(r"^epoch \d/2  val .* ([\d.]+) img/s$", log, re.M)
@@ -114,20 +122,60 @@ def test_table_numbers_match_the_runs_logs_and_the_plot_is_a_png(runs, tmp_path,
 
 
 def test_explicit_target_and_communication_counters(runs, tmp_path, capsys):
-    """A backend's comm counters become time per step and share of the step; an unreachable target says so."""
-    single, _ = runs
-    run = tmp_path / "with-comm"
-    shutil.copytree(single, run)
-    summary = json.loads((run / "summary.json").read_text())
-    summary["comm"] = {"comm_seconds": 1.5, "comm_steps": 10}
-    (run / "summary.json").write_text(json.dumps(summary))
-    assert compare_runs.main([str(run), "--target", "top1=101", "--plot", str(tmp_path / "p.png")]) == 0
-    row = table_rows(capsys.readouterr().out)["with-comm"]
-    assert row["comm per step"] == "150.0 ms"
+    """The backend's CommStats become time per step and share of the step; an unreachable target says so."""
+    _, double = runs
+    assert compare_runs.main([str(double), "--target", "top1=101", "--plot", str(tmp_path / "p.png")]) == 0
+    row = table_rows(capsys.readouterr().out)["double"]
+    summary = json.loads((double / "summary.json").read_text())
+    stats = CommStats.from_dict(summary["comm"])
     step = summary["train_seconds"] / summary["steps"]
-    assert row["comm share"] == f"{100 * 0.15 / step:.1f}%"
+    assert 0 < stats.comm_seconds_per_step < step  # the window lies inside the step
+    assert row["comm per step"] == f"{1000 * stats.comm_seconds_per_step:.1f} ms"
+    assert row["comm share"] == f"{100 * stats.comm_seconds_per_step / step:.1f}%"
     assert row["time to target"] == "not reached" and row["target"] == "top1 >= 101%"
-    assert row["scaling efficiency"] == "100.0%"
+    assert row["scaling efficiency"] == "n/a"  # no single-process run among the arguments
+    # The gradients of every step went through the allreduce, in fp32: the model's parameter bytes per step.
+    model_bytes = 4 * sum(p.numel() for p in create_model(ModelConfig(name="resnet10t"), 4).parameters())
+    assert stats.bytes_per_step == model_bytes and stats.bytes == model_bytes * stats.steps
+
+
+def test_comm_stats_round_trip_and_old_summaries():
+    stats = CommStats("multistream", steps=4, comm_seconds=0.2, wait_seconds=0.05, bytes=400, settings={"streams": 2})
+    d = json.loads(json.dumps(stats.to_dict()))
+    assert d["comm_seconds_per_step"] == pytest.approx(0.05) and d["bytes_per_step"] == 100
+    assert CommStats.from_dict(d) == stats
+    assert CommStats.from_dict({}) is None and CommStats.from_dict({"comm/sync_ms": 3.0}) is None
+    assert CommStats("ddp").comm_seconds_per_step is None
+
+
+def _backend_run(base, tiny_root, backend: str):
+    """The 2-process tiny recipe with `backend`: torchrun, or horovodrun for horovod."""
+    run_dir = base / backend
+    args = ["train.py", "-c", "configs/base.yaml", "--run-dir", str(run_dir), f"data.root={tiny_root}", *CLI,
+            f"comm.backend={backend}", "comm.tune_cache=null"]  # fmt: skip
+    p = horovodrun(2, args, timeout=600) if backend == "horovod" else torchrun(2, args, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return run_dir
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["multistream", pytest.param("horovod", marks=needs_horovod)])
+def test_every_backend_fills_the_comm_columns(runs, tiny_root, tmp_path, backend, capsys):
+    """Real 2-process runs: ddp (the fixture), multistream and horovod each report their own comm time."""
+    _, ddp_dir = runs
+    other = _backend_run(tmp_path, tiny_root, backend)
+    assert compare_runs.main([str(ddp_dir), str(other), "--plot", str(tmp_path / "c.png")]) == 0
+    rows = table_rows(capsys.readouterr().out)
+    for name, run_dir in (("double", ddp_dir), (backend, other)):
+        s = json.loads((run_dir / "summary.json").read_text())
+        stats = CommStats.from_dict(s["comm"])
+        step = s["train_seconds"] / s["steps"]
+        assert stats.backend == s["comm_backend"] == rows[name]["backend"]
+        assert stats.steps == s["steps"] and 0 < stats.comm_seconds_per_step < step
+        assert rows[name]["comm per step"] == f"{1000 * stats.comm_seconds_per_step:.1f} ms"
+        assert rows[name]["comm share"] == f"{100 * stats.comm_seconds_per_step / step:.1f}%"
+        if name != "double":
+            assert 0 <= stats.wait_seconds <= stats.comm_seconds and stats.bytes > 0
 
 
 def test_bad_arguments_are_named(tmp_path):

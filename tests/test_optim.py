@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -75,8 +76,10 @@ def test_registry_and_config_values_reach_the_optimizer():
     assert (g["eta"], g["trust_min"], g["trust_max"], g["nesterov"]) == (8e-4, 1e-5, 1.0, True)
     lars = create_optimizer(_cfg("optim.name=lars").optim, Tiny())
     assert (lars.param_groups[0]["trust_min"], lars.param_groups[0]["trust_max"]) == (0.0, float("inf"))
+    with pytest.raises(ConfigError, match="optim.name: expected one of 'sgd', 'lars', 'hybrid', 'lamb', got 'adam'"):
+        _cfg("optim.name=adam")  # a wrong name fails when the config loads
     with pytest.raises(ConfigError, match="optim.name: unknown optimizer 'adam' .*sgd, lars, hybrid, lamb"):
-        create_optimizer(_cfg("optim.name=adam").optim, Tiny())
+        create_optimizer(dataclasses.replace(_cfg().optim, name="adam"), Tiny())  # a config made in code
     with pytest.raises(ConfigError, match=r"optim.trust_clip_min/max: expected 0 <= min <= max, got \[2.0, 1.0\]"):
         create_optimizer(_cfg("optim.name=hybrid", "optim.trust_clip_min=2").optim, Tiny())
 

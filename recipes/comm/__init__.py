@@ -1,24 +1,26 @@
 """Gradient allreduce backends, chosen by `comm.backend` here and nowhere else.
 
-A backend's `prepare(model, optimizer) -> (train_model, optimizer)` returns the module to run forward and
-backward through and the optimizer to step; after `optimizer.step()` every rank holds identical weights.
-`stats()` reports communication counters for the log; `state_dict()/load_state_dict()` carry any tuned state;
-`on_step_end(step, log)` is called after every optimizer step (the multistream auto-tuner runs there).
+Each backend implements `recipes.comm.base.AllreduceBackend` (no-op defaults in `BackendDefaults`) and reports a
+`recipes.comm.stats.CommStats`; the names are in recipes/registry.py. The backends' modules (and torch) are
+imported only when one is created.
 """
 
 from __future__ import annotations
 
-from recipes.comm.ddp import DDPBackend
-from recipes.comm.horovod_backend import HorovodBackend
-from recipes.comm.multistream import MultiStreamBackend
-from recipes.config import ConfigError
+from recipes import registry
+from recipes.comm.stats import CommStats
 
-BACKENDS = {"ddp": DDPBackend, "multistream": MultiStreamBackend, "horovod": HorovodBackend}
+BACKENDS = registry.ALLREDUCE_BACKENDS  # comm.backend -> "module:Class"
+
+
+def backend_class(name: str) -> type:
+    """The class registered as `comm.backend: name`."""
+    return registry.load(BACKENDS, name, "comm.backend", "backend")
 
 
 def create_allreduce(cfg, dist):
     """The backend named by `cfg.comm.backend`."""
-    name = cfg.comm.backend
-    if name not in BACKENDS:
-        raise ConfigError(f"comm.backend: unknown backend '{name}' (expected one of {', '.join(BACKENDS)})")
-    return BACKENDS[name](cfg, dist)
+    return backend_class(cfg.comm.backend)(cfg, dist)
+
+
+__all__ = ["BACKENDS", "CommStats", "backend_class", "create_allreduce"]

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from functools import partial
 
 import torch
 from torch import nn
 
-from recipes.config import ConfigError
+from recipes.comm.base import BackendDefaults
+from recipes.comm.stats import CommStats
+from recipes.errors import ConfigError
 
 INSTALL_HINT = (
     "the horovod backend needs Horovod 0.28.1 built for this torch: run `make horovod` "
@@ -72,12 +75,25 @@ def _zero_grad(opt, set_to_none: bool = True) -> None:
     super(type(opt), opt).zero_grad(set_to_none=set_to_none)
 
 
-class HorovodBackend:
+class HorovodBackend(BackendDefaults):
+    """Timing: the step's window runs from the first gradient ready (Horovod's hooks start its allreduce then) to
+    `synchronize()` returning with the averages; `wait_seconds` is the time spent inside `synchronize()`."""
+
+    name = "horovod"
+
     def __init__(self, cfg, dist):
-        self.cfg, self.dist = cfg, dist
+        super().__init__(cfg, dist)
         if cfg.comm.compression == "bf16":
             raise ConfigError("comm.compression: horovod supports 'none' or 'fp16', got 'bf16'")
         self.optimizer = None
+        self._steps = 0
+        self._comm_seconds = self._wait_seconds = 0.0
+        self._step_bytes = 0
+
+    @classmethod
+    def process_env(cls, cfg) -> dict[str, str]:
+        """Under horovodrun: torch.distributed's environment, derived from Horovod's (see torch_env_from_horovod)."""
+        return torch_env_from_horovod(cfg) if launched_by_horovodrun() else {}
 
     def prepare(self, model: nn.Module, optimizer):
         if self.dist.world_size == 1:
@@ -101,6 +117,8 @@ class HorovodBackend:
         dist_opt._should_synchronize = False  # what `with dist_opt.skip_synchronize():` sets, for every step
         dist_opt.zero_grad = partial(_zero_grad, dist_opt)  # Horovod's takes no set_to_none
         self._params = [p for p in model.parameters() if p.requires_grad]
+        wire = 2 if self.cfg.comm.compression == "fp16" else None
+        self._step_bytes = sum(p.numel() * (wire or p.element_size()) for p in self._params)
         self._armed = False
         for p in self._params:
             p.register_post_accumulate_grad_hook(self._on_grad)
@@ -110,22 +128,23 @@ class HorovodBackend:
     def _on_grad(self, param: torch.Tensor) -> None:
         if not self._armed:
             self._armed = True
+            self._t_first = time.perf_counter()
             torch.autograd.Variable._execution_engine.queue_callback(self._synchronize)
 
     def _synchronize(self) -> None:
         try:
+            t_wait = time.perf_counter()
             self.optimizer.synchronize()
+            now = time.perf_counter()
+            self._steps += 1
+            self._comm_seconds += now - self._t_first
+            self._wait_seconds += now - t_wait
         finally:
             self._armed = False
 
-    def on_step_end(self, step: int, log=None) -> None:
-        pass
-
-    def stats(self) -> dict:
-        return {}
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        pass
+    def stats(self) -> CommStats:
+        c = self.cfg.comm
+        fusion = float(os.environ.get("HOROVOD_FUSION_THRESHOLD", c.bucket_mb * 2**20)) / 2**20
+        settings = {"fusion_threshold_mb": fusion, "compression": c.compression, "autotune": c.autotune}
+        total_bytes = self._steps * self._step_bytes
+        return CommStats(self.name, self._steps, self._comm_seconds, self._wait_seconds, total_bytes, settings)

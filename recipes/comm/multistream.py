@@ -31,8 +31,10 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from recipes.comm import tuner as tuning
+from recipes.comm.base import BackendDefaults
 from recipes.comm.plan import WIRE_DTYPES, FusionPlan, Settings, build_plan, grad_specs
-from recipes.config import ConfigError
+from recipes.comm.stats import CommStats
+from recipes.errors import ConfigError
 
 
 class PlanMismatchError(RuntimeError):
@@ -182,9 +184,11 @@ class _Engine:
             self._thread.join(timeout=5)
 
 
-class MultiStreamBackend:
+class MultiStreamBackend(BackendDefaults):
+    name = "multistream"
+
     def __init__(self, cfg, dist):
-        self.cfg, self.dist = cfg, dist
+        super().__init__(cfg, dist)
         c = cfg.comm
         for key in ("streams", "slices", "tune_max_candidates", "tune_steps_per_window", "tune_windows"):
             if getattr(c, key) < 1:
@@ -205,6 +209,7 @@ class MultiStreamBackend:
         self._steps = 0
         self._sync_seconds = 0.0
         self._wait_seconds = 0.0
+        self._bytes = 0
 
     # -- set-up -----------------------------------------------------------------------------------------
     def prepare(self, model: nn.Module, optimizer):
@@ -316,6 +321,7 @@ class MultiStreamBackend:
         self._steps += 1
         self._sync_seconds += self.engine.step_seconds
         self._wait_seconds += self.engine.wait_seconds
+        self._bytes += sum(w.numel() * w.element_size() for w in self.engine.wire)
         tuner = self.tuner
         if tuner is None or tuner.done or not tuner.record(self.engine.step_seconds):
             return
@@ -367,13 +373,15 @@ class MultiStreamBackend:
             print(msg, flush=True)
 
     # -- the backend interface --------------------------------------------------------------------------
-    def stats(self) -> dict:
+    def stats(self) -> CommStats:
+        """The engine's backward+sync window as comm_seconds, its wait after backward as wait_seconds."""
         if self.engine is None:
-            return {}
-        n = max(self._steps, 1)
-        return {"comm/sync_ms": 1000 * self._sync_seconds / n, "comm/wait_ms": 1000 * self._wait_seconds / n,
-                "comm/buckets": len(self.engine.plan.buckets), "comm/streams": self.settings.streams,
-                "comm/slices": self.settings.slices}  # fmt: skip
+            return CommStats(self.name)
+        c, s = self.cfg.comm, self.settings
+        settings = {"bucket_mb": s.bucket_mb, "streams": s.streams, "slices": s.slices,
+                    "buckets": len(self.engine.plan.buckets), "compression": c.compression,
+                    "concurrency": c.concurrency}  # fmt: skip
+        return CommStats(self.name, self._steps, self._sync_seconds, self._wait_seconds, self._bytes, settings)
 
     def state_dict(self) -> dict:
         tuned = self.tuner is None or self.tuner.done

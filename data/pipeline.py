@@ -1,0 +1,50 @@
+"""The input pipeline interface: what the trainer and the evaluator ask of `data.create_input(cfg, dist)`.
+
+A pipeline is named by `data.backend` in recipes/registry.py and built by `data.create_input`;
+`BasePipeline` holds what every pipeline shares (the dataset's classes and sizes, given to its constructor) and
+the no-op default of `close()`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sized
+from typing import Protocol, runtime_checkable
+
+
+class Batches(Sized, Iterable):
+    """`len()` batches of (images, labels) on the device, normalized, this rank's share."""
+
+
+@runtime_checkable
+class InputPipeline(Protocol):
+    num_classes: int
+    classes: list[str]  # class names (wnids); label = index
+    num_train: int  # training images of the whole dataset (all ranks)
+    num_val: int
+
+    def train_batches(self, info, start_step: int = 0) -> Batches:
+        """Exactly `info.steps - start_step` batches of epoch `info.epoch` (a `recipes.schedule.EpochInfo`),
+        continuing at `start_step` after a mid-epoch resume; every rank gets the same number."""
+
+    def val_batches(self, phase) -> Batches:
+        """This rank's disjoint share of the validation set at `phase`'s resolution: every image exactly once
+        over all ranks, no padding."""
+
+    def close(self) -> None:
+        """Release workers and device memory."""
+
+
+class BasePipeline:
+    """The dataset's identity, set once by the constructor, and the no-op defaults of the interface."""
+
+    reads_folders = True  # built as Pipeline(cfg, dist, train, val, roots) from the scanned data.root
+
+    def __init__(self, cfg, dist, classes: list[str], num_train: int, num_val: int):
+        self.cfg, self.dist = cfg, dist
+        self.classes = list(classes)
+        self.num_classes = len(self.classes)
+        self.num_train = num_train
+        self.num_val = num_val
+
+    def close(self) -> None:
+        pass

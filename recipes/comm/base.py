@@ -1,0 +1,136 @@
+"""The allreduce backend interface (`AllreduceBackend`), its no-op defaults (`BackendDefaults`), and `StepWindow`,
+the timer the backends measure their communication window with.
+
+A backend is named by `comm.backend` in recipes/registry.py and built as `Backend(cfg, dist)` by
+`recipes.comm.create_allreduce`; the trainer calls, in this order:
+
+    Backend.process_env(cfg)              before torch.distributed starts (recipes.distributed.setup)
+    backend.load_state_dict(state)        on resume, with what state_dict() saved
+    backend.prepare(model, optimizer)     -> (module to run forward/backward through, optimizer to step)
+    backend.on_step_end(step, log)        after every optimizer step
+    backend.stats()                       -> CommStats, at the end of the run (summary.json)
+
+After `loss.backward()` returns (or, for Horovod, after `optimizer.step()`), every rank holds the same averaged
+gradients, so the trainer has no backend-specific code.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+from recipes.comm.stats import CommStats
+from recipes.errors import ConfigError
+
+
+@runtime_checkable
+class AllreduceBackend(Protocol):
+    name: str  # the comm.backend value
+
+    @classmethod
+    def process_env(cls, cfg) -> dict[str, str]:
+        """Environment variables for torch.distributed (RANK, WORLD_SIZE, ...) that the launcher left out."""
+
+    def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """Wrap the model and/or optimizer so that gradients are averaged over ranks."""
+
+    def on_step_end(self, step: int, log=None) -> None:
+        """After every optimizer step (close the step's timing window, drive an auto-tuner)."""
+
+    def stats(self) -> CommStats:
+        """What was measured so far."""
+
+    def state_dict(self) -> dict:
+        """Tuned settings to keep in the checkpoint."""
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+class BackendDefaults:
+    """The no-op parts of the interface; a backend overrides what it needs."""
+
+    name = "?"
+
+    def __init__(self, cfg, dist):
+        self.cfg, self.dist = cfg, dist
+
+    @classmethod
+    def process_env(cls, cfg) -> dict[str, str]:
+        if "HOROVOD_RANK" in os.environ and "RANK" not in os.environ:  # every process would train alone
+            raise ConfigError(f"comm.backend={cls.name}: this process was started by horovodrun; set "
+                              "comm.backend=horovod, or launch with torchrun")  # fmt: skip
+        return {}  # torchrun (or a single process) set the environment
+
+    def on_step_end(self, step: int, log=None) -> None:
+        pass
+
+    def stats(self) -> CommStats:
+        return CommStats(self.name)
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+class StepWindow:
+    """Per step, the time from the first `begin()` to the last `end()`, summed over the steps `close_step()` ends.
+
+    On a CUDA device both ends are events recorded on the current stream (where the gradients are produced, and
+    where a communication future's callbacks run after the collective completed), read back without blocking
+    once they completed; on CPU they are `time.perf_counter()` readings.
+    """
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.steps = 0
+        self._seconds = 0.0
+        self._start = self._end = None
+        self._pending: list = []  # (start, end) CUDA events of closed steps not yet read
+
+    def _mark(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def begin(self) -> None:
+        if self._start is None:
+            self._start = self._mark()
+
+    def end(self) -> None:
+        self._end = self._mark()
+
+    def close_step(self) -> None:
+        if self._start is None or self._end is None:
+            self._start = self._end = None
+            return  # nothing was reduced in this step
+        if self.cuda:
+            self._pending.append((self._start, self._end))
+            self._read(block=False)
+        else:
+            self._seconds += self._end - self._start
+        self.steps += 1
+        self._start = self._end = None
+
+    def _read(self, block: bool) -> None:
+        left = []
+        for start, end in self._pending:
+            if block:
+                end.synchronize()
+            if block or end.query():
+                self._seconds += start.elapsed_time(end) / 1000
+            else:
+                left.append((start, end))
+        self._pending = left
+
+    @property
+    def seconds(self) -> float:
+        self._read(block=True)
+        return self._seconds

@@ -1,0 +1,27 @@
+"""The errors a user can act on, at the bottom of the import graph (data/ and models/ raise them too).
+
+The entry points turn `ConfigError`, `DataError` and `CheckpointError` into exit code 2 and one `error:` line,
+and `TrainingError` into exit code 3 (recipes/cli.py).
+"""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A configuration problem a user can fix; the message names the key and what was expected."""
+
+
+class DataError(RuntimeError):
+    """A dataset problem a user can fix; the message names the path."""
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used or written; the message names the file."""
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (non-finite loss, a dead or hung peer); the message says where and why."""
+
+
+class NonFiniteError(TrainingError):
+    """A model whose outputs are not finite numbers: evaluating it would report a meaningless accuracy."""

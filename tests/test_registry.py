@@ -1,0 +1,96 @@
+"""recipes/registry.py: every registered name loads an implementation of its seam's interface, and the config
+schema accepts exactly the registered names."""
+
+from __future__ import annotations
+
+import typing
+
+import pytest
+import timm
+import torch
+
+from data import create_input
+from data.pipeline import BasePipeline, InputPipeline
+from recipes import registry
+from recipes.comm.base import AllreduceBackend, BackendDefaults
+from recipes.config import CommConfig, ConfigError, DataConfig, ModelConfig, OptimConfig, load_config
+from recipes.distributed import DistInfo
+
+BACKEND_METHODS = ("prepare", "on_step_end", "stats", "state_dict", "load_state_dict", "process_env")
+PIPELINE_METHODS = ("train_batches", "val_batches", "close")
+
+
+def _choices(cls, name: str) -> tuple:
+    return typing.get_args(typing.get_type_hints(cls)[name])
+
+
+def test_the_schema_takes_its_names_from_the_registries():
+    assert _choices(CommConfig, "backend") == tuple(registry.ALLREDUCE_BACKENDS)
+    assert _choices(DataConfig, "backend") == tuple(registry.INPUT_PIPELINES)
+    assert _choices(ModelConfig, "name") == tuple(registry.MODELS)
+    assert _choices(OptimConfig, "name") == tuple(registry.OPTIMIZERS)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("comm.backend=multistrem", "'ddp', 'multistream', 'horovod', got 'multistrem' (did you mean 'multistream'?)"),
+        ("model.name=resnet51", "model.name: expected one of 'resnet50_tweaked', "),
+        ("optim.name=lras", "got 'lras' (did you mean 'lars'?)"),
+        ("data.backend=dail", "data.backend: expected one of 'torch', 'dali', 'synthetic', got 'dail' (did you"),
+        ("comm.backend=xyz", "got 'xyz'"),
+    ],
+)
+def test_a_wrong_name_is_a_config_error_when_the_config_loads(override, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert message in str(e.value)
+    if override.endswith("xyz"):
+        assert "did you mean" not in str(e.value)  # nothing close: no guess
+
+
+@pytest.mark.parametrize("name", list(registry.ALLREDUCE_BACKENDS))
+def test_every_allreduce_backend_implements_the_interface(name):
+    cls = registry.load(registry.ALLREDUCE_BACKENDS, name, "comm.backend", "backend")
+    assert cls.name == name and issubclass(cls, BackendDefaults)
+    assert all(callable(getattr(cls, m, None)) for m in BACKEND_METHODS)
+    backend = cls(load_config(None, [f"comm.backend={name}"]), DistInfo(0, 1, 0, 1, torch.device("cpu")))
+    assert isinstance(backend, AllreduceBackend)
+    stats = backend.stats()  # one process: nothing reduced, nothing measured
+    assert (stats.backend, stats.steps, stats.comm_seconds_per_step) == (name, 0, None)
+
+
+@pytest.mark.parametrize("name", list(registry.INPUT_PIPELINES))
+def test_every_input_pipeline_implements_the_interface(name):
+    if name == "dali":
+        pytest.importorskip("nvidia.dali", reason="DALI is not installed")
+    cls = registry.load(registry.INPUT_PIPELINES, name, "data.backend", "backend")
+    assert issubclass(cls, BasePipeline)
+    assert all(callable(getattr(cls, m, None)) for m in PIPELINE_METHODS)
+
+
+def test_pipelines_get_the_dataset_identity_from_their_constructor(tiny_root):
+    """create_input sets nothing on a pipeline after building it: the constructor has everything."""
+    dist = DistInfo(0, 1, 0, 1, torch.device("cpu"))
+    cfg = load_config(None, [f"data.root={tiny_root}", "data.workers=0"])
+    pipe = create_input(cfg, dist)
+    assert isinstance(pipe, InputPipeline)
+    assert (pipe.num_classes, pipe.num_train, pipe.num_val, len(pipe.classes)) == (4, 48, 20, 4)
+    overrides = [
+        "data.backend=synthetic",
+        "data.synthetic_size=100",
+        "data.synthetic_classes=7",
+        "data.val_batch_size=4",
+    ]
+    synthetic = create_input(load_config(None, overrides), dist)
+    assert isinstance(synthetic, InputPipeline)
+    assert (synthetic.num_classes, synthetic.num_train, synthetic.num_val) == (7, 100, 8)
+    assert synthetic.classes[:2] == ["class0000", "class0001"]
+
+
+def test_optimizers_and_models_load():
+    for name in registry.OPTIMIZERS:
+        assert callable(registry.load(registry.OPTIMIZERS, name, "optim.name", "optimizer"))
+    assert all(timm.is_model(arch) for arch in registry.MODELS.values())
+    with pytest.raises(ConfigError, match=r"comm.backend: unknown backend 'nope' \(expected one of ddp, multistream"):
+        registry.load(registry.ALLREDUCE_BACKENDS, "nope", "comm.backend", "backend")
