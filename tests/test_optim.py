@@ -80,8 +80,11 @@ def test_registry_and_config_values_reach_the_optimizer():
         _cfg("optim.name=adam")  # a wrong name fails when the config loads
     with pytest.raises(ConfigError, match="optim.name: unknown optimizer 'adam' .*sgd, lars, hybrid, lamb"):
         create_optimizer(dataclasses.replace(_cfg().optim, name="adam"), Tiny())  # a config made in code
+    with pytest.raises(ConfigError, match=r"optim.trust_clip_min: 2.0 is above optim.trust_clip_max \(1.0\)"):
+        _cfg("optim.name=hybrid", "optim.trust_clip_min=2")  # refused when the config loads
+    bad = dataclasses.replace(_cfg("optim.name=hybrid").optim, trust_clip_min=2.0)
     with pytest.raises(ConfigError, match=r"optim.trust_clip_min/max: expected 0 <= min <= max, got \[2.0, 1.0\]"):
-        create_optimizer(_cfg("optim.name=hybrid", "optim.trust_clip_min=2").optim, Tiny())
+        create_optimizer(bad, Tiny())  # a config made in code
 
 
 def test_set_lr_momentum_reaches_every_group():

@@ -10,6 +10,7 @@ import sys
 import pytest
 from conftest import ROOT, tiny_config
 
+from recipes.errors import NonFiniteError
 from recipes.trainer import train
 
 
@@ -19,16 +20,15 @@ def test_fp16_skipped_steps_are_counted_and_logged(tiny_root, tmp_path, capsys):
     cfg = tiny_config(tiny_root, tmp_path, "run.amp=fp16", "optim.name=hybrid", "optim.lr=1.0e30",
                       "optim.warmup_start_lr=1.0e30", "optim.final_lr=1.0e30", "checkpoint.enabled=false",
                       "phases.0.epochs=1")  # fmt: skip
-    summary = train(cfg, tmp_path / "run")
+    # The one step taken left non-finite weights, so validation refuses to report an accuracy from them.
+    with pytest.raises(NonFiniteError, match="no accuracy is reported"):
+        train(cfg, tmp_path / "run")
     captured = capsys.readouterr()
     out, err = captured.out, captured.err
-    assert summary["skipped_steps"] == 3 and summary["steps"] == 4
     for step, scale in [(1, 65536), (2, 32768), (3, 16384)]:
         assert f"step {step}: fp16 gradients overflowed; step skipped (scale {scale})" in err
     assert "step 0: fp16" not in err
-    assert "| skipped steps (inf/nan gradients) | 3 |" in out
     assert "param group 0 (weights): 15 tensors" in out and "adapt=True" in out
-    assert json.loads((tmp_path / "run" / "summary.json").read_text())["skipped_steps"] == 3
 
 
 @pytest.mark.slow
