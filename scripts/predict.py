@@ -46,7 +46,7 @@ class Profile:
     image_size: int
 
 
-def profile_model(model_name: str, image_size: int = 96, batch: int = 4, repeats: int = 2) -> Profile:
+def profile_model(model_name: str, image_size: int = 96, batch: int = 2, repeats: int = 2) -> Profile:
     """Forward and backward of `model_name` on the CPU; when each gradient is ready (median of `repeats`)."""
     import torch
 
@@ -278,7 +278,8 @@ def fit_lab(records: list[dict]) -> LabFit:
         e = []
         for rec in records:
             f = rec["torch"].get("fraction", 1.0)
-            specs.setdefault(f, lab_specs(f))
+            if f not in specs:
+                specs[f] = lab_specs(f)
             for m in methods:
                 p, y = lab_predict(rec, m, fit, specs[f]), measured(rec, m)
                 if p is not None and y is not None:
@@ -286,16 +287,44 @@ def fit_lab(records: list[dict]) -> LabFit:
         return sum(e) / max(len(e), 1)
 
     torch_methods = [m for m in LAB_METHODS if m != "horovod"]
-    grid = [(eff, lat) for eff in [0.80 + 0.01 * i for i in range(26)]
-            for lat in [10 ** (-5 + 0.1 * j) for j in range(26)]]  # fmt: skip
-    eff, lat = min(grid, key=lambda g: err(LabFit(g[0], g[1], 0.0), torch_methods))
-    negs = [0.0] + [10 ** (-6 + 0.1 * j) for j in range(41)]
-    neg = min(negs, key=lambda n: err(LabFit(eff, lat, n), ["horovod"]))
+    eff, loglat = _refine(lambda e, g: err(LabFit(e, 10**g, 0.0), torch_methods), (0.7, 1.3), (-6.0, -2.0))
+    lat = 10**loglat
+    neg = 10 ** _refine(lambda _, g: err(LabFit(eff, lat, 10**g), ["horovod"]), (eff, eff), (-7.0, -2.0))[1]
     return LabFit(eff, lat, neg)
 
 
-def validate(path: str, fit_hosts: list[int]) -> list[str]:
-    records = json.loads(Path(path).read_text())
+def load_lab(paths: list[str]) -> list[dict]:
+    """Lab records of one or more `bench_allreduce.py --json` files, merged by host count (the first file's
+    compute-only time is kept; Horovod and torch contenders may come from different runs)."""
+    merged: dict[int, dict] = {}
+    for path in paths:
+        for rec in json.loads(Path(path).read_text()):
+            have = merged.get(rec["hosts"])
+            if have is None:
+                merged[rec["hosts"]] = rec
+                continue
+            for k, v in rec["torch"].items():
+                if isinstance(v, dict):
+                    have["torch"].setdefault(k, v)
+            if isinstance(rec["horovod"], dict):
+                have["horovod"] = rec["horovod"]
+    return [merged[h] for h in sorted(merged)]
+
+
+def _refine(f, xs: tuple[float, float], ys: tuple[float, float], points: int = 7, levels: int = 4):
+    """Minimise f(x, y) on a grid over the box, then on finer grids around the best point."""
+    best = None
+    for _ in range(levels):
+        gx = [xs[0] + (xs[1] - xs[0]) * i / (points - 1) for i in range(points)] if xs[1] > xs[0] else [xs[0]]
+        gy = [ys[0] + (ys[1] - ys[0]) * j / (points - 1) for j in range(points)]
+        best = min(((f(x, y), x, y) for x in gx for y in gy), key=lambda t: t[0])
+        dx, dy = (xs[1] - xs[0]) / (points - 1), (ys[1] - ys[0]) / (points - 1)
+        xs, ys = (best[1] - dx, best[1] + dx) if dx else xs, (best[2] - dy, best[2] + dy)
+    return best[1], best[2]
+
+
+def validate(paths: list[str], fit_hosts: list[int]) -> list[str]:
+    records = load_lab(paths)
     fit = fit_lab([r for r in records if r["hosts"] in fit_hosts])
     lines = [f"fitted on {', '.join(map(str, fit_hosts))} hosts: goodput {fit.efficiency:.0%} of the caps, "
              f"{fit.latency_s * 1e6:.0f} us per ring step, Horovod negotiation {fit.negotiation_s_per_rank * 1e6:.0f} "
@@ -330,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--record-s", type=float, default=158.0, help="the record's time, for comparison (0 = none)")
     ap.add_argument("--png", default="", help="plot predicted images/s against hosts to this PNG")
     ap.add_argument("--max-hosts", type=int, default=64)
-    ap.add_argument("--validate", default="", help="a scripts/bench_allreduce.py --json file: fit and validate")
+    ap.add_argument("--validate", nargs="+", default=[], help="scripts/bench_allreduce.py --json files: fit, check")
     ap.add_argument("--fit-hosts", type=int, nargs="+", default=[2, 4], help="--validate: host counts to fit on")
     args = ap.parse_args(argv)
     if args.validate:

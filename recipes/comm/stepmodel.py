@@ -19,6 +19,7 @@ message are done, plus the optimizer step; communication after backward's end is
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, replace
 
@@ -158,6 +159,12 @@ def messages(backend: str, specs: list[TensorSpec], compute: Compute, settings: 
     raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
 
 
+@functools.lru_cache(maxsize=1024)
+def _messages(backend, specs, compute, settings, compression, bucket_cap_mb, horovod, ranks) -> list[Message]:
+    """messages(), remembered: a fit or a search asks for the same plan under many network parameters."""
+    return messages(backend, list(specs), compute, settings, compression, bucket_cap_mb, horovod, ranks)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # The network: a fluid simulation of communicators sharing a host's link.
 
@@ -228,7 +235,7 @@ def predict_step(backend: str, specs: list[TensorSpec], compute: Compute, net: N
                  horovod: Horovod = Horovod()) -> StepPrediction:  # fmt: skip
     """Step time of `backend` for one GPU's share of the work on `net`, by phase."""
     ranks = net.hosts * net.gpus_per_host
-    msgs = messages(backend, specs, compute, settings, compression, bucket_cap_mb, horovod, ranks)
+    msgs = _messages(backend, tuple(specs), compute, settings, compression, bucket_cap_mb, horovod, ranks)
     end, busy, spans = simulate(msgs, net)
     hidden = sum(max(0.0, min(e, compute.backward_s) - s) for s, e in _union(spans))
     label = {"ddp": f"bucket_cap_mb {bucket_cap_mb:g}", "per-tensor": f"{len(specs)} allreduces",
