@@ -196,7 +196,7 @@ def plot(cfg, prof: Profile, net: sm.Network, gpu_img_s: float, optimizer_s: flo
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    hosts = sorted({1, 2, 4, 8, 12, 16, 24, 32, 48, max_hosts} & set(range(1, max_hosts + 1)))
+    hosts = [h for h in (1, 2, 4, 8, 16, 32, 64, 128) if h <= max_hosts]  # global batches divide by these
     fig, ax = plt.subplots(figsize=(7, 4.5))
     base = None
     for cb in contenders(cfg, rec):
