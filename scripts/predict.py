@@ -228,6 +228,9 @@ class LabFit:
     negotiation_s_per_rank: float
 
 
+LAB_FIT = LabFit(0.93, 9e-6, 0.0)  # fitted on the 2- and 4-host lab runs of docs/scaling.md (2026-12-02)
+
+
 def lab_specs(fraction: float) -> list[TensorSpec]:
     """ResNet-50's gradient list as scripts/bench_allreduce.py builds it (flat tensors at `fraction`)."""
     sys.path.insert(0, str(ROOT / "scripts"))
