@@ -14,6 +14,11 @@ without any communication is timed too, and communication time = step time - tha
 
     python scripts/bench_allreduce.py            # 2 and 4 ranks, loopback and lab (the lab needs root)
     python scripts/bench_allreduce.py --quick    # 2 ranks, fewer steps and candidates
+    python scripts/bench_allreduce.py --no-loopback --worlds 8 16 --link-mbit 100 --fraction 0.125 --rounds 3 \
+        --json lab.json                          # more hosts: gradients at 1/8 size, contenders alternated
+
+Each rank's CPU time per step (getrusage, all threads) is reported beside the step time, to show whether the
+run was network-bound; --json keeps every measurement for scripts/predict.py --validate.
 
 Prints Markdown tables (the measured link beside them) and exits 0.
 """
