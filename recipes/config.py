@@ -189,6 +189,20 @@ class CommConfig:
     tune_slices: list[int] = _f(
         help="autotune: slice counts to search", factory=lambda: [1, 2, 4], domain="nonempty >0"
     )
+    tune_start: Literal["config", "model"] = _f(
+        "config",
+        help="autotune: first candidate; config = bucket_mb/streams/slices; model = the step-time model's best for "
+        "this cluster (hosts x GPUs from the launcher, link_gbit/flow_gbit/latency_us), then in predicted order",
+    )
+    link_gbit: float | None = _f(
+        None, help="tune_start model: network link per host and direction (Gbit/s)", domain=">0"
+    )
+    flow_gbit: float | None = _f(
+        None, help="tune_start model: one TCP flow's ceiling (Gbit/s); null = no per-flow cap", domain=">0"
+    )
+    latency_us: float = _f(
+        50.0, help="tune_start model: per-message latency of one ring step (microseconds)", domain=">=0"
+    )
     tune_max_candidates: int = _f(10, help="autotune: candidates measured before the best is kept", domain=">0")
     tune_warmup_steps: int = _f(3, help="autotune: steps discarded before the first measurement", domain=">=0")
     tune_steps_per_window: int = _f(2, help="autotune: steps averaged into one window", domain=">0")

@@ -14,6 +14,11 @@ without any communication is timed too, and communication time = step time - tha
 
     python scripts/bench_allreduce.py            # 2 and 4 ranks, loopback and lab (the lab needs root)
     python scripts/bench_allreduce.py --quick    # 2 ranks, fewer steps and candidates
+    python scripts/bench_allreduce.py --no-loopback --worlds 8 16 --link-mbit 100 --fraction 0.125 --rounds 3 \
+        --json lab.json                          # more hosts: gradients at 1/8 size, contenders alternated
+
+Each rank's CPU time per step (getrusage, all threads) is reported beside the step time, to show whether the
+run was network-bound; --json keeps every measurement for scripts/predict.py --validate.
 
 Prints Markdown tables (the measured link beside them) and exits 0.
 """
@@ -24,6 +29,7 @@ import argparse
 import datetime
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -37,44 +43,78 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import netlab  # noqa: E402
 
-METHODS = ["per-tensor", "ddp", "multistream", "tuned"]
+METHODS = ["per-tensor", "ddp", "multistream", "tuned", "tuned-model"]
 
 
 # ---------------------------------------------------------------------------------------------------------
 # One rank.
 
 
-def _model():
+def gradient_shapes(fraction: float = 1.0) -> list[tuple[str, tuple[int, ...]]]:
+    """ResNet-50's parameters in registration order; with fraction < 1 each becomes a flat tensor of about
+    `fraction` of its elements (at least 1), so the bucket plan at bucket size x fraction has the same cuts."""
     import timm
+    import torch
+
+    with torch.device("meta"):
+        net = timm.create_model("resnet50")
+    out = []
+    for name, p in net.named_parameters():
+        shape = tuple(p.shape) if fraction == 1.0 else (max(1, round(p.numel() * fraction)),)
+        out.append((name, shape))
+    return out
+
+
+def _model(fraction: float = 1.0):
     import torch
     from torch import nn
 
     class GradList(nn.Module):
-        """ResNet-50's parameters; forward touches each once, so backward yields exactly its gradient list."""
+        """ResNet-50's gradient list; forward touches each parameter once, so backward yields exactly it."""
 
         def __init__(self):
             super().__init__()
-            torch.manual_seed(0)
-            self.net = timm.create_model("resnet50")
+            self.params = nn.ParameterList([nn.Parameter(torch.zeros(s)) for _, s in gradient_shapes(fraction)])
 
         def forward(self, x):
-            return sum(p.sum() for p in self.net.parameters()) * x
+            return sum(p.sum() for p in self.params) * x
 
     return GradList()
 
 
-def _timed(step, warmup: int, steps: int, sync) -> float:
-    """Median seconds per step (a step ends when its averaging is done on this rank, which waits for the others)."""
+def _cpu_seconds() -> float:
+    """CPU time of this process, all its threads (gloo's and Horovod's included), user + system."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _timed(step, warmup: int, steps: int, sync) -> tuple[list[float], list[float]]:
+    """Seconds and CPU seconds of each of `steps` steps, after `warmup` untimed ones (a step ends when its
+    averaging is done on this rank, which waits for the others)."""
     for _ in range(warmup):
         step()
     sync()
-    times = []
+    times, cpu = [], []
     for _ in range(steps):
-        t0 = time.perf_counter()
+        c0, t0 = _cpu_seconds(), time.perf_counter()
         step()
         times.append(time.perf_counter() - t0)
+        cpu.append(_cpu_seconds() - c0)
     sync()
-    return statistics.median(times)
+    return times, cpu
+
+
+def _rounds(contenders: dict, args, sync) -> dict:
+    """Time every contender in `args.rounds` rounds, the order rotated each round (so drifting load on a shared
+    machine falls on all of them alike); per contender: all step times and CPU times."""
+    names = list(contenders)
+    out = {m: {"times": [], "cpu": []} for m in names}
+    for r in range(args.rounds):
+        for m in names[r % len(names) :] + names[: r % len(names)]:
+            times, cpu = _timed(contenders[m], args.warmup, args.steps, sync)
+            out[m]["times"] += times
+            out[m]["cpu"] += cpu
+    return out
 
 
 def worker(args) -> None:
@@ -90,55 +130,56 @@ def worker(args) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     td.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
     one = torch.ones(())
-    out: dict = {"world": world}
-
-    def barrier():
-        td.barrier()
+    f = args.fraction
+    out: dict = {"world": world, "fraction": f, "rounds": args.rounds}
 
     def fresh():
-        m = _model()
-        return m, [p for p in m.parameters()]
+        m = _model(f)
+        return m, list(m.parameters())
 
     def zero(params):
         for p in params:
             p.grad = None
 
     model, params = fresh()
-    nbytes = sum(p.numel() * p.element_size() for p in params)
-    out["bytes"], out["tensors"] = nbytes, len(params)
+    out["bytes"], out["tensors"] = sum(p.numel() * p.element_size() for p in params), len(params)
+    ready_order = params[::-1]
 
     def compute():
         zero(params)
         model(one).backward()
 
-    out["compute_s"] = _timed(compute, args.warmup, args.steps, barrier)
-    ready_order = params[::-1]
+    def per_tensor():
+        compute()
+        for p in ready_order:
+            td.all_reduce(p.grad)
+            p.grad.div_(world)
 
+    contenders, settings, tuning = {"compute": compute}, {"compute": "no communication"}, {}
     for method in args.methods:
         if method == "per-tensor":
-
-            def step():
-                compute()
-                for p in ready_order:
-                    td.all_reduce(p.grad)
-                    p.grad.div_(world)
-
-            out[method] = {"step_s": _timed(step, args.warmup, args.steps, barrier), "settings": "161 allreduces"}
+            contenders[method], settings[method] = per_tensor, f"{len(params)} allreduces"
         elif method == "ddp":
             m, ps = fresh()
-            ddp = DistributedDataParallel(m, bucket_cap_mb=25, broadcast_buffers=False)
+            ddp = DistributedDataParallel(m, bucket_cap_mb=25 * f, broadcast_buffers=False)
 
             def step(ddp=ddp, ps=ps):
                 zero(ps)
                 ddp(one).backward()
 
-            out[method] = {"step_s": _timed(step, args.warmup, args.steps, barrier), "settings": "bucket_cap_mb 25"}
-        elif method in ("multistream", "tuned"):
-            over = ["run.device=cpu", f"dist.timeout_s={args.timeout}", "comm.tune_cache=null"]
-            if method == "tuned":
+            contenders[method], settings[method] = step, f"bucket_cap_mb {25 * f:g}"
+        elif method in ("multistream", "tuned", "tuned-model"):
+            over = ["run.device=cpu", f"dist.timeout_s={args.timeout}", "comm.tune_cache=null",
+                    f"comm.bucket_mb={8 * f:g}"]  # fmt: skip
+            if method != "multistream":
+                buckets = ",".join(f"{b * f:g}" for b in (4, 8, 16, 32))
                 over += ["comm.autotune=true", f"comm.tune_max_candidates={args.candidates}",
-                         "comm.tune_bucket_mb=[4,8,16,32]", "comm.tune_streams=[1,2,3,4]", "comm.tune_slices=[1,2,4]",
+                         f"comm.tune_bucket_mb=[{buckets}]", "comm.tune_streams=[1,2,3,4]", "comm.tune_slices=[1,2,4]",
                          "comm.tune_warmup_steps=1", "comm.tune_steps_per_window=1", "comm.tune_windows=2"]  # fmt: skip
+            if method == "tuned-model":  # the model's ranking for this lab, and half the candidates
+                over += ["comm.tune_start=model", f"comm.link_gbit={args.link_mbit / 1000}",
+                         f"comm.flow_gbit={args.flow_mbit / 1000}", f"comm.latency_us={args.latency_us}",
+                         f"comm.tune_max_candidates={max(1, args.candidates // 2)}"]  # fmt: skip
             cfg = load_config(None, over)
             backend = MultiStreamBackend(cfg, DistInfo(rank, world, 0, 1, torch.device("cpu")))
             m, ps = fresh()
@@ -152,13 +193,24 @@ def worker(args) -> None:
             t_tune = time.perf_counter()
             while backend.tuner is not None and not backend.tuner.done:
                 step()
-            tune_s = time.perf_counter() - t_tune
-            out[method] = {"step_s": _timed(step, args.warmup, args.steps, barrier),
-                           "settings": backend.settings.label().replace("bucket ", "")}  # fmt: skip
             if backend.tuner is not None:
-                out[method]["tuning"] = {"seconds": tune_s, "candidates": backend.tuner.table()}
+                tuning[method] = {"seconds": time.perf_counter() - t_tune, "candidates": backend.tuner.table(),
+                                  "start": backend.tuner.summary()}  # fmt: skip
+            contenders[method] = step
+            settings[method] = backend.settings.label().replace("bucket ", "")
         else:
             raise SystemExit(f"unknown method {method}")
+    res = _rounds(contenders, args, td.barrier)
+    cpu = [None] * world
+    td.all_gather_object(cpu, {m: statistics.median(r["cpu"]) for m, r in res.items()})
+    out["compute_s"] = statistics.median(res["compute"]["times"])
+    out["compute_times"] = res["compute"]["times"]
+    out["compute_cpu"] = [c["compute"] for c in cpu]
+    for m in args.methods:
+        out[m] = {"step_s": statistics.median(res[m]["times"]), "times": res[m]["times"], "settings": settings[m],
+                  "cpu_s": [c[m] for c in cpu]}  # fmt: skip
+    for method, t in tuning.items():
+        out[method]["tuning"] = t
     if rank == 0:
         Path(args.out).write_text(json.dumps(out, indent=1))
     td.barrier()
@@ -172,7 +224,7 @@ def hvd_worker(args) -> None:
     torch.set_num_threads(1)
     hvd.init()
     one = torch.ones(())
-    model = _model()
+    model = _model(args.fraction)
     params = list(model.parameters())
     opt = hvd.DistributedOptimizer(torch.optim.SGD(params, lr=0.0), named_parameters=model.named_parameters())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -186,8 +238,11 @@ def hvd_worker(args) -> None:
         model(one).backward()
         opt.synchronize()  # the averaged gradients are in .grad now (optimizer.step() would do this first)
 
+    res = _rounds({"horovod": step}, args, barrier)["horovod"]
+    cpu = hvd.allgather_object(statistics.median(res["cpu"]))
     fusion = int(os.environ.get("HOROVOD_FUSION_THRESHOLD", 128 * 2**20)) / 2**20
-    out = {"step_s": _timed(step, args.warmup, args.steps, barrier), "settings": f"fusion {fusion:g} MB"}
+    out = {"step_s": statistics.median(res["times"]), "times": res["times"], "settings": f"fusion {fusion:g} MB",
+           "cpu_s": list(cpu)}  # fmt: skip
     if hvd.rank() == 0:
         Path(args.out).write_text(json.dumps(out, indent=1))
     barrier()
@@ -213,9 +268,12 @@ def hvd_rendezvous(args) -> None:
 def _worker_cmd(kind: str, out: Path, args, lab) -> list[str]:
     steps = args.steps if lab else args.loopback_steps
     cmd = [sys.executable, str(Path(__file__).resolve()), kind, "--out", str(out), "--warmup", str(args.warmup),
-           "--steps", str(steps), "--candidates", str(args.candidates), "--timeout", str(args.timeout)]  # fmt: skip
+           "--steps", str(steps), "--rounds", str(args.rounds), "--candidates", str(args.candidates),
+           "--timeout", str(args.timeout), "--fraction", repr(args.fraction), "--link-mbit", str(args.link_mbit),
+           "--flow-ratio", str(args.flow_ratio), "--latency-us", str(args.latency_us)]  # fmt: skip
     if kind == "--worker":
-        cmd += ["--methods", ",".join(METHODS)]
+        cmd += ["--methods", ",".join(m for m in args.contenders if m != "horovod")]
+        cmd += [f"--tune-over={o}" for o in args.tune_over]
     return cmd
 
 
@@ -281,7 +339,9 @@ def _run_horovod(n: int, lab, args, tmp: Path) -> dict | str:
 
         def env(i):
             e = {**create_slot_env_vars(slots[i]), **create_run_env_vars(server, {iface}, port)}
-            return {**{k: str(v) for k, v in e.items()}, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+            fusion = str(int(128 * 2**20 * args.fraction))  # Horovod's default threshold, x fraction
+            e = {**e, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "HOROVOD_FUSION_THRESHOLD": fusion}
+            return {k: str(v) for k, v in e.items()}
 
         res = _launch(n, _worker_cmd("--hvd-worker", out, args, lab), env, lab, args.timeout)
     finally:
@@ -313,29 +373,38 @@ def _loopback_mbit(streams: int, seconds: float = 2.0) -> float:
 
 
 def _table(title: str, n: int, res: dict, hvd, link_mbit: float | None) -> list[str]:
-    rows = [f"\n**{title}, {n} ranks** ({res['tensors']} tensors, {res['bytes'] / 1e6:.1f} MB fp32 per step; "
-            f"compute-only step {res['compute_s'] * 1000:.0f} ms)\n",
-            "| method | settings | step ms | comm ms | bus bw Gbit/s | % of link cap | speed vs ddp |",
-            "|---|---|---:|---:|---:|---:|---:|"]  # fmt: skip
-    entries = [(m, res[m]) for m in METHODS] + [("horovod", hvd)]
-    comm = {}
+    frac = f", {res['fraction']:g} of each tensor" if res.get("fraction", 1.0) != 1.0 else ""
+    rows = [f"\n**{title}, {n} hosts** ({res['tensors']} tensors{frac}, {res['bytes'] / 1e6:.1f} MB fp32 per step; "
+            f"compute-only step {res['compute_s'] * 1000:.0f} ms; medians of {res.get('rounds', 1)} x "
+            f"{len(res['compute_times']) // res.get('rounds', 1)} steps)\n",
+            "| hosts | method | settings | step ms | comm ms | bus bw Gbit/s | % of link cap | speed vs ddp "
+            "| CPU ms/step (busiest rank) | CPU load |",
+            "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    entries = [(m, res[m]) for m in METHODS if m in res] + [("horovod", hvd)]
+    comm, ref = {}, float("nan")
     for m, r in entries:
         if isinstance(r, dict):
             comm[m] = max(r["step_s"] - res["compute_s"], 1e-6)
+    ref = comm.get("ddp", float("nan"))
     for m, r in entries:
         if not isinstance(r, dict):
-            rows.append(f"| {m} | {r} | | | | | |")
+            rows.append(f"| {n} | {m} | {r} | | | | | | | |")
             continue
         bus = 2 * (n - 1) / n * res["bytes"] * 8 / comm[m] / 1e9
         pct = f"{100 * bus * 1000 / link_mbit:.0f}%" if link_mbit else "-"
-        rows.append(f"| {m} | {r['settings']} | {r['step_s'] * 1000:.0f} | {comm[m] * 1000:.0f} | {bus:.2f} | {pct} | "
-                    f"{comm['ddp'] / comm[m]:.2f}x |")  # fmt: skip
-    tuning = res.get("tuned", {}).get("tuning")
-    if tuning:
+        load = sum(r["cpu_s"]) / ((os.cpu_count() or 1) * r["step_s"])
+        rows.append(f"| {n} | {m} | {r['settings']} | {r['step_s'] * 1000:.0f} | {comm[m] * 1000:.0f} | "
+                    f"{bus:.2f} | {pct} | {ref / comm[m]:.2f}x | {max(r['cpu_s']) * 1000:.0f} | "
+                    f"{100 * load:.0f}% |")  # fmt: skip
+    for m in ("tuned", "tuned-model"):
+        tuning = res.get(m, {}).get("tuning")
+        if not tuning:
+            continue
         cands = ", ".join(f"{c['bucket_mb']:g}/{c['streams']}/{c['slices']}: {c['median_step_s'] * 1000:.0f}"
+                          + (f" (predicted {c['predicted_s'] * 1000:.0f})" if "predicted_s" in c else "")
                           for c in tuning["candidates"])  # fmt: skip
-        rows.append(f"\nauto-tuner ({len(tuning['candidates'])} candidates in {tuning['seconds']:.0f} s; "
-                    f"bucket MB/K/S: median backward+sync ms): {cands}")  # fmt: skip
+        rows.append(f"\n{m}: auto-tuner, {len(tuning['candidates'])} candidates in {tuning['seconds']:.0f} s; "
+                    f"{tuning['start']} (bucket MB/K/S: median backward+sync ms): {cands}")  # fmt: skip
     return rows
 
 
@@ -345,17 +414,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worlds", type=int, nargs="+", default=None, help="rank counts (default 2 4)")
     ap.add_argument("--link-mbit", type=float, default=1000.0, help="lab: link cap per host (Mbit/s)")
     ap.add_argument("--flow-ratio", type=float, default=3.0, help="lab: per-flow cap = link / this")
+    ap.add_argument("--latency-us", type=float, default=50.0, help="tuned-model: per-message latency it assumes")
     ap.add_argument("--no-lab", action="store_true", help="loopback only")
     ap.add_argument("--no-loopback", action="store_true", help="lab only")
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=None, help="lab: timed steps per method (default 5; quick 3)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed steps before each contender's timed steps")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds over all contenders, order rotated each round")
+    ap.add_argument("--fraction", type=float, default=1.0, help="each gradient at this fraction of its size, "
+                    "bucket sizes scaled alike (same bucket cuts)")  # fmt: skip
+    ap.add_argument("--json", default="", help="also write all measurements to this JSON file (scripts/predict.py)")
+    ap.add_argument("--tune-over", action="append", default=[], help="extra config overrides for the tuned run")
+    ap.add_argument("--steps", type=int, default=None, help="lab: timed steps per round (default 5; quick 3)")
     ap.add_argument("--loopback-steps", type=int, default=None, help="loopback: timed steps (default 15; quick 8)")
     ap.add_argument("--candidates", type=int, default=None, help="tuner candidates (default 8; quick 4)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds before a stuck run is killed")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--hvd-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--hvd-rendezvous", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--methods", default=",".join(METHODS), help=argparse.SUPPRESS)
+    ap.add_argument("--contenders", default="per-tensor,ddp,multistream,tuned,horovod", help="comma-separated, "
+                    f"some of {','.join([*METHODS, 'horovod'])} (ddp: the speed column's reference)")  # fmt: skip
+    ap.add_argument("--methods", default="", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="", help=argparse.SUPPRESS)
     ap.add_argument("--hosts", default="", help=argparse.SUPPRESS)
     ap.add_argument("--np", type=int, default=0, help=argparse.SUPPRESS)
@@ -363,8 +440,13 @@ def main(argv: list[str] | None = None) -> int:
     args.steps = args.steps or (3 if args.quick else 5)
     args.loopback_steps = args.loopback_steps or (8 if args.quick else 15)
     args.candidates = args.candidates or (4 if args.quick else 8)
+    args.contenders = args.contenders.split(",")
+    args.flow_mbit = args.link_mbit / args.flow_ratio
+    unknown = set(args.contenders) - {*METHODS, "horovod"}
+    if unknown:
+        ap.error(f"--contenders: unknown {', '.join(sorted(unknown))}; expected some of {', '.join(METHODS)}, horovod")
     if args.worker:
-        args.methods = args.methods.split(",")
+        args.methods = [m for m in args.methods.split(",") if m]
         worker(args)
         return 0
     if args.hvd_worker:
@@ -375,10 +457,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     worlds = args.worlds or ([2] if args.quick else [2, 4])
-    flow = args.link_mbit / args.flow_ratio
+    flow = args.flow_mbit
     lines = ["## Allreduce benchmark (scripts/bench_allreduce.py)", "",
              f"command: `python scripts/bench_allreduce.py {' '.join(argv if argv is not None else sys.argv[1:])}`; "
              f"gloo on CPU, {os.cpu_count()} cores, torch threads 1 per rank"]  # fmt: skip
+    record: list[dict] = []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         if not args.no_loopback:
@@ -386,7 +469,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"4 streams {_loopback_mbit(4):.0f} Mbit/s")  # fmt: skip
             for n in worlds:
                 res = _run_torch(n, None, args, tmp)
-                lines += _table("Loopback", n, res, _run_horovod(n, None, args, tmp), None)
+                hvd = _run_horovod(n, None, args, tmp) if "horovod" in args.contenders else "not run"
+                lines += _table("Loopback", n, res, hvd, None)
                 print("\n".join(lines), file=sys.stderr, flush=True)
         reason = None if args.no_lab else netlab.available()
         if reason:
@@ -399,7 +483,12 @@ def main(argv: list[str] | None = None) -> int:
                                  f"direction, per-flow cap {flow:.0f} Mbit/s; measured TCP host 1 -> 0: 1 flow "
                                  f"{one:.0f} Mbit/s, 4 flows {four:.0f} Mbit/s")  # fmt: skip
                     res = _run_torch(n, lab, args, tmp)
-                    hvd = _run_horovod(n, lab, args, tmp)
+                    hvd = _run_horovod(n, lab, args, tmp) if "horovod" in args.contenders else "not run"
+                record.append({"hosts": n, "link_mbit": args.link_mbit, "flow_mbit": flow, "measured_1flow_mbit": one,
+                               "measured_4flows_mbit": four, "cpus": os.cpu_count(), "torch": res,
+                               "horovod": hvd})  # fmt: skip
+                if args.json:
+                    Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
                 lines += _table(f"Network lab ({args.link_mbit:g} Mbit/s link, {flow:.0f} Mbit/s per flow)", n, res,
                                 hvd, args.link_mbit)  # fmt: skip
                 print("\n".join(lines), file=sys.stderr, flush=True)

@@ -224,9 +224,19 @@ class MultiStreamBackend(BackendDefaults):
             if cached is not None:
                 start = cached
             else:
-                self.tuner = tuning.AutoTuner(self._distinct_plans(), self.settings, c.tune_max_candidates,
-                                              c.tune_warmup_steps, c.tune_steps_per_window, c.tune_windows,
-                                              c.tune_method)  # fmt: skip
+                space, predicted, note = self._distinct_plans(), None, ""
+                if c.tune_start == "model":
+                    d = self.dist
+                    hosts, gpus = d.world_size // max(d.local_world_size, 1), max(d.local_world_size, 1)
+                    ranked = tuning.model_ranking(self.specs, space, hosts, gpus, c)
+                    predicted, start = dict(ranked), ranked[0][0]
+                    self.settings = start
+                    note = (f"started at the model's best for {hosts} hosts x {gpus}, {c.link_gbit:g} Gbit/s, "
+                            f"{c.flow_gbit or 'no'} Gbit/s per flow: {start.label()} "
+                            f"(predicted {ranked[0][1] * 1000:.0f} ms)")  # fmt: skip
+                self.tuner = tuning.AutoTuner(space, self.settings, c.tune_max_candidates, c.tune_warmup_steps,
+                                              c.tune_steps_per_window, c.tune_windows, c.tune_method, predicted,
+                                              note)  # fmt: skip
                 self._note(
                     f"multistream autotune: up to {self.tuner.max_candidates} candidates ({c.tune_method}), "
                     f"{c.tune_warmup_steps} warm-up steps, then {self.tuner.steps_per_trial} steps each"
@@ -348,7 +358,7 @@ class MultiStreamBackend(BackendDefaults):
         tuner.done = True
         best = next(t for t in tuner.trials if t.settings == win)
         self._note(f"multistream autotune: winner after {len(tuner.trials)} candidates: {win.label()} "
-                   f"({best.score * 1000:.1f} ms)", log)  # fmt: skip
+                   f"({best.score * 1000:.1f} ms); {tuner.summary()}", log)  # fmt: skip
         if log is not None:
             log.scalars(
                 step,

@@ -4,7 +4,9 @@ Like Horovod's autotune: a few warm-up steps are discarded, then each candidate 
 `steps_per_window` steps (after one discarded settling step), and is scored by the median over windows of the
 mean step time. The next candidate is chosen from the measurements by rank 0 (a small Gaussian-process
 Bayesian optimisation with expected improvement, or a fixed grid) and broadcast, so every rank switches plan at
-the same step boundary. After `max_candidates` candidates the fastest one wins, and is kept in a JSON cache keyed
+the same step boundary. With `comm.tune_start: model` the step-time model (stepmodel.py) ranks the space for the
+cluster first: the search starts at its best and measures candidates in predicted order, so a few suffice.
+After `max_candidates` candidates the fastest one wins, and is kept in a JSON cache keyed
 by model, world size, process-group backend, dtypes and network, so that the next run starts tuned.
 """
 
@@ -44,9 +46,14 @@ class AutoTuner:
     """Step-count-driven search; `propose()` runs on rank 0 only, everything else on every rank."""
 
     def __init__(self, space: list[Settings], start: Settings, max_candidates: int, warmup_steps: int,
-                 steps_per_window: int, windows: int, method: str = "bayes"):  # fmt: skip
+                 steps_per_window: int, windows: int, method: str = "bayes",
+                 predicted: dict[Settings, float] | None = None, start_note: str = ""):  # fmt: skip
         if method not in ("bayes", "grid"):
             raise ValueError(f"tuner method: expected 'bayes' or 'grid', got {method!r}")
+        self.predicted = predicted or {}
+        self.start_note = start_note or f"started at the config's {start.label()}"
+        if self.predicted:  # the model's ranking replaces the space-filling order
+            space = sorted(space, key=lambda s: self.predicted.get(s, math.inf))
         self.space = list(dict.fromkeys([start, *space]))
         self.max_candidates = max(1, min(max_candidates, len(self.space)))
         self.warmup_steps, self.steps_per_window, self.windows = warmup_steps, steps_per_window, windows
@@ -87,6 +94,8 @@ class AutoTuner:
         untried = [s for s in self.space if s not in tried]
         if not untried:
             return None
+        if self.predicted:
+            return untried[0]  # the next best predicted (self.space is in predicted order)
         if self.method == "grid":
             return next((s for s in self._grid if s not in tried), None)
         if len(self.trials) < min(3, self.max_candidates):
@@ -103,7 +112,33 @@ class AutoTuner:
         return min(self.trials, key=lambda t: t.score)
 
     def table(self) -> list[dict]:
-        return [{**asdict(t.settings), "median_step_s": t.score, "windows": t.window_means} for t in self.trials]
+        return [{**asdict(t.settings), "median_step_s": t.score, "windows": t.window_means,
+                 **({"predicted_s": self.predicted[t.settings]} if t.settings in self.predicted else {})}
+                for t in self.trials]  # fmt: skip
+
+    def summary(self) -> str:
+        """Where the search started, and whether measuring changed that choice."""
+        start, win = self.trials[0], self.winner()
+        if win.settings == start.settings:
+            return f"{self.start_note}; measurement confirmed it ({start.score * 1000:.0f} ms)"
+        return (
+            f"{self.start_note}; measurement changed it to {win.settings.label()} ({win.score * 1000:.0f} ms "
+            f"against {start.score * 1000:.0f} ms)"
+        )
+
+
+def model_ranking(specs, space: list[Settings], hosts: int, gpus_per_host: int, comm) -> list[tuple[Settings, float]]:
+    """The space ranked by the step-time model's communication time on this cluster (`comm` is cfg.comm: its
+    link_gbit, flow_gbit, latency_us and compression); gradients count as ready at once, since backward's
+    timing is what the tuner is about to measure."""
+    from recipes.comm import stepmodel
+
+    if not comm.link_gbit or comm.link_gbit <= 0:
+        from recipes.config import ConfigError
+
+        raise ConfigError(f"comm.link_gbit: tune_start=model needs the link bandwidth in Gbit/s, got {comm.link_gbit}")
+    net = stepmodel.Network(hosts, gpus_per_host, comm.link_gbit, comm.flow_gbit or None, comm.latency_us * 1e-6)
+    return stepmodel.recommend(specs, stepmodel.no_overlap(specs), net, space, comm.compression)
 
 
 def _coords(s: Settings, space: list[Settings]) -> np.ndarray:

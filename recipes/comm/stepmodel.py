@@ -1,0 +1,273 @@
+"""A step-time model of data-parallel training: backward compute, the fusion plan, and a shaped network.
+
+One step is forward, then backward, during which gradients become ready in gradient-ready order; each backend
+turns them into messages (allreduces) with a ready time and a communicator:
+    ddp          DDP's buckets (first bucket 1 MB, then `bucket_cap_mb`), one communicator
+    multistream  the repository's own fusion plan (recipes/comm/plan.py: balanced buckets, S slices each, slice j
+                 of bucket b on communicator (b*S+j) mod K), K communicators at once
+    horovod      a negotiation cycle: tensors ready within a cycle are fused up to the fusion threshold, after a
+                 coordination round through rank 0 that grows with the number of ranks; one communicator
+    per-tensor   one blocking allreduce per gradient after backward
+A communicator runs its messages one at a time, in order, each starting when it is ready and the previous one is
+done. A message of m bytes costs a latency part, 2(H-1) ring steps of `latency_s` plus the intra-host stage
+(reduce-scatter and all-gather over G GPUs at `intra_gbyte` GB/s, 2(G-1)/G m), and a data part, 2(H-1)/H m bytes
+over the host's link. Data parts in flight at the same time share the link fairly, each communicator's flows
+held to the per-flow cap: a fluid simulation, so K streams on a capped link, a per-flow cap that does not bind
+and the overlap with backward all come out of the same arithmetic. The step ends when backward and every
+message are done, plus the optimizer step; communication after backward's end is exposed, the rest hidden.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field, replace
+
+from recipes.comm.plan import Settings, TensorSpec, build_plan
+
+WIRE_BYTES = {"none": None, "fp16": 2, "bf16": 2}
+DDP_FIRST_BUCKET_MB = 1.0  # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES
+BACKENDS = ("ddp", "horovod", "multistream", "per-tensor")
+
+
+@dataclass(frozen=True)
+class Network:
+    """The cluster: hosts x GPUs per host, each host's link, the per-flow cap and the per-message latency."""
+
+    hosts: int
+    gpus_per_host: int = 1
+    link_gbit: float = 32.0  # per host and direction
+    flow_gbit: float | None = 10.0  # one TCP flow's ceiling; None: no per-flow cap
+    latency_s: float = 50e-6  # per ring step of one message
+    intra_gbyte: float = 150.0  # intra-host stage (NVLink on a V100 DGX-1 class machine; PCIe 3 x16: ~12)
+    efficiency: float = 1.0  # goodput / cap (TCP and framing overhead), fitted on the lab
+    flows_per_comm: int = 1  # TCP flows one communicator opens to its ring neighbour
+
+
+@dataclass(frozen=True)
+class Compute:
+    """Per-GPU compute of one step: forward, backward (gradient i ready at ready[i] x backward), optimizer."""
+
+    forward_s: float
+    backward_s: float
+    ready: tuple[float, ...]  # fraction of backward elapsed when each gradient (gradient-ready order) is ready
+    optimizer_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Horovod:
+    fusion_mb: float = 128.0  # HOROVOD_FUSION_THRESHOLD default (MB)
+    cycle_s: float = 1e-3  # HOROVOD_CYCLE_TIME default
+    negotiation_s_per_rank: float = 20e-6  # coordination through rank 0, per rank per fused response (fitted)
+
+
+@dataclass(frozen=True)
+class Message:
+    ready_s: float  # since the start of backward
+    nbytes: int  # on the wire, per rank
+    comm: int
+
+
+@dataclass
+class StepPrediction:
+    backend: str
+    settings: str
+    forward_s: float
+    backward_s: float
+    comm_busy_s: float  # time during which at least one message was in flight
+    hidden_s: float  # the part of comm_busy_s before backward ended
+    exposed_s: float  # from backward's end to the last message's end
+    optimizer_s: float
+    messages: int = 0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def step_s(self) -> float:
+        return self.forward_s + self.backward_s + self.exposed_s + self.optimizer_s
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Messages per backend.
+
+
+def _ready_times(compute: Compute, n: int) -> list[float]:
+    if len(compute.ready) != n:
+        raise ValueError(f"compute.ready has {len(compute.ready)} entries for {n} gradients")
+    return [f * compute.backward_s for f in compute.ready]
+
+
+def _wire(spec: TensorSpec, compression: str) -> int:
+    size = WIRE_BYTES.get(compression)
+    return spec.nbytes if size is None else spec.numel * size
+
+
+def ddp_buckets(specs: list[TensorSpec], bucket_cap_mb: float) -> list[list[int]]:
+    """DDP's bucket assignment (reducer.cpp): tensors in ready order, a bucket closed once it reaches its limit,
+    the first limit 1 MB and `bucket_cap_mb` after it; a dtype change starts a new bucket."""
+    buckets, cur, size, limit, dtype = [], [], 0, DDP_FIRST_BUCKET_MB * 2**20, None
+    for i, s in enumerate(specs):
+        if cur and s.dtype != dtype:
+            buckets.append(cur)
+            cur, size = [], 0
+        cur.append(i)
+        dtype = s.dtype
+        size += s.nbytes
+        if size >= limit:
+            buckets.append(cur)
+            cur, size, limit = [], 0, bucket_cap_mb * 2**20
+    if cur:
+        buckets.append(cur)
+    return buckets
+
+
+def messages(backend: str, specs: list[TensorSpec], compute: Compute, settings: Settings | None = None,
+             compression: str = "none", bucket_cap_mb: float = 25.0, horovod: Horovod = Horovod(),
+             ranks: int = 1) -> list[Message]:  # fmt: skip
+    """The allreduces one step issues under `backend`, in issue order."""
+    ready = _ready_times(compute, len(specs))
+    if backend == "per-tensor":
+        return [Message(compute.backward_s, _wire(s, compression), 0) for s in specs]
+    if backend == "ddp":
+        return [Message(max(ready[i] for i in b), sum(_wire(specs[i], compression) for i in b), 0)
+                for b in ddp_buckets(specs, bucket_cap_mb)]  # fmt: skip
+    if backend == "multistream":
+        plan = build_plan(specs, settings or Settings(8.0, 4, 2), compression)
+        out, launched = [], 0.0
+        size = WIRE_BYTES.get(compression)
+        for b, idx in enumerate(plan.buckets):
+            launched = max(launched, max(ready[i] for i in idx))  # buckets launch in order
+            for j, (lo, hi) in enumerate(plan.slice_bounds(b)):
+                elem = plan.bucket_bytes(b) // max(plan.bucket_numel(b), 1) if size is None else size
+                out.append(Message(launched, (hi - lo) * elem, plan.communicator(b, j)))
+        return out
+    if backend == "horovod":
+        out, cur, cur_bytes, cur_cycle = [], 0.0, 0, None
+        limit = horovod.fusion_mb * 2**20
+        negotiation = horovod.negotiation_s_per_rank * max(ranks - 1, 0)
+        for i, s in enumerate(specs):
+            cycle = math.floor(ready[i] / horovod.cycle_s) + 1  # picked up at the end of its cycle
+            w = _wire(s, compression)
+            if cur_cycle is not None and (cycle != cur_cycle or cur_bytes + w > limit):
+                out.append(Message(cur, cur_bytes, 0))
+                cur_bytes = 0
+            if cur_bytes == 0:
+                cur_cycle, cur = cycle, cycle * horovod.cycle_s + negotiation
+            cur_bytes += w
+        if cur_bytes:
+            out.append(Message(cur, cur_bytes, 0))
+        return out
+    raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
+
+
+@functools.lru_cache(maxsize=1024)
+def _messages(backend, specs, compute, settings, compression, bucket_cap_mb, horovod, ranks) -> list[Message]:
+    """messages(), remembered: a fit or a search asks for the same plan under many network parameters."""
+    return messages(backend, list(specs), compute, settings, compression, bucket_cap_mb, horovod, ranks)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The network: a fluid simulation of communicators sharing a host's link.
+
+
+def simulate(msgs: list[Message], net: Network) -> tuple[float, float, list[tuple[float, float]]]:
+    """(time the last message ends, busy time, [(start, end)] per message); times since the start of backward."""
+    h, g = net.hosts, net.gpus_per_host
+    if not msgs or h * g == 1:
+        return 0.0, 0.0, [(m.ready_s, m.ready_s) for m in msgs]
+    link = net.link_gbit * 1e9 / 8 * net.efficiency  # bytes/s
+    flow = math.inf if net.flow_gbit is None else net.flow_gbit * 1e9 / 8 * net.efficiency * net.flows_per_comm
+    intra = net.intra_gbyte * 1e9
+
+    def fixed(m: Message) -> float:
+        lat = 2 * (h - 1) * net.latency_s + (2 * (g - 1) * net.latency_s if g > 1 else 0.0)
+        return lat + (2 * (g - 1) / g * m.nbytes / intra if g > 1 else 0.0)
+
+    def volume(m: Message) -> float:
+        return 2 * (h - 1) / h * m.nbytes
+
+    comms = sorted({m.comm for m in msgs})
+    queues = {c: [i for i, m in enumerate(msgs) if m.comm == c] for c in comms}
+    head = dict.fromkeys(comms, 0)
+    # per communicator: (message index, phase 'lat' | 'data', value: end time of latency or bytes left)
+    active: dict[int, list] = {}
+    free_at = dict.fromkeys(comms, 0.0)
+    spans = [(0.0, 0.0)] * len(msgs)
+    t, busy, eps = 0.0, 0.0, 1e-15
+    while True:
+        for c in comms:  # start what can start
+            if c not in active and head[c] < len(queues[c]):
+                i = queues[c][head[c]]
+                if max(msgs[i].ready_s, free_at[c]) <= t + eps:
+                    active[c] = [i, "lat", t + fixed(msgs[i])]
+                    spans[i] = (t, 0.0)
+        if not active:
+            pending = [max(msgs[queues[c][head[c]]].ready_s, free_at[c]) for c in comms if head[c] < len(queues[c])]
+            if not pending:
+                break
+            t = min(pending)
+            continue
+        data = [c for c, a in active.items() if a[1] == "data"]
+        rate = min(flow, link / len(data)) if data else 0.0
+        candidates = [a[2] - t for a in active.values() if a[1] == "lat"]
+        candidates += [a[2] / rate for c, a in active.items() if a[1] == "data"]
+        candidates += [max(msgs[queues[c][head[c]]].ready_s, free_at[c]) - t for c in comms
+                       if c not in active and head[c] < len(queues[c])]  # fmt: skip
+        dt = max(min(candidates), 0.0)
+        for c in data:
+            active[c][2] -= rate * dt
+        t += dt
+        busy += dt
+        for c in list(active):
+            i, phase, v = active[c]
+            if phase == "lat" and v <= t + eps:
+                active[c] = [i, "data", volume(msgs[i])]
+                phase, v = "data", volume(msgs[i])
+            if phase == "data" and v <= max(1e-6, volume(msgs[i]) * 1e-12):
+                spans[i] = (spans[i][0], t)
+                free_at[c] = t
+                head[c] += 1
+                del active[c]
+    return t, busy, spans
+
+
+def predict_step(backend: str, specs: list[TensorSpec], compute: Compute, net: Network,
+                 settings: Settings | None = None, compression: str = "none", bucket_cap_mb: float = 25.0,
+                 horovod: Horovod = Horovod()) -> StepPrediction:  # fmt: skip
+    """Step time of `backend` for one GPU's share of the work on `net`, by phase."""
+    ranks = net.hosts * net.gpus_per_host
+    msgs = _messages(backend, tuple(specs), compute, settings, compression, bucket_cap_mb, horovod, ranks)
+    end, busy, spans = simulate(msgs, net)
+    hidden = sum(max(0.0, min(e, compute.backward_s) - s) for s, e in _union(spans))
+    label = {"ddp": f"bucket_cap_mb {bucket_cap_mb:g}", "per-tensor": f"{len(specs)} allreduces",
+             "horovod": f"fusion {horovod.fusion_mb:g} MB, cycle {horovod.cycle_s * 1000:g} ms",
+             "multistream": (settings or Settings(8.0, 4, 2)).label().replace("bucket ", "")}[backend]  # fmt: skip
+    if compression != "none":
+        label += f", wire {compression}"
+    return StepPrediction(backend, label, compute.forward_s, compute.backward_s, busy, hidden,
+                          max(0.0, end - compute.backward_s), compute.optimizer_s, len(msgs))  # fmt: skip
+
+
+def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for s, e in sorted(spans):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return [(s, e) for s, e in out]
+
+
+def recommend(specs: list[TensorSpec], compute: Compute, net: Network, space: list[Settings],
+              compression: str = "none") -> list[tuple[Settings, float]]:  # fmt: skip
+    """The candidates of `space` with their predicted step times, fastest first."""
+    scored = [(s, predict_step("multistream", specs, compute, net, s, compression).step_s) for s in space]
+    return sorted(scored, key=lambda x: (x[1], x[0].streams, x[0].slices, -x[0].bucket_mb))
+
+
+def no_overlap(specs: list[TensorSpec], seconds: float = 0.0) -> Compute:
+    """A step whose gradients are all ready at once, after `seconds` of compute (the lab's gradient-list model)."""
+    return Compute(0.0, seconds, tuple(1.0 for _ in specs))
+
+
+def with_network(net: Network, **kw) -> Network:
+    return replace(net, **kw)
