@@ -134,7 +134,7 @@ def model_ranking(specs, space: list[Settings], hosts: int, gpus_per_host: int, 
     from recipes.comm import stepmodel
 
     if not comm.link_gbit or comm.link_gbit <= 0:
-        from recipes.config import ConfigError
+        from recipes.errors import ConfigError
 
         raise ConfigError(f"comm.link_gbit: tune_start=model needs the link bandwidth in Gbit/s, got {comm.link_gbit}")
     net = stepmodel.Network(hosts, gpus_per_host, comm.link_gbit, comm.flow_gbit or None, comm.latency_us * 1e-6)
