@@ -28,7 +28,7 @@ from data.check import quick_problem
 from data.folder import DataError, Split
 from data.rect import image_sizes, plan_rect_batches, rank_rect_batches
 from data.sharding import train_shard
-from data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from data.transforms import IMAGENET_MEAN, IMAGENET_STD, crop_min_area
 
 READER = "Reader"
 # nvJPEG buffers preallocated for ImageNet-sized images (NVIDIA's ResNet-50 example), so that decoding a
@@ -227,7 +227,7 @@ class DaliPipeline:
             files=files,
             labels=labels,
             size=info.phase.image_size,
-            min_scale=info.phase.min_scale,
+            min_scale=crop_min_area(info.phase),
         )
         self._train = (info.phase_index, pipe, files, split)
 

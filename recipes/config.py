@@ -37,6 +37,11 @@ class Phase:
     image_size: int = _f(help="training crop size in pixels (square)")
     batch_size: int = _f(help="GLOBAL batch size (summed over all ranks)")
     min_scale: float = _f(0.35, help="smallest area fraction of RandomResizedCrop")
+    min_object_area: float = _f(
+        0.0,
+        help="TF's min_object_covered with the whole image as the box: the crop covers at least this fraction "
+        "of the image, so the crop area's lower bound is max(min_scale, min_object_area) (docs/input.md)",
+    )
     val_image_size: int | None = _f(None, help="validation crop size; default: image_size")
     rect_val: bool = _f(False, help="rectangular validation (aspect-ratio batches, no crop)")
     root: str = _f("full", help="which entry of data.roots this phase reads (pre-resized copies)")
@@ -76,6 +81,21 @@ class DataConfig:
     dali_dtype: Literal["auto", "float32", "float16"] = _f(
         "auto", help="dali: output dtype; auto = float16 on CUDA with run.amp=fp16, else float32"
     )
+    val_blacklist: str = _f(
+        "",
+        help="devkit's ILSVRC2012_validation_blacklist.txt (1-based indices into the sorted val file names), "
+        "relative to data.root unless absolute: those images are not counted; '' = count every image",
+    )
+    auto_augment: str = _f(
+        "",
+        help="torch backend: timm augmentation after the crop, e.g. 'rand-m9-mstd0.5-inc1' (RandAugment) or "
+        "'augmix-m3-w1'; '' = none",
+    )
+    aug_splits: int = _f(
+        0,
+        help="torch backend: AugMix splits (timm AugMixDataset: one clean view + aug_splits-1 augmented views) "
+        "trained with timm's JsdCrossEntropy; 0 = off, else >= 2",
+    )
     dali_prefetch: int = _f(2, help="dali: batches prepared ahead of the training loop (prefetch_queue_depth)")
 
 
@@ -108,6 +128,11 @@ class OptimConfig:
     eta: float = _f(1e-3, help="lars/hybrid: layer trust ratio = eta * norm(w) / (norm(g) + weight_decay * norm(w))")
     trust_clip_min: float = _f(1e-5, help="hybrid: lower clip of the layer trust ratio")
     trust_clip_max: float = _f(1.0, help="hybrid: upper clip of the layer trust ratio")
+    lars_momentum: Literal["torch", "tf"] = _f(
+        "torch",
+        help="lars/hybrid momentum: torch = trust ratio inside the buffer (timm, apex); tf = buffer of raw "
+        "gradients, lr x trust ratio applied to the whole buffer (TensorFlow's LARSOptimizer, the record's)",
+    )
     adapt_bn_bias: bool = _f(False, help="lars/hybrid/lamb: also adapt BN and bias parameters (else plain SGD)")
 
 
@@ -178,6 +203,9 @@ class DawnbenchConfig:
     model: str = _f("", help="DAWNBench entry: model; empty: model.name")
     hardware: str = _f("", help="DAWNBench entry: hardware; empty: detected (machines x processes x device)")
     cost_per_hour: float | None = _f(None, help="DAWNBench entry: USD per hour for all machines (costPerHour)")
+    require: bool = _f(
+        False, help="refuse to start without author and author_email (fields the entries repository requires)"
+    )
 
 
 @dataclass
@@ -313,6 +341,15 @@ def _validate(cfg: Config) -> None:
                 raise ConfigError(f"phases.{i}.{key}: expected a positive integer, got {getattr(p, key)}")
         if not 0.0 < p.min_scale <= 1.0:
             raise ConfigError(f"phases.{i}.min_scale: expected a number in (0, 1], got {p.min_scale}")
+        if not 0.0 <= p.min_object_area <= 1.0:
+            raise ConfigError(f"phases.{i}.min_object_area: expected a number in [0, 1], got {p.min_object_area}")
+    if cfg.data.aug_splits == 1 or cfg.data.aug_splits < 0:
+        raise ConfigError(f"data.aug_splits: expected 0 (off) or an integer >= 2, got {cfg.data.aug_splits}")
+    if (cfg.data.aug_splits or cfg.data.auto_augment) and cfg.data.backend != "torch":
+        raise ConfigError(
+            f"data.auto_augment/aug_splits: timm's PIL augmentations run on data.backend=torch only, "
+            f"got data.backend={cfg.data.backend!r}"
+        )
     if cfg.data.dali_prefetch < 1:
         raise ConfigError(f"data.dali_prefetch: expected a positive integer, got {cfg.data.dali_prefetch}")
     if not 0.0 < cfg.data.val_crop_ratio <= 1.0:
