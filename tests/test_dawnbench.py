@@ -131,7 +131,6 @@ def test_trust_ratio_hyperparameters_under_the_record_entry_names():
 
 def test_record_configs_refuse_to_start_without_the_required_fields(tmp_path, capsys):
     import train as train_cli
-
     from recipes.dawnbench import check_required
 
     with pytest.raises(ConfigError, match="dawnbench.author: the DAWNBench entries format requires it"):
