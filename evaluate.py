@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     lat = ap.add_argument_group("latency (DAWNBench inference protocol)")
     lat.add_argument("--latency", action="store_true", help="measure batch-1 latency per image")
     lat.add_argument("--images", type=int, default=0, help="images to classify (default 0: every validation "
-                     "image, the whole 50,000 as DAWNBench's rules say; N: a seeded draw of N, a quick look)")  # fmt: skip
+                     "image, all 50,000 as DAWNBench's rules say; N: a seeded draw of N)")  # fmt: skip
     lat.add_argument("--optimize", default="none", help="comma-separated modes, each compared with eager fp32 "
                      "('none'): " + "; ".join(f"{k}: {v.help}" for k, v in MODES.items()))  # fmt: skip
     lat.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: cuda if available")
