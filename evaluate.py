@@ -5,7 +5,7 @@ Accuracy (every validation image exactly once, any world size):
   python evaluate.py runs/quickstart/checkpoint.pt --data data/sample [--image-size 96] [--tta flip] [--out eval.json]
   torchrun --nproc-per-node 2 evaluate.py CHECKPOINT --data /imagenet/val
 Latency (batch size 1, optimize modes compared with eager fp32 on the same images):
-  python evaluate.py CHECKPOINT --latency --images 10000 --optimize int8 --price-per-hour 0.5 --out latency.json
+  python evaluate.py CHECKPOINT --latency --optimize int8 --price-per-hour 0.5 --out latency.json
 Export:
   python evaluate.py CHECKPOINT --export onnx [--export-file model.onnx]
 """
@@ -30,11 +30,13 @@ def main(argv: list[str] | None = None) -> int:
     acc.add_argument("--backend", choices=["torch", "dali"], help="input backend (default: the checkpoint's)")
     acc.add_argument("--tta", choices=list(TTA), default="none", help="test-time augmentation: flip = mean of the "
                      "softmax of the image and its mirror image")  # fmt: skip
+    acc.add_argument("--val-blacklist", metavar="FILE", help="devkit blacklist whose images are not counted "
+                     "(default: the checkpoint's data.val_blacklist; '' counts every image)")  # fmt: skip
     acc.add_argument("--rect", action="store_true", help="rectangular validation (aspect-ratio batches, no crop)")
     lat = ap.add_argument_group("latency (DAWNBench inference protocol)")
     lat.add_argument("--latency", action="store_true", help="measure batch-1 latency per image")
-    lat.add_argument("--images", type=int, default=10000, help="images to classify (50000: the whole ImageNet val "
-                     "set, as DAWNBench's rules say; 0: every image)")  # fmt: skip
+    lat.add_argument("--images", type=int, default=0, help="images to classify (default 0: every validation "
+                     "image, all 50,000 as DAWNBench's rules say; N: a seeded draw of N)")  # fmt: skip
     lat.add_argument("--optimize", default="none", help="comma-separated modes, each compared with eager fp32 "
                      "('none'): " + "; ".join(f"{k}: {v.help}" for k, v in MODES.items()))  # fmt: skip
     lat.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: cuda if available")

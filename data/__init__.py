@@ -8,22 +8,41 @@ once over all ranks) and `close()`. The names of `data.backend` are in recipes/r
 
 from __future__ import annotations
 
-from data.folder import DataError, scan_split
+from pathlib import Path
+
+from data.folder import DataError, blacklist_path, drop_blacklisted, scan_split
 from data.pipeline import BasePipeline, InputPipeline
 from recipes import registry
+
+
+def copy_beside(root: str, name: str) -> Path:
+    """Where a pre-resized copy named `name` of the dataset at `root` is looked for: `<root>-<name>`."""
+    return Path(str(root).rstrip("/") + f"-{name}")
 
 
 def _scan(cfg):
     train = scan_split(cfg.data.root, "train")
     val = scan_split(cfg.data.root, "val", classes=train.classes)
+    if cfg.data.val_blacklist:
+        val, _ = drop_blacklisted(val, blacklist_path(cfg.data.root, cfg.data.val_blacklist))
     roots = {"full": (train, val)}
     for name, path in cfg.data.roots.items():
         if name == "full" and path == cfg.data.root:
             continue
         roots[name] = (scan_split(path, "train", classes=train.classes), val)
     for i, phase in enumerate(cfg.phases):
-        if phase.root not in roots:
-            raise DataError(f"phases.{i}.root: '{phase.root}' is not in data.roots (known: {', '.join(sorted(roots))})")
+        if phase.root in roots:
+            continue
+        # A copy not named in data.roots is found next to data.root: /data/imagenet-160 for root '160'.
+        beside = copy_beside(cfg.data.root, phase.root)
+        if not beside.is_dir():
+            size = f"--short-side {phase.root}" if phase.root.isdigit() else "--short-side N"
+            raise DataError(
+                f"phases.{i}.root: '{phase.root}' is not in data.roots (known: {', '.join(sorted(roots))}) and "
+                f"'{beside}' does not exist; make it with: python data/prepare.py --src {cfg.data.root} "
+                f"--dst {beside} {size}"
+            )
+        roots[phase.root] = (scan_split(beside, "train", classes=train.classes), val)
     return train, val, roots
 
 

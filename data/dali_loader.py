@@ -30,7 +30,7 @@ from data.folder import DataError, Split
 from data.pipeline import BasePipeline
 from data.rect import image_sizes, plan_rect_batches, rank_rect_batches
 from data.sharding import train_shard
-from data.transforms import IMAGENET_MEAN, IMAGENET_STD, too_many_pixels
+from data.transforms import IMAGENET_MEAN, IMAGENET_STD, crop_min_area, too_many_pixels
 
 READER = "Reader"
 # nvJPEG buffers preallocated for ImageNet-sized images (NVIDIA's ResNet-50 example), so that decoding a
@@ -191,7 +191,7 @@ class DaliPipeline(BasePipeline):
     """`data.backend: dali`."""
 
     def __init__(self, cfg, dist, train: Split, val: Split, roots: dict[str, tuple[Split, Split]]):
-        super().__init__(cfg, dist, train.classes, len(train), len(val))
+        super().__init__(cfg, dist, train.classes, len(train), len(val), val.excluded)
         self.train, self.val, self.roots = train, val, roots
         self.gpu = dist.device.type == "cuda"
         self.dtype = output_dtype(cfg, dist.device)
@@ -280,7 +280,7 @@ class DaliPipeline(BasePipeline):
             files=files,
             labels=labels,
             size=info.phase.image_size,
-            min_scale=info.phase.min_scale,
+            min_scale=crop_min_area(info.phase),
         )
         self._train = (info.phase_index, pipe, files, split)
 

@@ -18,6 +18,7 @@ class Split:
     classes: list[str]  # sorted wnids; label = index
     files: list[str]  # absolute paths
     labels: list[int]
+    excluded: int = 0  # images left out of this split (validation blacklist), not counted
 
     def __len__(self) -> int:
         return len(self.files)
@@ -56,3 +57,43 @@ def scan_split(root: str | Path, split: str, classes: list[str] | None = None) -
         files.extend(str(p) for p in names)
         labels.extend([index[wnid]] * len(names))
     return Split(folder, list(classes), files, labels)
+
+
+def read_blacklist(path: str | Path) -> list[int]:
+    """The devkit's ILSVRC2012_validation_blacklist.txt: one 1-based index into the sorted val file names a line."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"data.val_blacklist: '{p}' not found (the devkit's data/ILSVRC2012_validation_blacklist.txt)")
+    out = []
+    for n, line in enumerate(p.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                out.append(int(line))
+            except ValueError:
+                raise DataError(f"{p}:{n}: expected a 1-based image index, got {line.strip()!r}") from None
+    return out
+
+
+def drop_blacklisted(split: Split, path: str | Path) -> tuple[Split, int]:
+    """`split` without the blacklisted images, and how many were dropped.
+
+    Index i names the i-th of the validation file names in sorted order (ILSVRC2012_val_00000001.JPEG = 1), the
+    order of the flat folder the devkit numbers, wherever the files sit in class folders."""
+    indices = read_blacklist(path)
+    order = sorted(range(len(split)), key=lambda j: Path(split.files[j]).name)
+    bad = [i for i in indices if not 1 <= i <= len(order)]
+    if bad:
+        raise DataError(
+            f"data.val_blacklist: '{path}' names image {bad[0]}, but '{split.root}' has {len(order)} images "
+            "(the blacklist is for the full 50,000-image ImageNet validation set)"
+        )
+    drop = {order[i - 1] for i in indices}
+    keep = [j for j in range(len(split)) if j not in drop]
+    kept = Split(split.root, split.classes, [split.files[j] for j in keep], [split.labels[j] for j in keep], len(drop))
+    return kept, len(drop)
+
+
+def blacklist_path(root: str | Path, path: str) -> Path:
+    """data.val_blacklist as a path: relative paths are read against data.root (where data/prepare.py puts it)."""
+    p = Path(path)
+    return p if p.is_absolute() else Path(root) / p

@@ -21,6 +21,7 @@ class InputPipeline(Protocol):
     classes: list[str]  # class names (wnids); label = index
     num_train: int  # training images of the whole dataset (all ranks)
     num_val: int
+    val_excluded: int  # validation images left out by data.val_blacklist
 
     def train_batches(self, info, start_step: int = 0) -> Batches:
         """Exactly `info.steps - start_step` batches of epoch `info.epoch` (a `recipes.schedule.EpochInfo`),
@@ -39,8 +40,9 @@ class BasePipeline:
 
     reads_folders = True  # built as Pipeline(cfg, dist, train, val, roots) from the scanned data.root
 
-    def __init__(self, cfg, dist, classes: list[str], num_train: int, num_val: int):
+    def __init__(self, cfg, dist, classes: list[str], num_train: int, num_val: int, val_excluded: int = 0):
         self.cfg, self.dist = cfg, dist
+        self.val_excluded = val_excluded  # validation images left out (data.val_blacklist), not counted
         self.classes = list(classes)
         self.num_classes = len(self.classes)
         self.num_train = num_train

@@ -1,14 +1,21 @@
 #!/usr/bin/env python
-"""Pre-resized copies of a dataset for the low-resolution phases, and a check of every file.
+"""ImageNet as downloaded -> the folder layout the loaders read; pre-resized copies; a check of every file.
 
-    python data/prepare.py --src /imagenet --dst /imagenet-160 --max-side 160 [--splits train] [--workers 16]
+    python data/prepare.py --sort-val /imagenet --devkit ILSVRC2012_devkit_t12.tar.gz     (or --val-solution CSV)
+    python data/prepare.py --src /imagenet --dst /imagenet-160 --short-side 160 [--splits train] [--workers 16]
     python data/prepare.py --check /imagenet [--out bad_files.tsv]
 
-A copy keeps the folder layout and file names; every image is written as an RGB JPEG whose longer side is at most
---max-side (or whose shorter side is --short-side; images are never enlarged). Work is spread over --workers
-processes, each file is written atomically and recorded in <dst>/manifest.jsonl (source and output size, bytes,
-what the source was), so an interrupted run continues where it stopped. <dst>/prepare.json holds the settings and,
-once done, the totals. A phase reads the copy through `data.roots: {160: /imagenet-160}` and `root: '160'`.
+--sort-val moves the flat validation folder (<root>/val/ILSVRC2012_val_00000001.JPEG ...) into class folders
+(<root>/val/<wnid>/...), with the labels of the devkit (parsed by torchvision's ImageNet devkit parser; needs scipy)
+or of Kaggle's LOC_val_solution.csv. With the devkit it also writes <root>/ILSVRC2012_validation_blacklist.txt, the
+file data.val_blacklist names. A move is one rename and names carry the image number, so a rerun finishes the job.
+
+A copy keeps the folder layout and file names; every image is written as an RGB JPEG whose shorter side is
+--short-side (images are never enlarged), so a copy named 160 feeds crops up to 160 px from every image. Work is
+spread over --workers processes, each file is written atomically and recorded in <dst>/manifest.jsonl (source and
+output size, bytes, what the source was), so an interrupted run continues where it stopped. <dst>/prepare.json holds
+the settings and, once done, the totals. A phase with `root: '160'` reads the copy `<data.root>-160` (found beside
+data.root), or the one `data.roots: {160: /elsewhere}` names.
 
 --check decodes every image and lists each file that is not a decodable RGB JPEG (CMYK, grayscale, PNG content
 named .JPEG, truncated, empty, not an image), with what it is; the exit status is 1 when some cannot be decoded.
@@ -17,9 +24,12 @@ named .JPEG, truncated, empty, not an image), with what it is; the exit status i
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
+import re
 import sys
+import tarfile
 from collections import Counter
 from multiprocessing import get_context
 from pathlib import Path
@@ -35,21 +45,21 @@ MANIFEST = "manifest.jsonl"
 SETTINGS = "prepare.json"
 
 
-def target_size(width: int, height: int, max_side: int | None, short_side: int | None) -> tuple[int, int]:
-    """Output (width, height): scaled down to the limit, never up."""
-    scale = max_side / max(width, height) if max_side else short_side / min(width, height)
+def target_size(width: int, height: int, short_side: int) -> tuple[int, int]:
+    """Output (width, height): the shorter side scaled down to `short_side` (at least that after rounding), never up."""
+    scale = short_side / min(width, height)
     if scale >= 1.0:
         return width, height
     return max(1, round(width * scale)), max(1, round(height * scale))
 
 
 def _resize_one(task: tuple) -> dict:
-    src, dst, rel, max_side, short_side, quality = task
+    src, dst, rel, short_side, quality = task
     entry = {"file": rel}
     try:
         with Image.open(src) as img:
             fmt, mode, (w, h) = img.format, img.mode, img.size
-            tw, th = target_size(w, h, max_side, short_side)
+            tw, th = target_size(w, h, short_side)
             if fmt == "JPEG":
                 img.draft("RGB", (tw, th))  # decode at a reduced DCT scale when that is still >= the target
             out = img.convert("RGB")
@@ -94,11 +104,10 @@ def _pool_map(fn, tasks: list, workers: int):
         yield from pool.imap_unordered(fn, tasks, chunksize=16)
 
 
-def prepare(src: Path, dst: Path, max_side: int | None, short_side: int | None, splits: list[str], quality: int,
-            workers: int, log=print) -> dict:  # fmt: skip
+def prepare(src: Path, dst: Path, short_side: int, splits: list[str], quality: int, workers: int,
+            log=print) -> dict:  # fmt: skip
     """Write (or finish writing) the resized copy; returns the totals written to prepare.json."""
-    settings = {"src": str(src.resolve()), "max_side": max_side, "short_side": short_side, "quality": quality,
-                "splits": splits}  # fmt: skip
+    settings = {"src": str(src.resolve()), "short_side": short_side, "quality": quality, "splits": splits}
     dst.mkdir(parents=True, exist_ok=True)
     settings_path = dst / SETTINGS
     if settings_path.is_file():
@@ -121,7 +130,7 @@ def prepare(src: Path, dst: Path, max_side: int | None, short_side: int | None, 
             if entry and entry["status"] in ("resized", "copied") and out.is_file():
                 kept += 1
                 continue
-            tasks.append((path, str(out), rel, max_side, short_side, quality))
+            tasks.append((path, str(out), rel, short_side, quality))
     log(f"{len(tasks)} file(s) to write, {kept} already done (resume), {workers} worker(s)")
     with open(manifest_path, "a") as manifest:
         for i, entry in enumerate(_pool_map(_resize_one, tasks, workers), 1):
@@ -141,6 +150,70 @@ def prepare(src: Path, dst: Path, max_side: int | None, short_side: int | None, 
     for entry in bad:
         log(f"undecodable: {entry['file']}: {entry['kind']}: {entry['error']}")
     return {**totals, "bad": bad}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The flat validation folder -> class folders.
+
+VAL_NAME = re.compile(r"^ILSVRC2012_val_(\d{8})\.JPEG$", re.IGNORECASE)
+BLACKLIST = "ILSVRC2012_validation_blacklist.txt"
+
+
+def devkit_labels(devkit: Path, out_dir: Path) -> list[str]:
+    """The wnid of validation image 1, 2, ... from the devkit archive (torchvision's parser), and the devkit's
+    blacklist written to `out_dir`."""
+    from torchvision.datasets.imagenet import load_meta_file, parse_devkit_archive
+
+    if not devkit.is_file():
+        raise DataError(f"--devkit: '{devkit}' not found (ILSVRC2012_devkit_t12.tar.gz from image-net.org)")
+    try:
+        parse_devkit_archive(str(devkit.parent), devkit.name)  # writes meta.bin beside the archive
+        wnids = load_meta_file(str(devkit.parent))[1]
+    except (RuntimeError, OSError, KeyError) as e:
+        raise DataError(f"--devkit: cannot read '{devkit}': {e}") from None
+    with tarfile.open(devkit) as tar:
+        member = next((m for m in tar.getmembers() if m.name.endswith("/data/" + BLACKLIST)), None)
+        if member is not None:
+            (out_dir / BLACKLIST).write_bytes(tar.extractfile(member).read())
+    return list(wnids)
+
+
+def solution_labels(csv_path: Path) -> dict[int, str]:
+    """{image number: wnid} from Kaggle's LOC_val_solution.csv (ImageId, PredictionString 'wnid x y x y ...')."""
+    if not csv_path.is_file():
+        raise DataError(f"--val-solution: '{csv_path}' not found (LOC_val_solution.csv of Kaggle's ImageNet)")
+    out = {}
+    with open(csv_path, newline="") as f:
+        for n, row in enumerate(csv.DictReader(f), 2):
+            m = VAL_NAME.match(f"{row.get('ImageId', '')}.JPEG")
+            parts = (row.get("PredictionString") or "").split()
+            if not m or not parts:
+                raise DataError(f"{csv_path}:{n}: expected 'ILSVRC2012_val_NNNNNNNN,<wnid> ...', got {row}")
+            out[int(m.group(1))] = parts[0]
+    return out
+
+
+def sort_val(root: Path, labels: list[str] | dict[int, str], log=print) -> int:
+    """Move `<root>/val/ILSVRC2012_val_N.JPEG` to `<root>/val/<wnid>/`; `labels` gives image N's wnid (a list:
+    labels[N - 1]). Returns the number of files moved."""
+    val = root / "val"
+    if not val.is_dir():
+        raise DataError(f"--sort-val: '{val}' not found (expected the validation images in <root>/val)")
+    flat = sorted(p for p in val.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
+    lookup = (lambda n: labels[n - 1] if n <= len(labels) else None) if isinstance(labels, list) else labels.get
+    moves = []
+    for p in flat:
+        m = VAL_NAME.match(p.name)
+        wnid = lookup(int(m.group(1))) if m else None
+        if wnid is None:
+            raise DataError(f"--sort-val: no label for '{p}' (expected ILSVRC2012_val_NNNNNNNN.JPEG of the labels)")
+        moves.append((p, val / wnid / p.name))
+    for src, dst in moves:
+        dst.parent.mkdir(exist_ok=True)
+        os.replace(src, dst)
+    folders = sum(1 for d in val.iterdir() if d.is_dir())
+    log(f"moved {len(moves)} validation image(s) into class folders; {val} has {folders} class folder(s)")
+    return len(moves)
 
 
 def _image_files(root: Path) -> list[str]:
@@ -175,32 +248,44 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--src", type=Path, help="dataset root with train/ (and val/) in ImageNet folder layout")
     ap.add_argument("--dst", type=Path, help="where the resized copy goes (created; resumed when it exists)")
-    size = ap.add_mutually_exclusive_group()
-    size.add_argument("--max-side", type=int, help="longest side of the copies, in pixels")
-    size.add_argument("--short-side", type=int, help="shortest side of the copies, in pixels (fast.ai's layout)")
+    ap.add_argument("--short-side", type=int, help="shorter side of the copies, in pixels (never enlarged)")
     ap.add_argument("--splits", nargs="+", default=["train"], help="splits to copy (default: train)")
     ap.add_argument("--quality", type=int, default=90, help="JPEG quality of re-encoded images")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes (default: all cores)")
     ap.add_argument("--skip-corrupt", action="store_true", help="exit 0 even if some source files cannot be decoded")
     ap.add_argument("--check", type=Path, metavar="ROOT", help="inspect every image under ROOT instead of copying")
     ap.add_argument("--out", type=Path, help="--check: also write the list as TSV to this file")
+    ap.add_argument("--sort-val", type=Path, metavar="ROOT", help="move ROOT/val's flat images into class folders")
+    labels = ap.add_mutually_exclusive_group()
+    labels.add_argument("--devkit", type=Path, help="--sort-val: ILSVRC2012_devkit_t12.tar.gz (labels, blacklist)")
+    labels.add_argument("--val-solution", type=Path, help="--sort-val: Kaggle's LOC_val_solution.csv (labels)")
     args = ap.parse_args(argv)
     try:
+        if args.sort_val is not None:
+            if args.devkit is None and args.val_solution is None:
+                ap.error("--sort-val needs --devkit or --val-solution")
+            if args.devkit is not None:
+                found = devkit_labels(args.devkit, args.sort_val)
+            else:
+                found = solution_labels(args.val_solution)
+            sort_val(args.sort_val, found)
+            if (args.sort_val / BLACKLIST).is_file():
+                print(f"wrote {args.sort_val / BLACKLIST} (data.val_blacklist: {BLACKLIST})")
+            return 0
         if args.check is not None:
             odd = check(args.check, args.workers, args.out)
             return 1 if any(not r.decodable for r in odd) else 0
         if args.src is None or args.dst is None:
             ap.error("--src and --dst are required (or --check ROOT)")
-        if args.max_side is None and args.short_side is None:
-            ap.error("one of --max-side or --short-side is required")
-        limit = args.max_side or args.short_side
-        if limit < 8:
-            ap.error(f"--max-side/--short-side: expected at least 8 pixels, got {limit}")
+        if args.short_side is None:
+            ap.error("--short-side is required (the copy's shorter side, e.g. 160 for the 96 and 128 px phases)")
+        if args.short_side < 8:
+            ap.error(f"--short-side: expected at least 8 pixels, got {args.short_side}")
         if not 1 <= args.quality <= 100:
             ap.error(f"--quality: expected 1..100, got {args.quality}")
         if args.src.resolve() == args.dst.resolve():
             ap.error("--dst must differ from --src")
-        result = prepare(args.src, args.dst, args.max_side, args.short_side, args.splits, args.quality, args.workers)
+        result = prepare(args.src, args.dst, args.short_side, args.splits, args.quality, args.workers)
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -8,20 +8,21 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from data import transforms as T
 from data.folder import DataError, Split
 from data.pipeline import BasePipeline
 from data.rect import image_sizes, plan_rect_batches, rank_rect_batches
 from data.sharding import train_shard, val_shard
-from data.transforms import load_rgb, normalize, rect_transform, train_transform, val_transform
+from data.transforms import load_rgb, normalize, rect_transform, val_transform
 
 
 class _TrainSet(Dataset):
+    """`transform(img, rng)` -> sample; timm's AugMixDataset replaces it with its first stage (crop and flip)."""
+
     max_pixels: int | None = None
 
-    def __init__(
-        self, split: Split, indices: np.ndarray, size: int, min_scale: float, seed: int, epoch: int, skip_corrupt: bool
-    ):
-        self.split, self.indices, self.size, self.min_scale = split, indices, size, min_scale
+    def __init__(self, split: Split, indices: np.ndarray, transform, seed: int, epoch: int, skip_corrupt: bool):
+        self.split, self.indices, self.transform = split, indices, transform
         self.seed, self.epoch, self.skip_corrupt = seed, epoch, skip_corrupt
 
     def __len__(self) -> int:
@@ -41,8 +42,13 @@ class _TrainSet(Dataset):
             # Augmentation randomness depends only on (seed, epoch, sample): identical for any worker count
             # and after a resume.
             rng = np.random.default_rng([self.seed, self.epoch, idx])
-            return train_transform(img, self.size, self.min_scale, rng), self.split.labels[j]
+            T.seed_global_random(rng)  # timm's augmentations (and AugMixDataset's views, drawn right after) use it
+            return self.transform(img, rng), self.split.labels[j]
         raise DataError(f"no decodable image in '{self.split.root}'")
+
+
+def _crop(img, rng, *, size: int, min_area: float):
+    return T.crop_and_flip(img, size, min_area, rng)
 
 
 class _ValSet(Dataset):
@@ -87,6 +93,8 @@ class _DeviceBatches:
 
     def __iter__(self):
         for images, labels in self.loader:
+            if isinstance(images, (list, tuple)):  # AugMix views: [clean; aug 1; ...], as timm's JsdCrossEntropy reads
+                images, labels = torch.cat(images), labels.repeat(len(images))
             images = images.to(self.device, non_blocking=True)
             yield normalize(images, self.channels_last), labels.to(self.device, non_blocking=True)
 
@@ -95,7 +103,7 @@ class TorchPipeline(BasePipeline):
     """`data.backend: torch`."""
 
     def __init__(self, cfg, dist, train: Split, val: Split, roots: dict[str, tuple[Split, Split]]):
-        super().__init__(cfg, dist, train.classes, len(train), len(val))
+        super().__init__(cfg, dist, train.classes, len(train), len(val), val.excluded)
         self.train, self.val, self.roots = train, val, roots
 
     def _loader(self, dataset: Dataset, batch: int, seed: int, batch_sampler=None) -> DataLoader:
@@ -123,11 +131,33 @@ class TorchPipeline(BasePipeline):
         # would make BatchNorm fail, and the two backends would train on different batches).
         idx = np.resize(idx, info.steps * local)
         idx = idx[start_step * local :]  # resumed mid-epoch: skip done batches
-        ds = _TrainSet(
-            train, idx, phase.image_size, phase.min_scale, self.cfg.run.seed, info.epoch, self.cfg.data.skip_corrupt
-        )
+        ds = self._train_set(train, idx, phase, info.epoch)
         loader = self._loader(ds, local, self.cfg.run.seed * 7919 + info.epoch)
         return _DeviceBatches(loader, self.dist.device, self.cfg.run.channels_last, len(loader))
+
+    def _train_set(self, train: Split, idx: np.ndarray, phase, epoch: int) -> Dataset:
+        """Crop and flip; then timm's RandAugment/AugMix (data.auto_augment), in AugMixDataset's views when
+        data.aug_splits is set (the first view clean, as in timm's train.py with --aug-splits)."""
+        from functools import partial
+
+        import torchvision.transforms.functional as TF
+
+        data = self.cfg.data
+        crop = partial(_crop, size=phase.image_size, min_area=T.crop_min_area(phase))
+        augment = T.timm_augmentation(data.auto_augment, phase.image_size) if data.auto_augment else None
+        if data.aug_splits:
+            from timm.data import AugMixDataset
+
+            ds = _TrainSet(train, idx, None, self.cfg.run.seed, epoch, data.skip_corrupt)
+            ds.transform = (crop, augment or (lambda img: img), TF.pil_to_tensor)
+            ds.max_pixels = data.max_image_pixels  # the wrapper's attribute (set by _loader) does not reach it
+            return AugMixDataset(ds, num_splits=data.aug_splits)
+
+        def transform(img, rng):
+            img = crop(img, rng)
+            return TF.pil_to_tensor(augment(img) if augment else img)
+
+        return _TrainSet(train, idx, transform, self.cfg.run.seed, epoch, data.skip_corrupt)
 
     def val_batches(self, phase):
         size = phase.val_image_size or phase.image_size

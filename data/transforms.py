@@ -60,12 +60,45 @@ def random_resized_crop_params(
     return (height - h) // 2, (width - w) // 2, h, w
 
 
-def train_transform(img: Image.Image, size: int, min_scale: float, rng: np.random.Generator) -> torch.Tensor:
-    top, left, h, w = random_resized_crop_params(rng, img.width, img.height, (min_scale, 1.0))
+def crop_min_area(phase) -> float:
+    """Lower bound of the random crop's area fraction: max(min_scale, min_object_area).
+
+    TensorFlow's sample_distorted_bounding_box (the record's crop) rejects crops that cover less than
+    min_object_covered of the object box; with no boxes the box is the whole image, so the crop covers at least
+    min_object_area of the image, on top of area_range's lower bound min_scale. RandomResizedCrop and DALI's
+    random_area take that one bound."""
+    return max(phase.min_scale, phase.min_object_area)
+
+
+def crop_and_flip(img: Image.Image, size: int, min_area: float, rng: np.random.Generator) -> Image.Image:
+    top, left, h, w = random_resized_crop_params(rng, img.width, img.height, (min_area, 1.0))
     img = TF.resized_crop(img, top, left, h, w, [size, size], antialias=True)
-    if rng.random() < 0.5:
-        img = TF.hflip(img)
-    return TF.pil_to_tensor(img)  # uint8 CHW; normalized on the device, per batch
+    return TF.hflip(img) if rng.random() < 0.5 else img
+
+
+def train_transform(img: Image.Image, size: int, min_area: float, rng: np.random.Generator) -> torch.Tensor:
+    return TF.pil_to_tensor(crop_and_flip(img, size, min_area, rng))  # uint8 CHW; normalized on the device
+
+
+def timm_augmentation(spec: str, size: int):
+    """timm's PIL augmentation for `spec`: 'rand-...' (RandAugment) or 'augmix-...' (AugMix's mixing chains)."""
+    from timm.data.auto_augment import augment_and_mix_transform, rand_augment_transform
+
+    hparams = {"translate_const": int(size * 0.45), "img_mean": tuple(round(x) for x in IMAGENET_MEAN)}
+    if spec.startswith("rand"):
+        return rand_augment_transform(spec, hparams)
+    if spec.startswith("augmix"):
+        return augment_and_mix_transform(spec, hparams)
+    raise DataError(f"data.auto_augment: expected a timm spec starting with 'rand' or 'augmix', got {spec!r}")
+
+
+def seed_global_random(rng: np.random.Generator) -> None:
+    """timm's augmentations draw from `random` and `np.random`: seed both from the sample's own generator."""
+    import random
+
+    seed = int(rng.integers(2**32))
+    random.seed(seed)
+    np.random.seed(seed)
 
 
 def val_transform(img: Image.Image, size: int, crop_ratio: float) -> torch.Tensor:

@@ -68,6 +68,12 @@ class Phase:
     image_size: int = _f(help="training crop size in pixels (square)", domain=">0")
     batch_size: int = _f(help="GLOBAL batch size (summed over all ranks)", domain=">0")
     min_scale: float = _f(0.35, help="smallest area fraction of RandomResizedCrop", domain="(0,1]")
+    min_object_area: float = _f(
+        0.0,
+        help="TF's min_object_covered with the whole image as the box: the crop covers at least this fraction "
+        "of the image, so the crop area's lower bound is max(min_scale, min_object_area) (docs/input.md)",
+        domain="[0,1]",
+    )
     val_image_size: int | None = _f(None, help="validation crop size; default: image_size", domain=">0")
     rect_val: bool = _f(False, help="rectangular validation (aspect-ratio batches, no crop)")
     root: str = _f("full", help="which entry of data.roots this phase reads (pre-resized copies)", domain="nonempty")
@@ -115,6 +121,22 @@ class DataConfig:
     dali_prefetch: int = _f(
         2, help="dali: batches prepared ahead of the training loop (prefetch_queue_depth)", domain=">0"
     )
+    val_blacklist: str = _f(
+        "",
+        help="devkit's ILSVRC2012_validation_blacklist.txt (1-based indices into the sorted val file names), "
+        "relative to data.root unless absolute: those images are not counted; '' = count every image",
+    )
+    auto_augment: str = _f(
+        "",
+        help="torch backend: timm augmentation after the crop, e.g. 'rand-m9-mstd0.5-inc1' (RandAugment) or "
+        "'augmix-m3-w1'; '' = none",
+    )
+    aug_splits: int = _f(
+        0,
+        help="torch backend: AugMix splits (timm AugMixDataset: one clean view + aug_splits-1 augmented views) "
+        "trained with timm's JsdCrossEntropy; 0 = off, else >= 2",
+        domain=">=0",
+    )
 
 
 @dataclass
@@ -150,6 +172,11 @@ class OptimConfig:
     )
     trust_clip_min: float = _f(1e-5, help="hybrid: lower clip of the layer trust ratio", domain=">0")
     trust_clip_max: float = _f(1.0, help="hybrid: upper clip of the layer trust ratio", domain=">0")
+    lars_momentum: Literal["torch", "tf"] = _f(
+        "torch",
+        help="lars/hybrid momentum: torch = trust ratio inside the buffer (timm, apex); tf = buffer of raw "
+        "gradients, lr x trust ratio applied to the whole buffer (TensorFlow's LARSOptimizer, the record's)",
+    )
     adapt_bn_bias: bool = _f(False, help="lars/hybrid/lamb: also adapt BN and bias parameters (else plain SGD)")
 
 
@@ -251,6 +278,9 @@ class DawnbenchConfig:
     hardware: str = _f("", help="DAWNBench entry: hardware; empty: detected (machines x processes x device)")
     cost_per_hour: float | None = _f(
         None, help="DAWNBench entry: USD per hour for all machines (costPerHour)", domain=">=0"
+    )
+    require: bool = _f(
+        False, help="refuse to start without author and author_email (fields the entries repository requires)"
     )
 
 
@@ -406,6 +436,13 @@ def _build(cls: type, data: dict, path: str) -> Any:
 
 def _validate(cfg: Config) -> None:
     """Checks that involve several keys (one key's own range is its domain, checked in _build)."""
+    if cfg.data.aug_splits == 1:
+        raise ConfigError(f"data.aug_splits: expected 0 (off) or an integer >= 2, got {cfg.data.aug_splits}")
+    if (cfg.data.aug_splits or cfg.data.auto_augment) and cfg.data.backend != "torch":
+        raise ConfigError(
+            f"data.auto_augment/aug_splits: timm's PIL augmentations run on data.backend=torch only, "
+            f"got data.backend={cfg.data.backend!r}"
+        )
     if cfg.optim.warmup_epochs > cfg.epochs:
         raise ConfigError(
             f"optim.warmup_epochs: {cfg.optim.warmup_epochs} is longer than the schedule ({cfg.epochs} epochs)"

@@ -1,9 +1,11 @@
 """The DAWNBench JSON entry of a run (`<run_dir>/dawnbench.json`, beside the TSV of recipes/logger.py).
 
 Fields as in the DAWNBench entries repository (stanford-futuredata/dawn-bench-entries, ImageNet/train/*.json):
-version, author, authorEmail, framework, codeURL, model, hardware, costPerHour, timestamp, misc, usedBlacklist.
-`misc` describes the schedule the way the record's entry does (imageSize and batchSize per block of epochs, the LR
-and momentum shape, the optimizer) and adds what this run measured.
+version, author, authorEmail, framework, codeURL, commitHash, model, hardware, costPerHour, timestamp, misc,
+usedBlacklist. `misc` describes the schedule the way the record's entry does (imageSize and batchSize per block of
+epochs, the LR and momentum shape, the optimizer with its trust-ratio hyperparameters) and adds what this run
+measured. The entry is also written under the repository's file name pattern,
+`[author name]_[model name]_[hardware tag]_[framework].json` (and `.tsv`), ready to submit.
 """
 
 from __future__ import annotations
@@ -11,11 +13,25 @@ from __future__ import annotations
 import datetime
 import json
 import platform
+import re
+import shutil
 from pathlib import Path
 
 import torch
 
-from recipes.config import Config
+from recipes.config import Config, ConfigError
+
+
+def check_required(cfg: Config) -> None:
+    """With dawnbench.require, refuse to start a run whose entry would lack a field the format requires."""
+    if not cfg.dawnbench.require:
+        return
+    missing = [k for k in ("author", "author_email") if not getattr(cfg.dawnbench, k).strip()]
+    if missing:
+        raise ConfigError(
+            f"dawnbench.{missing[0]}: the DAWNBench entries format requires it (dawnbench.require=true); set "
+            f"{' '.join(f'dawnbench.{k}=...' for k in missing)}, or dawnbench.require=false for a run not to submit"
+        )
 
 
 def hardware_description(world_size: int, local_world_size: int, device: torch.device) -> str:
@@ -36,15 +52,31 @@ def _blocks(phases, key: str) -> list[dict]:
     return out
 
 
-def entry(cfg: Config, summary: dict, hardware: str, day: datetime.date | None = None) -> dict:
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "", text.lower()) or "unknown"
+
+
+def file_stem(cfg: Config, world_size: int, local_world_size: int, device: torch.device) -> str:
+    """`[author name]_[model name]_[hardware tag]_[framework]`, as in the entries repository
+    (alibabacloud_resnet50_gn6e_16_machine_tensorflow): e.g. team_resnet50_2x8-h100_pytorch."""
+    machines = max(1, world_size // max(1, local_world_size))
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    chip = next((w for w in re.findall(r"[A-Za-z]+\d+\w*", name) if not w.lower().startswith("rtx")), name)
+    tag = f"{machines}x{local_world_size}-{_slug(chip)}"
+    return "_".join([_slug(cfg.dawnbench.author), _slug(cfg.dawnbench.model or cfg.model.name), tag, "pytorch"])
+
+
+def entry(cfg: Config, summary: dict, hardware: str, day: datetime.date | None = None, commit: str = "") -> dict:
     """The JSON entry as a dict; `summary` is the trainer's summary (summary.json)."""
     d, o = cfg.dawnbench, cfg.optim
-    e: dict = {"version": "v1.0", "author": d.author}
-    if d.author_email:
-        e["authorEmail"] = d.author_email
+    # author and authorEmail are required by the format: always present (empty unless configured; with
+    # dawnbench.require the config refuses to start without them).
+    e: dict = {"version": "v1.0", "author": d.author, "authorEmail": d.author_email}
     e["framework"] = d.framework or f"PyTorch {torch.__version__.split('+')[0]}"
     if d.code_url:
         e["codeURL"] = d.code_url
+    if commit:
+        e["commitHash"] = commit
     e["model"] = d.model or cfg.model.name
     e["hardware"] = d.hardware or hardware
     if d.cost_per_hour is not None:
@@ -56,6 +88,7 @@ def entry(cfg: Config, summary: dict, hardware: str, day: datetime.date | None =
                     "min_momentum": min(o.momentum, o.momentum_end)}  # fmt: skip
     misc = {
         "optimizer": o.name,
+        **_trust_ratio(o),
         "use_nesterov": o.nesterov,
         "weight_decay": o.weight_decay,
         "no_bn_bias_decay": o.no_bn_decay,
@@ -75,13 +108,15 @@ def entry(cfg: Config, summary: dict, hardware: str, day: datetime.date | None =
                 "epochs": p.epochs,
                 "rect_val": p.rect_val,
                 "min_scale": p.min_scale,
+                "min_object_area": p.min_object_area,
                 "val_image_size": p.val_image_size or p.image_size,
                 "data": p.root,
             }
             for p in cfg.phases
         ],  # fmt: skip
         "batchSize": _blocks(cfg.phases, "batch_size"),
-        "mixed_precision": cfg.run.amp,
+        "mixed_precision": cfg.run.amp != "none",
+        "amp_dtype": cfg.run.amp,
         "channels_last": cfg.run.channels_last,
         "distributed training backend": cfg.comm.backend,
         "input pipeline": cfg.data.backend,
@@ -95,6 +130,8 @@ def entry(cfg: Config, summary: dict, hardware: str, day: datetime.date | None =
         "wall_seconds": summary["wall_seconds"],
         "final_top1": summary["final_top1"],
         "final_top5": summary["final_top5"],
+        "val_images_counted": summary.get("val_count"),
+        "val_images_blacklisted": summary.get("val_excluded", 0),
         "images_per_s": summary["images_per_s"],
     }
     if d.cost_per_hour is not None:
@@ -102,17 +139,32 @@ def entry(cfg: Config, summary: dict, hardware: str, day: datetime.date | None =
         hours = (summary["time_to_target_seconds"] or summary["train_seconds"]) / 3600
         misc["cost_usd"] = round(d.cost_per_hour * hours, 4)
     e["misc"] = misc
-    e["usedBlacklist"] = False  # every image of the validation folder is counted
+    e["usedBlacklist"] = bool(cfg.data.val_blacklist)  # the devkit's blacklisted images were not counted
     return e
 
 
-def write_entry(path: Path, cfg: Config, summary: dict, dist) -> dict:
-    """Write the entry for this run (rank 0 calls it at the end of `fit`)."""
-    e = entry(cfg, summary, hardware_description(dist.world_size, dist.local_world_size, dist.device))
+def _trust_ratio(o) -> dict:
+    """The layer trust-ratio hyperparameters under the record entry's names (etta, min/max_trust_ratio)."""
+    if o.name not in ("lars", "hybrid"):
+        return {"use_lars": False}
+    out = {"use_lars": True, "etta": o.eta, "lars_momentum": o.lars_momentum, "adapt_bn_bias": o.adapt_bn_bias}
+    if o.name == "hybrid":
+        out.update(min_trust_ratio=o.trust_clip_min, max_trust_ratio=o.trust_clip_max)
+    return out
+
+
+def write_entry(path: Path, cfg: Config, summary: dict, dist, commit: str = "") -> dict:
+    """Write the entry for this run as `path` (rank 0 calls it at the end of `fit`), and a copy of it and of the
+    TSV beside it under the entries repository's file name."""
+    e = entry(cfg, summary, hardware_description(dist.world_size, dist.local_world_size, dist.device), commit=commit)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(e, indent=4) + "\n")
     tmp.replace(path)
+    stem = path.parent / file_stem(cfg, dist.world_size, dist.local_world_size, dist.device)
+    shutil.copyfile(path, stem.with_suffix(".json"))
+    if path.with_suffix(".tsv").is_file():
+        shutil.copyfile(path.with_suffix(".tsv"), stem.with_suffix(".tsv"))
     return e
 
 
-__all__ = ["entry", "write_entry", "hardware_description"]
+__all__ = ["check_required", "entry", "file_stem", "write_entry", "hardware_description"]

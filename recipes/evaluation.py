@@ -66,11 +66,15 @@ TTA = {"none": lambda m: m, "flip": FlipTTA}
 
 
 def eval_config(state: dict, path: str, data_root: str | None = None, image_size: int | None = None,
-                batch_size: int = 64, backend: str | None = None, rect: bool = False):  # fmt: skip
+                batch_size: int = 64, backend: str | None = None, rect: bool = False,
+                val_blacklist: str | None = None):  # fmt: skip
     """(cfg, phase) that evaluate_checkpoint hands to the input pipeline: the checkpoint's last phase at the
-    requested resolution, reading `<data_root>/val`."""
+    requested resolution, reading `<data_root>/val` (without the checkpoint's data.val_blacklist images, or
+    `val_blacklist`'s; '' counts every image)."""
     cfg = config_from_checkpoint(state, path)
     data = {"val_batch_size": batch_size, "workers": min(cfg.data.workers, 2)}
+    if val_blacklist is not None:
+        data["val_blacklist"] = val_blacklist
     if data_root:
         data["root"], data["roots"] = resolve_data_root(data_root), {}
     if backend:
@@ -85,7 +89,7 @@ def eval_config(state: dict, path: str, data_root: str | None = None, image_size
 
 def evaluate_checkpoint(path: str, data_root: str | None = None, image_size: int | None = None,
                         batch_size: int = 64, backend: str | None = None, tta: str = "none",
-                        rect: bool = False) -> dict:  # fmt: skip
+                        rect: bool = False, val_blacklist: str | None = None) -> dict:  # fmt: skip
     """Top-1/top-5 of the checkpoint on `<data_root>/val`, every image counted once over all ranks."""
     from data import create_input
     from recipes.distributed import setup, teardown
@@ -94,7 +98,7 @@ def evaluate_checkpoint(path: str, data_root: str | None = None, image_size: int
     if tta not in TTA:
         raise ConfigError(f"--tta: unknown '{tta}' (expected one of {', '.join(TTA)})")
     state = ckpt.load(path)
-    cfg, phase = eval_config(state, path, data_root, image_size, batch_size, backend, rect)
+    cfg, phase = eval_config(state, path, data_root, image_size, batch_size, backend, rect, val_blacklist)
     dist = setup(cfg)
     try:
         pipe = create_input(cfg, dist)
@@ -103,6 +107,7 @@ def evaluate_checkpoint(path: str, data_root: str | None = None, image_size: int
         if cfg.run.channels_last:
             model = model.to(memory_format=torch.channels_last)
         result = evaluate(model, pipe.val_batches(phase), dist)
+        result.update(blacklisted=getattr(pipe, "val_excluded", 0), val_blacklist=cfg.data.val_blacklist)
         pipe.close()
     finally:
         teardown()
@@ -139,12 +144,13 @@ def describe_hardware(device: torch.device, threads: int) -> str:
 
 
 def latency_checkpoint(path: str, data_root: str | None = None, image_size: int | None = None,
-                       modes: list[str] = ("none",), images: int = 10000, seed: int = 0, warmup: int = 10,
+                       modes: list[str] = ("none",), images: int = 0, seed: int = 0, warmup: int = 10,
                        threads: int | None = None, calib_images: int = 256, device: str = "auto",
                        price_per_hour: float | None = None, hardware: str | None = None,
                        log=print) -> dict:  # fmt: skip
     """Batch-1 latency of the checkpoint in each of `modes` (plus the fp32 reference 'none') on `images`
-    validation images; returns the results and the DAWNBench entry of the first requested mode."""
+    validation images (0: all of them, as DAWNBench's rules ask: the whole 50,000-image set one at a time); returns
+    the results and the DAWNBench entry of the first requested mode."""
     from data.folder import scan_split
     from recipes.inference import build_runner, check_mode
     from recipes.latency import add_cost, load_image, run_protocol, select_images
@@ -153,6 +159,9 @@ def latency_checkpoint(path: str, data_root: str | None = None, image_size: int 
         raise ConfigError("--latency measures one stream of batch-1 requests: run it without torchrun")
     state = ckpt.load(path)
     cfg, phase = eval_config(state, path, data_root, image_size)
+    from recipes.dawnbench import check_required
+
+    check_required(cfg)  # the entry written at the end must be complete (dawnbench.require)
     size = phase.val_image_size or phase.image_size
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -189,25 +198,35 @@ def latency_checkpoint(path: str, data_root: str | None = None, image_size: int 
         add_cost(out["results"], price_per_hour)
     hardware = hardware or describe_hardware(dev, threads)
     out.update({"checkpoint": str(path), "model": cfg.model.name, "data": cfg.data.root, "image_size": size,
+                "val_images": len(val),
                 "device": str(dev), "threads": threads, "hardware": hardware, "images": len(files), "seed": seed,
                 "warmup": warmup, "batch_size": 1, "torch": torch.__version__})  # fmt: skip
     main = wanted[1] if len(wanted) > 1 else "none"
-    out["dawnbench"] = dawnbench_entry(out, main)
+    from recipes.trainer import git_commit
+
+    out["dawnbench"] = dawnbench_entry(out, main, cfg, git_commit())
     return out
 
 
-def dawnbench_entry(out: dict, mode: str) -> dict:
-    """A DAWNBench ImageNet inference entry (latency: ms per image; cost: USD for 10,000 images, or null).
-    author, authorEmail and codeURL are the submitter's to add."""
+def dawnbench_entry(out: dict, mode: str, cfg: Config | None = None, commit: str = "") -> dict:
+    """A DAWNBench ImageNet inference entry, field by field as the entries repository's ImageNet/inference/*.json:
+    latency in ms per image, cost in USD per image (costPerHour x latency; null without --price-per-hour); author,
+    authorEmail, codeURL and model from the checkpoint's dawnbench section."""
     res = out["results"][mode]
-    cost = res.get("cost_usd", {}).get("per_10k_images", {}).get("excluding_preprocessing")
+    cost = res.get("cost_usd", {}).get("per_image", {}).get("excluding_preprocessing")
+    d = cfg.dawnbench if cfg is not None else None
     framework = f"PyTorch {out['torch']}"
     if "onnxruntime" in res["build"]:
         framework = f"ONNX Runtime {res['build']['onnxruntime']} (exported from {framework})"
+    e = {"version": "v1.0", "author": d.author if d else "", "authorEmail": d.author_email if d else "",
+         "framework": framework}  # fmt: skip
+    if d and d.code_url:
+        e["codeURL"] = d.code_url
+    if commit:
+        e["commitHash"] = commit
     return {
-        "version": "v1.0",
-        "framework": framework,
-        "model": out["model"],
+        **e,
+        "model": (d.model if d else "") or out["model"],
         "hardware": out["hardware"],
         "latency": res["latency_ms"]["excluding_preprocessing"]["mean"],
         "cost": cost,
@@ -216,6 +235,7 @@ def dawnbench_entry(out: dict, mode: str) -> dict:
         "misc": {
             "optimize": mode,
             "images": out["images"],
+            "all_validation_images": out["images"] == out["val_images"],
             "image_size": out["image_size"],
             "batch_size": 1,
             "latency_including_preprocessing_ms": res["latency_ms"]["including_preprocessing"]["mean"],
@@ -285,7 +305,7 @@ def run_evaluate_cli(args) -> int:
         if args.entry:
             raise ConfigError("--entry: the DAWNBench inference entry comes from --latency")
         res = evaluate_checkpoint(args.checkpoint, args.data, args.image_size, args.batch_size, args.backend,
-                                  args.tta, args.rect)  # fmt: skip
+                                  args.tta, args.rect, args.val_blacklist)  # fmt: skip
     except (ConfigError, DataError, ckpt.CheckpointError) as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
@@ -294,6 +314,8 @@ def run_evaluate_cli(args) -> int:
         return 3
     if main:
         extra = f", tta {res['tta']}" if res["tta"] != "none" else ""
+        if res["blacklisted"]:
+            extra += f"; {res['blacklisted']} blacklisted images not counted ({res['val_blacklist']})"
         print(f"top-1 {res['top1']:.2f}%  top-5 {res['top5']:.2f}%  on {res['count']} images "
               f"({res['image_size']} px, {res['world_size']} process(es){extra})")  # fmt: skip
         _write_json(args.out, res)

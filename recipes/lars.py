@@ -6,11 +6,21 @@ For every tensor w with gradient g in a group with `adapt=True`:
     d = r * (g + wd * w)
 
 and for tensors of a group with `adapt=False` (BN parameters and biases by default) plain SGD: d = g + wd * w.
-Then the (Nesterov) momentum SGD update, as in torch.optim.SGD and timm's Lars:
+Then the (Nesterov) momentum SGD update, in one of two conventions (`momentum_convention`):
 
-    buf = m * buf + d     (buf = d on the first step)
-    u   = d + m * buf     (Nesterov)   or   u = buf
+  torch (torch.optim.SGD, timm's Lars, apex): the trust ratio goes into the buffer
+    buf = m * buf + r * d     (buf = r * d on the first step)
+    u   = r * d + m * buf     (Nesterov)   or   u = buf
     w  -= lr * u
+  tf (TensorFlow's LARSOptimizer, the record's): the buffer holds the raw gradients, and the current lr x trust ratio
+  scales the whole buffer (tf.raw_ops.ApplyMomentum with lr * r as its learning rate)
+    buf = m * buf + g'        (g' = g + wd * w, the gradient of the loss with its L2 term)
+    u   = g' + m * buf        (Nesterov)   or   u = buf
+    w  -= lr * r * u
+
+The two agree while r stays constant; once r moves (it does every step), the torch buffer keeps each step's own
+ratio and the tf buffer takes today's ratio for all its history, so the record's eta and clip carry over exactly
+only under tf.
 
 `lars` is this with no clipping (trust_min=0, trust_max=inf). The step is a few `torch._foreach_*` calls per
 (device, dtype) group, not a Python loop over the model's tensors.
@@ -42,13 +52,16 @@ class LayerAdaptiveSGD(torch.optim.Optimizer):
 
     def __init__(self, params, lr: float = 0.1, momentum: float = 0.9, nesterov: bool = True,
                  weight_decay: float = 0.0, eta: float = 1e-3, trust_min: float = 0.0, trust_max: float = math.inf,
-                 adapt: bool = True):  # fmt: skip
+                 adapt: bool = True, momentum_convention: str = "torch"):  # fmt: skip
         if lr < 0 or momentum < 0 or weight_decay < 0 or eta <= 0:
             raise ValueError(f"invalid lr={lr}, momentum={momentum}, weight_decay={weight_decay} or eta={eta}")
         if not 0 <= trust_min <= trust_max:
             raise ValueError(f"invalid trust ratio clip [{trust_min}, {trust_max}]: expected 0 <= min <= max")
+        if momentum_convention not in ("torch", "tf"):
+            raise ValueError(f"invalid momentum_convention {momentum_convention!r}: expected 'torch' or 'tf'")
         defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay, eta=eta,
-                        trust_min=trust_min, trust_max=trust_max, adapt=adapt)  # fmt: skip
+                        trust_min=trust_min, trust_max=trust_max, adapt=adapt,
+                        momentum_convention=momentum_convention)  # fmt: skip
         super().__init__(params, defaults)
 
     @torch.no_grad()
@@ -71,13 +84,14 @@ class LayerAdaptiveSGD(torch.optim.Optimizer):
     def _step_tensors(self, group: dict, params: list[Tensor]) -> None:
         lr, m, wd = group["lr"], group["momentum"], group["weight_decay"]
         grads = [p.grad for p in params]
+        ratios = None
         if group["adapt"]:
             ratios = trust_ratios(torch.stack(torch._foreach_norm(params)), torch.stack(torch._foreach_norm(grads)),
-                                  group["eta"], wd, group["trust_min"], group["trust_max"])  # fmt: skip
-            d = torch._foreach_add(grads, params, alpha=wd) if wd else torch._foreach_mul(grads, 1.0)
-            torch._foreach_mul_(d, ratios.unbind(0))
-        else:
-            d = torch._foreach_add(grads, params, alpha=wd) if wd else torch._foreach_mul(grads, 1.0)
+                                  group["eta"], wd, group["trust_min"], group["trust_max"]).unbind(0)  # fmt: skip
+        d = torch._foreach_add(grads, params, alpha=wd) if wd else torch._foreach_mul(grads, 1.0)
+        tf = group.get("momentum_convention", "torch") == "tf"
+        if ratios is not None and not tf:
+            torch._foreach_mul_(d, ratios)
         if m:
             states = [self.state[p] for p in params]
             if all("momentum_buffer" in s for s in states):
@@ -95,5 +109,7 @@ class LayerAdaptiveSGD(torch.optim.Optimizer):
             if group["nesterov"]:
                 torch._foreach_add_(d, bufs, alpha=m)
             else:
-                d = bufs
+                d = torch._foreach_mul(bufs, 1.0) if tf and ratios is not None else bufs
+        if tf and ratios is not None:
+            torch._foreach_mul_(d, ratios)  # lr x trust ratio on the whole (Nesterov) update, buffer included
         torch._foreach_add_(params, d, alpha=-lr)

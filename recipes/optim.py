@@ -77,7 +77,8 @@ def _layer_adaptive(cfg, groups, clip: bool):
     if cfg.eta <= 0:
         raise ConfigError(f"optim.eta: expected a positive number, got {cfg.eta}")
     return LayerAdaptiveSGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov and cfg.momentum > 0,
-                            weight_decay=cfg.weight_decay, eta=cfg.eta, trust_min=lo, trust_max=hi)  # fmt: skip
+                            weight_decay=cfg.weight_decay, eta=cfg.eta, trust_min=lo, trust_max=hi,
+                            momentum_convention=cfg.lars_momentum)  # fmt: skip
 
 
 def build_lamb(cfg, groups):

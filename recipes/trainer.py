@@ -27,7 +27,7 @@ from recipes import checkpoint as ckpt
 from recipes import run_files as files
 from recipes.comm import create_allreduce
 from recipes.config import Config, to_dict, to_yaml
-from recipes.dawnbench import write_entry
+from recipes.dawnbench import check_required, write_entry
 from recipes.distributed import DistInfo, all_gather_object, all_reduce_sum, setup, teardown
 from recipes.errors import NonFiniteError, TrainingError
 from recipes.logger import RunLogger, format_seconds, write_tsv
@@ -135,6 +135,7 @@ class Trainer:
     """Holds the pieces of one run; `fit()` runs the plan."""
 
     def __init__(self, cfg: Config, run_dir: Path | None = None, resume_from: str | None = None):
+        check_required(cfg)  # before any work: the entry written at the end must be complete
         self.cfg = cfg
         self.dist = setup(cfg)
         self.run_dir = Path(run_dir) if run_dir else run_dir_for(cfg)
@@ -165,7 +166,7 @@ class Trainer:
         self.optimizer = create_optimizer(cfg.optim, model)
         self.scaler = torch.amp.GradScaler(dist.device.type, enabled=cfg.run.amp == "fp16")
         self.comm = create_allreduce(cfg, dist)
-        self.criterion = nn.CrossEntropyLoss(label_smoothing=cfg.optim.label_smoothing)
+        self.criterion = create_criterion(cfg)
         self.state = State()
         torch.manual_seed(cfg.run.seed + 1000 * dist.rank)  # per-rank randomness; a resume restores it
         if cfg.checkpoint.enabled and dist.is_main:
@@ -314,7 +315,7 @@ class Trainer:
             lr, mom = plan.lr(st.step), plan.momentum(st.step)
             set_lr_momentum(self.optimizer, lr, mom)
             loss = self._step(x, y)
-            n = y.numel() * self.dist.world_size
+            n = y.numel() * self.dist.world_size // max(1, cfg.data.aug_splits)  # images, not AugMix views
             st.images += n
             st.epoch_images += n
             window_imgs += n
@@ -394,7 +395,7 @@ class Trainer:
         summary = self.summary()
         if self.dist.is_main:
             (self.run_dir / files.SUMMARY).write_text(json.dumps(summary, indent=1) + "\n")
-            write_entry(self.run_dir / files.ENTRY, cfg, summary, self.dist)
+            write_entry(self.run_dir / files.ENTRY, cfg, summary, self.dist, commit=git_commit())
         self.log.info(summary_table(summary))
         return summary
 
@@ -420,6 +421,9 @@ class Trainer:
             "epoch_at_target": hit["epoch"] if hit else None,
             "final_top1": last["top1"],
             "final_top5": last["top5"],
+            "val_count": last.get("val_count"),  # validation images counted (data.val_blacklist excluded)
+            "val_excluded": getattr(self.data, "val_excluded", 0),
+            "val_blacklist": cfg.data.val_blacklist,
             "images_per_s": st.images / max(st.train_seconds, 1e-9),
             "skipped_steps": st.skipped_steps,
             "restarts": st.restarts,
@@ -435,6 +439,15 @@ class Trainer:
             self.data.close()
         self.log.close()
         teardown()
+
+
+def create_criterion(cfg: Config) -> nn.Module:
+    """Label-smoothed cross-entropy; with AugMix views (data.aug_splits), timm's JSD consistency loss on top."""
+    if cfg.data.aug_splits:
+        from timm.loss import JsdCrossEntropy
+
+        return JsdCrossEntropy(num_splits=cfg.data.aug_splits, smoothing=cfg.optim.label_smoothing)
+    return nn.CrossEntropyLoss(label_smoothing=cfg.optim.label_smoothing)
 
 
 def summary_table(s: dict) -> str:
@@ -455,6 +468,7 @@ def summary_table(s: dict) -> str:
         ("training time", f"{format_seconds(s['train_seconds'])} (excl. validation and checkpoints)"),
         (f"time to target ({' and '.join(target) or '-'})", ttt),
         ("final top-1 / top-5", f"{s['final_top1']:.2f}% / {s['final_top5']:.2f}%"),
+        ("validation images counted", _counted(s)),
         ("images/s (training)", f"{s['images_per_s']:.1f}"),
         ("skipped steps (inf/nan gradients)", str(s.get("skipped_steps", 0))),
     ]
@@ -462,6 +476,14 @@ def summary_table(s: dict) -> str:
     lines = ["", "| " + "summary".ljust(width) + " | value |", "|" + "-" * (width + 2) + "|-------|"]
     lines += [f"| {k.ljust(width)} | {v} |" for k, v in rows]
     return "\n".join(lines)
+
+
+def _counted(s: dict) -> str:
+    if s.get("val_count") is None:
+        return "-"
+    if s.get("val_excluded"):
+        return f"{s['val_count']} ({s['val_excluded']} blacklisted not counted: {s['val_blacklist']})"
+    return f"{s['val_count']} (every image)"
 
 
 def train(cfg: Config, run_dir: str | Path | None = None, resume_from: str | None = None,

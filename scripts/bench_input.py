@@ -4,7 +4,7 @@
     python scripts/bench_input.py [--data DIR] [--threads 2] [--rounds 5] [--quick]
 
 All contenders read the same folder of JPEGs (default: 1500 images generated into data/sample_bench, and its
---max-side 160 copy made with data/prepare.py) with the same number of CPU threads (DALI threads, DataLoader
+--short-side 160 copy made with data/prepare.py) with the same number of CPU threads (DALI threads, DataLoader
 worker processes, decode threads). A measurement is one epoch (every image once) as the trainer runs it: a running
 DALI pipeline (built once per phase; its prefetch queue full at both ends), a new DataLoader for torch (workers
 started every epoch), so no prefetched batch counts as free. Each round runs every contender
@@ -68,7 +68,7 @@ def ensure_data(args) -> tuple[Path, Path]:
     elif not (data / "train").is_dir():
         sys.exit(f"error: --data {data}: no train/ folder")
     small = Path(f"{data}-160")
-    if prepare_main(["--src", str(data), "--dst", str(small), "--max-side", "160", "--workers", str(args.threads)]):
+    if prepare_main(["--src", str(data), "--dst", str(small), "--short-side", "160", "--workers", str(args.threads)]):
         sys.exit("error: data/prepare.py failed")
     return data, small
 
@@ -263,7 +263,7 @@ def cpu_table(data: Path, small: Path, args) -> str:
 
     return (
         f"CPU, {args.threads} threads each, batch {BATCH}, median of {args.rounds} alternating rounds of one epoch each"
-        f"; full size: {dataset_line(data)}; pre-resized (--max-side 160): {dataset_line(small)}."
+        f"; full size: {dataset_line(data)}; pre-resized (--short-side 160): {dataset_line(small)}."
         f" The ceiling is decode-only of the same files (the copy's for pre-resized rows): the faster decoder in"
         f" images/s, the cheaper in CPU time per image.\n\n"
         + "\n".join(rows)

@@ -163,6 +163,10 @@ def build_job(args) -> tuple[Job, object]:
     if cfg.data.backend != "synthetic":
         data_paths = [f"{cfg.data.root}/train", f"{cfg.data.root}/val"]
         data_paths += [f"{path}/train" for path in cfg.data.roots.values()]
+        from data import copy_beside  # a phase's copy not in data.roots is read from <data.root>-<name>
+
+        beside = {p.root for p in cfg.phases if p.root != "full" and p.root not in cfg.data.roots}
+        data_paths += [f"{copy_beside(cfg.data.root, name)}/train" for name in sorted(beside)]
     return Job(
         hosts=hosts,
         transport=create_transport(args.transport or default_transport, args.ssh, args.ssh_port, args.srun_args),

@@ -27,9 +27,9 @@ def test_entry_fields_as_in_the_dawnbench_repository():
     extra = ["dawnbench.author=Team X", "dawnbench.cost_per_hour=329.6", "dawnbench.model=ResNet-50",
              "dawnbench.code_url=https://x"]  # fmt: skip
     cfg = load_config(ROOT / "configs" / "base.yaml", [*RECORD, *extra])
-    e = entry(cfg, SUMMARY, "16 machine(s) x 8 x Tesla V100-SXM2-32GB", datetime.date(2026, 3, 17))
-    assert list(e) == ["version", "author", "framework", "codeURL", "model", "hardware", "costPerHour", "timestamp",
-                       "misc", "usedBlacklist"]  # fmt: skip
+    e = entry(cfg, SUMMARY, "16 machine(s) x 8 x Tesla V100-SXM2-32GB", datetime.date(2026, 3, 17), commit="abc")
+    assert list(e) == ["version", "author", "authorEmail", "framework", "codeURL", "commitHash", "model", "hardware",
+                       "costPerHour", "timestamp", "misc", "usedBlacklist"]  # fmt: skip
     assert e["version"] == "v1.0" and e["author"] == "Team X" and e["model"] == "ResNet-50"
     assert e["framework"].startswith("PyTorch 2.")
     assert e["hardware"] == "16 machine(s) x 8 x Tesla V100-SXM2-32GB"
@@ -41,7 +41,8 @@ def test_entry_fields_as_in_the_dawnbench_repository():
     assert m["schedule"]["max_lr"] == 25.0 and m["schedule"]["min_lr"] == 0.2
     assert (m["schedule"]["momentum"], m["schedule"]["max_momentum"], m["schedule"]["min_momentum"]) == (
         "cyclic", 0.98, 0.9)  # fmt: skip
-    assert m["warmup_epochs"] == 14 and m["mixed_precision"] == "fp16" and m["target"] == {"top5": 93.0}
+    assert m["warmup_epochs"] == 14 and m["target"] == {"top5": 93.0}
+    assert m["mixed_precision"] is True and m["amp_dtype"] == "fp16"
     assert m["iterations"] == 1159 and m["processes"] == 128
     assert m["cost_usd"] == pytest.approx(329.6 * 158.0 / 3600, abs=1e-4)
 
@@ -49,7 +50,9 @@ def test_entry_fields_as_in_the_dawnbench_repository():
 def test_optional_fields_are_left_out_when_not_configured():
     cfg = load_config(ROOT / "configs" / "base.yaml", [])
     e = entry(cfg, SUMMARY, "1 machine(s) x 1 x CPU (x86_64)")
-    assert "costPerHour" not in e and "authorEmail" not in e and "codeURL" not in e
+    assert "costPerHour" not in e and "codeURL" not in e and "commitHash" not in e
+    assert e["author"] == e["authorEmail"] == ""  # required by the format: present, empty until configured
+    assert e["usedBlacklist"] is False and e["misc"]["mixed_precision"] is False
     assert "cost_usd" not in e["misc"]
     assert e["model"] == cfg.model.name
     assert datetime.date.fromisoformat(e["timestamp"]) == datetime.date.today()
@@ -64,6 +67,11 @@ def test_a_finished_run_leaves_the_submission_files(tiny_root, tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     e = json.loads((run_dir / "dawnbench.json").read_text())
     assert e["author"] == "Us" and e["costPerHour"] == 3.06
+    assert e["commitHash"] and e["usedBlacklist"] is False
+    assert summary["val_count"] == e["misc"]["val_images_counted"] > 0 and summary["val_excluded"] == 0
+    # the same entry and TSV under the entries repository's file name, ready to submit
+    named = run_dir / f"us_{e['model'].replace('_', '')}_1x1-cpu_pytorch.json"
+    assert json.loads(named.read_text()) == e and named.with_suffix(".tsv").is_file()
     assert e["hardware"].startswith("1 machine(s) x 1 x CPU (")
     assert e["misc"]["iterations"] == summary["steps"] and e["misc"]["epochs"] == summary["epochs"] == 2
     assert e["misc"]["time_to_target_seconds"] == summary["time_to_target_seconds"]
@@ -75,3 +83,74 @@ def test_a_finished_run_leaves_the_submission_files(tiny_root, tmp_path):
     assert all(r["wall_seconds"] >= r["train_seconds"] > 0 for r in summary["history"])
     assert summary["comm"]["backend"] == summary["comm_backend"] == "ddp"
     assert summary["comm"]["steps"] == 0 and summary["comm"]["comm_seconds_per_step"] is None  # one process
+
+
+ENTRIES = ROOT / "tests" / "data" / "dawnbench_entries"
+
+
+def _types(d: dict, prefix: str = "") -> dict[str, type]:
+    """{dotted key: type} of a JSON entry, nested mappings flattened; int and float count as one number type."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_types(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = float if isinstance(v, (int, float)) and not isinstance(v, bool) else type(v)
+    return out
+
+
+@pytest.mark.parametrize("published", ["alibabacloud_resnet50_gn6e_16_machine_tensorflow.json",
+                                       "alibabacloud_resnet50_gn6e_1_machine_tensorflow.json"])  # fmt: skip
+def test_train_entry_keys_and_types_match_a_real_entry(published):
+    """Every top-level field of the record's entries is in ours with the same type; and every misc field we share
+    with them (same name) has their type: booleans are booleans, numbers numbers."""
+    real = json.loads((ENTRIES / published).read_text())
+    who = ["dawnbench.author=Us", "dawnbench.author_email=u@x", "dawnbench.cost_per_hour=329.6"]
+    cfg = load_config(ROOT / "configs" / "dawnbench_158s.yaml", who)
+    ours = entry(cfg, {**SUMMARY, "val_count": 48238, "val_excluded": 1762}, "16 machine(s) x 8 x V100",
+                 commit="abc")  # fmt: skip
+    theirs, mine = _types(real), _types(ours)
+    for key in (k for k in theirs if "." not in k):
+        assert key in mine and mine[key] is theirs[key], key
+    shared = [k for k in theirs if k in mine]
+    assert {"misc.mixed_precision", "misc.use_nesterov", "misc.warmup_epochs", "misc.schedule.max_lr"} <= set(shared)
+    for key in shared:
+        assert mine[key] is theirs[key], key
+    for ours_p, real_p in zip(ours["misc"]["imageSize"], real["misc"]["imageSize"], strict=False):
+        assert set(real_p) <= set(ours_p) and all(type(ours_p[k]) is type(real_p[k]) for k in real_p)
+    assert ours["usedBlacklist"] is True and ours["misc"]["val_images_counted"] == 48238
+
+
+def test_trust_ratio_hyperparameters_under_the_record_entry_names():
+    real = json.loads((ENTRIES / "alibabacloud_resnet50_gn6e_16_machine_tensorflow.json").read_text())["misc"]
+    cfg = load_config(ROOT / "configs" / "dawnbench_158s.yaml", ["dawnbench.author=Us", "dawnbench.author_email=u@x"])
+    m = entry(cfg, SUMMARY, "x")["misc"]
+    assert (m["etta"], m["min_trust_ratio"], m["max_trust_ratio"]) == (
+        real["etta"], real["min_trust_ratio"], real["max_trust_ratio"])  # fmt: skip
+    assert m["lars_momentum"] == "tf" and m["use_lars"] is True
+    assert entry(load_config(ROOT / "configs" / "base.yaml"), SUMMARY, "x")["misc"]["use_lars"] is False
+
+
+def test_record_configs_refuse_to_start_without_the_required_fields(tmp_path, capsys):
+    import train as train_cli
+    from recipes.dawnbench import check_required
+
+    with pytest.raises(ConfigError, match="dawnbench.author: the DAWNBench entries format requires it"):
+        check_required(load_config(ROOT / "configs" / "dawnbench_158s.yaml", []))
+    with pytest.raises(ConfigError, match="dawnbench.author_email"):
+        check_required(load_config(ROOT / "configs" / "dawnbench_8gpu.yaml", ["dawnbench.author=Us"]))
+    check_required(load_config(ROOT / "configs" / "base.yaml", []))  # not required: a run not to submit
+    rc = train_cli.main(["-c", str(ROOT / "configs" / "dawnbench_8gpu.yaml"), "data.backend=synthetic",
+                         f"run.out_dir={tmp_path}", "dawnbench.author=Us"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 2 and "dawnbench.author_email" in err and not (tmp_path / "dawnbench_8gpu").exists()
+
+
+def test_file_name_follows_the_entries_repository_pattern(tiny_root, tmp_path):
+    import torch
+
+    from recipes.dawnbench import file_stem
+
+    cfg = load_config(ROOT / "configs" / "base.yaml", ["dawnbench.author=Alibaba Cloud", "dawnbench.model=ResNet-50"])
+    # [author name]_[model name]_[hardware tag]_[framework], like alibabacloud_resnet50_gn6e_16_machine_tensorflow
+    assert file_stem(cfg, 16, 8, torch.device("cpu")) == "alibabacloud_resnet50_2x8-cpu_pytorch"

@@ -182,3 +182,70 @@ def test_bad_arguments():
         LayerAdaptiveSGD([w], trust_min=1.0, trust_max=0.5)
     with pytest.raises(ValueError, match="eta"):
         LayerAdaptiveSGD([w], eta=0.0)
+
+
+def _hand_step_tf(w, g, buf, *, lr, m, wd, eta, lo, hi, adapt, nesterov=True):
+    """TensorFlow's LARSOptimizer: ApplyMomentum(var, accum, lr * r, g + wd * w); the buffer holds raw gradients."""
+    d = g + wd * w
+    r = 1.0
+    if adapt:
+        wn, gn = np.linalg.norm(w), np.linalg.norm(g)
+        r = min(max(eta * wn / (gn + wd * wn) if wn > 0 and gn > 0 else 1.0, lo), hi)
+    buf = m * (np.zeros_like(w) if buf is None else buf) + d  # TF's slot starts at zero
+    u = d + m * buf if nesterov else buf
+    return w - lr * r * u, buf
+
+
+@pytest.mark.parametrize("convention", ["torch", "tf"])
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_both_momentum_conventions_match_hand_computation_with_a_moving_lr(convention, nesterov):
+    torch.manual_seed(0)
+    model = Tiny()
+    wd, eta, lo, hi = 1e-2, 0.3, 1e-5, 1.0
+    opt = LayerAdaptiveSGD(_tiny_groups(model, wd, False), lr=1.0, momentum=0.9, nesterov=nesterov, weight_decay=wd,
+                           eta=eta, trust_min=lo, trust_max=hi, momentum_convention=convention)  # fmt: skip
+    hand = _hand_step if convention == "torch" else _hand_step_tf
+    params = [p for g in opt.param_groups for p in g["params"]]
+    setting = [(g["weight_decay"], g["adapt"]) for g in opt.param_groups for _ in g["params"]]
+    ws = [p.detach().double().numpy().copy() for p in params]
+    bufs = [None] * len(params)
+    gen = torch.Generator().manual_seed(2)
+    schedule = [(0.5, 0.98), (5.0, 0.95), (25.0, 0.90), (12.0, 0.93), (0.2, 0.98)]  # warm-up, peak, decay
+    for lr, m in schedule:
+        for g in opt.param_groups:
+            g["lr"], g["momentum"] = lr, m
+        grads = [torch.randn(p.shape, generator=gen) * 0.1 for p in params]
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g.clone()
+        opt.step()
+        for i, (g, (p_wd, p_adapt)) in enumerate(zip(grads, setting, strict=True)):
+            ws[i], bufs[i] = hand(ws[i], g.double().numpy(), bufs[i], lr=lr, m=m, wd=p_wd, eta=eta, lo=lo, hi=hi,
+                                  adapt=p_adapt, nesterov=nesterov)  # fmt: skip
+        for p, w in zip(params, ws, strict=True):
+            np.testing.assert_allclose(p.detach().numpy(), w, rtol=1e-5, atol=1e-6)
+
+
+def test_conventions_differ_once_the_trust_ratio_moves():
+    """Same gradients, same schedule: the record's (tf) and PyTorch's conventions end at different weights."""
+    out = {}
+    for convention in ("torch", "tf"):
+        torch.manual_seed(0)
+        model = Tiny()
+        adapted = [model.fc1.weight, model.fc2.weight]
+        start = [p.detach().clone() for p in adapted]
+        opt = LayerAdaptiveSGD(_tiny_groups(model, 1e-4, False), lr=25.0, momentum=0.9, weight_decay=1e-4,
+                               eta=8e-4, trust_min=1e-5, trust_max=1.0, momentum_convention=convention)  # fmt: skip
+        gen = torch.Generator().manual_seed(3)
+        for scale in (0.1, 1.0, 0.01, 0.5):
+            for p in model.parameters():
+                p.grad = torch.randn(p.shape, generator=gen) * scale
+            opt.step()
+        out[convention] = (start, [p.detach().clone() for p in adapted])
+    moved = sum(float((b - a).norm()) for a, b in zip(*out["torch"], strict=True))
+    apart = sum(float((a - b).norm()) for a, b in zip(out["torch"][1], out["tf"][1], strict=True))
+    assert apart > 0.1 * moved
+
+
+def test_unknown_momentum_convention_is_refused():
+    with pytest.raises(ValueError, match="momentum_convention"):
+        LayerAdaptiveSGD(Tiny().parameters(), momentum_convention="keras")

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import ROOT
 
 import evaluate
 from data.folder import scan_split
@@ -106,7 +107,15 @@ def test_latency_cli_writes_json_and_dawnbench_entry(tiny_checkpoint, tiny_root,
     e = json.loads(entry.read_text())
     assert e == res["dawnbench"]
     assert (e["latency"], e["top5Accuracy"], e["hardware"]) == (mean, fuse["top5"], "test box")
-    assert e["cost"] == pytest.approx(1e4 * 3.6 * mean / 3.6e6) and e["misc"]["optimize"] == "fuse"
+    # USD per image, as every real entry (3.1228484e-07 for 0.637 ms on a T4 at 1.764 USD/h)
+    assert e["cost"] == pytest.approx(3.6 * mean / 3.6e6) and e["misc"]["optimize"] == "fuse"
+    real = json.loads((ROOT / "tests/data/dawnbench_entries/AlibabaCloud_resnet26d_1t4_ecs_pytorch_tensorRT.json")
+                      .read_text())  # fmt: skip
+    for key, value in real.items():  # every field of the real entry, with its type (codeURL is optional)
+        if key == "codeURL":
+            continue
+        assert key in e and type(e[key]) in ({int, float} if type(value) in (int, float) else {type(value)}), key
+    assert e["misc"]["images"] == 12 and e["misc"]["all_validation_images"] is False
     assert e["misc"]["latency_including_preprocessing_ms"] > e["latency"]
 
 

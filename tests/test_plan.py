@@ -70,7 +70,8 @@ def test_record_configs_hold_the_published_values():
     assert (o.lr, o.final_lr, o.warmup_epochs) == (25.0, 0.2, 14.0)
     assert (o.momentum, o.momentum_end, o.momentum_schedule) == (0.98, 0.90, "cyclic")
     assert (o.label_smoothing, o.weight_decay, o.no_bn_decay, o.adapt_bn_bias) == (0.1, 1e-4, True, False)
-    assert r.model.name == "resnet50_tweaked" and r.model.zero_init_last_bn
+    assert r.model.name == "resnet50" and r.model.zero_init_last_bn  # the entry's ResNet50-v1.5
+    assert [(p.min_scale, p.min_object_area) for p in r.phases] == [(0.11, 0.15)] * 3 + [(0.5, 0.15)]
 
     e = load_config(ROOT / "configs/dawnbench_8gpu.yaml")
     assert (e.run.nodes, e.run.procs_per_node) == (1, 8)
@@ -79,6 +80,7 @@ def test_record_configs_hold_the_published_values():
     o = e.optim
     assert (o.name, o.nesterov, o.lr, o.final_lr, o.warmup_epochs) == ("sgd", True, 1.2, 1e-4, 5.0)
     assert (o.momentum, o.momentum_end, o.momentum_schedule) == (0.96, 0.90, "linear")
+    assert [(p.min_scale, p.min_object_area) for p in e.phases] == [(0.08, 0.1)] * 3 + [(0.5, 0.1)]
 
 
 def test_quickstart_stays_cpu_sized():

@@ -37,10 +37,11 @@ def odd_src(tmp_path):
     return src
 
 
-def test_target_size_scales_down_only():
-    assert target_size(500, 375, 160, None) == (160, 120)
-    assert target_size(375, 500, None, 160) == (160, 213)
-    assert target_size(100, 80, 160, None) == (100, 80)
+def test_target_size_keeps_the_short_side_and_scales_down_only():
+    assert target_size(500, 375, 160) == (213, 160)  # a longest side of 160 would leave 120: below a 128 px phase
+    assert target_size(375, 500, 160) == (160, 213)
+    assert target_size(100, 80, 160) == (100, 80)
+    assert min(target_size(4000, 161, 160)) == 160
 
 
 def test_inspect_file_names_each_oddity(odd_src):
@@ -76,23 +77,23 @@ def test_check_lists_every_odd_file_and_fails_on_undecodable(odd_src, tmp_path, 
 
 def test_prepare_resizes_to_rgb_jpeg_with_manifest(odd_src, tmp_path, capsys):
     dst = tmp_path / "p64"
-    assert prepare_main(["--src", str(odd_src), "--dst", str(dst), "--max-side", "64", "--workers", "2"]) == 0
+    assert prepare_main(["--src", str(odd_src), "--dst", str(dst), "--short-side", "64", "--workers", "2"]) == 0
     src_files = sorted(p.relative_to(odd_src) for p in (odd_src / "train").rglob("*.JPEG"))
     dst_files = sorted(p.relative_to(dst) for p in (dst / "train").rglob("*.JPEG"))
     assert dst_files == src_files and not (dst / "val").exists()  # default: train only
     for rel in dst_files:
         with Image.open(dst / rel) as img:
             assert img.format == "JPEG" and img.mode == "RGB"  # CMYK, grayscale and PNG become RGB JPEGs
-            assert max(img.size) == 64
+            assert min(img.size) == 64  # the short side: a 160 copy feeds 128 px crops from every image
             with Image.open(odd_src / rel) as orig:
                 assert img.width / img.height == pytest.approx(orig.width / orig.height, rel=0.05)
     entries = [json.loads(line) for line in (dst / "manifest.jsonl").read_text().splitlines()]
     assert len(entries) == len(src_files) and {e["status"] for e in entries} == {"resized"}
     cmyk = next(e for e in entries if e["file"].endswith("odd_cmyk.JPEG"))
-    assert cmyk["kind"] == "JPEG CMYK" and max(cmyk["size"]) == 64
+    assert cmyk["kind"] == "JPEG CMYK" and min(cmyk["size"]) == 64
     assert cmyk["bytes"] == os.path.getsize(dst / cmyk["file"])
     settings = json.loads((dst / "prepare.json").read_text())
-    assert settings["complete"] is True and settings["resized"] == len(src_files) and settings["max_side"] == 64
+    assert settings["complete"] is True and settings["resized"] == len(src_files) and settings["short_side"] == 64
 
 
 def test_prepare_resumes_and_refuses_other_settings(odd_src, tmp_path, capsys):
@@ -116,14 +117,14 @@ def test_prepare_resumes_and_refuses_other_settings(odd_src, tmp_path, capsys):
     with Image.open(files[0]) as img:
         assert min(img.size) == 48
     assert len(manifest.read_text().splitlines()) == len(files)
-    assert prepare_main(["--src", str(odd_src), "--dst", str(dst), "--max-side", "64", "--workers", "1"]) == 2
+    assert prepare_main(["--src", str(odd_src), "--dst", str(dst), "--short-side", "64", "--workers", "1"]) == 2
     assert "other settings" in capsys.readouterr().err
 
 
 def test_prepare_reports_undecodable_sources(odd_src, tmp_path, capsys):
     _damage(odd_src)
     dst = tmp_path / "p64"
-    args = ["--src", str(odd_src), "--dst", str(dst), "--max-side", "64", "--workers", "2"]
+    args = ["--src", str(odd_src), "--dst", str(dst), "--short-side", "64", "--workers", "2"]
     assert prepare_main(args) == 1
     captured = capsys.readouterr()
     assert "bad_truncated.JPEG: truncated" in captured.out and "bad_empty.JPEG: empty" in captured.out
@@ -137,7 +138,7 @@ def test_prepare_reports_undecodable_sources(odd_src, tmp_path, capsys):
 @pytest.mark.parametrize("backend", ["dali", "torch"])
 def test_a_phase_reads_the_prepared_copy(odd_src, tmp_path, backend):
     dst = tmp_path / "p96"
-    assert prepare_main(["--src", str(odd_src), "--dst", str(dst), "--max-side", "96", "--workers", "1"]) == 0
+    assert prepare_main(["--src", str(odd_src), "--dst", str(dst), "--short-side", "96", "--workers", "1"]) == 0
     for path in (odd_src / "train").rglob("*.JPEG"):
         path.write_bytes(b"gone")  # the full-size originals no longer decode: only the copy can feed training
     dist = DistInfo(0, 1, 0, 1, torch.device("cpu"))
@@ -151,4 +152,78 @@ def test_a_phase_reads_the_prepared_copy(odd_src, tmp_path, backend):
     assert len(batches) == plan.epoch_info(0).steps and batches[0][0].shape == (4, 3, 32, 32)
     with pytest.raises(DataError, match="cannot decode"):
         list(pipe.train_batches(plan.epoch_info(1)))  # phase 2 reads the (now broken) full-size files
+    pipe.close()
+
+
+def _flat_val(root, n: int):
+    """A flat validation folder as ImageNet ships it: ILSVRC2012_val_00000001.JPEG, ..."""
+    (root / "val").mkdir(parents=True)
+    for i in range(1, n + 1):
+        Image.new("RGB", (40, 30), (10 * i, 0, 0)).save(root / "val" / f"ILSVRC2012_val_{i:08d}.JPEG")
+
+
+def test_sort_val_from_kaggle_solution_csv(tmp_path, capsys):
+    root = tmp_path / "imagenet"
+    _flat_val(root, 5)
+    csv = tmp_path / "LOC_val_solution.csv"
+    wnids = ["n02", "n01", "n02", "n01", "n03"]
+    rows = [f"ILSVRC2012_val_{i:08d},{w} 1 2 30 20 {w} 3 4 10 10\n" for i, w in enumerate(wnids, 1)]
+    csv.write_text("ImageId,PredictionString\n" + "".join(reversed(rows)))
+    assert prepare_main(["--sort-val", str(root), "--val-solution", str(csv)]) == 0
+    assert "moved 5 validation image(s)" in capsys.readouterr().out
+    for i, w in enumerate(wnids, 1):
+        assert (root / "val" / w / f"ILSVRC2012_val_{i:08d}.JPEG").is_file()
+    assert prepare_main(["--sort-val", str(root), "--val-solution", str(csv)]) == 0  # a rerun has nothing left to move
+    assert "moved 0" in capsys.readouterr().out
+    _flat_val(tmp_path / "other", 6)  # image 6 is not in the CSV
+    assert prepare_main(["--sort-val", str(tmp_path / "other"), "--val-solution", str(csv)]) == 2
+    assert "no label for" in capsys.readouterr().err
+
+
+def test_sort_val_from_the_devkit_with_torchvisions_parser(tmp_path, monkeypatch, capsys):
+    """A devkit archive laid out as ILSVRC2012_devkit_t12.tar.gz (meta.mat, ground truth, blacklist), parsed by
+    torchvision.datasets.imagenet.parse_devkit_archive; only its checksum test is switched off for the small copy."""
+    import io
+    import tarfile
+
+    import numpy as np
+    import scipy.io
+    import torchvision.datasets.imagenet as tv_imagenet
+
+    monkeypatch.setattr(tv_imagenet, "_verify_archive", lambda *a: None)
+    synsets = np.array([(1, "n01", "tench, Tinca tinca", "", 0, 0, 1), (2, "n02", "goldfish", "", 0, 0, 1),
+                        (3, "n00", "fish", "", 2, 1, 0)],
+                       dtype=[("ILSVRC2012_ID", "O"), ("WNID", "O"), ("words", "O"), ("gloss", "O"),
+                              ("num_children", "O"), ("wordnet_height", "O"), ("num_train_images", "O")])  # fmt: skip
+    mat = io.BytesIO()
+    scipy.io.savemat(mat, {"synsets": synsets})
+    files = {"data/meta.mat": mat.getvalue(), "data/ILSVRC2012_validation_ground_truth.txt": b"2\n1\n1\n",
+             "data/ILSVRC2012_validation_blacklist.txt": b"3\n"}  # fmt: skip
+    devkit = tmp_path / "ILSVRC2012_devkit_t12.tar.gz"
+    with tarfile.open(devkit, "w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(f"ILSVRC2012_devkit_t12/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    root = tmp_path / "imagenet"
+    _flat_val(root, 3)
+    assert prepare_main(["--sort-val", str(root), "--devkit", str(devkit)]) == 0
+    moved = sorted(p.relative_to(root / "val").as_posix() for p in (root / "val").rglob("*.JPEG"))
+    assert moved == ["n01/ILSVRC2012_val_00000002.JPEG", "n01/ILSVRC2012_val_00000003.JPEG",
+                     "n02/ILSVRC2012_val_00000001.JPEG"]  # fmt: skip
+    assert (root / "ILSVRC2012_validation_blacklist.txt").read_text() == "3\n"
+    assert "data.val_blacklist: ILSVRC2012_validation_blacklist.txt" in capsys.readouterr().out
+    assert prepare_main(["--sort-val", str(root), "--devkit", str(tmp_path / "none.tar.gz")]) == 2
+
+
+def test_a_copy_beside_data_root_is_found_without_configuring_it(odd_src, tmp_path, capsys):
+    dist = DistInfo(0, 1, 0, 1, torch.device("cpu"))
+    phases = "phases=[{epochs: 1, image_size: 32, batch_size: 4, root: '48'}]"
+    with pytest.raises(DataError, match=f"'{odd_src}-48' does not exist; make it with: python data/prepare.py "
+                                        f"--src {odd_src} --dst {odd_src}-48 --short-side 48"):  # fmt: skip
+        create_input(tiny_config(odd_src, tmp_path, phases), dist)
+    assert prepare_main(["--src", str(odd_src), "--dst", f"{odd_src}-48", "--short-side", "48", "--workers", "1"]) == 0
+    pipe = create_input(tiny_config(odd_src, tmp_path, phases), dist)
+    train, _ = pipe.roots["48"]
+    assert str(train.root) == f"{odd_src}-48/train" and len(train) == pipe.num_train
     pipe.close()
