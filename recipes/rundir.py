@@ -8,7 +8,8 @@ that holds another run moves that run's files to `<run_dir>/previous/<run id>/` 
 never resumed from again.
 
 Hosts may each have their own run directory (local disks): every rank reports what its directory holds and
-the ranks agree on one run id (`open_run`); no rank reads another host's disk.
+the ranks agree on one run id (`open_run`); no rank reads another host's disk. The lowest rank of each distinct
+directory (its leader) writes the checkpoints there, so every host keeps a copy and a replaced host costs nothing.
 """
 
 from __future__ import annotations
@@ -84,10 +85,10 @@ def write_run_file(run_dir: Path, run_id: str) -> None:
 
 
 def run_files(run_dir: Path) -> list[Path]:
-    """What a run leaves in its directory (everything but the lock and the archive)."""
+    """What a run leaves in its directory: not the archive, the launcher's logs, the lock or other dot files."""
     if not run_dir.is_dir():
         return []
-    return sorted(p for p in run_dir.iterdir() if p.name not in (LOCK_FILE, ARCHIVE_DIR))
+    return sorted(p for p in run_dir.iterdir() if p.name not in (ARCHIVE_DIR, "launch") and not p.name.startswith("."))
 
 
 def archive(run_dir: Path, run_id: str | None) -> Path:
@@ -105,17 +106,28 @@ def archive(run_dir: Path, run_id: str | None) -> Path:
     return dest
 
 
-def dir_key(run_dir: Path) -> str:
-    """Identifies the directory itself: ranks with equal keys share one directory (same machine, same inode)."""
+def _share_groups(run_dir: Path, dist: DistInfo) -> int:
+    """The lowest rank that sees this rank's run directory: ranks with the same answer share one directory.
+
+    Every rank writes a token file into its run directory and looks for the others' tokens (as the launcher
+    does between hosts): this holds for local disks, a shared filesystem, or a mix of both.
+    """
+    token = f".share-{uuid.uuid4().hex}"
+    error = None
     try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        boot = socket.gethostname()
-    try:
-        st = run_dir.stat()
-    except OSError:
-        return f"{boot}:missing:{run_dir.resolve()}"
-    return f"{boot}:{st.st_dev}:{st.st_ino}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / token).write_text(str(dist.rank))
+    except OSError as e:
+        error = f"run directory '{run_dir}' on host {socket.gethostname()} is not writable: {e.strerror or e}"
+    tokens = all_gather_object((token, error), dist)
+    errors = [e for _, e in tokens if e]
+    if errors:
+        (run_dir / token).unlink(missing_ok=True)
+        raise RunDirError(errors[0])
+    seen = min(r for r, (t, _) in enumerate(tokens) if (run_dir / t).is_file())
+    all_gather_object(seen, dist)  # everyone has looked before anyone removes its token
+    (run_dir / token).unlink(missing_ok=True)
+    return seen
 
 
 @dataclass
@@ -125,7 +137,7 @@ class RunDir:
     path: Path
     run_id: str
     lock: RunLock | None
-    leader: bool  # the lowest rank of those that share this directory: the one that reads its checkpoints
+    leader: bool  # the lowest rank of those that share this directory: it reads and writes its checkpoints
     legacy: bool  # no run.json anywhere: checkpoints written before run ids are the candidates
     hosts_with_run: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what a person should read in the log
@@ -156,7 +168,7 @@ def open_run(run_dir: Path, dist: DistInfo, resume) -> RunDir:
     try:
         _raise_everywhere(error, dist)
         host = socket.gethostname()
-        mine = {"rank": dist.rank, "host": host, "key": dir_key(run_dir), "run_id": read_run_id(run_dir),
+        mine = {"rank": dist.rank, "host": host, "key": _share_groups(run_dir, dist), "run_id": read_run_id(run_dir),
                 "files": len(run_files(run_dir))}  # fmt: skip
         reports = all_gather_object(mine, dist)
         leaders = {}

@@ -168,8 +168,9 @@ class Trainer:
         if cfg.checkpoint.enabled and dist.is_main:
             ckpt.check_writable(self.run_dir, 2 * self._checkpoint_bytes())
         self._maybe_resume(resume_from)
-        if dist.is_main:  # after the resume checks: a refused start leaves the run's files as they were
+        if self.run.leader:  # after the resume checks: a refused start leaves the run's files as they were
             write_run_file(self.run_dir, self.run.run_id)
+        if dist.is_main:
             (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
             meta = {"git_commit": git_commit(), "world_size": dist.world_size, "device": str(dist.device),
                     "torch": torch.__version__, "run_id": self.run.run_id}  # fmt: skip
@@ -248,7 +249,7 @@ class Trainer:
     def save_checkpoint(self) -> None:
         with collective_guard("checkpoint RNG-state gather", self.state.step, self.cfg.dist.timeout_s):
             rngs = all_gather_object(ckpt.rng_state(), self.dist)
-        if not self.dist.is_main:
+        if not self.run.leader:  # one writer per distinct run directory: every host with a disk of its own keeps a copy
             return
         state = {
             "model": self.model.state_dict(),
