@@ -84,17 +84,42 @@ def _elastic_store(rank: int, world: int, timeout: datetime.timedelta) -> dict:
         return {}
     store = td.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size=world,
                         is_master=False, timeout=timeout)  # fmt: skip
-    return {"store": td.PrefixStore(f"dawnbench/{generation_id(store)}", store), "rank": rank, "world_size": world}
+    return {"store": td.PrefixStore(f"dawnbench/{generation_id(timeout)}", store), "rank": rank, "world_size": world}
 
 
-# Set by every torchrun agent in the store of a rendezvous round once that round is complete (before the
-# workers start): `torch.rendezvous.<run id>.<round>/torchelastic/role_info/<agent rank>`.
+# Set by every torchrun agent in the rendezvous store (c10d, at --rdzv-endpoint) once a round is complete and
+# before its workers start: `torch.rendezvous.<run id>.<round>/torchelastic/role_info/<agent rank>`.
 _ROUND_KEY = "torch.rendezvous.{run_id}.{round}/torchelastic/role_info/0"
 _ROUND_GAP = 64  # rounds that closed without starting workers (a node joined and left) leave no key
 
 
+def rendezvous_endpoint() -> tuple[str, int] | None:
+    """torchrun's --rdzv-endpoint: DAWNBENCH_RDZV_ENDPOINT (the launcher sets it), else the agent's command line.
+
+    The workers' own store (MASTER_ADDR:MASTER_PORT) is a different server that outlives the rounds and holds
+    no round number; the rendezvous store does.
+    """
+    ep = os.environ.get("DAWNBENCH_RDZV_ENDPOINT")
+    if not ep:
+        try:
+            argv = open(f"/proc/{os.getppid()}/cmdline", "rb").read().decode(errors="replace").split("\0")
+        except OSError:
+            return None
+        for i, a in enumerate(argv):
+            if a in ("--rdzv-endpoint", "--rdzv_endpoint") and i + 1 < len(argv):
+                ep = argv[i + 1]
+            elif a.startswith(("--rdzv-endpoint=", "--rdzv_endpoint=")):
+                ep = a.split("=", 1)[1]
+    if not ep:
+        return None
+    host, _, port = ep.rpartition(":")
+    if not host or not port.isdigit():
+        return (ep, 29400)  # torchrun's default port
+    return (host.strip("[]"), int(port))
+
+
 def rendezvous_round(store, run_id: str) -> int | None:
-    """The newest complete rendezvous round of `run_id` in the agents' store; None when none is found.
+    """The newest complete rendezvous round of `run_id` in the rendezvous store; None when none is found.
 
     While a worker of round R lives, round R+1 cannot complete: it needs every agent, and an agent stops its
     own workers before it joins the next round. So the newest round with workers is this worker's own.
@@ -109,16 +134,21 @@ def rendezvous_round(store, run_id: str) -> int | None:
     return found
 
 
-def generation_id(store) -> str:
-    """`round<R>` from the rendezvous round (c10d, several agents), else `restart<N>` from the agent's count.
+def generation_id(timeout: datetime.timedelta) -> str:
+    """`round<R>` from the c10d rendezvous round, else `restart<N>` from the agent's own restart count.
 
     TORCHELASTIC_RESTART_COUNT alone is not enough with several agents: it counts the restarts of *this* agent
     (a healthy agent restarts its workers for a peer's failure without counting it), so agents disagree.
     """
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
-    r = rendezvous_round(store, run_id) if run_id else None
-    if r is not None:
-        return f"round{r}"
+    run_id, ep = os.environ.get("TORCHELASTIC_RUN_ID"), rendezvous_endpoint()
+    if run_id and ep:
+        try:
+            rdzv = td.TCPStore(ep[0], ep[1], is_master=False, timeout=timeout, wait_for_workers=False)
+            r = rendezvous_round(rdzv, run_id)
+        except (RuntimeError, ValueError):  # not a c10d store there (static rendezvous): no rounds
+            r = None
+        if r is not None:
+            return f"round{r}"
     return f"restart{_env_int('TORCHELASTIC_RESTART_COUNT', 0)}"
 
 

@@ -131,7 +131,9 @@ class Job:
             # torch.distributed inside the workers (validation counts, BN averaging) rendezvous here.
             env = self._env({"MASTER_ADDR": self.hosts[0].addr, "MASTER_PORT": str(self.port)})
             return [(self.hosts[0], self._wrap(self.horovod_argv(), env))]
-        return [(h, self._wrap(self.torchrun_argv(i), self._env())) for i, h in enumerate(self.hosts)]
+        # The workers read the rendezvous round there (recipes/distributed.py: their store namespace).
+        env = self._env({"DAWNBENCH_RDZV_ENDPOINT": self.endpoint})
+        return [(h, self._wrap(self.torchrun_argv(i), env)) for i, h in enumerate(self.hosts)]
 
     def check_command(self, first: bool) -> str:
         """Shell command that prints one `launch-check:` line per problem on a host and exits non-zero if any."""
