@@ -3,7 +3,10 @@
 Layout in the run directory: `ckpt-<step>.pt` (+ `ckpt-<step>.pt.sha256`) for the last `checkpoint.keep`
 checkpoints, and `checkpoint.pt`, a hard link to the newest complete one (what users hand to evaluate.py).
 A write goes to a temp file that is fsynced and renamed, so a crash or a full disk never replaces a good
-checkpoint with a partial one.
+checkpoint with a partial one. A `.sha256` sidecar is written *before* the rename and lists the digests of both
+the old and the new file until the rename is done, so an interrupt at any point leaves a file that verifies.
+Checkpoints hold plain types only (tensors, numbers, strings, lists, dicts): `torch.load(weights_only=True)`
+reads them.
 """
 
 from __future__ import annotations
@@ -41,30 +44,61 @@ def _write_bytes_atomic(data: bytes, path: Path) -> None:
             tmp.unlink()
 
 
-def save_atomic(state: dict, path: str | Path) -> str:
-    """Write `state` to `path` (old complete file or new complete file, never a mix); returns its sha256."""
-    path = Path(path)
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    data = buf.getvalue()
-    digest = hashlib.sha256(data).hexdigest()
-    _write_bytes_atomic(data, path)
-    _write_bytes_atomic(f"{digest}  {path.name}\n".encode(), path.with_name(path.name + ".sha256"))
-    return digest
-
-
-def verify(path: Path) -> None:
-    """Raise CheckpointError when `path` does not match its .sha256 sidecar (when there is one)."""
-    side = path.with_name(path.name + ".sha256")
-    if not side.is_file():
-        return
-    expected = side.read_text().split()[0]
+def _digest(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 22), b""):
             h.update(chunk)
-    if h.hexdigest() != expected:
-        raise CheckpointError(f"checkpoint '{path}' is damaged: sha256 {h.hexdigest()[:12]}... != {expected[:12]}...")
+    return h.hexdigest()
+
+
+def _sidecar(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def _sidecar_digests(path: Path) -> list[str]:
+    side = _sidecar(path)
+    if not side.is_file():
+        return []
+    return [line.split()[0] for line in side.read_text().splitlines() if line.strip()]
+
+
+def _replace_verified(src: Path, path: Path, digest: str) -> None:
+    """Rename `src` (whose sha256 is `digest`) over `path`; the sidecar accepts old and new while it happens."""
+    old = _sidecar_digests(path)[:1] if path.exists() else []
+    lines = "".join(f"{d}  {path.name}\n" for d in [digest, *old])
+    _write_bytes_atomic(lines.encode(), _sidecar(path))
+    os.replace(src, path)
+    if old:
+        _write_bytes_atomic(f"{digest}  {path.name}\n".encode(), _sidecar(path))
+
+
+def save_atomic(state: dict, path: str | Path) -> str:
+    """Write `state` to `path` (old complete file or new complete file, never a mix); returns its sha256."""
+    path = Path(path)
+    data = to_bytes(state)
+    digest = hashlib.sha256(data).hexdigest()
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        _replace_verified(tmp, path, digest)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return digest
+
+
+def verify(path: Path) -> None:
+    """Raise CheckpointError when `path` matches no digest of its .sha256 sidecar (when there is one)."""
+    expected = _sidecar_digests(path)
+    if not expected:
+        return
+    actual = _digest(path)
+    if actual not in expected:
+        raise CheckpointError(f"checkpoint '{path}' is damaged: sha256 {actual[:12]}... != {expected[0][:12]}...")
 
 
 def load(path: str | Path, check: bool = True) -> dict:
@@ -167,18 +201,43 @@ def step_checkpoints(run_dir: Path) -> list[Path]:
     return [p for _, p in sorted(found, reverse=True)]
 
 
-def load_latest(run_dir: Path, warn=lambda msg: print(f"warning: {msg}", file=sys.stderr)) -> tuple[dict, Path] | None:
-    """The newest checkpoint that verifies and loads; damaged ones are reported and skipped."""
+_ANY = object()
+
+
+def load_latest(run_dir: Path, warn=lambda msg: print(f"warning: {msg}", file=sys.stderr),
+                run_id=_ANY) -> tuple[dict, Path] | None:  # fmt: skip
+    """The newest checkpoint that verifies and loads; damaged ones are reported and skipped.
+
+    With `run_id`, only checkpoints of that run are candidates (None: checkpoints that carry no run id).
+    """
     candidates = step_checkpoints(run_dir)
     legacy = run_dir / CHECKPOINT_NAME
     if not candidates and legacy.is_file():
         candidates = [legacy]
     for path in candidates:
         try:
-            return load(path), path
+            state = load(path)
         except CheckpointError as e:
             warn(f"{e}; falling back to the previous checkpoint")
+            continue
+        if run_id is not _ANY and state.get("run_id") != run_id:
+            continue  # another run's file (e.g. copied in): never a candidate
+        return state, path
     return None
+
+
+def to_bytes(state: dict) -> bytes:
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    return buf.getvalue()
+
+
+def from_bytes(data: bytes, what: str) -> dict:
+    """A checkpoint received from another rank (plain types only: weights_only)."""
+    try:
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise CheckpointError(f"checkpoint {what} cannot be read: {e}") from None
 
 
 def save_step_checkpoint(state: dict, run_dir: Path, step: int, keep: int) -> Path:
@@ -194,9 +253,7 @@ def save_step_checkpoint(state: dict, run_dir: Path, step: int, keep: int) -> Pa
     if link_tmp.exists():
         link_tmp.unlink()
     os.link(path, link_tmp)
-    os.replace(link_tmp, run_dir / CHECKPOINT_NAME)
-    side = run_dir / (CHECKPOINT_NAME + ".sha256")
-    shutil.copyfile(path.with_name(path.name + ".sha256"), side)
+    _replace_verified(link_tmp, run_dir / CHECKPOINT_NAME, _sidecar_digests(path)[0])
     for old in step_checkpoints(run_dir)[max(keep, 1) :]:
         old.unlink(missing_ok=True)
         old.with_name(old.name + ".sha256").unlink(missing_ok=True)
@@ -221,16 +278,17 @@ def check_writable(run_dir: Path, needed_bytes: int) -> None:
 
 
 def rng_state() -> dict:
-    """Every generator's state as tensors and plain values (what a weights_only load accepts)."""
-    kind, key, pos, has_gauss, gauss = np.random.get_state()
+    """This process's RNG states in plain types (lists and tensors), so that weights_only loading reads them."""
+    version, mt, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
     return {
-        "python": random.getstate(),
+        "python": [version, list(mt), gauss],
         "numpy": {
-            "kind": str(kind),
-            "key": torch.from_numpy(key.astype(np.int64)),
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
             "pos": int(pos),
             "has_gauss": int(has_gauss),
-            "cached_gaussian": float(gauss),
+            "cached_gaussian": float(cached),
         },  # fmt: skip
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
@@ -238,10 +296,14 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
+    version, mt, gauss = state["python"]
+    random.setstate((version, tuple(mt), gauss))
     n = state["numpy"]
-    key = n["key"].numpy().astype(np.uint32)
-    np.random.set_state((n["kind"], key, n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    if isinstance(n, dict):
+        keys = n["keys"].numpy().astype(np.uint32)
+        np.random.set_state((n["kind"], keys, n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    else:  # checkpoints written before the plain-type format
+        np.random.set_state(n)
     torch.set_rng_state(state["torch"])
     if state.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

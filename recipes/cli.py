@@ -34,9 +34,7 @@ def run_cli(args) -> int:
         run_dir = Path(args.run_dir) if args.run_dir else run_dir_for(cfg)
         resume = None
         if args.resume == "auto":
-            resume = str(run_dir / run_files.CHECKPOINT)
-            if not Path(resume).is_file():
-                raise CheckpointError(f"--resume: no checkpoint at '{resume}'")
+            resume = str(run_dir / run_files.CHECKPOINT)  # on some rank's host; the trainer asks all ranks
         elif args.resume:
             resume = args.resume
         train(cfg, run_dir, resume, args.stop_after_epochs)

@@ -265,7 +265,11 @@ class CheckpointConfig:
     keep: int = _f(
         2, help="keep the newest K checkpoints (an older one is the fallback if the newest is damaged)", domain=">0"
     )
-    resume: bool = _f(True, help="continue from the newest good checkpoint in the run directory when one exists")
+    resume: bool | Literal["force"] = _f(
+        True,
+        help="continue from the newest good checkpoint of this run in the run directory; false: start a new run "
+        "(the old run's files move to <run_dir>/previous/); force: resume even if the recipe changed (recorded)",
+    )
 
 
 @dataclass

@@ -75,16 +75,80 @@ def _elastic_store(rank: int, world: int, timeout: datetime.timedelta) -> dict:
     """Under torchrun, a store namespace of its own for every generation of workers.
 
     The agents' store outlives a restart, and with several agents (multi-node) the workers of a new round could
-    read the addresses the dead round's workers left there (gloo: "connection refused"). Each worker takes a
-    ticket from a counter in the agents' store; tickets [g*world, (g+1)*world) form generation g.
+    read the addresses the dead round's workers left there (gloo: "connection refused"). The namespace is the
+    rendezvous round that started this generation (`generation_id`): every worker of a generation derives the
+    same one without writing anything, so a worker that dies early cannot put the next generation out of step.
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "MASTER_ADDR" not in os.environ:
         return {}
     store = td.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size=world,
                         is_master=False, timeout=timeout)  # fmt: skip
-    ticket = store.add("dawnbench/worker_tickets", 1) - 1
-    generation = ticket // world
-    return {"store": td.PrefixStore(f"dawnbench/gen{generation}", store), "rank": rank, "world_size": world}
+    return {"store": td.PrefixStore(f"dawnbench/{generation_id(timeout)}", store), "rank": rank, "world_size": world}
+
+
+# Set by every torchrun agent in the rendezvous store (c10d, at --rdzv-endpoint) once a round is complete and
+# before its workers start: `torch.rendezvous.<run id>.<round>/torchelastic/role_info/<agent rank>`.
+_ROUND_KEY = "torch.rendezvous.{run_id}.{round}/torchelastic/role_info/0"
+_ROUND_GAP = 64  # rounds that closed without starting workers (a node joined and left) leave no key
+
+
+def rendezvous_endpoint() -> tuple[str, int] | None:
+    """torchrun's --rdzv-endpoint: DAWNBENCH_RDZV_ENDPOINT (the launcher sets it), else the agent's command line.
+
+    The workers' own store (MASTER_ADDR:MASTER_PORT) is a different server that outlives the rounds and holds
+    no round number; the rendezvous store does.
+    """
+    ep = os.environ.get("DAWNBENCH_RDZV_ENDPOINT")
+    if not ep:
+        try:
+            argv = open(f"/proc/{os.getppid()}/cmdline", "rb").read().decode(errors="replace").split("\0")
+        except OSError:
+            return None
+        for i, a in enumerate(argv):
+            if a in ("--rdzv-endpoint", "--rdzv_endpoint") and i + 1 < len(argv):
+                ep = argv[i + 1]
+            elif a.startswith(("--rdzv-endpoint=", "--rdzv_endpoint=")):
+                ep = a.split("=", 1)[1]
+    if not ep:
+        return None
+    host, _, port = ep.rpartition(":")
+    if not host or not port.isdigit():
+        return (ep, 29400)  # torchrun's default port
+    return (host.strip("[]"), int(port))
+
+
+def rendezvous_round(store, run_id: str) -> int | None:
+    """The newest complete rendezvous round of `run_id` in the rendezvous store; None when none is found.
+
+    While a worker of round R lives, round R+1 cannot complete: it needs every agent, and an agent stops its
+    own workers before it joins the next round. So the newest round with workers is this worker's own.
+    """
+    found, misses, r = None, 0, 0
+    while misses < _ROUND_GAP:
+        if store.check([_ROUND_KEY.format(run_id=run_id, round=r)]):
+            found, misses = r, 0
+        else:
+            misses += 1
+        r += 1
+    return found
+
+
+def generation_id(timeout: datetime.timedelta) -> str:
+    """`round<R>` from the c10d rendezvous round, else `restart<N>` from the agent's own restart count.
+
+    TORCHELASTIC_RESTART_COUNT alone is not enough with several agents: it counts the restarts of *this* agent
+    (a healthy agent restarts its workers for a peer's failure without counting it), so agents disagree.
+    """
+    run_id, ep = os.environ.get("TORCHELASTIC_RUN_ID"), rendezvous_endpoint()
+    if run_id and ep:
+        try:
+            rdzv = td.TCPStore(ep[0], ep[1], is_master=False, timeout=timeout, wait_for_workers=False)
+            r = rendezvous_round(rdzv, run_id)
+        except (RuntimeError, ValueError):  # not a c10d store there (static rendezvous): no rounds
+            r = None
+        if r is not None:
+            return f"round{r}"
+    return f"restart{_env_int('TORCHELASTIC_RESTART_COUNT', 0)}"
 
 
 def teardown() -> None:
@@ -102,12 +166,27 @@ def all_reduce_sum(values: list[float], dist: DistInfo) -> list[float]:
     return t.cpu().tolist()
 
 
-def broadcast_object(obj, dist: DistInfo):
+def broadcast_object(obj, dist: DistInfo, src: int = 0):
     if not dist.enabled:
         return obj
     box = [obj]
-    td.broadcast_object_list(box, src=0)
+    td.broadcast_object_list(box, src=src)
     return box[0]
+
+
+def broadcast_bytes(data: bytes | None, src: int, dist: DistInfo) -> bytes:
+    """Send `data` (given on rank `src`, None elsewhere) to every rank as one uint8 tensor; returns it everywhere."""
+    if not dist.enabled:
+        return data
+    device = dist.device if td.get_backend() == "nccl" else torch.device("cpu")
+    size = torch.tensor([len(data) if dist.rank == src else 0], dtype=torch.int64, device=device)
+    td.broadcast(size, src=src)
+    if dist.rank == src:
+        buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    else:
+        buf = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+    td.broadcast(buf, src=src)
+    return data if dist.rank == src else buf.cpu().numpy().tobytes()
 
 
 def all_gather_object(obj, dist: DistInfo) -> list:

@@ -32,6 +32,8 @@ from recipes.distributed import DistInfo, all_gather_object, all_reduce_sum, set
 from recipes.errors import NonFiniteError, TrainingError
 from recipes.logger import RunLogger, format_seconds, write_tsv
 from recipes.optim import create_optimizer, describe_groups, set_lr_momentum
+from recipes.resume import agree_state, compare
+from recipes.rundir import RunDirError, open_run, write_run_file
 from recipes.schedule import Plan
 
 
@@ -51,6 +53,7 @@ class State:
     epoch_images: int = 0
     restarts: int = 0  # recoveries from a checkpoint after a failure
     redone_steps: int = 0  # steps trained twice because they came after the last checkpoint
+    forced: list = field(default_factory=list)  # recipe differences accepted with checkpoint.resume=force
 
 
 _PEER_FAILURE = ("timed out", "timeout", "connection closed", "connection reset", "broken pipe", "peer")
@@ -139,8 +142,12 @@ class Trainer:
         self.cfg = cfg
         self.dist = setup(cfg)
         self.run_dir = Path(run_dir) if run_dir else run_dir_for(cfg)
-        self.log = RunLogger(self.run_dir, self.dist.is_main, cfg.log.tensorboard)
+        self.run = None
+        self.log = RunLogger(self.run_dir, False, False)
         try:
+            # Before anything is written there: the lock, and the one run id all ranks agree on.
+            self.run = open_run(self.run_dir, self.dist, cfg.checkpoint.resume)
+            self.log = RunLogger(self.run_dir, self.dist.is_main, cfg.log.tensorboard)
             self._build(resume_from)
         except BaseException:
             self.close()
@@ -148,12 +155,8 @@ class Trainer:
 
     def _build(self, resume_from: str | None) -> None:
         cfg, dist = self.cfg, self.dist
-        if dist.is_main:
-            ckpt.check_writable(self.run_dir, 0)  # before any work: a clear error, not a failure at epoch 1
-            (self.run_dir / files.CONFIG).write_text(to_yaml(cfg))
-            meta = {"git_commit": git_commit(), "world_size": dist.world_size, "device": str(dist.device),
-                    "torch": torch.__version__}  # fmt: skip
-            (self.run_dir / files.META).write_text(json.dumps(meta, indent=1) + "\n")
+        for note in self.run.notes:
+            self.log.info(note)
         if cfg.run.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
         torch.manual_seed(cfg.run.seed)  # identical initial weights on every rank
@@ -172,6 +175,13 @@ class Trainer:
         if cfg.checkpoint.enabled and dist.is_main:
             ckpt.check_writable(self.run_dir, 2 * self._checkpoint_bytes())
         self._maybe_resume(resume_from)
+        if self.run.leader:  # after the resume checks: a refused start leaves the run's files as they were
+            write_run_file(self.run_dir, self.run.run_id)
+        if dist.is_main:
+            (self.run_dir / files.CONFIG).write_text(to_yaml(cfg))
+            meta = {"git_commit": git_commit(), "world_size": dist.world_size, "device": str(dist.device),
+                    "torch": torch.__version__, "run_id": self.run.run_id}  # fmt: skip
+            (self.run_dir / files.META).write_text(json.dumps(meta, indent=1) + "\n")
         self.train_model, self.optimizer = self.comm.prepare(self.model, self.optimizer)
         amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.run.amp)
         if amp_dtype is None:
@@ -199,16 +209,20 @@ class Trainer:
         return self.run_dir / files.PROGRESS
 
     def _maybe_resume(self, resume_from: str | None) -> None:
-        if resume_from is not None:
-            path = Path(resume_from)
-            state = ckpt.load(path)
-        else:
-            if not self.cfg.checkpoint.resume:
-                return
-            found = ckpt.load_latest(self.run_dir, warn=self.log.warn)
-            if found is None:
-                return
-            state, path = found
+        cfg, dist = self.cfg, self.dist
+        agreed = agree_state(self.run, dist, resume_from, cfg.checkpoint.resume, self.log.warn)
+        if agreed is None:
+            self.log.info(f"run {self.run.run_id}: starting from step 0")
+            return
+        state, path = agreed.state, agreed.source
+        problems, notes = compare(state, cfg, self.data.classes, self.data.num_train, dist.world_size)
+        if problems and cfg.checkpoint.resume != "force":
+            raise RunDirError(
+                f"cannot resume from {path}: the recipe differs from the checkpoint's in what it trains:\n  "
+                + "\n  ".join(problems)
+                + "\nrestore these values, start a new run (another run.name, or checkpoint.resume=false, which "
+                "moves the old run's files aside), or continue anyway with checkpoint.resume=force (recorded)"
+            )
         ckpt.check_resumable(state, path, {f.name for f in dataclasses.fields(State)})
         check_compatible(self.model, state["model"], str(path))
         self.model.load_state_dict(state["model"])
@@ -216,27 +230,26 @@ class Trainer:
         self.scaler.load_state_dict(state["scaler"])
         self.comm.load_state_dict(state.get("comm", {}))
         self.state = State(**state["state"])
+        for line in notes:
+            self.log.info(f"resume: {line}")
+        if problems:
+            self.state.forced.append({"step": self.state.step, "differences": problems})
+            self.log.warn("checkpoint.resume=force: continuing despite " + "; ".join(problems))
         rngs = state["rng"]
-        if len(rngs) == self.dist.world_size:
-            ckpt.set_rng_state(rngs[self.dist.rank])
+        if len(rngs) == dist.world_size:
+            ckpt.set_rng_state(rngs[dist.rank])
         restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-        lost = 0
-        if self._progress_path().is_file():
-            try:
-                reached = json.loads(self._progress_path().read_text())["step"]
-                lost = max(0, reached - self.state.step)
-            except (ValueError, KeyError):
-                pass
-        if restart or lost:
+        lost = max(0, agreed.reached - self.state.step)
+        if agreed.restarted or lost:
             self.state.restarts += 1
             self.state.redone_steps += lost
         self.log.info(
             f"resumed from {path}: {self.state.epoch} epoch(s) + {self.state.epoch_step} step(s) into epoch "
-            f"{self.state.epoch + 1}, {self.state.step} step(s) done"
+            f"{self.state.epoch + 1}, {self.state.step} step(s) done, run {self.run.run_id}"
             + (f"; restart {restart} after a failure" if restart else "")
             + (
                 f"; the run had reached step {self.state.step + lost}: {lost} step(s) will be redone"
-                if restart or lost
+                if agreed.restarted or lost
                 else ""
             )
         )
@@ -244,7 +257,7 @@ class Trainer:
     def save_checkpoint(self) -> None:
         with collective_guard("checkpoint RNG-state gather", self.state.step, self.cfg.dist.timeout_s):
             rngs = all_gather_object(ckpt.rng_state(), self.dist)
-        if not self.dist.is_main:
+        if not self.run.leader:  # one writer per distinct run directory: every host with a disk of its own keeps a copy
             return
         state = {
             "model": self.model.state_dict(),
@@ -254,6 +267,9 @@ class Trainer:
             "state": self.state.__dict__,
             "rng": rngs,
             "config": to_dict(self.cfg),
+            "run_id": self.run.run_id,
+            "world_size": self.dist.world_size,
+            "num_train": self.data.num_train,
             "model_info": {"name": self.cfg.model.name, "num_classes": self.data.num_classes,
                            "classes": self.data.classes, "num_params": describe_model(self.model)["num_params"]},
         }  # fmt: skip
@@ -428,6 +444,8 @@ class Trainer:
             "skipped_steps": st.skipped_steps,
             "restarts": st.restarts,
             "redone_steps": st.redone_steps,
+            "run_id": self.run.run_id,
+            "resume_forced": st.forced,
             "run_dir": str(self.run_dir),
             "comm_backend": cfg.comm.backend,
             "comm": self.comm.stats().to_dict(),  # recipes.comm.stats.CommStats; scripts/compare_runs.py reads it
@@ -438,6 +456,8 @@ class Trainer:
         if getattr(self, "data", None) is not None:
             self.data.close()
         self.log.close()
+        if getattr(self, "run", None) is not None:
+            self.run.close()
         teardown()
 
 

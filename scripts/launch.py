@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,7 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 
 from launcher.hosts import Host, HostError, parse_host_list, parse_hostfile, slurm_hosts  # noqa: E402
-from launcher.job import Job, run, run_checks  # noqa: E402
+from launcher.job import Job, describe_run_dir, probe_shared_run_dir, run, run_checks  # noqa: E402
 from launcher.transports import DEFAULT_SSH, TRANSPORTS, create_transport  # noqa: E402
 
 
@@ -262,6 +263,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"launch: error: {p}", file=sys.stderr)
             print(f"launch: {len(problems)} problem(s) found; nothing was started", file=sys.stderr)
             return 2
+    try:
+        seen, unseen = probe_shared_run_dir(job, args.check_timeout)
+        print(f"launch: {describe_run_dir(job, seen, unseen)}", flush=True)
+    except (OSError, subprocess.SubprocessError) as e:
+        print(f"launch: could not tell whether run directory {job.run_dir} is shared between hosts: {e}", flush=True)
     run_dir = Path(job.run_dir) if Path(job.run_dir).is_absolute() else REPO / job.run_dir
     rc = run(job, run_dir / run_files.LAUNCH, sys.stdout, args.timeout)
     for name in run_files.RESULTS:

@@ -58,10 +58,12 @@ def test_damaged_newest_checkpoint_falls_back_to_previous(tiny_root, tmp_path):
     state, path = ckpt.load_latest(run, warn=warnings.append)
     assert path.name == "ckpt-00000006.pt" and state["state"]["step"] == 6
     assert len(warnings) == 1 and "ckpt-00000008.pt' is damaged: sha256" in warnings[0]
-    # A resumed run with a longer schedule starts from step 6 and finishes the plan.
+    # A resumed run with a longer schedule (a change that checkpoint.resume=force accepts and records) starts
+    # from step 6 and finishes the plan.
     more = ("run.deterministic=true", "phases=[{epochs: 3, image_size: 32, batch_size: 12}]")
-    summary = train(tiny_config(tiny_root, tmp_path, *more, "checkpoint.every_steps=2"))
+    summary = train(tiny_config(tiny_root, tmp_path, *more, "checkpoint.every_steps=2", "checkpoint.resume=force"))
     assert summary["steps"] == 12 and summary["epochs"] == 3
+    assert summary["resume_forced"] == [{"step": 6, "differences": ["phases.0.epochs: 2 -> 3"]}]
 
 
 def test_nonfinite_loss_halts_naming_the_step(tiny_root, tmp_path):

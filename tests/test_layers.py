@@ -24,7 +24,7 @@ from conftest import ROOT
 BOTTOM = ["recipes", "recipes.errors", "recipes.registry", "recipes.run_files", "recipes.comm.stats"]
 RECIPE_PARTS = ["recipes.lars", "recipes.optim", "recipes.schedule", "recipes.plan", "recipes.distributed"]
 RECIPE_PARTS += ["recipes.checkpoint", "recipes.logger", "recipes.dawnbench", "recipes.comm"]
-RECIPE_PARTS += ["recipes.inference", "recipes.latency"]
+RECIPE_PARTS += ["recipes.inference", "recipes.latency", "recipes.rundir", "recipes.resume"]
 LAYERS: list[tuple[str, list[str]]] = [
     ("bottom", BOTTOM),
     ("data and models", ["data", "models"]),

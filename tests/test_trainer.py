@@ -75,8 +75,12 @@ def test_checkpoint_is_written_atomically(tmp_path):
 def test_checkpoint_from_different_model_is_refused(tiny_root, tmp_path):
     train(tiny_config(tiny_root, tmp_path, "phases=[{epochs: 1, image_size: 32, batch_size: 12}]"))
     other = tiny_config(tiny_root, tmp_path, "model.name=resnet18")
-    with pytest.raises(ConfigError, match="checkpoint was made for a different model"):
+    with pytest.raises(CheckpointError, match=r"differs from the checkpoint's in what it trains:\n  model.name: "
+                       r"'resnet10t' -> 'resnet18'"):  # fmt: skip
         train(other)
+    forced = tiny_config(tiny_root, tmp_path, "model.name=resnet18", "checkpoint.resume=force")
+    with pytest.raises(ConfigError, match="checkpoint was made for a different model"):
+        train(forced)
 
 
 def test_damaged_checkpoint_gives_clear_error(tmp_path):

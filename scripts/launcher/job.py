@@ -131,7 +131,9 @@ class Job:
             # torch.distributed inside the workers (validation counts, BN averaging) rendezvous here.
             env = self._env({"MASTER_ADDR": self.hosts[0].addr, "MASTER_PORT": str(self.port)})
             return [(self.hosts[0], self._wrap(self.horovod_argv(), env))]
-        return [(h, self._wrap(self.torchrun_argv(i), self._env())) for i, h in enumerate(self.hosts)]
+        # The workers read the rendezvous round there (recipes/distributed.py: their store namespace).
+        env = self._env({"DAWNBENCH_RDZV_ENDPOINT": self.endpoint})
+        return [(h, self._wrap(self.torchrun_argv(i), env)) for i, h in enumerate(self.hosts)]
 
     def check_command(self, first: bool) -> str:
         """Shell command that prints one `launch-check:` line per problem on a host and exits non-zero if any."""
@@ -344,3 +346,44 @@ def run(job: Job, log_dir: Path, out: TextIO, timeout: float | None = None) -> i
             h.thread.join(timeout=10)
         for s, handler in old.items():
             signal.signal(s, handler)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Is the run directory shared between the hosts?
+
+
+def probe_shared_run_dir(job: Job, timeout: float) -> tuple[list[str], list[str]]:
+    """Write a token into the run directory on the first host and look for it on the others.
+
+    Returns (hosts that saw it, hosts that did not). The token file is removed afterwards.
+    """
+    q = shlex.quote
+    token = f"{os.getpid()}-{time.time_ns()}"
+    name = f".launch-token-{token}"
+    cd = f"cd {q(job.workdir)} && mkdir -p {q(job.run_dir)} && cd {q(job.run_dir)}"
+
+    def on(host: Host, command: str) -> subprocess.CompletedProcess:
+        return subprocess.run(job.transport.argv(host, command), stdin=subprocess.DEVNULL, capture_output=True,
+                              text=True, timeout=timeout)  # fmt: skip
+
+    first, others = job.hosts[0], job.hosts[1:]
+    on(first, f"{cd} && echo {q(token)} > {q(name)}")
+    seen, unseen = [first.name], []
+    try:
+        for host in others:
+            p = on(host, f"{cd} && cat {q(name)} 2>/dev/null")
+            (seen if p.stdout.strip() == token else unseen).append(host.name)
+    finally:
+        on(first, f"{cd} && rm -f {q(name)}")
+    return seen, unseen
+
+
+def describe_run_dir(job: Job, seen: list[str], unseen: list[str]) -> str:
+    where = f"run directory {job.run_dir}"
+    if not unseen:
+        return (f"{where} is shared by all {len(seen)} host(s) (a token written on {seen[0]} is seen by every host): "
+                f"checkpoints, summary.json and dawnbench.json are written there by rank 0")  # fmt: skip
+    return (f"{where} is NOT shared ({', '.join(unseen)} did not see a token written on {seen[0]}): each host has "
+            f"its own copy; rank 0 (on whichever host c10d places it) writes checkpoints, summary.json and "
+            f"dawnbench.json into its host's copy, and at every start the ranks resume from the newest checkpoint "
+            f"of this run on any host, sent to all ranks over the process group")  # fmt: skip

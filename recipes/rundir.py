@@ -1,0 +1,203 @@
+"""The run directory: one run id per directory, one training at a time, another run's files never mixed in.
+
+`<run_dir>/run.json` names the run (`run_id`, when and where it started); every checkpoint carries the same id,
+and only checkpoints of the current run are candidates for resume. `<run_dir>/.lock` is held (`fcntl.flock`)
+by the training that writes there (rank 0) and released by the kernel on any exit, so a second training into
+the same directory fails at once, naming the holder's host and PID. `checkpoint.resume=false` on a directory
+that holds another run moves that run's files to `<run_dir>/previous/<run id>/` (and says so): never deleted,
+never resumed from again.
+
+Hosts may each have their own run directory (local disks): every rank reports what its directory holds and
+the ranks agree on one run id (`open_run`); no rank reads another host's disk. The lowest rank of each distinct
+directory (its leader) writes the checkpoints there, so every host keeps a copy and a replaced host costs nothing.
+"""
+
+from __future__ import annotations
+
+import datetime
+import fcntl
+import json
+import os
+import socket
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from recipes import checkpoint as ckpt
+from recipes.checkpoint import CheckpointError
+from recipes.distributed import DistInfo, all_gather_object, broadcast_object
+
+RUN_FILE = "run.json"
+LOCK_FILE = ".lock"
+ARCHIVE_DIR = "previous"
+
+
+class RunDirError(CheckpointError):
+    """The run directory is in use, or holds a run that this start must not mix with; the message says which."""
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+class RunLock:
+    """An exclusive advisory lock on `<run_dir>/.lock`; the file says who holds it (host, pid, since)."""
+
+    def __init__(self, run_dir: Path):
+        self.path = run_dir / LOCK_FILE
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown holder"
+            os.close(fd)
+            raise RunDirError(
+                f"run directory '{self.path.parent}' is in use by another training ({holder}); wait for it to "
+                f"end, or give this one another run.name or --run-dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"host {socket.gethostname()}, pid {os.getpid()}, since {_now()}\n".encode(), 0)
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the descriptor releases the flock
+            self.fd = None
+
+
+def read_run_id(run_dir: Path) -> str | None:
+    try:
+        return str(json.loads((run_dir / RUN_FILE).read_text())["run_id"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def write_run_file(run_dir: Path, run_id: str) -> None:
+    if read_run_id(run_dir) == run_id:
+        return
+    info = {"run_id": run_id, "started": _now(), "host": socket.gethostname()}
+    tmp = run_dir / f".{RUN_FILE}.tmp{os.getpid()}"
+    tmp.write_text(json.dumps(info, indent=1) + "\n")
+    os.replace(tmp, run_dir / RUN_FILE)
+
+
+def run_files(run_dir: Path) -> list[Path]:
+    """What a run leaves in its directory: not the archive, the launcher's logs, the lock or other dot files."""
+    if not run_dir.is_dir():
+        return []
+    return sorted(p for p in run_dir.iterdir() if p.name not in (ARCHIVE_DIR, "launch") and not p.name.startswith("."))
+
+
+def archive(run_dir: Path, run_id: str | None) -> Path:
+    """Move the run's files to `<run_dir>/previous/<run id>[-N]/`; returns that directory."""
+    base = run_dir / ARCHIVE_DIR / (run_id or "unnamed")
+    dest, n = base, 1
+    while dest.exists():
+        dest, n = base.with_name(f"{base.name}-{n}"), n + 1
+    dest.mkdir(parents=True)
+    for p in run_files(run_dir):
+        try:
+            os.rename(p, dest / p.name)
+        except FileNotFoundError:  # a shared directory: another host's rank moved it first
+            pass
+    return dest
+
+
+def _share_groups(run_dir: Path, dist: DistInfo) -> int:
+    """The lowest rank that sees this rank's run directory: ranks with the same answer share one directory.
+
+    Every rank writes a token file into its run directory and looks for the others' tokens (as the launcher
+    does between hosts): this holds for local disks, a shared filesystem, or a mix of both.
+    """
+    token = f".share-{uuid.uuid4().hex}"
+    error = None
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / token).write_text(str(dist.rank))
+    except OSError as e:
+        error = f"run directory '{run_dir}' on host {socket.gethostname()} is not writable: {e.strerror or e}"
+    tokens = all_gather_object((token, error), dist)
+    errors = [e for _, e in tokens if e]
+    if errors:
+        (run_dir / token).unlink(missing_ok=True)
+        raise RunDirError(errors[0])
+    seen = min(r for r, (t, _) in enumerate(tokens) if (run_dir / t).is_file())
+    all_gather_object(seen, dist)  # everyone has looked before anyone removes its token
+    (run_dir / token).unlink(missing_ok=True)
+    return seen
+
+
+@dataclass
+class RunDir:
+    """This process's view of the run directory after `open_run`."""
+
+    path: Path
+    run_id: str
+    lock: RunLock | None
+    leader: bool  # the lowest rank of those that share this directory: it reads and writes its checkpoints
+    legacy: bool  # no run.json anywhere: checkpoints written before run ids are the candidates
+    hosts_with_run: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what a person should read in the log
+
+    def close(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+
+
+def _raise_everywhere(message: str | None, dist: DistInfo) -> None:
+    """Rank 0 decided; every rank raises the same error, so no rank waits on a collective that never comes."""
+    message = broadcast_object(message, dist)
+    if message:
+        raise RunDirError(message)
+
+
+def open_run(run_dir: Path, dist: DistInfo, resume) -> RunDir:
+    """Lock the directory (rank 0), agree on the run id over the process group, archive for resume=false."""
+    lock = None
+    error = None
+    if dist.is_main:
+        try:
+            ckpt.check_writable(run_dir, 0)
+            lock = RunLock(run_dir)
+            lock.acquire()
+        except CheckpointError as e:
+            error = str(e)
+    try:
+        _raise_everywhere(error, dist)
+        host = socket.gethostname()
+        mine = {"rank": dist.rank, "host": host, "key": _share_groups(run_dir, dist), "run_id": read_run_id(run_dir),
+                "files": len(run_files(run_dir))}  # fmt: skip
+        reports = all_gather_object(mine, dist)
+        leaders = {}
+        for r in reports:
+            leaders.setdefault(r["key"], r)
+        leader = leaders[mine["key"]]["rank"] == dist.rank
+        held = [r for r in leaders.values() if r["run_id"] or r["files"]]
+        ids = sorted({r["run_id"] for r in held if r["run_id"]})
+        notes = []
+        if resume is False:
+            if leader and (mine["run_id"] or mine["files"]):
+                dest = archive(run_dir, mine["run_id"])
+                notes.append(
+                    f"checkpoint.resume=false: the files of the previous run "
+                    f"{mine['run_id'] or '(no run id)'} in {run_dir} were moved to {dest}"
+                )
+            ids = []
+        elif len(ids) > 1:
+            where = "; ".join(f"{r['host']}: {r['run_id']}" for r in held if r["run_id"])
+            raise RunDirError(  # every rank saw the same reports, so every rank raises here
+                f"the run directories of the hosts hold different runs ({where}) in '{run_dir}': resuming "
+                f"would mix them; give every host the same run's files, or start anew with checkpoint.resume=false "
+                f"(which moves them to {run_dir / ARCHIVE_DIR})"
+            )
+        run_id = ids[0] if ids else broadcast_object(uuid.uuid4().hex[:16], dist)
+        notes = [n for batch in all_gather_object(notes, dist) for n in batch]
+        legacy = not ids and resume is not False
+        return RunDir(run_dir, run_id, lock, leader, legacy, sorted({r["host"] for r in held}), notes)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
