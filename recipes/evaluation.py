@@ -106,7 +106,10 @@ def evaluate_checkpoint(path: str, data_root: str | None = None, image_size: int
         model = TTA[tta](load_model(state, cfg, path)).to(dist.device)
         if cfg.run.channels_last:
             model = model.to(memory_format=torch.channels_last)
-        result = evaluate(model, pipe.val_batches(phase), dist)
+        # The input pipeline may hand fp16 images (DALI's `data.dali_dtype`, `auto` under fp16 training) to this
+        # fp32 model, which runs without autocast: cast them to the model's own dtype.
+        dtype = next(model.parameters()).dtype
+        result = evaluate(model, ((x.to(dtype), y) for x, y in pipe.val_batches(phase)), dist)
         result.update(blacklisted=getattr(pipe, "val_excluded", 0), val_blacklist=cfg.data.val_blacklist)
         pipe.close()
     finally:

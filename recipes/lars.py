@@ -23,7 +23,9 @@ ratio and the tf buffer takes today's ratio for all its history, so the record's
 only under tf.
 
 `lars` is this with no clipping (trust_min=0, trust_max=inf). The step is a few `torch._foreach_*` calls per
-(device, dtype) group, not a Python loop over the model's tensors.
+(device, dtype) group, not a Python loop over the model's tensors; the momentum and weight update is torch's fused
+SGD kernel, so the optimizer understands GradScaler's `grad_scale`/`found_inf` like torch's fused optimizers: a
+step with non-finite gradients is skipped on the device, with no host synchronisation.
 """
 
 from __future__ import annotations
@@ -63,6 +65,9 @@ class LayerAdaptiveSGD(torch.optim.Optimizer):
                         trust_min=trust_min, trust_max=trust_max, adapt=adapt,
                         momentum_convention=momentum_convention)  # fmt: skip
         super().__init__(params, defaults)
+        # GradScaler (and the trainer's finite check) hand the step `grad_scale` and `found_inf` as attributes,
+        # as for torch's fused optimizers, instead of deciding on the host whether to call step().
+        self._step_supports_amp_scaling = True
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -77,39 +82,64 @@ class LayerAdaptiveSGD(torch.optim.Optimizer):
                     if p.grad.is_sparse:
                         raise RuntimeError("LayerAdaptiveSGD does not support sparse gradients")
                     by_device[(p.device, p.dtype)].append(p)
-            for params in by_device.values():
-                self._step_tensors(group, params)
+            for (device, _), params in by_device.items():
+                scale, found = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
+                self._step_tensors(group, params, None if scale is None else scale.to(device),
+                                   None if found is None else found.to(device))  # fmt: skip
         return loss
 
-    def _step_tensors(self, group: dict, params: list[Tensor]) -> None:
+    def _step_tensors(self, group: dict, params: list[Tensor], grad_scale: Tensor | None,
+                      found_inf: Tensor | None) -> None:  # fmt: skip
         lr, m, wd = group["lr"], group["momentum"], group["weight_decay"]
         grads = [p.grad for p in params]
+        if grad_scale is not None:  # fp16 gradients still carry GradScaler's scale
+            grads = torch._foreach_div(grads, grad_scale)
+        d = torch._foreach_add(grads, params, alpha=wd) if wd else torch._foreach_mul(grads, 1.0)
         ratios = None
         if group["adapt"]:
             ratios = trust_ratios(torch.stack(torch._foreach_norm(params)), torch.stack(torch._foreach_norm(grads)),
-                                  group["eta"], wd, group["trust_min"], group["trust_max"]).unbind(0)  # fmt: skip
-        d = torch._foreach_add(grads, params, alpha=wd) if wd else torch._foreach_mul(grads, 1.0)
-        tf = group.get("momentum_convention", "torch") == "tf"
+                                  group["eta"], wd, group["trust_min"], group["trust_max"])  # fmt: skip
+        tf = ratios is not None and group.get("momentum_convention", "torch") == "tf"
         if ratios is not None and not tf:
-            torch._foreach_mul_(d, ratios)
+            torch._foreach_mul_(d, ratios.unbind(0))
+        bufs = []
         if m:
-            states = [self.state[p] for p in params]
-            if all("momentum_buffer" in s for s in states):
-                bufs = [s["momentum_buffer"] for s in states]
-                torch._foreach_mul_(bufs, m)
-                torch._foreach_add_(bufs, d)
-            else:
-                bufs = []
-                for s, di in zip(states, d, strict=True):
-                    if "momentum_buffer" not in s:
-                        s["momentum_buffer"] = di.clone()
-                    else:
-                        s["momentum_buffer"].mul_(m).add_(di)
-                    bufs.append(s["momentum_buffer"])
-            if group["nesterov"]:
-                torch._foreach_add_(d, bufs, alpha=m)
-            else:
-                d = torch._foreach_mul(bufs, 1.0) if tf and ratios is not None else bufs
-        if tf and ratios is not None:
-            torch._foreach_mul_(d, ratios)  # lr x trust ratio on the whole (Nesterov) update, buffer included
-        torch._foreach_add_(params, d, alpha=-lr)
+            for p in params:
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    # m * 0 + d == d: a zero buffer starts exactly like buf = d, and stays zero if the step is skipped
+                    state["momentum_buffer"] = torch.zeros_like(p)
+                bufs.append(state["momentum_buffer"])
+        if not tf:
+            # buf = m * buf + d; w -= lr * (d + m * buf) (Nesterov) or lr * buf; nothing at all when found_inf is set.
+            torch._fused_sgd_(params, d, bufs, weight_decay=0.0, momentum=m, lr=lr, dampening=0.0,
+                              nesterov=bool(group["nesterov"] and m), maximize=False, is_first_step=False,
+                              grad_scale=None, found_inf=found_inf)  # fmt: skip
+            return
+        self._step_tf(group, params, d, bufs, ratios, found_inf)
+
+    @staticmethod
+    def _step_tf(group: dict, params: list[Tensor], d: list[Tensor], bufs: list[Tensor], ratios: Tensor,
+                 found_inf: Tensor | None) -> None:  # fmt: skip
+        """TensorFlow's LARS: the buffer holds raw (decayed) gradients and lr x trust ratio scales the whole update.
+
+        A step with `found_inf` set changes nothing, decided on the device (keep = 1 - found_inf), like the fused
+        kernel: the non-finite values are zeroed first, since 0 x inf would still be NaN."""
+        lr, m = group["lr"], group["momentum"]
+        keep = None
+        if found_inf is not None:
+            keep = 1.0 - found_inf.to(d[0].dtype)
+            for x in d:
+                torch.nan_to_num_(x, nan=0.0, posinf=0.0, neginf=0.0)
+            torch._foreach_mul_(d, keep)
+            ratios = torch.nan_to_num(ratios, nan=0.0, posinf=0.0, neginf=0.0)
+        if m:
+            torch._foreach_mul_(bufs, m if keep is None else 1.0 + keep * (m - 1.0))  # a skipped step keeps buf
+            torch._foreach_add_(bufs, d)
+            upd = torch._foreach_add(d, bufs, alpha=m) if group["nesterov"] else torch._foreach_mul(bufs, 1.0)
+            if keep is not None:
+                torch._foreach_mul_(upd, keep)
+        else:
+            upd = d
+        torch._foreach_mul_(upd, ratios.unbind(0))  # lr x trust ratio on the whole (Nesterov) update
+        torch._foreach_add_(params, upd, alpha=-lr)

@@ -1,6 +1,6 @@
 """Optimizer factory: parameter groups (no decay on BN and bias) and the optimizers named by `optim.name`.
 
-    sgd     torch.optim.SGD (foreach), Nesterov by default
+    sgd     torch.optim.SGD (fused), Nesterov by default
     lars    LARS: SGD with the layer trust ratio eta * ||w|| / (||g|| + wd * ||w||)        (recipes/lars.py)
     hybrid  the record's "LARS with rectified adaptive LR": the same trust ratio clipped to
             [optim.trust_clip_min, optim.trust_clip_max] on Nesterov SGD                  (recipes/lars.py)
@@ -64,10 +64,19 @@ def describe_groups(optimizer: torch.optim.Optimizer) -> list[str]:
 
 
 def build_sgd(cfg, groups):
-    return torch.optim.SGD(
+    # fused: the step reads `found_inf` on the device (GradScaler, the trainer's finite check), so skipping a step
+    # with non-finite gradients needs no host synchronisation.
+    opt = torch.optim.SGD(
         groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov and cfg.momentum > 0,
-        weight_decay=cfg.weight_decay, foreach=True,
+        weight_decay=cfg.weight_decay, fused=True,
     )  # fmt: skip
+    if cfg.momentum > 0:
+        # torch's fused SGD makes uninitialised (empty_like) buffers on its first step even when found_inf skips
+        # it; zero buffers start exactly like buf = g (m * 0 + g) and make a skipped first step harmless.
+        for g in opt.param_groups:
+            for p in g["params"]:
+                opt.state[p]["momentum_buffer"] = torch.zeros_like(p)
+    return opt
 
 
 def _layer_adaptive(cfg, groups, clip: bool):
@@ -111,6 +120,11 @@ def create_optimizer(cfg, model: nn.Module) -> torch.optim.Optimizer:
     build = registry.load(OPTIMIZERS, cfg.name, "optim.name", "optimizer")
     groups = param_groups(model, cfg.weight_decay, cfg.no_bn_decay, cfg.adapt_bn_bias)
     return build(cfg, groups)
+
+
+def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether `optimizer.step()` honours a `found_inf` tensor attribute (skips on the device, no host sync)."""
+    return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
 
 
 def set_lr_momentum(optimizer: torch.optim.Optimizer, lr: float, momentum: float) -> None:

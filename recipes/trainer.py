@@ -31,7 +31,7 @@ from recipes.dawnbench import check_required, write_entry
 from recipes.distributed import DistInfo, all_gather_object, all_reduce_sum, setup, teardown
 from recipes.errors import NonFiniteError, TrainingError
 from recipes.logger import RunLogger, format_seconds, write_tsv
-from recipes.optim import create_optimizer, describe_groups, set_lr_momentum
+from recipes.optim import create_optimizer, describe_groups, set_lr_momentum, skips_on_device
 from recipes.resume import agree_state, compare
 from recipes.rundir import RunDirError, open_run, write_run_file
 from recipes.schedule import Plan
@@ -171,6 +171,7 @@ class Trainer:
         self.comm = create_allreduce(cfg, dist)
         self.criterion = create_criterion(cfg)
         self.state = State()
+        self._pending: list = []  # (step, epoch, non-finite flag, loss, fp16 scale) of steps not yet settled
         torch.manual_seed(cfg.run.seed + 1000 * dist.rank)  # per-rank randomness; a resume restores it
         if cfg.checkpoint.enabled and dist.is_main:
             ckpt.check_writable(self.run_dir, 2 * self._checkpoint_bytes())
@@ -276,14 +277,19 @@ class Trainer:
         ckpt.save_step_checkpoint(state, self.run_dir, self.state.step, self.cfg.checkpoint.keep)
 
     # -- the loop ---------------------------------------------------------------------------------------
-    def _grads_finite(self) -> bool:
+    def _nonfinite_flag(self) -> torch.Tensor:
+        """1.0 if any gradient is inf/nan, else 0.0: a float tensor on the device (GradScaler's found_inf form)."""
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         if not grads:
-            return True
-        return bool(torch.isfinite(torch.stack(torch._foreach_norm(grads)).sum()))
+            return torch.zeros(1, device=self.dist.device)
+        return (~torch.isfinite(torch.stack(torch._foreach_norm(grads)).sum())).float().reshape(1)
 
     def _step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """One optimizer step; returns the loss. Non-finite gradients halt or skip per run.on_nonfinite."""
+        """One optimizer step; returns the loss. Non-finite gradients halt or skip per run.on_nonfinite.
+
+        The step is skipped on the device (`found_inf`, as GradScaler does for fused optimizers), and the host
+        learns of it in `_settle`, every log.every_steps steps and before a checkpoint: no sync per step.
+        """
         st = self.state
         with self.amp_ctx():
             loss = self.criterion(self.train_model(x), y)
@@ -292,27 +298,47 @@ class Trainer:
                               self.cfg.dist.timeout_s):  # fmt: skip
             self.scaler.scale(loss).backward()
             if self.scaler.is_enabled():
-                scale_before = self.scaler.get_scale()
+                scale_before = self.scaler._get_scale_async().clone()
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
-                if self.scaler.get_scale() < scale_before:
-                    st.skipped_steps += 1  # fp16 overflow: GradScaler skipped this step and lowered the scale
-                    self.log.warn(f"step {st.step}: fp16 gradients overflowed; step skipped (scale {scale_before:g})")
+                # GradScaler lowers the scale exactly when it skipped the step (fp16 overflow)
+                bad = self.scaler._get_scale_async() < scale_before
+                self._pending.append((st.step, st.epoch, bad, loss.detach(), scale_before))
             else:
                 # Gradients are already averaged over ranks here, so every rank takes the same decision.
-                if not self._grads_finite():
-                    value = float(loss.detach())
-                    what = f"non-finite loss/gradients at step {st.step} (epoch {st.epoch + 1}, loss {value:g})"
-                    if self.cfg.run.on_nonfinite == "halt":
-                        raise TrainingError(f"{what}: halting (run.on_nonfinite=halt; 'skip' skips such steps)")
-                    st.skipped_steps += 1
-                    self.log.warn(f"{what}: step skipped ({st.skipped_steps} so far; run.on_nonfinite=skip)")
-                else:
+                found = self._nonfinite_flag()
+                if skips_on_device(self.optimizer):
+                    self.optimizer.found_inf = found
+                    try:
+                        self.optimizer.step()
+                    finally:
+                        del self.optimizer.found_inf
+                elif not bool(found):  # an optimizer without device-side skipping (lamb): decided on the host
                     self.optimizer.step()
+                self._pending.append((st.step, st.epoch, found, loss.detach(), None))
         st.step += 1
         st.epoch_step += 1
         self.comm.on_step_end(st.step, self.log)
         return loss
+
+    def _settle(self) -> None:
+        """Read the pending steps' non-finite flags (one host sync) and count, log or halt as each step would."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        flags = torch.cat([f.reshape(1).float() for _, _, f, _, _ in pending]).tolist()
+        st = self.state
+        for (step, epoch, _, loss, scale), bad in zip(pending, flags, strict=True):
+            if not bad:
+                continue
+            st.skipped_steps += 1
+            if scale is not None:
+                self.log.warn(f"step {step}: fp16 gradients overflowed; step skipped (scale {float(scale):g})")
+                continue
+            what = f"non-finite loss/gradients at step {step} (epoch {epoch + 1}, loss {float(loss):g})"
+            if self.cfg.run.on_nonfinite == "halt":
+                raise TrainingError(f"{what}: halting (run.on_nonfinite=halt; 'skip' skips such steps)")
+            self.log.warn(f"{what}: step skipped ({st.skipped_steps} so far; run.on_nonfinite=skip)")
 
     def train_one_epoch(self, epoch: int) -> dict:
         """Train epoch `epoch` from the data position in the state (0 unless resumed mid-epoch)."""
@@ -339,6 +365,7 @@ class Trainer:
             loss_n += 1
             done = i + 1 == info.steps
             if (i + 1) % every == 0 or done:
+                self._settle()
                 now = time.perf_counter()
                 mean_loss = float(loss_acc) / loss_n
                 img_s = window_imgs / max(now - window_t, 1e-9)
@@ -352,6 +379,7 @@ class Trainer:
                 loss_acc.zero_()
                 loss_n = 0
             if cfg.checkpoint.enabled and ckpt_every and st.step % ckpt_every == 0 and not done:
+                self._settle()  # the checkpoint's skipped_steps are exact
                 now = time.perf_counter()
                 st.train_seconds += now - mark
                 st.epoch_seconds += now - mark

@@ -112,3 +112,17 @@ def test_bad_checkpoints_and_options_exit_2(tiny_checkpoint, tiny_root, tmp_path
     for opts, msg in cases:
         assert evaluate.main([str(tiny_checkpoint), "--data", str(tiny_root), *opts]) == 2
         assert msg in capsys.readouterr().err
+
+
+def test_dali_float16_images_evaluate_like_float32(tiny_checkpoint, tiny_root, tmp_path):
+    """A checkpoint whose config makes DALI hand over fp16 images (GPU fp16 training) evaluates on the fp32 model."""
+    pytest.importorskip("nvidia.dali")
+    state = ckpt.load(tiny_checkpoint)
+    state["config"]["data"]["dali_dtype"] = "float16"
+    half = tmp_path / "half.pt"
+    ckpt.save_atomic(state, half)
+    res16 = evaluate_checkpoint(str(half), str(tiny_root), batch_size=7, backend="dali")
+    res32 = evaluate_checkpoint(str(tiny_checkpoint), str(tiny_root), batch_size=7, backend="dali")
+    assert res16["count"] == res32["count"] == 20
+    assert res16["top1"] == pytest.approx(res32["top1"], abs=5.0)  # fp16 rounding may flip one image of 20
+    assert res16["loss"] == pytest.approx(res32["loss"], rel=1e-2)

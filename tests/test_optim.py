@@ -170,3 +170,33 @@ def test_grad_scaler_skips_a_hybrid_step_with_inf_gradients():
     assert scaler.get_scale() == 2.0
     for p, b in zip(model.parameters(), before, strict=True):
         assert torch.equal(p, b)
+
+
+@pytest.mark.parametrize("name", ["sgd", "hybrid", "lars"])
+def test_found_inf_skips_the_step_on_the_device_even_the_first(name):
+    """A step given found_inf=1 leaves weights and momentum untouched (no host decision); the next finite step
+    then lands exactly where an optimizer that never saw the bad step lands."""
+    torch.manual_seed(0)
+    a, b = Tiny(), Tiny()
+    b.load_state_dict(a.state_dict())
+    cfg = _cfg(f"optim.name={name}", "optim.momentum=0.9").optim
+    opt_a, opt_b = create_optimizer(cfg, a), create_optimizer(cfg, b)
+    assert opt_a._step_supports_amp_scaling  # the trainer relies on it (recipes.optim.skips_on_device)
+    for p in a.parameters():
+        p.grad = torch.full_like(p, float("nan"))
+    before = [p.detach().clone() for p in a.parameters()]
+    opt_a.found_inf = torch.ones(1)
+    opt_a.step()  # the very first step: torch's fused SGD would leave empty_like momentum buffers here
+    del opt_a.found_inf
+    for p, q in zip(a.parameters(), before, strict=True):
+        assert torch.equal(p, q)
+    for _ in range(2):
+        grads = [torch.randn_like(p) for p in a.parameters()]
+        for pa, pb, g in zip(a.parameters(), b.parameters(), grads, strict=True):
+            pa.grad, pb.grad = g.clone(), g.clone()
+        opt_a.found_inf = torch.zeros(1)
+        opt_a.step()
+        del opt_a.found_inf
+        opt_b.step()
+    for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
+        assert torch.equal(pa, pb)

@@ -114,3 +114,33 @@ def test_cli_bad_inputs_exit_2_without_traceback(tiny_root, tmp_path):
                            capture_output=True, text=True, timeout=120)  # fmt: skip
         assert p.returncode == 2, (args, p.stderr)
         assert msg in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("optim,amp", [("sgd", "none"), ("hybrid", "none"), ("hybrid", "fp16"), ("sgd", "bf16")])
+def test_training_steps_read_nothing_back_from_the_device(tiny_root, tmp_path, optim, amp):
+    """No host-device sync inside a step (a GPU would stall): the finite check is settled every log.every_steps."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from recipes.trainer import Trainer
+
+    class Reads(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default:  # .item(), bool(), float() of a tensor
+                Reads.n += 1
+            return func(*args, **(kwargs or {}))
+
+    cfg = tiny_config(tiny_root, tmp_path, f"optim.name={optim}", f"run.amp={amp}", "log.every_steps=100",
+                      "checkpoint.enabled=false")  # fmt: skip
+    trainer = Trainer(cfg)
+    try:
+        x, y = next(iter(trainer.data.train_batches(trainer.plan.epoch_info(0))))
+        with Reads():
+            for _ in range(3):
+                trainer._step(x, y)
+        assert Reads.n == 0 and len(trainer._pending) == 3
+        trainer._settle()
+        assert trainer._pending == [] and trainer.state.skipped_steps == 0
+    finally:
+        trainer.close()

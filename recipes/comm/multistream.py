@@ -21,7 +21,6 @@ import datetime
 import os
 import queue
 import threading
-import time
 from functools import partial
 from pathlib import Path
 
@@ -34,6 +33,7 @@ from recipes.comm import tuner as tuning
 from recipes.comm.base import BackendDefaults
 from recipes.comm.plan import WIRE_DTYPES, FusionPlan, Settings, build_plan, grad_specs
 from recipes.comm.stats import CommStats
+from recipes.comm.timing import Stopwatch
 from recipes.errors import ConfigError
 
 
@@ -67,8 +67,10 @@ class _Engine:
         self.slices = [plan.slice_bounds(b) for b in range(len(plan.buckets))]
         self.counts = [len(idxs) for idxs in plan.buckets]
         self.active = False
-        self.step_seconds = 0.0  # backward + synchronisation of the last step (first gradient to averages)
-        self.wait_seconds = 0.0  # of which: waiting for communication after backward ended
+        # Per step, three marks (first gradient, backward ended, averages written back): CUDA events on the
+        # backward's stream, reached only when communication is done, or host times on CPU (recipes/comm/timing.py).
+        self.clock = Stopwatch(self.device)
+        self.marks: list[tuple] = []  # steps not yet read, oldest first
         self.serialize = serialize
         self._queue: queue.Queue | None = None
         self._error: BaseException | None = None
@@ -81,7 +83,7 @@ class _Engine:
     def grad_ready(self, i: int) -> None:
         if not self.active:
             self.active = True
-            self.t_start = time.perf_counter()
+            self.t_start = self.clock.mark()
             self.pending = list(self.counts)
             self.next_bucket = 0
             self.works = []
@@ -150,7 +152,7 @@ class _Engine:
             while self.next_bucket < len(self.pending):
                 self._launch(self.next_bucket)
                 self.next_bucket += 1
-            t_wait = time.perf_counter()
+            t_wait = self.clock.mark()
             if self.serialize:
                 self._queue.join()
                 if self._error is not None:
@@ -171,12 +173,23 @@ class _Engine:
                         p.grad = avg.to(p.dtype, copy=True)
                     else:
                         p.grad.copy_(avg)
-            now = time.perf_counter()
-            self.wait_seconds = now - t_wait
-            self.step_seconds = now - self.t_start
+            # after the copy-back, which the current stream runs only once it waited for every communicator
+            self.marks.append((self.t_start, t_wait, self.clock.mark()))
         finally:
             self.works = []
             self.active = False
+
+    def read(self, wait: bool) -> list[tuple[float, float]]:
+        """(backward + sync, of which waiting) seconds of finished steps, oldest first; `wait`: of every step."""
+        out = []
+        while self.marks:
+            start, t_wait, end = self.marks[0]
+            step = self.clock.seconds(start, end, wait)
+            if step is None:
+                break  # the GPU has not got there yet; read it at a later step
+            out.append((step, self.clock.seconds(t_wait, end)))
+            self.marks.pop(0)
+        return out
 
     def close(self) -> None:
         if self._queue is not None:
@@ -206,7 +219,7 @@ class MultiStreamBackend(BackendDefaults):
         self.tuner: tuning.AutoTuner | None = None
         self.groups: list = []
         self._resumed: Settings | None = None
-        self._steps = 0
+        self._steps = 0  # steps whose times are read
         self._sync_seconds = 0.0
         self._wait_seconds = 0.0
         self._bytes = 0
@@ -286,6 +299,7 @@ class MultiStreamBackend(BackendDefaults):
 
     def _start(self, plan: FusionPlan) -> None:
         if self.engine is not None:
+            self._account(self.engine.read(wait=True))  # the old plan's last steps, before its marks are dropped
             self.engine.close()
         self.engine = _Engine(plan, self.params, self.groups[: plan.streams], self.dist.world_size,
                               self.cfg.comm.concurrency == "serialize", self.cfg.dist.timeout_s)  # fmt: skip
@@ -328,12 +342,14 @@ class MultiStreamBackend(BackendDefaults):
         """Called by the trainer after every optimizer step; drives the auto-tuner during the first steps."""
         if self.engine is None:
             return
-        self._steps += 1
-        self._sync_seconds += self.engine.step_seconds
-        self._wait_seconds += self.engine.wait_seconds
-        self._bytes += sum(w.numel() * w.element_size() for w in self.engine.wire)
+        self._bytes += sum(w.numel() * w.element_size() for w in self.engine.wire)  # sizes only: no sync
         tuner = self.tuner
-        if tuner is None or tuner.done or not tuner.record(self.engine.step_seconds):
+        measuring = tuner is not None and not tuner.done
+        # Tuning: wait for this step's last mark (one sync per step, during the tuning steps only). Otherwise only
+        # the steps the GPU has finished are read, so the stats never stall it.
+        times = self.engine.read(wait=measuring)
+        self._account(times)
+        if not measuring or not times or not tuner.record(times[-1][0]):
             return
         trial = tuner.trials[-1]
         self._note(
@@ -383,10 +399,17 @@ class MultiStreamBackend(BackendDefaults):
             print(msg, flush=True)
 
     # -- the backend interface --------------------------------------------------------------------------
+    def _account(self, times: list[tuple[float, float]]) -> None:
+        for step, wait in times:
+            self._steps += 1
+            self._sync_seconds += step
+            self._wait_seconds += wait
+
     def stats(self) -> CommStats:
         """The engine's backward+sync window as comm_seconds, its wait after backward as wait_seconds."""
         if self.engine is None:
             return CommStats(self.name)
+        self._account(self.engine.read(wait=True))
         c, s = self.cfg.comm, self.settings
         settings = {"bucket_mb": s.bucket_mb, "streams": s.streams, "slices": s.slices,
                     "buckets": len(self.engine.plan.buckets), "compression": c.compression,

@@ -2,7 +2,9 @@
 
 Like Horovod's autotune: a few warm-up steps are discarded, then each candidate runs for `windows` windows of
 `steps_per_window` steps (after one discarded settling step), and is scored by the median over windows of the
-mean step time. The next candidate is chosen from the measurements by rank 0 (a small Gaussian-process
+mean step time: backward plus gradient synchronisation, from the first gradient to the averages, timed on the
+device (CUDA events on the stream that waited for every communicator; wall time on CPU: recipes/comm/timing.py).
+The next candidate is chosen from the measurements by rank 0 (a small Gaussian-process
 Bayesian optimisation with expected improvement, or a fixed grid) and broadcast, so every rank switches plan at
 the same step boundary. With `comm.tune_start: model` the step-time model (stepmodel.py) ranks the space for the
 cluster first: the search starts at its best and measures candidates in predicted order, so a few suffice.
