@@ -41,3 +41,24 @@ def test_two_process_quickstart_reaches_target(sample_root, tmp_path):
     lines = (run / "dawnbench.tsv").read_text().splitlines()
     assert len(lines) == 1 + summary["epochs"]
     assert (ROOT / "configs" / "quickstart.yaml").exists()
+
+
+def test_generation_id_is_the_newest_rendezvous_round_in_the_rendezvous_store(monkeypatch):
+    import datetime
+
+    import torch.distributed as td
+    from conftest import free_port
+
+    from recipes.distributed import generation_id
+
+    port = free_port()
+    server = td.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job7")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # this agent's own count: not what the others have
+    monkeypatch.setenv("DAWNBENCH_RDZV_ENDPOINT", f"127.0.0.1:{port}")
+    timeout = datetime.timedelta(seconds=10)
+    assert generation_id(timeout) == "restart1"  # no round complete yet: the agent's count
+    for r in (0, 1, 3):  # round 2 closed without workers (a node joined and left)
+        server.set(f"torch.rendezvous.job7.{r}/torchelastic/role_info/0", b"x")
+    server.set("torch.rendezvous.other.9/torchelastic/role_info/0", b"x")
+    assert generation_id(timeout) == "round3"

@@ -189,3 +189,20 @@ def test_worker_killed_before_joining_its_generation_restart_still_succeeds(tiny
     assert proc.returncode == 0, out[-4000:]
     s = json.loads((run / "summary.json").read_text())
     assert s["steps"] == STEPS
+
+
+def test_launcher_probe_tells_a_shared_run_directory(tmp_path):
+    from launcher.hosts import Host
+    from launcher.job import describe_run_dir, probe_shared_run_dir
+    from launcher.transports import Local
+    from test_launch import _job
+
+    hosts = [Host("host-a", "127.0.0.1"), Host("host-b", "127.0.0.1")]
+    job = _job(hosts=hosts, transport=Local(), workdir=str(ROOT), run_dir=str(tmp_path / "run"))
+    seen, unseen = probe_shared_run_dir(job, 60)
+    assert (seen, unseen) == (["host-a", "host-b"], [])
+    assert list((tmp_path / "run").iterdir()) == []  # the token is removed
+    assert "is shared by all 2 host(s)" in describe_run_dir(job, seen, unseen)
+    text = describe_run_dir(job, ["host-a"], ["host-b"])
+    assert "is NOT shared (host-b did not see a token written on host-a)" in text and "rank 0" in text
+    assert job.commands()[0][1].count(f"DAWNBENCH_RDZV_ENDPOINT={job.endpoint}") == 1
