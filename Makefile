@@ -14,11 +14,26 @@ qw = $(foreach w,$(1),$(call q,$(w)))
 
 .PHONY: install horovod sample quickstart test test-fast bench lint format clean
 
-$(VENV)/.installed: requirements.txt requirements-dev.txt
+# CUDA=cu130 (default): torch's CUDA 13 builds from the package index, for Turing (T4) and newer GPUs with a CUDA 13
+# driver; on a machine without a GPU they run on the CPU. CUDA=cu126: the CUDA 12.6 builds of the same versions
+# (requirements-cu126.txt), for Volta (V100) and older drivers. From the command line or DAWNBENCH_CUDA.
+CUDA = $(or $(value DAWNBENCH_CUDA),cu130)
+ifeq ($(filter $(CUDA),cu130 cu126),)
+$(error CUDA=$(CUDA): expected cu130 (the default: CUDA 13, Turing and newer) or cu126 (CUDA 12.6: Volta/V100 and older drivers))
+endif
+PIP_INSTALL = $(PY) -m pip install -q --disable-pip-version-check
+REQS_cu130 = -r requirements.txt
+REQS_cu126 = -r requirements-cu126.txt -r $(VENV)/requirements-common.txt
+# The installed variant is written in the stamp: asking for the other one reinstalls.
+INSTALLED_CUDA := $(shell cat $(VENV)/.installed 2>/dev/null)
+.PHONY: FORCE
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt requirements-cu126.txt $(if $(filter-out $(CUDA),$(or $(INSTALLED_CUDA),cu130)),FORCE)
 	test -x $(PY) || $(PYTHON_SYS) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt -r requirements-dev.txt 2>&1 | grep -v "is ignored: it is neither" || true
+	grep -v -E '^(torch|torchvision|nvidia-dali-cuda130)==' requirements.txt > $(VENV)/requirements-common.txt
+	$(PIP_INSTALL) $(REQS_$(CUDA)) -r requirements-dev.txt 2>&1 | grep -v "is ignored: it is neither" || true
 	$(PY) -c "import torch, torchvision, timm, yaml, tensorboard"
-	touch $@
+	echo $(CUDA) > $@
 
 install: $(VENV)/.installed
 
