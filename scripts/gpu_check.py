@@ -93,7 +93,7 @@ def check_dali(rows: list[dict], sample: Path) -> None:
             pipe = create_input(cfg, DistInfo(0, 1, 0, 1, dev))
             info = EpochInfo(0, 0, cfg.phases[0], 0, math.ceil(pipe.num_train / batch))
             n, shape_ok = 0, True
-            for i, _batch in enumerate(pipe.train_batches(info)):  # warm-up: one epoch of the running pipeline
+            for i, _batch in enumerate(pipe.train_batches(info)):  # warm-up: the pipeline built, its queue full
                 if i == 2:
                     break
             torch.cuda.synchronize()
@@ -107,7 +107,7 @@ def check_dali(rows: list[dict], sample: Path) -> None:
             ok = shape_ok and n > 0
             rows.append(row(f"DALI mixed decode + random-resized-crop {size}px", "pass" if ok else "fail: shape",
                             n / dt, "images/s", f"{n} images on cuda:0"))  # fmt: skip
-    with _guard(rows, "DALI mixed rect validation"):
+    with _guard(rows, "DALI mixed rect validation (each image once)"):
         phase = "{epochs: 1, image_size: 128, batch_size: 64, rect_val: true}"
         cfg = load_config(ROOT / "configs" / "base.yaml", ["data.backend=dali", f"data.root={sample}",
                                                           "data.workers=4", f"phases=[{phase}]"])  # fmt: skip
