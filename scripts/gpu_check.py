@@ -31,6 +31,8 @@ NVIDIA_RN50_AMP_8XA100 = 16621.0
 NVIDIA_RN50_AMP_PER_GPU = NVIDIA_RN50_AMP_8XA100 / 8
 NVIDIA_REF = f"NVIDIA DLE RN50 AMP 8xA100: {NVIDIA_RN50_AMP_8XA100:,.0f} img/s = {NVIDIA_RN50_AMP_PER_GPU:,.0f}/GPU"
 SIZES = (96, 128, 224, 288)
+# A reduced-precision mode fails below this top-1 agreement with fp32 (a 3-epoch model has near-ties to flip).
+AGREEMENT_MIN = 90.0
 
 
 def row(name: str, result: str, number: float | None = None, unit: str = "", reference: str = "") -> dict:
@@ -321,7 +323,7 @@ def check_eval(rows: list[dict], ckpt: Path | None, sample: Path, work: Path) ->
                 rows.append(row(label, "fail: missing from the results"))
                 continue
             agree = r.get("agreement_top1")
-            ok = m == "none" or (agree is not None and agree >= 95.0)
+            ok = m == "none" or (agree is not None and agree >= AGREEMENT_MIN)
             rows.append(row(label, "pass" if ok else f"fail: top-1 agreement {agree}%",
                             r["latency_ms"]["excluding_preprocessing"]["mean"], "ms/image",
                             f"top-1 agreement with fp32 {agree}%; {r['images']} images"))  # fmt: skip
