@@ -65,6 +65,12 @@ test-fast: install horovod
 bench: install
 	$(PY) scripts/bench.py --out bench_report.md
 
+# Every GPU path in one command on one machine (docs/gpu.md); without CUDA it says so and runs nothing.
+GPU_CHECK_OUT ?= gpu_check.json
+.PHONY: gpu-check
+gpu-check: install
+	$(PY) scripts/gpu_check.py --out $(call q,$(GPU_CHECK_OUT))
+
 lint: install
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
