@@ -13,6 +13,7 @@ Without a GPU the same graph runs on CPU operators (`device_id=None`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import sys
@@ -292,7 +293,14 @@ class DaliPipeline(BasePipeline):
         """
         if self._train is None or self._train[0] != info.phase_index or self._train_next != (info.epoch, start_step):
             self._release("_val")
-            self._build_train(info, start_step)
+            # Built as an uninterrupted run builds it, at the phase's first step with the same seed, then run over
+            # the batches before `start_step` without training: DALI's random crops and flips come from one stream
+            # per pipeline, so a resume is exact only if it draws the same numbers. On a resume this decodes up to
+            # one phase's worth of the rank's shard again (the price of exactness; the torch backend has none).
+            first = dataclasses.replace(info, epoch=sum(p.epochs for p in self.cfg.phases[: info.phase_index]))
+            self._build_train(first, 0)
+            for step in range((info.epoch - first.epoch) * info.steps + start_step):
+                self._next_train(first, step)
         self._train_next = (info.epoch + 1, 0)
         return _Batches(info.steps - start_step, lambda i: self._next_train(info, start_step + i))
 

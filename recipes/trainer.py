@@ -345,10 +345,10 @@ class Trainer:
         cfg, plan, st = self.cfg, self.plan, self.state
         info = plan.epoch_info(epoch)
         start = st.epoch_step
+        t0 = mark = window_t = time.perf_counter()  # building the input pipeline (DALI: per phase) is training time
         batches = self.data.train_batches(info, start_step=start)
         self.train_model.train()
         every, ckpt_every = cfg.log.every_steps, cfg.checkpoint.every_steps
-        t0 = mark = window_t = time.perf_counter()
         window_imgs = 0
         loss_acc = torch.zeros((), device=self.dist.device)
         loss_n = 0

@@ -189,3 +189,21 @@ def test_mid_epoch_resume_continues_with_exactly_the_unread_samples(tiny_root, t
     resumed.close()
     assert tail == full[2 * 4 :]  # neither repeats nor skips
     assert nxt == [int(i) for i in train_shard(len(train), 1, 2, 1, cfg.run.seed)]  # and the next epoch is in order
+
+
+def test_mid_epoch_resume_gives_the_same_augmented_images(tiny_root, tmp_path):
+    """The random crops and flips of a resumed pipeline are those the uninterrupted one gives, in epoch 0 and 1."""
+    train, val = scan_split(tiny_root, "train"), scan_split(tiny_root, "val")
+    cfg = tiny_config(tiny_root, tmp_path, "data.backend=dali", "phases=[{epochs: 2, image_size: 16, batch_size: 8}]")
+    plan = Plan(cfg, len(train), 1)
+    pipe = _pipe(cfg, 0, 1, train, val)
+    full = [x.clone() for e in (0, 1) for x, _ in pipe.train_batches(plan.epoch_info(e))]
+    pipe.close()
+    for epoch, start in ((0, 2), (1, 1)):
+        resumed = _pipe(cfg, 0, 1, train, val)
+        tail = [x.clone() for x, _ in resumed.train_batches(plan.epoch_info(epoch), start_step=start)]
+        resumed.close()
+        offset = epoch * plan.epoch_info(0).steps + start
+        assert len(tail) == len(full) - offset - (plan.epoch_info(0).steps if epoch == 0 else 0)
+        for got, want in zip(tail, full[offset:], strict=False):
+            assert torch.equal(got, want)
