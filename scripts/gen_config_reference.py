@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Rewrite the config reference table in docs/config.md from the schema (recipes/config.py).
+"""Rewrite the config reference table in docs/config.md from the schema (recipes/config/schema.py).
 
 python scripts/gen_config_reference.py          # update docs/config.md
 python scripts/gen_config_reference.py --check  # exit 1 if docs/config.md is out of date

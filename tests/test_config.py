@@ -131,6 +131,11 @@ def test_cli_print_config():
 
 
 def test_readme_config_reference_is_current():
-    p = subprocess.run([sys.executable, "scripts/gen_config_reference.py", "--check"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    p = subprocess.run(
+        [sys.executable, "scripts/gen_config_reference.py", "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 0, p.stdout

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import train
 from recipes.config import Config, ConfigError, load_config, reference_table
 
-# The allowed values of each domain, written out again here (an oracle independent of recipes/config.py).
+# The allowed values of each domain, written out again here (an oracle independent of recipes/config/).
 ORACLE = {
     ">0": lambda v: v > 0,
     ">=0": lambda v: v >= 0,
@@ -211,14 +211,23 @@ def test_strict_yaml_extends_and_plan_errors(tmp_path):
     secret.write_text("root: hunter2\n")
     ext = tmp_path / "ext.yaml"
     listed = "extends: expected a YAML file name or a list of them, got"
-    for target, message in [(str(secret), f"extends: '{secret}' is not a .yaml/.yml file"), ("5", f"{listed} 5"),
-                            ("[a.yaml, 7]", f"{listed} ['a.yaml', 7]")]:  # fmt: skip
+    for target, message in [
+        (str(secret), f"extends: '{secret}' is not a .yaml/.yml file"),
+        ("5", f"{listed} 5"),
+        ("[a.yaml, 7]", f"{listed} ['a.yaml', 7]"),
+    ]:
         ext.write_text(f"extends: {target}\n")
         with pytest.raises(ConfigError) as e:
             load_config(ext)
         assert str(e.value) == f"{ext}: {message}" and "hunter2" not in str(e.value)
     for flags in (["--world-size", "0"], ["--num-images", "-3"]):
-        p = subprocess.run([sys.executable, "train.py", "-c", "configs/quickstart.yaml", "--plan", *flags], cwd=ROOT,
-                           capture_output=True, text=True, timeout=120)  # fmt: skip
+        p = subprocess.run(
+            [sys.executable, "train.py", "-c", "configs/quickstart.yaml", "--plan", *flags],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert p.returncode == 2 and p.stderr.strip().splitlines() == [
-            f"error: ConfigError: {flags[0]}: expected a positive integer, got {flags[1]}"]  # fmt: skip
+            f"error: ConfigError: {flags[0]}: expected a positive integer, got {flags[1]}"
+        ]

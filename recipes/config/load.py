@@ -1,0 +1,323 @@
+"""Loading the typed configuration: YAML files with `extends:` inheritance, dotted `key=value` overrides.
+
+`load_config(path, overrides)` returns a validated `Config`; any problem raises `ConfigError` with the file,
+key, expected type and value named.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from recipes.config.schema import DOMAINS, Config, _is_name, _plain, _type_name, domain_text
+from recipes.errors import ConfigError
+
+# ---------------------------------------------------------------------------------------------------------
+# Conversion of plain YAML data into the typed schema.
+
+
+def _closest(full: str, valid: list[str]) -> str:
+    """' (did you mean 'optim.lr'?)' for the valid key at the same level closest to the last part of `full`."""
+    prefix, _, key = full.rpartition(".")
+    match = difflib.get_close_matches(key, valid, n=1, cutoff=0.0)
+    return f" (did you mean '{prefix + '.' if prefix else ''}{match[0]}'?)" if match else ""
+
+
+def _convert(value: Any, tp: Any, path: str) -> Any:
+    origin = typing.get_origin(tp)
+    bad = ConfigError(f"{path}: expected {_type_name(tp)}, got {value!r}")
+    if origin is Literal:
+        if value not in typing.get_args(tp):
+            choices = [a for a in typing.get_args(tp) if isinstance(a, str)]
+            match = difflib.get_close_matches(value, choices, n=1, cutoff=0.5) if isinstance(value, str) else []
+            raise ConfigError(f"{bad}{f' (did you mean {match[0]!r}?)' if match else ''}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(value, arg, path)
+            except ConfigError:
+                continue
+        raise bad
+    if origin is list:
+        if not isinstance(value, list):
+            raise bad
+        (item_tp,) = typing.get_args(tp)
+        return [_convert(v, item_tp, f"{path}.{i}") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise bad
+        k_tp, v_tp = typing.get_args(tp)
+        return {_convert(k, k_tp, path): _convert(v, v_tp, f"{path}.{k}") for k, v in value.items()}
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise bad
+        return _build(tp, value, path)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise bad
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad
+        return value
+    if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads 1e30 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                raise bad from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad
+        return float(value)
+    if tp is str:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)  # YAML reads a folder named 160 as a number
+        if not isinstance(value, str):
+            raise bad
+        return value
+    raise bad
+
+
+def _check_domain(value: Any, tp: Any, domain: str, path: str) -> None:
+    """Raise ConfigError when a converted value lies outside its key's domain (or is a NaN/infinite number)."""
+    if value is None:
+        return
+    parts = domain.split()
+    if isinstance(value, list) and typing.get_origin(_plain(tp)) is list:
+        if "nonempty" in parts and not value:
+            raise ConfigError(f"{path}: expected a non-empty list, got []")
+        item_tp = typing.get_args(_plain(tp))[0]
+        for i, v in enumerate(value):
+            _check_domain(v, item_tp, " ".join(d for d in parts if d != "nonempty"), f"{path}.{i}")
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        extra = f" {domain_text(domain)}" if domain else ""
+        raise ConfigError(f"{path}: expected a finite number{extra}, got {value!r}")
+    for d in parts:
+        test, text = DOMAINS[d]
+        if not test(value):
+            what = _type_name(_plain(tp))
+            raise ConfigError(f"{path}: expected {what} {text}, got {value!r}")
+
+
+def _build(cls: type, data: dict, path: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        full = f"{path}.{key}" if path else str(key)
+        if key not in fields:
+            raise ConfigError(f"unknown key '{full}'{_closest(full, list(fields))}")
+        kwargs[key] = _convert(value, hints[key], full)
+        _check_domain(kwargs[key], hints[key], fields[key].metadata.get("domain", ""), full)
+    for name, f in fields.items():
+        if name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            full = f"{path}.{name}" if path else name
+            raise ConfigError(f"{full}: required key is missing ({f.metadata.get('help', '')})")
+    return cls(**kwargs)
+
+
+def _validate(cfg: Config) -> None:
+    """Checks that involve several keys (one key's own range is its domain, checked in _build)."""
+    if cfg.data.aug_splits == 1:
+        raise ConfigError(f"data.aug_splits: expected 0 (off) or an integer >= 2, got {cfg.data.aug_splits}")
+    if (cfg.data.aug_splits or cfg.data.auto_augment) and cfg.data.backend != "torch":
+        raise ConfigError(
+            f"data.auto_augment/aug_splits: timm's PIL augmentations run on data.backend=torch only, "
+            f"got data.backend={cfg.data.backend!r}"
+        )
+    if cfg.optim.warmup_epochs > cfg.epochs:
+        raise ConfigError(
+            f"optim.warmup_epochs: {cfg.optim.warmup_epochs} is longer than the schedule ({cfg.epochs} epochs)"
+        )
+    if cfg.optim.trust_clip_min > cfg.optim.trust_clip_max:
+        raise ConfigError(
+            f"optim.trust_clip_min: {cfg.optim.trust_clip_min} is above optim.trust_clip_max "
+            f"({cfg.optim.trust_clip_max})"
+        )
+    for name, root in cfg.data.roots.items():
+        if not _is_name(name) or not root.strip():
+            raise ConfigError(f"data.roots: expected names mapped to non-empty paths, got {name!r}: {root!r}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Files, inheritance and overrides.
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key given twice in one mapping is an error (not: the last one wins)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, typing.Hashable) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key '{key}' (first at line {seen[key].line + 1})", key_node.start_mark
+                )
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep)
+
+
+def _read_yaml(path: Path) -> dict:
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file (not UTF-8)") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from None
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise ConfigError(f"{path}:{where}: not valid YAML: {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load_yaml_tree(path: str | Path, _seen: tuple = ()) -> dict:
+    """Read a YAML config, resolving `extends:` (a path relative to the file, or a list of them)."""
+    path = Path(path).resolve()
+    if path in _seen:
+        raise ConfigError(f"{path}: circular 'extends' chain: {' -> '.join(str(p) for p in _seen + (path,))}")
+    data = _read_yaml(path)
+    parents = data.pop("extends", None)
+    if parents is None:
+        return data
+    if isinstance(parents, str):
+        parents = [parents]
+    if not isinstance(parents, list) or not all(isinstance(p, str) and p for p in parents):
+        raise ConfigError(f"{path}: extends: expected a YAML file name or a list of them, got {parents!r}")
+    merged: dict = {}
+    for parent in parents:
+        if Path(parent).suffix.lower() not in (".yaml", ".yml"):
+            # Not read at all: an error about its content would print a line of an arbitrary file.
+            raise ConfigError(f"{path}: extends: '{parent}' is not a .yaml/.yml file")
+        merged = _merge(merged, load_yaml_tree(path.parent / parent, _seen + (path,)))
+    return _merge(merged, data)
+
+
+def _set_dotted(tree: dict, dotted: str, raw: str) -> None:
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        value = raw
+    keys = dotted.split(".")
+    node: Any = tree
+    schema: Any = Config
+    for i, key in enumerate(keys):
+        here = ".".join(keys[: i + 1])
+        last = i == len(keys) - 1
+        if isinstance(node, list):
+            if not key.isdigit() or int(key) >= len(node):
+                raise ConfigError(f"{here}: expected a list index below {len(node)}")
+            idx = int(key)
+            schema = typing.get_args(schema)[0]
+            if last:
+                node[idx] = value
+            else:
+                node = node[idx]
+            continue
+        if dataclasses.is_dataclass(schema):
+            names = [f.name for f in dataclasses.fields(schema)]
+            if key not in names:
+                raise ConfigError(f"unknown key '{here}'{_closest(here, names)}")
+            schema = typing.get_type_hints(schema)[key]
+            if _plain(schema) is str and last and not isinstance(value, str) and value is not None:
+                value = raw  # data.root=123 means the folder "123"
+        if last:
+            node[key] = value
+        else:
+            if not isinstance(node.get(key), (dict, list)):
+                node[key] = {} if dataclasses.is_dataclass(schema) or typing.get_origin(schema) is dict else []
+            node = node[key]
+
+
+def parse_override(text: str) -> tuple[str, str]:
+    if "=" not in text:
+        raise ConfigError(f"override '{text}': expected key=value (for example optim.lr=0.4)")
+    key, raw = text.split("=", 1)
+    if not key:
+        raise ConfigError(f"override '{text}': empty key")
+    return key.strip(), raw
+
+
+_KEY_START = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*=")
+
+
+def split_overrides(text: str) -> list[str]:
+    """`key=value` overrides from one string (make's OVERRIDES=): a new one starts at a word that begins with
+    `key=` once the brackets and quotes of the previous one are closed, so values may hold spaces
+    ('data.roots={160: /data/imagenet-160} phases.0.root=160' is two overrides)."""
+    out: list[str] = []
+    for word in text.split():
+        prev = out[-1] if out else ""
+        closed = all(prev.count(a) == prev.count(b) for a, b in ("{}", "[]", "()")) and prev.count("'") % 2 == 0
+        closed = closed and prev.count('"') % 2 == 0
+        if not out or (closed and _KEY_START.match(word)):
+            out.append(word)
+        else:
+            out[-1] += " " + word
+    return out
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
+    """Load a YAML config (with `extends:`), apply `key=value` overrides, validate, return a `Config`."""
+    tree = load_yaml_tree(path) if path is not None else {}
+    if "phases" not in tree and any(o.startswith("phases.") for o in overrides):
+        tree["phases"] = [dataclasses.asdict(p) for p in Config().phases]
+    for text in overrides:
+        _set_dotted(tree, *parse_override(text))
+    try:
+        cfg = _build(Config, tree, "")
+    except ConfigError as e:
+        where = f"{path}: " if path is not None else ""
+        raise ConfigError(f"{where}{e}") from None
+    _validate(cfg)
+    return cfg
+
+
+def config_from_dict(data: dict, source: str = "") -> Config:
+    """A validated `Config` from plain data (a checkpoint's `config`, a parsed YAML tree without `extends:`)."""
+    try:
+        cfg = _build(Config, data, "")
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}" if source else str(e)) from None
+    _validate(cfg)
+    return cfg
+
+
+def to_dict(cfg: Config) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def to_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=False)
