@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from recipes.comm.multistream import _Engine
+from recipes.comm.engine import _Engine
 from recipes.comm.timing import Stopwatch
 
 

@@ -61,8 +61,10 @@ class BackendDefaults:
     @classmethod
     def process_env(cls, cfg) -> dict[str, str]:
         if "HOROVOD_RANK" in os.environ and "RANK" not in os.environ:  # every process would train alone
-            raise ConfigError(f"comm.backend={cls.name}: this process was started by horovodrun; set "
-                              "comm.backend=horovod, or launch with torchrun")  # fmt: skip
+            raise ConfigError(
+                f"comm.backend={cls.name}: this process was started by horovodrun; set "
+                "comm.backend=horovod, or launch with torchrun"
+            )
         return {}  # torchrun (or a single process) set the environment
 
     def on_step_end(self, step: int, log=None) -> None:

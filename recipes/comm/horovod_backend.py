@@ -63,15 +63,22 @@ def torch_env_from_horovod(cfg) -> dict[str, str]:
     host, port = hvd.broadcast_object(master, root_rank=0, name="dawnbench.master")
     if host in ("localhost", "127.0.0.1", socket.gethostname()) and hvd.cross_size() == 1:
         host = "127.0.0.1"
-    return {"RANK": str(hvd.rank()), "WORLD_SIZE": str(hvd.size()), "LOCAL_RANK": str(hvd.local_rank()),
-            "LOCAL_WORLD_SIZE": str(hvd.local_size()), "MASTER_ADDR": host, "MASTER_PORT": str(port)}  # fmt: skip
+    return {
+        "RANK": str(hvd.rank()),
+        "WORLD_SIZE": str(hvd.size()),
+        "LOCAL_RANK": str(hvd.local_rank()),
+        "LOCAL_WORLD_SIZE": str(hvd.local_size()),
+        "MASTER_ADDR": host,
+        "MASTER_PORT": str(port),
+    }
 
 
 def _zero_grad(opt, set_to_none: bool = True) -> None:
     """Horovod's check (no allreduce may be pending), then the wrapped optimizer's own zero_grad(set_to_none)."""
     if opt._handles:
-        raise AssertionError("optimizer.zero_grad() called while Horovod allreduces are pending (after backward, "
-                             "before step)")  # fmt: skip
+        raise AssertionError(
+            "optimizer.zero_grad() called while Horovod allreduces are pending (after backward, before step)"
+        )
     super(type(opt), opt).zero_grad(set_to_none=set_to_none)
 
 
@@ -107,8 +114,9 @@ class HorovodBackend(BackendDefaults):
             )
         compression = hvd.Compression.fp16 if self.cfg.comm.compression == "fp16" else hvd.Compression.none
         state = optimizer.state_dict()  # a resume loaded it into the plain optimizer
-        dist_opt = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                            compression=compression, op=hvd.Average)  # fmt: skip
+        dist_opt = hvd.DistributedOptimizer(
+            optimizer, named_parameters=model.named_parameters(), compression=compression, op=hvd.Average
+        )
         dist_opt.load_state_dict(state)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(dist_opt, root_rank=0)

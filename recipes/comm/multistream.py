@@ -1,26 +1,18 @@
 """`comm.backend: multistream`: balanced fused buckets, each sliced over K communicators, no per-step negotiation.
 
-How a step goes (see plan.py for the plan itself):
-- every parameter has a post-accumulate-grad hook; when all gradients of bucket b are ready (and all buckets
-  before it were launched, so every rank issues collectives in the same order), the gradients are copied into
-  the bucket's flat buffer, divided by the world size in fp32, optionally cast to the fp16/bf16 wire format, and
-  its S slices are allreduced asynchronously, slice j on communicator (b*S + j) mod K, while backward goes on;
-- a callback queued on the autograd engine runs when backward ends: it launches any bucket not launched yet
-  (unused parameters count as zeros), waits for every slice, and writes the averages back into `.grad`, so
-  `loss.backward()` returns with averaged gradients exactly as with DDP and the optimizer step needs nothing.
+This module sets the backend up (plan check across ranks, communicators, the auto-tuner, stats and state); the
+per-step work, gradient hooks to launched buckets to averaged `.grad`, is engine.py's `_Engine` (read its
+docstring for how a step goes, plan.py for the plan itself).
 
 K communicators are process groups created once, in the same order on every rank: with NCCL each has its own
-CUDA stream, with gloo its own TCP connections (so K flows on the wire). `comm.concurrency: serialize` issues
-the slices from one helper thread, each only after the previous one completed, following PyTorch's rule for
-several NCCL process groups (no two in flight at once); `overlap` lets them all run concurrently.
+CUDA stream, with gloo its own TCP connections (so K flows on the wire); how the engine issues slices on them
+is `comm.concurrency` (engine.py: `serialize`, one in flight at a time, or `overlap`).
 """
 
 from __future__ import annotations
 
 import datetime
 import os
-import queue
-import threading
 from functools import partial
 from pathlib import Path
 
@@ -31,170 +23,10 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from recipes.comm import tuner as tuning
 from recipes.comm.base import BackendDefaults
-from recipes.comm.plan import WIRE_DTYPES, FusionPlan, Settings, build_plan, grad_specs
+from recipes.comm.engine import CommError, PlanMismatchError, _Engine  # the errors: importable from here too
+from recipes.comm.plan import FusionPlan, Settings, build_plan, grad_specs
 from recipes.comm.stats import CommStats
-from recipes.comm.timing import Stopwatch
 from recipes.errors import ConfigError
-
-
-class PlanMismatchError(RuntimeError):
-    """Ranks derived different fusion plans (different models, configs or code versions)."""
-
-
-class CommError(RuntimeError):
-    """A collective failed or timed out (a dead or stalled peer)."""
-
-
-class _Engine:
-    """Runs one FusionPlan over the given communicators for every backward pass."""
-
-    def __init__(self, plan: FusionPlan, params: list[nn.Parameter], groups: list, world: int, serialize: bool,
-                 timeout_s: float):  # fmt: skip
-        self.plan, self.params, self.groups, self.world = plan, params, groups, world
-        self.timeout_s = timeout_s
-        self.bucket_of, self.offset = {}, {}
-        for b, idxs in enumerate(plan.buckets):
-            off = 0
-            for i in idxs:
-                self.bucket_of[i], self.offset[i] = b, off
-                off += plan.tensors[i].numel
-        first = params[plan.buckets[0][0]]
-        self.device = first.device
-        self.buffers = [torch.empty(plan.bucket_numel(b), dtype=params[plan.buckets[b][0]].dtype, device=self.device)
-                        for b in range(len(plan.buckets))]  # fmt: skip
-        wire = WIRE_DTYPES[plan.compression]
-        self.wire = [buf if wire is None else torch.empty_like(buf, dtype=wire) for buf in self.buffers]
-        self.slices = [plan.slice_bounds(b) for b in range(len(plan.buckets))]
-        self.counts = [len(idxs) for idxs in plan.buckets]
-        self.active = False
-        # Per step, three marks (first gradient, backward ended, averages written back): CUDA events on the
-        # backward's stream, reached only when communication is done, or host times on CPU (recipes/comm/timing.py).
-        self.clock = Stopwatch(self.device)
-        self.marks: list[tuple] = []  # steps not yet read, oldest first
-        self.serialize = serialize
-        self._queue: queue.Queue | None = None
-        self._error: BaseException | None = None
-        if serialize:
-            self._queue = queue.Queue()
-            self._thread = threading.Thread(target=self._serial_loop, name="multistream-serial", daemon=True)
-            self._thread.start()
-
-    # -- during backward --------------------------------------------------------------------------------
-    def grad_ready(self, i: int) -> None:
-        if not self.active:
-            self.active = True
-            self.t_start = self.clock.mark()
-            self.pending = list(self.counts)
-            self.next_bucket = 0
-            self.works = []
-            torch.autograd.Variable._execution_engine.queue_callback(self.finalize)
-        b = self.bucket_of[i]
-        self.pending[b] -= 1
-        while self.next_bucket < len(self.pending) and self.pending[self.next_bucket] == 0:
-            self._launch(self.next_bucket)
-            self.next_bucket += 1
-
-    def _launch(self, b: int) -> None:
-        buf = self.buffers[b]
-        for i in self.plan.buckets[b]:
-            p, n = self.params[i], self.plan.tensors[i].numel
-            seg = buf[self.offset[i] : self.offset[i] + n]
-            if p.grad is None:
-                seg.zero_()  # an unused parameter contributes zeros, as in DDP
-            else:
-                seg.view(p.shape).copy_(p.grad)
-        buf.div_(self.world)  # average in the gradients' own precision, before any cast to the wire format
-        wire = self.wire[b]
-        if wire is not buf:
-            wire.copy_(buf)
-        event = None
-        if self.serialize and wire.is_cuda:
-            event = torch.cuda.Event()
-            event.record()
-        for j, (lo, hi) in enumerate(self.slices[b]):
-            k = self.plan.communicator(b, j)
-            if self.serialize:
-                self._queue.put((b, j, k, wire[lo:hi], event))
-            else:
-                self.works.append((b, j, k, td.all_reduce(wire[lo:hi], group=self.groups[k], async_op=True)))
-
-    def _serial_loop(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
-        while True:
-            item = self._queue.get()
-            try:
-                if item is None:
-                    return
-                b, j, k, tensor, event = item
-                if self._error is not None:
-                    continue  # drain after a failure; finalize raises it
-                if event is not None:
-                    event.synchronize()
-                work = td.all_reduce(tensor, group=self.groups[k], async_op=True)
-                work.wait()
-                if tensor.is_cuda:
-                    torch.cuda.current_stream().synchronize()  # completed on the device, not only enqueued
-            except BaseException as e:  # noqa: BLE001 - handed to the training thread
-                self._error = self._comm_error(b, j, k, e)
-            finally:
-                self._queue.task_done()
-
-    def _comm_error(self, b: int, j: int, k: int, e: BaseException) -> CommError:
-        return CommError(
-            f"multistream: allreduce of bucket {b} slice {j} on communicator {k} failed: {e}. A peer died or "
-            f"stalled; collectives give up after dist.timeout_s={self.timeout_s:g} s"
-        )
-
-    def finalize(self) -> None:
-        """End of backward: launch what is left, wait for every slice, write the averages into `.grad`."""
-        try:
-            while self.next_bucket < len(self.pending):
-                self._launch(self.next_bucket)
-                self.next_bucket += 1
-            t_wait = self.clock.mark()
-            if self.serialize:
-                self._queue.join()
-                if self._error is not None:
-                    err, self._error = self._error, None
-                    raise err
-            else:
-                for b, j, k, work in self.works:
-                    try:
-                        work.wait()
-                    except Exception as e:
-                        raise self._comm_error(b, j, k, e) from e
-            for b, idxs in enumerate(self.plan.buckets):
-                src = self.wire[b]
-                for i in idxs:
-                    p, n = self.params[i], self.plan.tensors[i].numel
-                    avg = src[self.offset[i] : self.offset[i] + n].view(p.shape)
-                    if p.grad is None:
-                        p.grad = avg.to(p.dtype, copy=True)
-                    else:
-                        p.grad.copy_(avg)
-            # after the copy-back, which the current stream runs only once it waited for every communicator
-            self.marks.append((self.t_start, t_wait, self.clock.mark()))
-        finally:
-            self.works = []
-            self.active = False
-
-    def read(self, wait: bool) -> list[tuple[float, float]]:
-        """(backward + sync, of which waiting) seconds of finished steps, oldest first; `wait`: of every step."""
-        out = []
-        while self.marks:
-            start, t_wait, end = self.marks[0]
-            step = self.clock.seconds(start, end, wait)
-            if step is None:
-                break  # the GPU has not got there yet; read it at a later step
-            out.append((step, self.clock.seconds(t_wait, end)))
-            self.marks.pop(0)
-        return out
-
-    def close(self) -> None:
-        if self._queue is not None:
-            self._queue.put(None)
-            self._thread.join(timeout=5)
 
 
 class MultiStreamBackend(BackendDefaults):
@@ -244,12 +76,22 @@ class MultiStreamBackend(BackendDefaults):
                     ranked = tuning.model_ranking(self.specs, space, hosts, gpus, c)
                     predicted, start = dict(ranked), ranked[0][0]
                     self.settings = start
-                    note = (f"started at the model's best for {hosts} hosts x {gpus}, {c.link_gbit:g} Gbit/s, "
-                            f"{c.flow_gbit or 'no'} Gbit/s per flow: {start.label()} "
-                            f"(predicted {ranked[0][1] * 1000:.0f} ms)")  # fmt: skip
-                self.tuner = tuning.AutoTuner(space, self.settings, c.tune_max_candidates, c.tune_warmup_steps,
-                                              c.tune_steps_per_window, c.tune_windows, c.tune_method, predicted,
-                                              note)  # fmt: skip
+                    note = (
+                        f"started at the model's best for {hosts} hosts x {gpus}, {c.link_gbit:g} Gbit/s, "
+                        f"{c.flow_gbit or 'no'} Gbit/s per flow: {start.label()} "
+                        f"(predicted {ranked[0][1] * 1000:.0f} ms)"
+                    )
+                self.tuner = tuning.AutoTuner(
+                    space,
+                    self.settings,
+                    c.tune_max_candidates,
+                    c.tune_warmup_steps,
+                    c.tune_steps_per_window,
+                    c.tune_windows,
+                    c.tune_method,
+                    predicted,
+                    note,
+                )
                 self._note(
                     f"multistream autotune: up to {self.tuner.max_candidates} candidates ({c.tune_method}), "
                     f"{c.tune_warmup_steps} warm-up steps, then {self.tuner.steps_per_trial} steps each"
@@ -279,8 +121,10 @@ class MultiStreamBackend(BackendDefaults):
         for g in self.groups:  # connect every communicator now, one at a time, instead of lazily mid-backward
             td.all_reduce(probe, group=g)
         if probe.item() != self.dist.world_size ** len(self.groups):
-            raise CommError(f"multistream: communicator check gave {probe.item()}, expected "
-                            f"{self.dist.world_size ** len(self.groups)}")  # fmt: skip
+            raise CommError(
+                f"multistream: communicator check gave {probe.item()}, expected "
+                f"{self.dist.world_size ** len(self.groups)}"
+            )
 
     def _verified_plan(self, settings: Settings) -> FusionPlan:
         """The plan for `settings`, after checking that every rank derived the same one (one all-gather)."""
@@ -301,8 +145,14 @@ class MultiStreamBackend(BackendDefaults):
         if self.engine is not None:
             self._account(self.engine.read(wait=True))  # the old plan's last steps, before its marks are dropped
             self.engine.close()
-        self.engine = _Engine(plan, self.params, self.groups[: plan.streams], self.dist.world_size,
-                              self.cfg.comm.concurrency == "serialize", self.cfg.dist.timeout_s)  # fmt: skip
+        self.engine = _Engine(
+            plan,
+            self.params,
+            self.groups[: plan.streams],
+            self.dist.world_size,
+            self.cfg.comm.concurrency == "serialize",
+            self.cfg.dist.timeout_s,
+        )
         self.settings = plan.settings
         self._note(f"multistream plan {plan.digest()[:12]}: {plan.describe()}, concurrency {self.cfg.comm.concurrency}")
 
@@ -334,8 +184,10 @@ class MultiStreamBackend(BackendDefaults):
         box = [found]
         td.broadcast_object_list(box, src=0)
         if box[0] is not None:
-            self._note(f"multistream autotune: cached winner for {self._cache_key()} in {path}: {box[0].label()} "
-                       "(delete that entry, or set comm.tune_cache=null, to tune again)")  # fmt: skip
+            self._note(
+                f"multistream autotune: cached winner for {self._cache_key()} in {path}: {box[0].label()} "
+                "(delete that entry, or set comm.tune_cache=null, to tune again)"
+            )
         return box[0]
 
     def on_step_end(self, step: int, log=None) -> None:
@@ -358,9 +210,15 @@ class MultiStreamBackend(BackendDefaults):
             log,
         )
         if log is not None:
-            log.scalars(step, **{"autotune/candidate_ms": trial.score * 1000, "autotune/bucket_mb":
-                                 trial.settings.bucket_mb, "autotune/streams": trial.settings.streams,
-                                 "autotune/slices": trial.settings.slices})  # fmt: skip
+            log.scalars(
+                step,
+                **{
+                    "autotune/candidate_ms": trial.score * 1000,
+                    "autotune/bucket_mb": trial.settings.bucket_mb,
+                    "autotune/streams": trial.settings.streams,
+                    "autotune/slices": trial.settings.slices,
+                },
+            )
         decision = [None, None]
         if self.dist.is_main:
             nxt = tuner.propose()
@@ -373,8 +231,11 @@ class MultiStreamBackend(BackendDefaults):
             return
         tuner.done = True
         best = next(t for t in tuner.trials if t.settings == win)
-        self._note(f"multistream autotune: winner after {len(tuner.trials)} candidates: {win.label()} "
-                   f"({best.score * 1000:.1f} ms); {tuner.summary()}", log)  # fmt: skip
+        self._note(
+            f"multistream autotune: winner after {len(tuner.trials)} candidates: {win.label()} "
+            f"({best.score * 1000:.1f} ms); {tuner.summary()}",
+            log,
+        )
         if log is not None:
             log.scalars(
                 step,
@@ -411,9 +272,14 @@ class MultiStreamBackend(BackendDefaults):
             return CommStats(self.name)
         self._account(self.engine.read(wait=True))
         c, s = self.cfg.comm, self.settings
-        settings = {"bucket_mb": s.bucket_mb, "streams": s.streams, "slices": s.slices,
-                    "buckets": len(self.engine.plan.buckets), "compression": c.compression,
-                    "concurrency": c.concurrency}  # fmt: skip
+        settings = {
+            "bucket_mb": s.bucket_mb,
+            "streams": s.streams,
+            "slices": s.slices,
+            "buckets": len(self.engine.plan.buckets),
+            "compression": c.compression,
+            "concurrency": c.concurrency,
+        }
         return CommStats(self.name, self._steps, self._sync_seconds, self._wait_seconds, self._bytes, settings)
 
     def state_dict(self) -> dict:

@@ -120,16 +120,25 @@ def ddp_buckets(specs: list[TensorSpec], bucket_cap_mb: float) -> list[list[int]
     return buckets
 
 
-def messages(backend: str, specs: list[TensorSpec], compute: Compute, settings: Settings | None = None,
-             compression: str = "none", bucket_cap_mb: float = 25.0, horovod: Horovod = Horovod(),
-             ranks: int = 1) -> list[Message]:  # fmt: skip
+def messages(
+    backend: str,
+    specs: list[TensorSpec],
+    compute: Compute,
+    settings: Settings | None = None,
+    compression: str = "none",
+    bucket_cap_mb: float = 25.0,
+    horovod: Horovod = Horovod(),
+    ranks: int = 1,
+) -> list[Message]:
     """The allreduces one step issues under `backend`, in issue order."""
     ready = _ready_times(compute, len(specs))
     if backend == "per-tensor":
         return [Message(compute.backward_s, _wire(s, compression), 0) for s in specs]
     if backend == "ddp":
-        return [Message(max(ready[i] for i in b), sum(_wire(specs[i], compression) for i in b), 0)
-                for b in ddp_buckets(specs, bucket_cap_mb)]  # fmt: skip
+        return [
+            Message(max(ready[i] for i in b), sum(_wire(specs[i], compression) for i in b), 0)
+            for b in ddp_buckets(specs, bucket_cap_mb)
+        ]
     if backend == "multistream":
         plan = build_plan(specs, settings or Settings(8.0, 4, 2), compression)
         out, launched = [], 0.0
@@ -210,8 +219,11 @@ def simulate(msgs: list[Message], net: Network) -> tuple[float, float, list[tupl
         rate = min(flow, link / len(data)) if data else 0.0
         candidates = [a[2] - t for a in active.values() if a[1] == "lat"]
         candidates += [a[2] / rate for c, a in active.items() if a[1] == "data"]
-        candidates += [max(msgs[queues[c][head[c]]].ready_s, free_at[c]) - t for c in comms
-                       if c not in active and head[c] < len(queues[c])]  # fmt: skip
+        candidates += [
+            max(msgs[queues[c][head[c]]].ready_s, free_at[c]) - t
+            for c in comms
+            if c not in active and head[c] < len(queues[c])
+        ]
         dt = max(min(candidates), 0.0)
         for c in data:
             active[c][2] -= rate * dt
@@ -230,21 +242,40 @@ def simulate(msgs: list[Message], net: Network) -> tuple[float, float, list[tupl
     return t, busy, spans
 
 
-def predict_step(backend: str, specs: list[TensorSpec], compute: Compute, net: Network,
-                 settings: Settings | None = None, compression: str = "none", bucket_cap_mb: float = 25.0,
-                 horovod: Horovod = Horovod()) -> StepPrediction:  # fmt: skip
+def predict_step(
+    backend: str,
+    specs: list[TensorSpec],
+    compute: Compute,
+    net: Network,
+    settings: Settings | None = None,
+    compression: str = "none",
+    bucket_cap_mb: float = 25.0,
+    horovod: Horovod = Horovod(),
+) -> StepPrediction:
     """Step time of `backend` for one GPU's share of the work on `net`, by phase."""
     ranks = net.hosts * net.gpus_per_host
     msgs = _messages(backend, tuple(specs), compute, settings, compression, bucket_cap_mb, horovod, ranks)
     end, busy, spans = simulate(msgs, net)
     hidden = sum(max(0.0, min(e, compute.backward_s) - s) for s, e in _union(spans))
-    label = {"ddp": f"bucket_cap_mb {bucket_cap_mb:g}", "per-tensor": f"{len(specs)} allreduces",
-             "horovod": f"fusion {horovod.fusion_mb:g} MB, cycle {horovod.cycle_s * 1000:g} ms",
-             "multistream": (settings or Settings(8.0, 4, 2)).label().replace("bucket ", "")}[backend]  # fmt: skip
+    label = {
+        "ddp": f"bucket_cap_mb {bucket_cap_mb:g}",
+        "per-tensor": f"{len(specs)} allreduces",
+        "horovod": f"fusion {horovod.fusion_mb:g} MB, cycle {horovod.cycle_s * 1000:g} ms",
+        "multistream": (settings or Settings(8.0, 4, 2)).label().replace("bucket ", ""),
+    }[backend]
     if compression != "none":
         label += f", wire {compression}"
-    return StepPrediction(backend, label, compute.forward_s, compute.backward_s, busy, hidden,
-                          max(0.0, end - compute.backward_s), compute.optimizer_s, len(msgs))  # fmt: skip
+    return StepPrediction(
+        backend,
+        label,
+        compute.forward_s,
+        compute.backward_s,
+        busy,
+        hidden,
+        max(0.0, end - compute.backward_s),
+        compute.optimizer_s,
+        len(msgs),
+    )
 
 
 def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -257,8 +288,9 @@ def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return [(s, e) for s, e in out]
 
 
-def recommend(specs: list[TensorSpec], compute: Compute, net: Network, space: list[Settings],
-              compression: str = "none") -> list[tuple[Settings, float]]:  # fmt: skip
+def recommend(
+    specs: list[TensorSpec], compute: Compute, net: Network, space: list[Settings], compression: str = "none"
+) -> list[tuple[Settings, float]]:
     """The candidates of `space` with their predicted step times, fastest first."""
     scored = [(s, predict_step("multistream", specs, compute, net, s, compression).step_s) for s in space]
     return sorted(scored, key=lambda x: (x[1], x[0].streams, x[0].slices, -x[0].bucket_mb))

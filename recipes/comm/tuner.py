@@ -47,9 +47,18 @@ def search_space(bucket_mb: list[float], streams: list[int], slices: list[int]) 
 class AutoTuner:
     """Step-count-driven search; `propose()` runs on rank 0 only, everything else on every rank."""
 
-    def __init__(self, space: list[Settings], start: Settings, max_candidates: int, warmup_steps: int,
-                 steps_per_window: int, windows: int, method: str = "bayes",
-                 predicted: dict[Settings, float] | None = None, start_note: str = ""):  # fmt: skip
+    def __init__(
+        self,
+        space: list[Settings],
+        start: Settings,
+        max_candidates: int,
+        warmup_steps: int,
+        steps_per_window: int,
+        windows: int,
+        method: str = "bayes",
+        predicted: dict[Settings, float] | None = None,
+        start_note: str = "",
+    ):
         if method not in ("bayes", "grid"):
             raise ValueError(f"tuner method: expected 'bayes' or 'grid', got {method!r}")
         self.predicted = predicted or {}
@@ -114,9 +123,15 @@ class AutoTuner:
         return min(self.trials, key=lambda t: t.score)
 
     def table(self) -> list[dict]:
-        return [{**asdict(t.settings), "median_step_s": t.score, "windows": t.window_means,
-                 **({"predicted_s": self.predicted[t.settings]} if t.settings in self.predicted else {})}
-                for t in self.trials]  # fmt: skip
+        return [
+            {
+                **asdict(t.settings),
+                "median_step_s": t.score,
+                "windows": t.window_means,
+                **({"predicted_s": self.predicted[t.settings]} if t.settings in self.predicted else {}),
+            }
+            for t in self.trials
+        ]
 
     def summary(self) -> str:
         """Where the search started, and whether measuring changed that choice."""
@@ -152,8 +167,13 @@ def _coords(s: Settings, space: list[Settings]) -> np.ndarray:
     logb = [math.log2(x.bucket_mb) for x in space]
     ks = [x.streams for x in space]
     ss = [math.log2(x.slices) for x in space]
-    return np.array([unit(math.log2(s.bucket_mb), min(logb), max(logb)), unit(s.streams, min(ks), max(ks)),
-                     unit(math.log2(s.slices), min(ss), max(ss))])  # fmt: skip
+    return np.array(
+        [
+            unit(math.log2(s.bucket_mb), min(logb), max(logb)),
+            unit(s.streams, min(ks), max(ks)),
+            unit(math.log2(s.slices), min(ss), max(ss)),
+        ]
+    )
 
 
 def _farthest(untried: list[Settings], tried: list[Settings], space: list[Settings]) -> Settings:
@@ -223,8 +243,12 @@ def cache_store(path: Path, key: str, tuner: AutoTuner) -> None:
     except (OSError, ValueError):
         data = {}
     win = tuner.winner()
-    data[key] = {**asdict(win.settings), "median_step_s": win.score, "tuned_at": time.strftime("%Y-%m-%d %H:%M:%S"),
-                 "candidates": tuner.table()}  # fmt: skip
+    data[key] = {
+        **asdict(win.settings),
+        "median_step_s": win.score,
+        "tuned_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "candidates": tuner.table(),
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=1) + "\n")

@@ -1,0 +1,190 @@
+"""The per-step engine of `comm.backend: multistream`: launches, waits for and writes back one FusionPlan's buckets.
+
+How a step goes (see plan.py for the plan itself):
+- every parameter has a post-accumulate-grad hook; when all gradients of bucket b are ready (and all buckets
+  before it were launched, so every rank issues collectives in the same order), the gradients are copied into
+  the bucket's flat buffer, divided by the world size in fp32, optionally cast to the fp16/bf16 wire format, and
+  its S slices are allreduced asynchronously, slice j on communicator (b*S + j) mod K, while backward goes on;
+- a callback queued on the autograd engine runs when backward ends: it launches any bucket not launched yet
+  (unused parameters count as zeros), waits for every slice, and writes the averages back into `.grad`, so
+  `loss.backward()` returns with averaged gradients exactly as with DDP and the optimizer step needs nothing.
+
+`comm.concurrency: serialize` issues the slices from one helper thread, each only after the previous one
+completed, following PyTorch's rule for several NCCL process groups (no two in flight at once); `overlap` lets
+them all run concurrently.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+import torch
+import torch.distributed as td
+from torch import nn
+
+from recipes.comm.plan import WIRE_DTYPES, FusionPlan
+from recipes.comm.timing import Stopwatch
+
+
+class PlanMismatchError(RuntimeError):
+    """Ranks derived different fusion plans (different models, configs or code versions)."""
+
+
+class CommError(RuntimeError):
+    """A collective failed or timed out (a dead or stalled peer)."""
+
+
+class _Engine:
+    """Runs one FusionPlan over the given communicators for every backward pass."""
+
+    def __init__(
+        self, plan: FusionPlan, params: list[nn.Parameter], groups: list, world: int, serialize: bool, timeout_s: float
+    ):
+        self.plan, self.params, self.groups, self.world = plan, params, groups, world
+        self.timeout_s = timeout_s
+        self.bucket_of, self.offset = {}, {}
+        for b, idxs in enumerate(plan.buckets):
+            off = 0
+            for i in idxs:
+                self.bucket_of[i], self.offset[i] = b, off
+                off += plan.tensors[i].numel
+        first = params[plan.buckets[0][0]]
+        self.device = first.device
+        self.buffers = [
+            torch.empty(plan.bucket_numel(b), dtype=params[plan.buckets[b][0]].dtype, device=self.device)
+            for b in range(len(plan.buckets))
+        ]
+        wire = WIRE_DTYPES[plan.compression]
+        self.wire = [buf if wire is None else torch.empty_like(buf, dtype=wire) for buf in self.buffers]
+        self.slices = [plan.slice_bounds(b) for b in range(len(plan.buckets))]
+        self.counts = [len(idxs) for idxs in plan.buckets]
+        self.active = False
+        # Per step, three marks (first gradient, backward ended, averages written back): CUDA events on the
+        # backward's stream, reached only when communication is done, or host times on CPU (recipes/comm/timing.py).
+        self.clock = Stopwatch(self.device)
+        self.marks: list[tuple] = []  # steps not yet read, oldest first
+        self.serialize = serialize
+        self._queue: queue.Queue | None = None
+        self._error: BaseException | None = None
+        if serialize:
+            self._queue = queue.Queue()
+            self._thread = threading.Thread(target=self._serial_loop, name="multistream-serial", daemon=True)
+            self._thread.start()
+
+    # -- during backward --------------------------------------------------------------------------------
+    def grad_ready(self, i: int) -> None:
+        if not self.active:
+            self.active = True
+            self.t_start = self.clock.mark()
+            self.pending = list(self.counts)
+            self.next_bucket = 0
+            self.works = []
+            torch.autograd.Variable._execution_engine.queue_callback(self.finalize)
+        b = self.bucket_of[i]
+        self.pending[b] -= 1
+        while self.next_bucket < len(self.pending) and self.pending[self.next_bucket] == 0:
+            self._launch(self.next_bucket)
+            self.next_bucket += 1
+
+    def _launch(self, b: int) -> None:
+        buf = self.buffers[b]
+        for i in self.plan.buckets[b]:
+            p, n = self.params[i], self.plan.tensors[i].numel
+            seg = buf[self.offset[i] : self.offset[i] + n]
+            if p.grad is None:
+                seg.zero_()  # an unused parameter contributes zeros, as in DDP
+            else:
+                seg.view(p.shape).copy_(p.grad)
+        buf.div_(self.world)  # average in the gradients' own precision, before any cast to the wire format
+        wire = self.wire[b]
+        if wire is not buf:
+            wire.copy_(buf)
+        event = None
+        if self.serialize and wire.is_cuda:
+            event = torch.cuda.Event()
+            event.record()
+        for j, (lo, hi) in enumerate(self.slices[b]):
+            k = self.plan.communicator(b, j)
+            if self.serialize:
+                self._queue.put((b, j, k, wire[lo:hi], event))
+            else:
+                self.works.append((b, j, k, td.all_reduce(wire[lo:hi], group=self.groups[k], async_op=True)))
+
+    def _serial_loop(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                b, j, k, tensor, event = item
+                if self._error is not None:
+                    continue  # drain after a failure; finalize raises it
+                if event is not None:
+                    event.synchronize()
+                work = td.all_reduce(tensor, group=self.groups[k], async_op=True)
+                work.wait()
+                if tensor.is_cuda:
+                    torch.cuda.current_stream().synchronize()  # completed on the device, not only enqueued
+            except BaseException as e:  # noqa: BLE001 - handed to the training thread
+                self._error = self._comm_error(b, j, k, e)
+            finally:
+                self._queue.task_done()
+
+    def _comm_error(self, b: int, j: int, k: int, e: BaseException) -> CommError:
+        return CommError(
+            f"multistream: allreduce of bucket {b} slice {j} on communicator {k} failed: {e}. A peer died or "
+            f"stalled; collectives give up after dist.timeout_s={self.timeout_s:g} s"
+        )
+
+    def finalize(self) -> None:
+        """End of backward: launch what is left, wait for every slice, write the averages into `.grad`."""
+        try:
+            while self.next_bucket < len(self.pending):
+                self._launch(self.next_bucket)
+                self.next_bucket += 1
+            t_wait = self.clock.mark()
+            if self.serialize:
+                self._queue.join()
+                if self._error is not None:
+                    err, self._error = self._error, None
+                    raise err
+            else:
+                for b, j, k, work in self.works:
+                    try:
+                        work.wait()
+                    except Exception as e:
+                        raise self._comm_error(b, j, k, e) from e
+            for b, idxs in enumerate(self.plan.buckets):
+                src = self.wire[b]
+                for i in idxs:
+                    p, n = self.params[i], self.plan.tensors[i].numel
+                    avg = src[self.offset[i] : self.offset[i] + n].view(p.shape)
+                    if p.grad is None:
+                        p.grad = avg.to(p.dtype, copy=True)
+                    else:
+                        p.grad.copy_(avg)
+            # after the copy-back, which the current stream runs only once it waited for every communicator
+            self.marks.append((self.t_start, t_wait, self.clock.mark()))
+        finally:
+            self.works = []
+            self.active = False
+
+    def read(self, wait: bool) -> list[tuple[float, float]]:
+        """(backward + sync, of which waiting) seconds of finished steps, oldest first; `wait`: of every step."""
+        out = []
+        while self.marks:
+            start, t_wait, end = self.marks[0]
+            step = self.clock.seconds(start, end, wait)
+            if step is None:
+                break  # the GPU has not got there yet; read it at a later step
+            out.append((step, self.clock.seconds(t_wait, end)))
+            self.marks.pop(0)
+        return out
+
+    def close(self) -> None:
+        if self._queue is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=5)
