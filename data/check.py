@@ -3,11 +3,15 @@
 ImageNet has CMYK JPEGs, grayscale JPEGs and a PNG named .JPEG (all valid: every backend converts them to RGB);
 copies on a shared disk also get truncated or emptied. `inspect_file` says which, `quick_problem` finds the
 undecodable ones from a few bytes at each end (used to name the culprit when a DALI batch fails to decode).
+`check_headers` finds, from names and image headers only, the files DALI must not be handed: names that are not
+UTF-8 and images above data.max_image_pixels (the DALI backend runs it once per split; `too_many_pixels` is the
+message every backend gives for such an image).
 """
 
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from PIL import Image
@@ -105,3 +109,44 @@ def inspect_file(path: str) -> FileReport:
         return FileReport(path, kind, f"JPEG {mode} {w}x{h} (converted to RGB when loaded)")
     where = f" in a .{named} file" if named.lower() in ("jpeg", "jpg") else ""
     return FileReport(path, fmt.lower(), f"{fmt} {mode} {w}x{h}{where} (converted to RGB when loaded)")
+
+
+def too_many_pixels(path: str, width: int, height: int, limit: int) -> str:
+    return (
+        f"image '{path}' has {width}x{height} = {width * height:,} pixels, above data.max_image_pixels "
+        f"({limit:,}): refused before decoding (a decompression bomb, or raise the limit)"
+    )
+
+
+def _header_problem(path: str, limit: int) -> str | None:
+    """Why DALI must not be handed `path`, from its name and image header only (PIL's lazy open decodes nothing)."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return f"file name {path.encode('utf-8', 'surrogateescape')!r} is not valid UTF-8 (DALI reads UTF-8 names only)"
+    try:
+        with Image.open(path) as img:
+            w, h = img.size
+    except (OSError, ValueError, Image.DecompressionBombError):
+        return None  # undecodable files get the decode error's own handling (data.skip_corrupt)
+    return too_many_pixels(path, w, h, limit) if w * h > limit else None
+
+
+def check_headers(files: list[str], limit: int, threads: int, rank: int, world: int) -> list[tuple[str, str]]:
+    """(file, why) for the files of this rank's share (every world-th) that DALI must not decode: names that are not
+    UTF-8, and images above `limit` pixels, which nvJPEG/libjpeg would decode in full (a decompression bomb)."""
+    mine = files[rank::world]
+    with ThreadPoolExecutor(max(1, threads)) as pool:
+        problems = list(pool.map(lambda f: _header_problem(f, limit), mine, chunksize=256))
+    return [(f, why) for f, why in zip(mine, problems, strict=True) if why]
+
+
+def _gather_problems(bad: list[tuple[str, str]], dist) -> list[tuple[str, str]]:
+    """Every rank's findings, so that all ranks stop together instead of the others waiting in a collective."""
+    import torch.distributed as td
+
+    if not (dist.enabled and td.is_initialized()):
+        return bad
+    parts: list = [None] * dist.world_size
+    td.all_gather_object(parts, bad)
+    return [item for part in parts for item in part]

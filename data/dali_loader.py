@@ -24,14 +24,13 @@ import torch
 from nvidia.dali import fn, pipeline_def, types
 from nvidia.dali.math import max as math_max
 from nvidia.dali.math import min as math_min
-from PIL import Image
 
-from data.check import quick_problem
+from data.check import _gather_problems, check_headers, quick_problem
 from data.folder import DataError, Split
 from data.pipeline import BasePipeline
 from data.rect import image_sizes, plan_rect_batches, rank_rect_batches
 from data.sharding import train_shard
-from data.transforms import IMAGENET_MEAN, IMAGENET_STD, crop_min_area, too_many_pixels
+from data.transforms import IMAGENET_MEAN, IMAGENET_STD, crop_min_area
 
 READER = "Reader"
 # nvJPEG buffers preallocated for ImageNet-sized images (NVIDIA's ResNet-50 example), so that decoding a
@@ -71,10 +70,15 @@ def _train_graph(files, labels, size, min_scale, gpu, dtype, nhwc):
     jpegs, labels = fn.readers.file(files=files, labels=labels, random_shuffle=False, name=READER)
     # RandomResizedCrop fused into the decode: only the crop window is decoded (ROI decoding).
     images = fn.decoders.image_random_crop(
-        jpegs, device=_decoder_device(gpu), output_type=types.RGB, random_area=[min_scale, 1.0],
-        random_aspect_ratio=[3 / 4, 4 / 3], num_attempts=10, adjust_orientation=False,
+        jpegs,
+        device=_decoder_device(gpu),
+        output_type=types.RGB,
+        random_area=[min_scale, 1.0],
+        random_aspect_ratio=[3 / 4, 4 / 3],
+        num_attempts=10,
+        adjust_orientation=False,
         **(_MIXED_PADDING if gpu else {}),
-    )  # fmt: skip
+    )
     images = fn.resize(images, resize_x=size, resize_y=size, antialias=True)
     images = _normalize(images, dtype, nhwc, mirror=fn.random.coin_flip(probability=0.5))
     return images, labels.gpu() if gpu else labels
@@ -94,9 +98,14 @@ def _center(length, size: int):
 
 def _val_graph(files, labels, shard_id, num_shards, size, resize_to, gpu, dtype, nhwc):
     jpegs, labels = fn.readers.file(
-        files=files, labels=labels, shard_id=shard_id, num_shards=num_shards, pad_last_batch=True,
-        stick_to_shard=True, name=READER,
-    )  # fmt: skip
+        files=files,
+        labels=labels,
+        shard_id=shard_id,
+        num_shards=num_shards,
+        pad_last_batch=True,
+        stick_to_shard=True,
+        name=READER,
+    )
     # Sizes and crop window computed as torchvision's Resize(int) + CenterCrop do (longer side rounded down,
     # offset rounded half to even), so that both backends validate on the same pixels.
     shape = fn.peek_image_shape(jpegs, adjust_orientation=False)
@@ -152,40 +161,6 @@ class _Batches:
             batch = self.pull(i)
             if batch is not None:
                 yield batch
-
-
-def _header_problem(path: str, limit: int) -> str | None:
-    """Why DALI must not be handed `path`, from its name and image header only (PIL's lazy open decodes nothing)."""
-    try:
-        path.encode("utf-8")
-    except UnicodeEncodeError:
-        return f"file name {path.encode('utf-8', 'surrogateescape')!r} is not valid UTF-8 (DALI reads UTF-8 names only)"
-    try:
-        with Image.open(path) as img:
-            w, h = img.size
-    except (OSError, ValueError, Image.DecompressionBombError):
-        return None  # undecodable files get the decode error's own handling (data.skip_corrupt)
-    return too_many_pixels(path, w, h, limit) if w * h > limit else None
-
-
-def check_headers(files: list[str], limit: int, threads: int, rank: int, world: int) -> list[tuple[str, str]]:
-    """(file, why) for the files of this rank's share (every world-th) that DALI must not decode: names that are not
-    UTF-8, and images above `limit` pixels, which nvJPEG/libjpeg would decode in full (a decompression bomb)."""
-    mine = files[rank::world]
-    with ThreadPoolExecutor(max(1, threads)) as pool:
-        problems = list(pool.map(lambda f: _header_problem(f, limit), mine, chunksize=256))
-    return [(f, why) for f, why in zip(mine, problems, strict=True) if why]
-
-
-def _gather_problems(bad: list[tuple[str, str]], dist) -> list[tuple[str, str]]:
-    """Every rank's findings, so that all ranks stop together instead of the others waiting in a collective."""
-    import torch.distributed as td
-
-    if not (dist.enabled and td.is_initialized()):
-        return bad
-    parts: list = [None] * dist.world_size
-    td.all_gather_object(parts, bad)
-    return [item for part in parts for item in part]
 
 
 class DaliPipeline(BasePipeline):
@@ -259,10 +234,11 @@ class DaliPipeline(BasePipeline):
         local = info.phase.batch_size // self.dist.world_size
         phase_end = sum(p.epochs for p in self.cfg.phases[: info.phase_index + 1])
         per_epoch = [
-            np.resize(train_shard(len(split), self.dist.rank, self.dist.world_size, e, self.cfg.run.seed),
-                      info.steps * local)
+            np.resize(
+                train_shard(len(split), self.dist.rank, self.dist.world_size, e, self.cfg.run.seed), info.steps * local
+            )
             for e in range(info.epoch, phase_end)
-        ]  # fmt: skip
+        ]
         return np.concatenate(per_epoch)[start_step * local :]
 
     def _build_train(self, info, start_step: int) -> None:
@@ -368,9 +344,13 @@ class DaliPipeline(BasePipeline):
             order = np.concatenate([b.indices for b in mine])
             shapes = [np.tile(np.array([b.height, b.width], np.float32), (batch, 1)) for b in mine]
             pipe = self._pipeline(
-                _rect_val_graph, batch, _seed(self.cfg.run.seed, 1),
-                files=[files[i] for i in order], labels=[labels[i] for i in order], shapes=shapes,
-            )  # fmt: skip
+                _rect_val_graph,
+                batch,
+                _seed(self.cfg.run.seed, 1),
+                files=[files[i] for i in order],
+                labels=[labels[i] for i in order],
+                shapes=shapes,
+            )
             self._val = (key, pipe, len(mine), counts)
             return
         # DALI's shard r is [N*r//W, N*(r+1)//W); pad_last_batch pads every shard to the largest one (rounded up
@@ -383,9 +363,16 @@ class DaliPipeline(BasePipeline):
             self._val = (key, None, 0, counts)
             return
         pipe = self._pipeline(
-            _val_graph, batch, _seed(self.cfg.run.seed, 1), files=files, labels=labels, shard_id=rank,
-            num_shards=world, size=size, resize_to=int(round(size / self.cfg.data.val_crop_ratio)),
-        )  # fmt: skip
+            _val_graph,
+            batch,
+            _seed(self.cfg.run.seed, 1),
+            files=files,
+            labels=labels,
+            shard_id=rank,
+            num_shards=world,
+            size=size,
+            resize_to=int(round(size / self.cfg.data.val_crop_ratio)),
+        )
         self._val = (key, pipe, steps, counts)
 
     def val_batches(self, phase):

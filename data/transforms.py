@@ -9,6 +9,7 @@ import torch
 import torchvision.transforms.functional as TF
 from PIL import Image
 
+from data.check import too_many_pixels
 from data.folder import DataError
 
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
@@ -26,13 +27,6 @@ def load_rgb(path: str, max_pixels: int | None = None) -> Image.Image:
             return img.convert("RGB")
     except (OSError, ValueError, Image.DecompressionBombError) as e:
         raise DataError(f"cannot decode image '{path}': {e}") from None
-
-
-def too_many_pixels(path: str, width: int, height: int, limit: int) -> str:
-    return (
-        f"image '{path}' has {width}x{height} = {width * height:,} pixels, above data.max_image_pixels "
-        f"({limit:,}): refused before decoding (a decompression bomb, or raise the limit)"
-    )
 
 
 def random_resized_crop_params(

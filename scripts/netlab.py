@@ -28,6 +28,7 @@ Use it from Python (`with NetLab(2, link_mbit=1000, flow_mbit=333) as lab: lab.r
 The lab is torn down when the block or command ends, on an exception, on Ctrl-C and on SIGTERM/SIGHUP: every process
 inside its namespaces is ended (`ip netns pids`), then the namespaces and their /etc/netns entries are removed.
 After a SIGKILL of the lab itself, `--cleanup` does the same for every lab whose process is gone.
+Ending processes, clean-up and the throughput check are in scripts/netlab_procs.py (re-exported here).
 """
 
 from __future__ import annotations
@@ -47,17 +48,28 @@ import threading
 import time
 from pathlib import Path
 
-PREFIX = "dbn"
+if str(Path(__file__).resolve().parent) not in sys.path:  # netlab_procs sits beside it, however it is imported
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# Processes and namespaces (scripts/netlab_procs.py); imported here too by the tests and scripts/bench_allreduce.py.
+from netlab_procs import (  # noqa: E402, F401
+    _SINK,
+    _SOURCE,
+    ETC_NETNS,
+    PREFIX,
+    NetLabError,
+    _kill_tree,
+    _run,
+    cleanup_stale,
+    kill_namespace_processes,
+    measure_mbit,
+    namespace_pids,
+)
+
 SUBNET = "10.250.0"
-ETC_NETNS = Path("/etc/netns")
 FLOW_CLASSES = 256  # leaves selected by the low 8 bits of the TCP source port
 # Rates tc's htb shapes faithfully: below ~0.1 Mbit/s a leaf's share (link / 512) rounds to nothing.
 MIN_MBIT, MAX_MBIT = 0.1, 1_000_000.0
-_LAB_NAME = re.compile(rf"{PREFIX}(\d+)-(sw|h\d+)")
-
-
-class NetLabError(RuntimeError):
-    """The lab could not be set up (not root, no `ip`/`tc`, a kernel without netns/htb/u32...)."""
 
 
 def available() -> str | None:
@@ -70,13 +82,6 @@ def available() -> str | None:
     return None
 
 
-def _run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-    if check and p.returncode != 0:
-        raise NetLabError(f"`{' '.join(argv)}` failed ({p.returncode}): {p.stderr.strip() or p.stdout.strip()}")
-    return p
-
-
 def _mbit(v: float) -> str:
     return f"{int(round(v * 1000))}kbit"
 
@@ -84,8 +89,9 @@ def _mbit(v: float) -> str:
 class NetLab:
     """N hosts in network namespaces joined by a bridge; see the module docstring for the shaping."""
 
-    def __init__(self, hosts: int, link_mbit: float | None = None, flow_mbit: float | None = None,
-                 tag: str | None = None):  # fmt: skip
+    def __init__(
+        self, hosts: int, link_mbit: float | None = None, flow_mbit: float | None = None, tag: str | None = None
+    ):
         if hosts < 1 or hosts > 250:
             raise ValueError(f"hosts: expected 1..250, got {hosts}")
         if flow_mbit is not None and link_mbit is None:
@@ -144,8 +150,7 @@ class NetLab:
         _run(["ip", "-n", self.switch, "link", "set", "br0", "up"])
         for i, ns in enumerate(self.names):
             self._netns_add(ns)
-            _run(["ip", "-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", f"p{i}",
-                  "netns", self.switch])  # fmt: skip
+            _run(["ip", "-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", f"p{i}", "netns", self.switch])
             _run(["ip", "-n", self.switch, "link", "set", f"p{i}", "master", "br0", "up"])
             _run(["ip", "-n", ns, "addr", "add", f"{self.addr(i)}/24", "dev", "eth0"])
             _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
@@ -198,8 +203,10 @@ class NetLab:
         leaf_rate = _mbit(max(self.link_mbit / (2 * FLOW_CLASSES), 0.01))
         flow = _mbit(min(self.flow_mbit, self.link_mbit))
         for h in range(FLOW_CLASSES):
-            rules.append(f"class add dev {dev} parent 1:1 classid 1:{0x100 + h:x} htb rate {leaf_rate} "
-                         f"ceil {flow} burst 128k cburst 128k quantum 65536")  # fmt: skip
+            rules.append(
+                f"class add dev {dev} parent 1:1 classid 1:{0x100 + h:x} htb rate {leaf_rate} "
+                f"ceil {flow} burst 128k cburst 128k quantum 65536"
+            )
         rules += [
             f"filter add dev {dev} parent 1: prio 1 handle 2: protocol ip u32 divisor {FLOW_CLASSES}",
             # IPv4 without options (Linux TCP never sets any): the TCP source port is the high half of word 20.
@@ -207,8 +214,10 @@ class NetLab:
             "hashkey mask 0x00ff0000 at 20 link 2:",
         ]
         for h in range(FLOW_CLASSES):
-            rules.append(f"filter add dev {dev} parent 1: prio 1 protocol ip u32 ht 2:{h:x}: match u32 0 0 "
-                         f"flowid 1:{0x100 + h:x}")  # fmt: skip
+            rules.append(
+                f"filter add dev {dev} parent 1: prio 1 protocol ip u32 ht 2:{h:x}: match u32 0 0 "
+                f"flowid 1:{0x100 + h:x}"
+            )
         return rules
 
     def _ingress_rules(self, dev: str) -> list[str]:
@@ -292,66 +301,6 @@ class NetLab:
         raise NetLabError(f"host {dst} ({self.addr(dst)}) not reachable from host {src} after {timeout:.0f} s")
 
 
-def _kill_tree(p: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(p.pid, signal.SIGKILL)  # the process was started in its own session: its group is its tree
-    with contextlib.suppress(Exception):
-        p.wait(timeout=10)
-
-
-def namespace_pids(ns: str) -> list[int]:
-    """PIDs of the processes whose network namespace is `ns` (`ip netns pids`)."""
-    out = _run(["ip", "netns", "pids", ns], check=False).stdout
-    return [int(t) for t in out.split() if t.isdigit() and int(t) != os.getpid()]
-
-
-def kill_namespace_processes(ns: str, timeout: float = 10.0) -> int:
-    """SIGKILL every process inside namespace `ns` until none is left (a dying tree may still fork); returns
-    how many were killed."""
-    killed: set[int] = set()
-    deadline = time.monotonic() + timeout
-    while (pids := namespace_pids(ns)) and time.monotonic() < deadline:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-                killed.add(pid)
-        time.sleep(0.05)
-    return len(killed)
-
-
-def _lab_pid(name: str) -> int | None:
-    m = _LAB_NAME.fullmatch(name)
-    return int(m.group(1)) if m else None
-
-
-def cleanup_stale(tag: str | None = None) -> list[str]:
-    """Remove what labs whose creating process died left behind: the processes inside their namespaces, the
-    namespaces and their /etc/netns entries. Only names of this module's form (`dbn<pid>-sw`, `dbn<pid>-h<i>`)
-    whose <pid> no longer exists are touched; `tag` (`dbn<pid>`) narrows it to one lab. Returns the names."""
-
-    def stale(name: str) -> bool:
-        pid = _lab_pid(name)
-        return pid is not None and not Path(f"/proc/{pid}").exists() and (tag is None or name.startswith(tag + "-"))
-
-    out = _run(["ip", "netns", "list"], check=False).stdout
-    removed = []
-    for line in out.splitlines():
-        name = line.split()[0] if line.split() else ""
-        if stale(name):
-            kill_namespace_processes(name)
-            _run(["ip", "netns", "del", name], check=False)
-            shutil.rmtree(ETC_NETNS / name, ignore_errors=True)
-            removed.append(name)
-    if ETC_NETNS.is_dir():
-        for d in ETC_NETNS.iterdir():  # entries whose namespace was deleted without them
-            if d.name not in removed and stale(d.name):
-                shutil.rmtree(d, ignore_errors=True)
-                removed.append(d.name)
-    with contextlib.suppress(OSError):
-        ETC_NETNS.rmdir()
-    return removed
-
-
 _PLACEHOLDER = re.compile(r"\{(rank|world|addr|master)\}")
 
 
@@ -359,62 +308,6 @@ def substitute(arg: str, **values) -> str:
     """`arg` with {rank}, {world}, {addr} and {master} replaced; any other brace is left as it is (no str.format:
     a command such as `python -c "d = {'a': 1}"` passes through)."""
     return _PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), arg)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Throughput check: TCP streams from host 1 to host 0, to see the link and per-flow caps at work.
-
-_SINK = r"""
-import socket, sys, threading
-srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-srv.bind((sys.argv[1], int(sys.argv[2]))); srv.listen(64)
-def drain(c):
-    while c.recv(1 << 20):
-        pass
-while True:
-    c, _ = srv.accept()
-    threading.Thread(target=drain, args=(c,), daemon=True).start()
-"""
-
-_SOURCE = r"""
-import socket, sys, threading, time
-host, port, streams, seconds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
-buf = b"\0" * (1 << 20); sent = [0] * streams
-def push(k):
-    s = socket.create_connection((host, port)); end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        sent[k] += s.send(buf)
-    s.close()
-threads = [threading.Thread(target=push, args=(k,)) for k in range(streams)]
-t0 = time.monotonic(); [t.start() for t in threads]; [t.join() for t in threads]
-print(sum(sent) * 8 / (time.monotonic() - t0) / 1e6)
-"""
-
-
-def measure_mbit(lab: NetLab, streams: int, seconds: float = 3.0, port: int = 5201) -> float:
-    """Throughput (Mbit/s) of `streams` parallel TCP connections from host 1 to host 0."""
-    sink = lab.popen(0, [sys.executable, "-c", _SINK, lab.addr(0), str(port)],
-                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            probe = f"import socket; socket.create_connection(({lab.addr(0)!r}, {port}), timeout=1).close()"
-            if subprocess.run(lab.argv(1, [sys.executable, "-c", probe]), capture_output=True).returncode == 0:
-                break
-            if time.monotonic() > deadline:
-                raise NetLabError("throughput check: the sink on host 0 did not start")
-            time.sleep(0.1)
-        r = subprocess.run(
-            lab.argv(1, [sys.executable, "-c", _SOURCE, lab.addr(0), str(port), str(streams), str(seconds)]),
-            capture_output=True,
-            text=True,
-            timeout=seconds + 60,
-        )
-        if r.returncode != 0:
-            raise NetLabError(f"throughput check failed: {r.stderr.strip()}")
-        return float(r.stdout.strip())
-    finally:
-        _kill_tree(sink)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -451,8 +344,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"| {k} | {measure_mbit(lab, k):.0f} |", flush=True)
             return 0
         fmt = {"world": lab.hosts, "master": lab.addr(0)}
-        results = lab.run_all(lambda i: [substitute(a, rank=i, addr=lab.addr(i), **fmt) for a in cmd],
-                              timeout=args.timeout)  # fmt: skip
+        results = lab.run_all(
+            lambda i: [substitute(a, rank=i, addr=lab.addr(i), **fmt) for a in cmd], timeout=args.timeout
+        )
         for i, (rc, out) in enumerate(results):
             for line in out.splitlines():
                 print(f"[host {i}] {line}")
