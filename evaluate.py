@@ -28,17 +28,34 @@ def main(argv: list[str] | None = None) -> int:
     acc = ap.add_argument_group("accuracy")
     acc.add_argument("--batch-size", type=int, default=64, help="per-process batch size")
     acc.add_argument("--backend", choices=["torch", "dali"], help="input backend (default: the checkpoint's)")
-    acc.add_argument("--tta", choices=list(TTA), default="none", help="test-time augmentation: flip = mean of the "
-                     "softmax of the image and its mirror image")  # fmt: skip
-    acc.add_argument("--val-blacklist", metavar="FILE", help="devkit blacklist whose images are not counted "
-                     "(default: the checkpoint's data.val_blacklist; '' counts every image)")  # fmt: skip
+    acc.add_argument(
+        "--tta",
+        choices=list(TTA),
+        default="none",
+        help="test-time augmentation: flip = mean of the softmax of the image and its mirror image",
+    )
+    acc.add_argument(
+        "--val-blacklist",
+        metavar="FILE",
+        help="devkit blacklist whose images are not counted "
+        "(default: the checkpoint's data.val_blacklist; '' counts every image)",
+    )
     acc.add_argument("--rect", action="store_true", help="rectangular validation (aspect-ratio batches, no crop)")
     lat = ap.add_argument_group("latency (DAWNBench inference protocol)")
     lat.add_argument("--latency", action="store_true", help="measure batch-1 latency per image")
-    lat.add_argument("--images", type=int, default=0, help="images to classify (default 0: every validation "
-                     "image, all 50,000 as DAWNBench's rules say; N: a seeded draw of N)")  # fmt: skip
-    lat.add_argument("--optimize", default="none", help="comma-separated modes, each compared with eager fp32 "
-                     "('none'): " + "; ".join(f"{k}: {v.help}" for k, v in MODES.items()))  # fmt: skip
+    lat.add_argument(
+        "--images",
+        type=int,
+        default=0,
+        help="images to classify (default 0: every validation "
+        "image, all 50,000 as DAWNBench's rules say; N: a seeded draw of N)",
+    )
+    lat.add_argument(
+        "--optimize",
+        default="none",
+        help="comma-separated modes, each compared with eager fp32 "
+        "('none'): " + "; ".join(f"{k}: {v.help}" for k, v in MODES.items()),
+    )
     lat.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: cuda if available")
     lat.add_argument("--threads", type=int, help="CPU threads (torch and ONNX Runtime; default: all cores)")
     lat.add_argument("--warmup", type=int, default=10, help="untimed runs per mode before timing")

@@ -22,10 +22,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-images", type=int, default=None, help="--plan: training set size (default: scan data)")
     ap.add_argument("--world-size", type=int, default=None, help="--plan: number of processes")
     ap.add_argument("--run-dir", help="run directory (default: <run.out_dir>/<run.name>)")
-    ap.add_argument("--resume", nargs="?", const="auto", default=None, metavar="CHECKPOINT",
-                    help="continue from CHECKPOINT (default: the run directory's checkpoint.pt)")  # fmt: skip
-    ap.add_argument("--stop-after-epochs", type=int, default=None, metavar="N",
-                    help="stop after N epochs of this invocation (rerun to continue)")  # fmt: skip
+    ap.add_argument(
+        "--resume",
+        nargs="?",
+        const="auto",
+        default=None,
+        metavar="CHECKPOINT",
+        help="continue from CHECKPOINT (default: the run directory's checkpoint.pt)",
+    )
+    ap.add_argument(
+        "--stop-after-epochs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="stop after N epochs of this invocation (rerun to continue)",
+    )
     return run_cli(ap.parse_intermixed_args(argv))
 
 

@@ -21,11 +21,27 @@ from PIL import Image
 
 # The first ImageNet synsets, so folder names look like the real thing.
 WNIDS = [
-    "n01440764", "n01443537", "n01484850", "n01491361", "n01494475",
-    "n01496331", "n01498041", "n01514668", "n01514859", "n01518878",
-    "n01530575", "n01531178", "n01532829", "n01534433", "n01537544",
-    "n01558993", "n01560419", "n01580077", "n01582220", "n01592084",
-]  # fmt: skip
+    "n01440764",
+    "n01443537",
+    "n01484850",
+    "n01491361",
+    "n01494475",
+    "n01496331",
+    "n01498041",
+    "n01514668",
+    "n01514859",
+    "n01518878",
+    "n01530575",
+    "n01531178",
+    "n01532829",
+    "n01534433",
+    "n01537544",
+    "n01558993",
+    "n01560419",
+    "n01580077",
+    "n01582220",
+    "n01592084",
+]
 PATTERNS = ["hstripes", "vstripes", "diagonal", "checks", "rings", "dots", "disc", "frame", "cross", "blob"]
 
 
@@ -66,8 +82,9 @@ def make_image(label: int, num_classes: int, rng: np.random.Generator) -> Image.
     # Hue band per class (classes beyond 10 reuse a texture with another hue).
     hue = (label / num_classes + rng.uniform(-0.25, 0.25) / num_classes) % 1.0
     fg = np.array(colorsys.hsv_to_rgb(hue, rng.uniform(0.6, 1.0), rng.uniform(0.7, 1.0)), dtype=np.float32)
-    bg = np.array(colorsys.hsv_to_rgb((hue + 0.5) % 1.0, rng.uniform(0.2, 0.5), rng.uniform(0.2, 0.5)),
-                  dtype=np.float32)  # fmt: skip
+    bg = np.array(
+        colorsys.hsv_to_rgb((hue + 0.5) % 1.0, rng.uniform(0.2, 0.5), rng.uniform(0.2, 0.5)), dtype=np.float32
+    )
     m = _pattern(kind, h, w, rng)[..., None]
     img = m * fg + (1 - m) * bg
     img += rng.normal(0.0, 0.06, size=img.shape).astype(np.float32)
@@ -115,8 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     n_train = write_split(out, "train", args.classes, args.train_per_class, args.seed)
     n_val = write_split(out, "val", args.classes, args.val_per_class, args.seed)
     odd = write_odd_files(out, args.classes, args.seed) if args.odd else []
-    info = {"classes": WNIDS[: args.classes], "train": n_train + len(odd), "val": n_val, "odd_files": odd,
-            "seed": args.seed}  # fmt: skip
+    info = {
+        "classes": WNIDS[: args.classes],
+        "train": n_train + len(odd),
+        "val": n_val,
+        "odd_files": odd,
+        "seed": args.seed,
+    }
     (out / "sample.json").write_text(json.dumps(info, indent=1) + "\n")
     print(f"wrote {n_train + len(odd)} train and {n_val} val images in {args.classes} classes to {out}")
     return 0

@@ -79,8 +79,14 @@ def _resize_one(task: tuple) -> dict:
         status = "resized"
     os.replace(tmp, dst)  # atomic: a file that exists is complete (what makes a rerun resume safely)
     kind = "rgb-jpeg" if fmt == "JPEG" and mode == "RGB" else f"{fmt} {mode}"
-    return {**entry, "status": status, "kind": kind, "src_size": [w, h], "size": [tw, th],
-            "bytes": os.path.getsize(dst)}  # fmt: skip
+    return {
+        **entry,
+        "status": status,
+        "kind": kind,
+        "src_size": [w, h],
+        "size": [tw, th],
+        "bytes": os.path.getsize(dst),
+    }
 
 
 def _read_manifest(path: Path) -> dict[str, dict]:
@@ -104,8 +110,7 @@ def _pool_map(fn, tasks: list, workers: int):
         yield from pool.imap_unordered(fn, tasks, chunksize=16)
 
 
-def prepare(src: Path, dst: Path, short_side: int, splits: list[str], quality: int, workers: int,
-            log=print) -> dict:  # fmt: skip
+def prepare(src: Path, dst: Path, short_side: int, splits: list[str], quality: int, workers: int, log=print) -> dict:
     """Write (or finish writing) the resized copy; returns the totals written to prepare.json."""
     settings = {"src": str(src.resolve()), "short_side": short_side, "quality": quality, "splits": splits}
     dst.mkdir(parents=True, exist_ok=True)
@@ -289,11 +294,15 @@ def main(argv: list[str] | None = None) -> int:
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {args.dst}: {result['resized']} resized, {result['copied']} copied, "
-          f"{result['undecodable']} undecodable")  # fmt: skip
+    print(
+        f"wrote {args.dst}: {result['resized']} resized, {result['copied']} copied, {result['undecodable']} undecodable"
+    )
     if result["bad"] and not args.skip_corrupt:
-        print(f"error: {len(result['bad'])} source file(s) cannot be decoded (listed above); they are not in the "
-              "copy. Rerun with --skip-corrupt to accept that.", file=sys.stderr)  # fmt: skip
+        print(
+            f"error: {len(result['bad'])} source file(s) cannot be decoded (listed above); they are not in the "
+            "copy. Rerun with --skip-corrupt to accept that.",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

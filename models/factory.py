@@ -14,9 +14,12 @@ def create_model(cfg, num_classes: int) -> nn.Module:
     """Build `cfg.name` for `num_classes` classes with the configured BN settings."""
     check_name(MODELS, cfg.name, "model.name", "model")
     model = timm.create_model(
-        MODELS[cfg.name], pretrained=False, num_classes=num_classes, drop_rate=cfg.drop_rate,
+        MODELS[cfg.name],
+        pretrained=False,
+        num_classes=num_classes,
+        drop_rate=cfg.drop_rate,
         zero_init_last=cfg.zero_init_last_bn,
-    )  # fmt: skip
+    )
     for m in model.modules():
         if isinstance(m, nn.modules.batchnorm._BatchNorm):
             m.momentum = cfg.bn_momentum

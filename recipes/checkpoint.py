@@ -204,8 +204,9 @@ def step_checkpoints(run_dir: Path) -> list[Path]:
 _ANY = object()
 
 
-def load_latest(run_dir: Path, warn=lambda msg: print(f"warning: {msg}", file=sys.stderr),
-                run_id=_ANY) -> tuple[dict, Path] | None:  # fmt: skip
+def load_latest(
+    run_dir: Path, warn=lambda msg: print(f"warning: {msg}", file=sys.stderr), run_id=_ANY
+) -> tuple[dict, Path] | None:
     """The newest checkpoint that verifies and loads; damaged ones are reported and skipped.
 
     With `run_id`, only checkpoints of that run are candidates (None: checkpoints that carry no run id).
@@ -289,7 +290,7 @@ def rng_state() -> dict:
             "pos": int(pos),
             "has_gauss": int(has_gauss),
             "cached_gaussian": float(cached),
-        },  # fmt: skip
+        },
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
     }

@@ -84,8 +84,11 @@ def entry(cfg: Config, summary: dict, hardware: str, day: datetime.date | None =
     e["timestamp"] = (day or datetime.date.today()).isoformat()
     momentum = {"momentum": o.momentum_schedule, "max_momentum": o.momentum}
     if o.momentum_end is not None and o.momentum_schedule != "constant":
-        momentum = {"momentum": o.momentum_schedule, "max_momentum": max(o.momentum, o.momentum_end),
-                    "min_momentum": min(o.momentum, o.momentum_end)}  # fmt: skip
+        momentum = {
+            "momentum": o.momentum_schedule,
+            "max_momentum": max(o.momentum, o.momentum_end),
+            "min_momentum": min(o.momentum, o.momentum_end),
+        }
     misc = {
         "optimizer": o.name,
         **_trust_ratio(o),
@@ -101,7 +104,7 @@ def entry(cfg: Config, summary: dict, hardware: str, day: datetime.date | None =
             "min_lr": o.final_lr,
             "lr_scaling": o.lr_scaling,
             **momentum,
-        },  # fmt: skip
+        },
         "imageSize": [
             {
                 "image_size": p.image_size,
@@ -113,7 +116,7 @@ def entry(cfg: Config, summary: dict, hardware: str, day: datetime.date | None =
                 "data": p.root,
             }
             for p in cfg.phases
-        ],  # fmt: skip
+        ],
         "batchSize": _blocks(cfg.phases, "batch_size"),
         "mixed_precision": cfg.run.amp != "none",
         "amp_dtype": cfg.run.amp,

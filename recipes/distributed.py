@@ -81,8 +81,9 @@ def _elastic_store(rank: int, world: int, timeout: datetime.timedelta) -> dict:
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "MASTER_ADDR" not in os.environ:
         return {}
-    store = td.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size=world,
-                        is_master=False, timeout=timeout)  # fmt: skip
+    store = td.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size=world, is_master=False, timeout=timeout
+    )
     return {"store": td.PrefixStore(f"dawnbench/{generation_id(timeout)}", store), "rank": rank, "world_size": world}
 
 

@@ -65,9 +65,16 @@ class FlipTTA(nn.Module):
 TTA = {"none": lambda m: m, "flip": FlipTTA}
 
 
-def eval_config(state: dict, path: str, data_root: str | None = None, image_size: int | None = None,
-                batch_size: int = 64, backend: str | None = None, rect: bool = False,
-                val_blacklist: str | None = None):  # fmt: skip
+def eval_config(
+    state: dict,
+    path: str,
+    data_root: str | None = None,
+    image_size: int | None = None,
+    batch_size: int = 64,
+    backend: str | None = None,
+    rect: bool = False,
+    val_blacklist: str | None = None,
+):
     """(cfg, phase) that evaluate_checkpoint hands to the input pipeline: the checkpoint's last phase at the
     requested resolution, reading `<data_root>/val` (without the checkpoint's data.val_blacklist images, or
     `val_blacklist`'s; '' counts every image)."""
@@ -87,9 +94,16 @@ def eval_config(state: dict, path: str, data_root: str | None = None, image_size
     return cfg, phase
 
 
-def evaluate_checkpoint(path: str, data_root: str | None = None, image_size: int | None = None,
-                        batch_size: int = 64, backend: str | None = None, tta: str = "none",
-                        rect: bool = False, val_blacklist: str | None = None) -> dict:  # fmt: skip
+def evaluate_checkpoint(
+    path: str,
+    data_root: str | None = None,
+    image_size: int | None = None,
+    batch_size: int = 64,
+    backend: str | None = None,
+    tta: str = "none",
+    rect: bool = False,
+    val_blacklist: str | None = None,
+) -> dict:
     """Top-1/top-5 of the checkpoint on `<data_root>/val`, every image counted once over all ranks."""
     from data import create_input
     from recipes.distributed import setup, teardown
@@ -114,9 +128,17 @@ def evaluate_checkpoint(path: str, data_root: str | None = None, image_size: int
         pipe.close()
     finally:
         teardown()
-    result.update({"checkpoint": str(path), "data": cfg.data.root, "image_size": phase.val_image_size or
-                   phase.image_size, "world_size": dist.world_size, "tta": tta, "rect_val": phase.rect_val,
-                   "backend": cfg.data.backend})  # fmt: skip
+    result.update(
+        {
+            "checkpoint": str(path),
+            "data": cfg.data.root,
+            "image_size": phase.val_image_size or phase.image_size,
+            "world_size": dist.world_size,
+            "tta": tta,
+            "rect_val": phase.rect_val,
+            "backend": cfg.data.backend,
+        }
+    )
     return result
 
 
@@ -146,11 +168,21 @@ def describe_hardware(device: torch.device, threads: int) -> str:
     return f"{name}, {threads} thread(s)"
 
 
-def latency_checkpoint(path: str, data_root: str | None = None, image_size: int | None = None,
-                       modes: list[str] = ("none",), images: int = 0, seed: int = 0, warmup: int = 10,
-                       threads: int | None = None, calib_images: int = 256, device: str = "auto",
-                       price_per_hour: float | None = None, hardware: str | None = None,
-                       log=print) -> dict:  # fmt: skip
+def latency_checkpoint(
+    path: str,
+    data_root: str | None = None,
+    image_size: int | None = None,
+    modes: list[str] = ("none",),
+    images: int = 0,
+    seed: int = 0,
+    warmup: int = 10,
+    threads: int | None = None,
+    calib_images: int = 256,
+    device: str = "auto",
+    price_per_hour: float | None = None,
+    hardware: str | None = None,
+    log=print,
+) -> dict:
     """Batch-1 latency of the checkpoint in each of `modes` (plus the fp32 reference 'none') on `images`
     validation images (0: all of them, as DAWNBench's rules ask: the whole 50,000-image set one at a time); returns
     the results and the DAWNBench entry of the first requested mode."""
@@ -189,8 +221,10 @@ def latency_checkpoint(path: str, data_root: str | None = None, image_size: int 
     calibration = None
     if any(check_mode(m, dev).quantize for m in wanted):
         train = scan_split(cfg.data.root, "train", classes=classes)
-        calibration = [load_image(train.files[i], size, cfg.data.val_crop_ratio)
-                       for i in select_images(len(train), calib_images, seed + 1)]  # fmt: skip
+        calibration = [
+            load_image(train.files[i], size, cfg.data.val_crop_ratio)
+            for i in select_images(len(train), calib_images, seed + 1)
+        ]
     runners = []
     for m in wanted:
         log(f"building {m} ...")
@@ -200,10 +234,23 @@ def latency_checkpoint(path: str, data_root: str | None = None, image_size: int 
     if price_per_hour is not None:
         add_cost(out["results"], price_per_hour)
     hardware = hardware or describe_hardware(dev, threads)
-    out.update({"checkpoint": str(path), "model": cfg.model.name, "data": cfg.data.root, "image_size": size,
-                "val_images": len(val),
-                "device": str(dev), "threads": threads, "hardware": hardware, "images": len(files), "seed": seed,
-                "warmup": warmup, "batch_size": 1, "torch": torch.__version__})  # fmt: skip
+    out.update(
+        {
+            "checkpoint": str(path),
+            "model": cfg.model.name,
+            "data": cfg.data.root,
+            "image_size": size,
+            "val_images": len(val),
+            "device": str(dev),
+            "threads": threads,
+            "hardware": hardware,
+            "images": len(files),
+            "seed": seed,
+            "warmup": warmup,
+            "batch_size": 1,
+            "torch": torch.__version__,
+        }
+    )
     main = wanted[1] if len(wanted) > 1 else "none"
     from recipes.trainer import git_commit
 
@@ -221,8 +268,12 @@ def dawnbench_entry(out: dict, mode: str, cfg: Config | None = None, commit: str
     framework = f"PyTorch {out['torch']}"
     if "onnxruntime" in res["build"]:
         framework = f"ONNX Runtime {res['build']['onnxruntime']} (exported from {framework})"
-    e = {"version": "v1.0", "author": d.author if d else "", "authorEmail": d.author_email if d else "",
-         "framework": framework}  # fmt: skip
+    e = {
+        "version": "v1.0",
+        "author": d.author if d else "",
+        "authorEmail": d.author_email if d else "",
+        "framework": framework,
+    }
     if d and d.code_url:
         e["codeURL"] = d.code_url
     if commit:
@@ -283,32 +334,57 @@ def run_evaluate_cli(args) -> int:
             if int(os.environ.get("WORLD_SIZE", "1")) > 1:
                 raise ConfigError("--export: run it without torchrun")
             written = export_checkpoint(args.checkpoint, args.export, args.export_file, args.image_size)
-            print(f"wrote {written} ({written.stat().st_size / 1e6:.1f} MB): input 'image' uint8 [1, 3, S, S], "
-                  "output 'logits'")  # fmt: skip
+            print(
+                f"wrote {written} ({written.stat().st_size / 1e6:.1f} MB): input 'image' uint8 [1, 3, S, S], "
+                "output 'logits'"
+            )
             if not args.latency:
                 return 0
         if args.latency:
             modes = [m.strip() for m in args.optimize.split(",") if m.strip()]
-            res = latency_checkpoint(args.checkpoint, args.data, args.image_size, modes, args.images, args.seed,
-                                     args.warmup, args.threads, args.calib_images, args.device, args.price_per_hour,
-                                     args.hardware)  # fmt: skip
-            print(f"\nbatch-1 latency per image on {res['hardware']}, {res['images']} images at {res['image_size']} "
-                  f"px; 'incl. preproc.' adds JPEG decode + resize + crop "
-                  f"(mean {res['preprocessing_ms']['mean']:.3f} ms)\n")  # fmt: skip
+            res = latency_checkpoint(
+                args.checkpoint,
+                args.data,
+                args.image_size,
+                modes,
+                args.images,
+                args.seed,
+                args.warmup,
+                args.threads,
+                args.calib_images,
+                args.device,
+                args.price_per_hour,
+                args.hardware,
+            )
+            print(
+                f"\nbatch-1 latency per image on {res['hardware']}, {res['images']} images at {res['image_size']} "
+                f"px; 'incl. preproc.' adds JPEG decode + resize + crop "
+                f"(mean {res['preprocessing_ms']['mean']:.3f} ms)\n"
+            )
             print(latency_table(res["results"], baseline="none"))
             for mode, r in res["results"].items():
                 if "cost_usd" in r:
                     c, k = r["cost_usd"]["per_image"], r["cost_usd"]["per_10k_images"]
-                    print(f"cost ({mode}): ${c['excluding_preprocessing']:.3g} per image, "
-                          f"${k['excluding_preprocessing']:.3g} per 10,000 images excluding preprocessing; "
-                          f"${k['including_preprocessing']:.3g} per 10,000 including it")  # fmt: skip
+                    print(
+                        f"cost ({mode}): ${c['excluding_preprocessing']:.3g} per image, "
+                        f"${k['excluding_preprocessing']:.3g} per 10,000 images excluding preprocessing; "
+                        f"${k['including_preprocessing']:.3g} per 10,000 including it"
+                    )
             _write_json(args.out, res)
             _write_json(args.entry, res["dawnbench"])
             return 0
         if args.entry:
             raise ConfigError("--entry: the DAWNBench inference entry comes from --latency")
-        res = evaluate_checkpoint(args.checkpoint, args.data, args.image_size, args.batch_size, args.backend,
-                                  args.tta, args.rect, args.val_blacklist)  # fmt: skip
+        res = evaluate_checkpoint(
+            args.checkpoint,
+            args.data,
+            args.image_size,
+            args.batch_size,
+            args.backend,
+            args.tta,
+            args.rect,
+            args.val_blacklist,
+        )
     except (ConfigError, DataError, ckpt.CheckpointError) as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
@@ -319,8 +395,10 @@ def run_evaluate_cli(args) -> int:
         extra = f", tta {res['tta']}" if res["tta"] != "none" else ""
         if res["blacklisted"]:
             extra += f"; {res['blacklisted']} blacklisted images not counted ({res['val_blacklist']})"
-        print(f"top-1 {res['top1']:.2f}%  top-5 {res['top5']:.2f}%  on {res['count']} images "
-              f"({res['image_size']} px, {res['world_size']} process(es){extra})")  # fmt: skip
+        print(
+            f"top-1 {res['top1']:.2f}%  top-5 {res['top5']:.2f}%  on {res['count']} images "
+            f"({res['image_size']} px, {res['world_size']} process(es){extra})"
+        )
         _write_json(args.out, res)
     return 0
 

@@ -177,8 +177,13 @@ def _quantize_pt2e(module: nn.Module, example: torch.Tensor, calibration: list[t
     return convert_pt2e(prepared)
 
 
-def build_runner(name: str, model: nn.Module, example: torch.Tensor,
-                 calibration: Iterable[torch.Tensor] | None = None, threads: int | None = None) -> Runner:  # fmt: skip
+def build_runner(
+    name: str,
+    model: nn.Module,
+    example: torch.Tensor,
+    calibration: Iterable[torch.Tensor] | None = None,
+    threads: int | None = None,
+) -> Runner:
     """Turn a trained fp32 `model` into the runner of mode `name` on `example`'s device.
 
     example: a uint8 [1, 3, H, W] image on the target device (fixes the shape that compiled modes specialize on).
@@ -228,8 +233,17 @@ def export_onnx(model: nn.Module, image_size: int, path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     module = Classifier(copy.deepcopy(model).float().cpu()).eval()
     example = torch.zeros(1, 3, image_size, image_size, dtype=torch.uint8)
-    torch.onnx.export(module, (example,), str(path), dynamo=True, external_data=False, input_names=["image"],
-                      output_names=["logits"], verbose=False, report=False)  # fmt: skip
+    torch.onnx.export(
+        module,
+        (example,),
+        str(path),
+        dynamo=True,
+        external_data=False,
+        input_names=["image"],
+        output_names=["logits"],
+        verbose=False,
+        report=False,
+    )
     return path
 
 
@@ -257,11 +271,18 @@ def _build_onnxruntime(name, mode, model, example, calibration, threads, info) -
         pre = workdir / "model.pre.onnx"
         quant_pre_process(str(path), str(pre))
         path = workdir / "model.int8.onnx"
-        quantize_static(str(pre), str(path), _CalibrationReader(images), quant_format=QuantFormat.QDQ,
-                        per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                        calibrate_method=CalibrationMethod.MinMax,
-                        # logits stay fp32, as in the PT2E int8 mode (a clipped logit range loses the ranking)
-                        extra_options={"OpTypesToExcludeOutputQuantization": ["Gemm", "MatMul"]})  # fmt: skip
+        quantize_static(
+            str(pre),
+            str(path),
+            _CalibrationReader(images),
+            quant_format=QuantFormat.QDQ,
+            per_channel=True,
+            activation_type=QuantType.QUInt8,
+            weight_type=QuantType.QInt8,
+            calibrate_method=CalibrationMethod.MinMax,
+            # logits stay fp32, as in the PT2E int8 mode (a clipped logit range loses the ranking)
+            extra_options={"OpTypesToExcludeOutputQuantization": ["Gemm", "MatMul"]},
+        )
         info["calibration_images"] = len(images)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -276,8 +297,14 @@ def _build_onnxruntime(name, mode, model, example, calibration, threads, info) -
             )
         providers = [("CUDAExecutionProvider", {"device_id": device.index or 0})]
     session = ort.InferenceSession(str(path), options, providers=providers)
-    info.update({"onnx_file_bytes": os.path.getsize(path), "provider": session.get_providers()[0],
-                 "threads": options.intra_op_num_threads, "onnxruntime": ort.__version__})  # fmt: skip
+    info.update(
+        {
+            "onnx_file_bytes": os.path.getsize(path),
+            "provider": session.get_providers()[0],
+            "threads": options.intra_op_num_threads,
+            "onnxruntime": ort.__version__,
+        }
+    )
     fn = _ort_cuda_fn(session, device) if device.type == "cuda" else _ort_cpu_fn(session)
     fn(example)  # first run initializes the session's kernels
     return Runner(name, fn, device, info)

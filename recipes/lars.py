@@ -52,18 +52,36 @@ class LayerAdaptiveSGD(torch.optim.Optimizer):
     adapt (False: plain SGD for this group).
     """
 
-    def __init__(self, params, lr: float = 0.1, momentum: float = 0.9, nesterov: bool = True,
-                 weight_decay: float = 0.0, eta: float = 1e-3, trust_min: float = 0.0, trust_max: float = math.inf,
-                 adapt: bool = True, momentum_convention: str = "torch"):  # fmt: skip
+    def __init__(
+        self,
+        params,
+        lr: float = 0.1,
+        momentum: float = 0.9,
+        nesterov: bool = True,
+        weight_decay: float = 0.0,
+        eta: float = 1e-3,
+        trust_min: float = 0.0,
+        trust_max: float = math.inf,
+        adapt: bool = True,
+        momentum_convention: str = "torch",
+    ):
         if lr < 0 or momentum < 0 or weight_decay < 0 or eta <= 0:
             raise ValueError(f"invalid lr={lr}, momentum={momentum}, weight_decay={weight_decay} or eta={eta}")
         if not 0 <= trust_min <= trust_max:
             raise ValueError(f"invalid trust ratio clip [{trust_min}, {trust_max}]: expected 0 <= min <= max")
         if momentum_convention not in ("torch", "tf"):
             raise ValueError(f"invalid momentum_convention {momentum_convention!r}: expected 'torch' or 'tf'")
-        defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay, eta=eta,
-                        trust_min=trust_min, trust_max=trust_max, adapt=adapt,
-                        momentum_convention=momentum_convention)  # fmt: skip
+        defaults = dict(
+            lr=lr,
+            momentum=momentum,
+            nesterov=nesterov,
+            weight_decay=weight_decay,
+            eta=eta,
+            trust_min=trust_min,
+            trust_max=trust_max,
+            adapt=adapt,
+            momentum_convention=momentum_convention,
+        )
         super().__init__(params, defaults)
         # GradScaler (and the trainer's finite check) hand the step `grad_scale` and `found_inf` as attributes,
         # as for torch's fused optimizers, instead of deciding on the host whether to call step().
@@ -84,12 +102,17 @@ class LayerAdaptiveSGD(torch.optim.Optimizer):
                     by_device[(p.device, p.dtype)].append(p)
             for (device, _), params in by_device.items():
                 scale, found = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
-                self._step_tensors(group, params, None if scale is None else scale.to(device),
-                                   None if found is None else found.to(device))  # fmt: skip
+                self._step_tensors(
+                    group,
+                    params,
+                    None if scale is None else scale.to(device),
+                    None if found is None else found.to(device),
+                )
         return loss
 
-    def _step_tensors(self, group: dict, params: list[Tensor], grad_scale: Tensor | None,
-                      found_inf: Tensor | None) -> None:  # fmt: skip
+    def _step_tensors(
+        self, group: dict, params: list[Tensor], grad_scale: Tensor | None, found_inf: Tensor | None
+    ) -> None:
         lr, m, wd = group["lr"], group["momentum"], group["weight_decay"]
         grads = [p.grad for p in params]
         if grad_scale is not None:  # fp16 gradients still carry GradScaler's scale
@@ -97,8 +120,14 @@ class LayerAdaptiveSGD(torch.optim.Optimizer):
         d = torch._foreach_add(grads, params, alpha=wd) if wd else torch._foreach_mul(grads, 1.0)
         ratios = None
         if group["adapt"]:
-            ratios = trust_ratios(torch.stack(torch._foreach_norm(params)), torch.stack(torch._foreach_norm(grads)),
-                                  group["eta"], wd, group["trust_min"], group["trust_max"])  # fmt: skip
+            ratios = trust_ratios(
+                torch.stack(torch._foreach_norm(params)),
+                torch.stack(torch._foreach_norm(grads)),
+                group["eta"],
+                wd,
+                group["trust_min"],
+                group["trust_max"],
+            )
         tf = ratios is not None and group.get("momentum_convention", "torch") == "tf"
         if ratios is not None and not tf:
             torch._foreach_mul_(d, ratios.unbind(0))
@@ -112,15 +141,27 @@ class LayerAdaptiveSGD(torch.optim.Optimizer):
                 bufs.append(state["momentum_buffer"])
         if not tf:
             # buf = m * buf + d; w -= lr * (d + m * buf) (Nesterov) or lr * buf; nothing at all when found_inf is set.
-            torch._fused_sgd_(params, d, bufs, weight_decay=0.0, momentum=m, lr=lr, dampening=0.0,
-                              nesterov=bool(group["nesterov"] and m), maximize=False, is_first_step=False,
-                              grad_scale=None, found_inf=found_inf)  # fmt: skip
+            torch._fused_sgd_(
+                params,
+                d,
+                bufs,
+                weight_decay=0.0,
+                momentum=m,
+                lr=lr,
+                dampening=0.0,
+                nesterov=bool(group["nesterov"] and m),
+                maximize=False,
+                is_first_step=False,
+                grad_scale=None,
+                found_inf=found_inf,
+            )
             return
         self._step_tf(group, params, d, bufs, ratios, found_inf)
 
     @staticmethod
-    def _step_tf(group: dict, params: list[Tensor], d: list[Tensor], bufs: list[Tensor], ratios: Tensor,
-                 found_inf: Tensor | None) -> None:  # fmt: skip
+    def _step_tf(
+        group: dict, params: list[Tensor], d: list[Tensor], bufs: list[Tensor], ratios: Tensor, found_inf: Tensor | None
+    ) -> None:
         """TensorFlow's LARS: the buffer holds raw (decayed) gradients and lr x trust ratio scales the whole update.
 
         A step with `found_inf` set changes nothing, decided on the device (keep = 1 - found_inf), like the fused

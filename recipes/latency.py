@@ -66,16 +66,29 @@ class Prefetcher:
 
 
 def _stats(ms: np.ndarray) -> dict:
-    return {"mean": float(ms.mean()), "median": float(np.median(ms)), "p99": float(np.percentile(ms, 99)),
-            "min": float(ms.min()), "max": float(ms.max())}  # fmt: skip
+    return {
+        "mean": float(ms.mean()),
+        "median": float(np.median(ms)),
+        "p99": float(np.percentile(ms, 99)),
+        "min": float(ms.min()),
+        "max": float(ms.max()),
+    }
 
 
 def _percent(hits: torch.Tensor) -> float:
     return 100.0 * int(hits.sum()) / max(hits.numel(), 1)
 
 
-def run_protocol(runners: list[Runner], files: Sequence[str], labels: Sequence[int], size: int, crop_ratio: float,
-                 warmup: int = 10, chunk: int = 32, log: Callable[[str], None] | None = None) -> dict:  # fmt: skip
+def run_protocol(
+    runners: list[Runner],
+    files: Sequence[str],
+    labels: Sequence[int],
+    size: int,
+    crop_ratio: float,
+    warmup: int = 10,
+    chunk: int = 32,
+    log: Callable[[str], None] | None = None,
+) -> dict:
     """Batch-1 latency and accuracy of every runner on the same images; agreement is against runners[0]."""
     if not runners:
         raise ValueError("run_protocol: no runner given")
@@ -139,15 +152,28 @@ def add_cost(results: dict, price_per_hour: float) -> None:
     """Cost of classifying one image (and 10,000, DAWNBench's unit) at `price_per_hour` USD, from the mean latency."""
     for res in results.values():
         per = {k: price_per_hour * v["mean"] / 3.6e6 for k, v in res["latency_ms"].items()}
-        res["cost_usd"] = {"price_per_hour": price_per_hour, "per_image": per,
-                           "per_10k_images": {k: 1e4 * v for k, v in per.items()}}  # fmt: skip
+        res["cost_usd"] = {
+            "price_per_hour": price_per_hour,
+            "per_image": per,
+            "per_10k_images": {k: 1e4 * v for k, v in per.items()},
+        }
 
 
 def latency_table(results: dict, baseline: str | None = None, extra: dict[str, dict[str, str]] | None = None) -> str:
     """Markdown table of run_protocol's results (one row per mode); `baseline` adds a 'vs <baseline>' column
     (ratio of medians), `extra` more columns ({mode: {column: text}})."""
-    head = ["mode", "mean ms", "median ms", "p99 ms", "mean ms incl. preproc.", "images/s", "top-1 %", "top-5 %",
-            "agree top-1 %", "agree top-5 %"]  # fmt: skip
+    head = [
+        "mode",
+        "mean ms",
+        "median ms",
+        "p99 ms",
+        "mean ms incl. preproc.",
+        "images/s",
+        "top-1 %",
+        "top-5 %",
+        "agree top-1 %",
+        "agree top-5 %",
+    ]
     if baseline in results:
         head.append(f"vs {baseline}")
     columns = list(next(iter(extra.values())).keys()) if extra else []
@@ -155,9 +181,18 @@ def latency_table(results: dict, baseline: str | None = None, extra: dict[str, d
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for mode, r in results.items():
         ex, inc = r["latency_ms"]["excluding_preprocessing"], r["latency_ms"]["including_preprocessing"]
-        row = [f"`{mode}`", f"{ex['mean']:.3f}", f"{ex['median']:.3f}", f"{ex['p99']:.3f}", f"{inc['mean']:.3f}",
-               f"{r['images_per_s']['excluding_preprocessing']:.1f}", f"{r['top1']:.2f}", f"{r['top5']:.2f}",
-               f"{r['agreement_top1']:.2f}", f"{r['agreement_top5']:.2f}"]  # fmt: skip
+        row = [
+            f"`{mode}`",
+            f"{ex['mean']:.3f}",
+            f"{ex['median']:.3f}",
+            f"{ex['p99']:.3f}",
+            f"{inc['mean']:.3f}",
+            f"{r['images_per_s']['excluding_preprocessing']:.1f}",
+            f"{r['top1']:.2f}",
+            f"{r['top5']:.2f}",
+            f"{r['agreement_top1']:.2f}",
+            f"{r['agreement_top5']:.2f}",
+        ]
         if baseline in results:
             base = results[baseline]["latency_ms"]["excluding_preprocessing"]["median"]
             row.append(f"{ex['median'] / base:.2f}x")

@@ -36,8 +36,9 @@ class RunLogger:
             for k, v in values.items():
                 self.tb.add_scalar(k, v, step)
 
-    def step_line(self, epoch: int, epochs: int, step: int, steps: int, img_s: float, loss: float, lr: float,
-                  eta_s: float) -> None:  # fmt: skip
+    def step_line(
+        self, epoch: int, epochs: int, step: int, steps: int, img_s: float, loss: float, lr: float, eta_s: float
+    ) -> None:
         self.info(
             f"epoch {epoch + 1}/{epochs}  step {step}/{steps}  {img_s:8.1f} img/s  loss {loss:.4f}  "
             f"lr {lr:.4g}  eta {format_seconds(eta_s)}"

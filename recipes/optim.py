@@ -30,9 +30,14 @@ def param_groups(model: nn.Module, weight_decay: float, no_bn_decay: bool, adapt
     """
     groups = {
         "weights": {"params": [], "weight_decay": weight_decay, "adapt": True, "names": [], "kinds": Counter()},
-        "bn_bias": {"params": [], "weight_decay": 0.0 if no_bn_decay else weight_decay, "adapt": adapt_bn_bias,
-                    "names": [], "kinds": Counter()},
-    }  # fmt: skip
+        "bn_bias": {
+            "params": [],
+            "weight_decay": 0.0 if no_bn_decay else weight_decay,
+            "adapt": adapt_bn_bias,
+            "names": [],
+            "kinds": Counter(),
+        },
+    }
     for mod_name, module in model.named_modules():
         for p_name, p in module.named_parameters(recurse=False):
             if not p.requires_grad:
@@ -67,9 +72,13 @@ def build_sgd(cfg, groups):
     # fused: the step reads `found_inf` on the device (GradScaler, the trainer's finite check), so skipping a step
     # with non-finite gradients needs no host synchronisation.
     opt = torch.optim.SGD(
-        groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov and cfg.momentum > 0,
-        weight_decay=cfg.weight_decay, fused=True,
-    )  # fmt: skip
+        groups,
+        lr=cfg.lr,
+        momentum=cfg.momentum,
+        nesterov=cfg.nesterov and cfg.momentum > 0,
+        weight_decay=cfg.weight_decay,
+        fused=True,
+    )
     if cfg.momentum > 0:
         # torch's fused SGD makes uninitialised (empty_like) buffers on its first step even when found_inf skips
         # it; zero buffers start exactly like buf = g (m * 0 + g) and make a skipped first step harmless.
@@ -85,9 +94,17 @@ def _layer_adaptive(cfg, groups, clip: bool):
         raise ConfigError(f"optim.trust_clip_min/max: expected 0 <= min <= max, got [{lo}, {hi}]")
     if cfg.eta <= 0:
         raise ConfigError(f"optim.eta: expected a positive number, got {cfg.eta}")
-    return LayerAdaptiveSGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov and cfg.momentum > 0,
-                            weight_decay=cfg.weight_decay, eta=cfg.eta, trust_min=lo, trust_max=hi,
-                            momentum_convention=cfg.lars_momentum)  # fmt: skip
+    return LayerAdaptiveSGD(
+        groups,
+        lr=cfg.lr,
+        momentum=cfg.momentum,
+        nesterov=cfg.nesterov and cfg.momentum > 0,
+        weight_decay=cfg.weight_decay,
+        eta=cfg.eta,
+        trust_min=lo,
+        trust_max=hi,
+        momentum_convention=cfg.lars_momentum,
+    )
 
 
 def build_lamb(cfg, groups):

@@ -26,8 +26,12 @@ def plot_plan(plan: Plan, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     steps = list(range(plan.total_steps))
-    series = [("learning rate", plan.lr), ("momentum", plan.momentum), ("image size (px)", plan.image_size),
-              ("global batch", plan.batch_size)]  # fmt: skip
+    series = [
+        ("learning rate", plan.lr),
+        ("momentum", plan.momentum),
+        ("image size (px)", plan.image_size),
+        ("global batch", plan.batch_size),
+    ]
     fig, axes = plt.subplots(len(series), 1, figsize=(8, 8), sharex=True)
     for ax, (name, fn) in zip(axes, series, strict=True):
         ax.plot(steps, [fn(s) for s in steps])

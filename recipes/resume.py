@@ -24,9 +24,26 @@ from recipes.schedule import Plan
 
 # Keys that do not change what is trained: logging, output, checkpointing, where the data lives, how long a
 # collective may take, the targets that are only reported, and the DAWNBench entry's labels.
-NOT_TRAINING = ("run.name", "run.out_dir", "run.threads", "run.target_top1", "run.target_top5", "run.stop_at_target",
-                "run.nodes", "run.procs_per_node", "data.root", "data.roots", "data.workers", "data.val_batch_size",
-                "data.dali_prefetch", "dist.", "log.", "checkpoint.", "dawnbench.", "comm.tune_cache")  # fmt: skip
+NOT_TRAINING = (
+    "run.name",
+    "run.out_dir",
+    "run.threads",
+    "run.target_top1",
+    "run.target_top5",
+    "run.stop_at_target",
+    "run.nodes",
+    "run.procs_per_node",
+    "data.root",
+    "data.roots",
+    "data.workers",
+    "data.val_batch_size",
+    "data.dali_prefetch",
+    "dist.",
+    "log.",
+    "checkpoint.",
+    "dawnbench.",
+    "comm.tune_cache",
+)
 
 
 def _flatten(value, prefix: str = "") -> dict:
@@ -111,8 +128,14 @@ def agree_state(run: RunDir, dist: DistInfo, resume_from: str | None, resume, wa
     elif resume is not False and run.leader:
         local = ckpt.load_latest(run.path, warn=warn, run_id=None if run.legacy else run.run_id)
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    mine = {"rank": dist.rank, "host": socket.gethostname(), "step": None, "path": None,
-            "reached": _progress(run.path), "restart": restart}  # fmt: skip
+    mine = {
+        "rank": dist.rank,
+        "host": socket.gethostname(),
+        "step": None,
+        "path": None,
+        "reached": _progress(run.path),
+        "restart": restart,
+    }
     if local is not None:
         mine.update(step=int(local[0]["state"]["step"]), path=str(local[1]))
     reports = all_gather_object(mine, dist)
@@ -129,5 +152,9 @@ def agree_state(run: RunDir, dist: DistInfo, resume_from: str | None, resume, wa
         run.run_id = state["run_id"]
     elif resume_from is None and state.get("run_id") not in (None, run.run_id):
         raise RunDirError(f"checkpoint '{best['path']}' belongs to run {state['run_id']}, not {run.run_id}")
-    return Agreed(state, f"{best['path']} on host {best['host']} (rank {best['rank']})",
-                  max(r["reached"] for r in reports), any(r["restart"] for r in reports))  # fmt: skip
+    return Agreed(
+        state,
+        f"{best['path']} on host {best['host']} (rank {best['rank']})",
+        max(r["reached"] for r in reports),
+        any(r["restart"] for r in reports),
+    )

@@ -168,8 +168,13 @@ def open_run(run_dir: Path, dist: DistInfo, resume) -> RunDir:
     try:
         _raise_everywhere(error, dist)
         host = socket.gethostname()
-        mine = {"rank": dist.rank, "host": host, "key": _share_groups(run_dir, dist), "run_id": read_run_id(run_dir),
-                "files": len(run_files(run_dir))}  # fmt: skip
+        mine = {
+            "rank": dist.rank,
+            "host": host,
+            "key": _share_groups(run_dir, dist),
+            "run_id": read_run_id(run_dir),
+            "files": len(run_files(run_dir)),
+        }
         reports = all_gather_object(mine, dist)
         leaders = {}
         for r in reports:

@@ -115,8 +115,9 @@ class Plan:
         """Everything the schedule says about (epoch, iteration)."""
         step = self.global_step(epoch, iteration)
         phase = self.epochs[epoch].phase
-        return Point(step, self.epochs[epoch].phase_index, phase.image_size, phase.batch_size, self.lr(step),
-                     self.momentum(step))  # fmt: skip
+        return Point(
+            step, self.epochs[epoch].phase_index, phase.image_size, phase.batch_size, self.lr(step), self.momentum(step)
+        )
 
     def epoch_info(self, epoch: int) -> EpochInfo:
         return self.epochs[epoch]

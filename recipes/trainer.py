@@ -77,10 +77,20 @@ def collective_guard(what: str, step: int, timeout_s: float):
 
 def git_commit() -> str:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                             cwd=Path(__file__).resolve().parent)  # fmt: skip
-        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, timeout=10,
-                               cwd=Path(__file__).resolve().parent).stdout.strip()  # fmt: skip
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=Path(__file__).resolve().parent,
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=Path(__file__).resolve().parent,
+        ).stdout.strip()
         return out.stdout.strip() + ("-dirty" if dirty else "") if out.returncode == 0 else "unknown"
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
@@ -119,8 +129,7 @@ def evaluate(model: nn.Module, batches, dist: DistInfo, amp_ctx=nullcontext) -> 
             f"validation: {int(bad)} of {n} images got non-finite logits (NaN/inf weights or activations); "
             "no accuracy is reported"
         )
-    return {"top1": 100.0 * c1 / max(n, 1), "top5": 100.0 * c5 / max(n, 1), "count": n,
-            "loss": loss_sum / max(n, 1)}  # fmt: skip
+    return {"top1": 100.0 * c1 / max(n, 1), "top5": 100.0 * c5 / max(n, 1), "count": n, "loss": loss_sum / max(n, 1)}
 
 
 def average_bn_stats(model: nn.Module, dist: DistInfo) -> None:
@@ -180,8 +189,13 @@ class Trainer:
             write_run_file(self.run_dir, self.run.run_id)
         if dist.is_main:
             (self.run_dir / files.CONFIG).write_text(to_yaml(cfg))
-            meta = {"git_commit": git_commit(), "world_size": dist.world_size, "device": str(dist.device),
-                    "torch": torch.__version__, "run_id": self.run.run_id}  # fmt: skip
+            meta = {
+                "git_commit": git_commit(),
+                "world_size": dist.world_size,
+                "device": str(dist.device),
+                "torch": torch.__version__,
+                "run_id": self.run.run_id,
+            }
             (self.run_dir / files.META).write_text(json.dumps(meta, indent=1) + "\n")
         self.train_model, self.optimizer = self.comm.prepare(self.model, self.optimizer)
         amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.run.amp)
@@ -271,9 +285,13 @@ class Trainer:
             "run_id": self.run.run_id,
             "world_size": self.dist.world_size,
             "num_train": self.data.num_train,
-            "model_info": {"name": self.cfg.model.name, "num_classes": self.data.num_classes,
-                           "classes": self.data.classes, "num_params": describe_model(self.model)["num_params"]},
-        }  # fmt: skip
+            "model_info": {
+                "name": self.cfg.model.name,
+                "num_classes": self.data.num_classes,
+                "classes": self.data.classes,
+                "num_params": describe_model(self.model)["num_params"],
+            },
+        }
         ckpt.save_step_checkpoint(state, self.run_dir, self.state.step, self.cfg.checkpoint.keep)
 
     # -- the loop ---------------------------------------------------------------------------------------
@@ -294,8 +312,9 @@ class Trainer:
         with self.amp_ctx():
             loss = self.criterion(self.train_model(x), y)
         self.optimizer.zero_grad(set_to_none=True)
-        with collective_guard(f"gradient allreduce (comm.backend={self.cfg.comm.backend})", st.step,
-                              self.cfg.dist.timeout_s):  # fmt: skip
+        with collective_guard(
+            f"gradient allreduce (comm.backend={self.cfg.comm.backend})", st.step, self.cfg.dist.timeout_s
+        ):
             self.scaler.scale(loss).backward()
             if self.scaler.is_enabled():
                 scale_before = self.scaler._get_scale_async().clone()
@@ -371,8 +390,10 @@ class Trainer:
                 img_s = window_imgs / max(now - window_t, 1e-9)
                 eta = (now - t0) / (i + 1 - start) * (plan.total_steps - st.step)
                 self.log.step_line(epoch, len(plan.epochs), i + 1, info.steps, img_s, mean_loss, lr, eta)
-                self.log.scalars(st.step, **{"train/loss": mean_loss, "train/lr": lr, "train/momentum": mom,
-                                             "train/images_per_s": img_s})  # fmt: skip
+                self.log.scalars(
+                    st.step,
+                    **{"train/loss": mean_loss, "train/lr": lr, "train/momentum": mom, "train/images_per_s": img_s},
+                )
                 if self.dist.is_main:
                     self._progress_path().write_text(json.dumps({"step": st.step, "epoch": epoch}) + "\n")
                 window_t, window_imgs = time.perf_counter(), 0
@@ -396,8 +417,9 @@ class Trainer:
         return result
 
     def validate(self, epoch: int) -> dict:
-        with collective_guard("validation (BN statistics and accuracy all_reduce)", self.state.step,
-                              self.cfg.dist.timeout_s):  # fmt: skip
+        with collective_guard(
+            "validation (BN statistics and accuracy all_reduce)", self.state.step, self.cfg.dist.timeout_s
+        ):
             average_bn_stats(self.model, self.dist)
             phase = self.plan.epoch_info(epoch).phase
             return evaluate(self.model, self.data.val_batches(phase), self.dist, self.amp_ctx)
@@ -415,9 +437,16 @@ class Trainer:
             tr = self.train_one_epoch(epoch)
             ev = self.validate(epoch)
             st.epoch += 1
-            row = {"epoch": st.epoch, "train_seconds": st.train_seconds, "top1": ev["top1"], "top5": ev["top5"],
-                   "val_loss": ev["loss"], "val_count": ev["count"], "step": st.step,
-                   "images_per_s": tr["images"] / max(tr["seconds"], 1e-9)}  # fmt: skip
+            row = {
+                "epoch": st.epoch,
+                "train_seconds": st.train_seconds,
+                "top1": ev["top1"],
+                "top5": ev["top5"],
+                "val_loss": ev["loss"],
+                "val_count": ev["count"],
+                "step": st.step,
+                "images_per_s": tr["images"] / max(tr["seconds"], 1e-9),
+            }
             st.history.append(row)
             st.wall_seconds = time.perf_counter() - wall0
             row["wall_seconds"] = st.wall_seconds  # top-5 against wall-clock time (scripts/compare_runs.py)
@@ -426,8 +455,15 @@ class Trainer:
                 f"({ev['count']} images)  train {format_seconds(st.train_seconds)}  "
                 f"{row['images_per_s']:.1f} img/s"
             )
-            self.log.scalars(st.step, **{"val/top1": ev["top1"], "val/top5": ev["top5"], "val/loss": ev["loss"],
-                                         "epoch/images_per_s": row["images_per_s"]})  # fmt: skip
+            self.log.scalars(
+                st.step,
+                **{
+                    "val/top1": ev["top1"],
+                    "val/top5": ev["top5"],
+                    "val/loss": ev["loss"],
+                    "epoch/images_per_s": row["images_per_s"],
+                },
+            )
             if self.dist.is_main:
                 write_tsv(self.run_dir / files.TSV, st.history)
             if cfg.checkpoint.enabled:
@@ -534,8 +570,9 @@ def _counted(s: dict) -> str:
     return f"{s['val_count']} (every image)"
 
 
-def train(cfg: Config, run_dir: str | Path | None = None, resume_from: str | None = None,
-          stop_after_epochs: int | None = None) -> dict:  # fmt: skip
+def train(
+    cfg: Config, run_dir: str | Path | None = None, resume_from: str | None = None, stop_after_epochs: int | None = None
+) -> dict:
     """Run the plan of `cfg`; returns the summary dict (also written to <run_dir>/summary.json)."""
     trainer = Trainer(cfg, Path(run_dir) if run_dir else None, resume_from)
     try:

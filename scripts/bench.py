@@ -29,8 +29,10 @@ def main(argv=None) -> int:
         wanted = {f"bench_{n.strip()}.py" for n in args.only.split(",")}
         scripts = [s for s in scripts if s.name in wanted]
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
-    parts = [f"# Benchmark report\n\n{time.strftime('%Y-%m-%d %H:%M')}, {platform.processor() or platform.machine()},"
-             f" {torch.get_num_threads()} threads, GPU: {gpu}, torch {torch.__version__}\n"]  # fmt: skip
+    parts = [
+        f"# Benchmark report\n\n{time.strftime('%Y-%m-%d %H:%M')}, {platform.processor() or platform.machine()},"
+        f" {torch.get_num_threads()} threads, GPU: {gpu}, torch {torch.__version__}\n"
+    ]
     failed = []
     for script in scripts:
         cmd = [sys.executable, str(script)] + (["--quick"] if args.quick else [])
@@ -38,8 +40,10 @@ def main(argv=None) -> int:
         t = time.perf_counter()
         p = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE.parent)
         took = time.perf_counter() - t
-        parts.append(f"## {script.name}\n\n`python scripts/{script.name}{' --quick' if args.quick else ''}` "
-                     f"({took:.0f} s)\n\n{p.stdout.strip()}\n")  # fmt: skip
+        parts.append(
+            f"## {script.name}\n\n`python scripts/{script.name}{' --quick' if args.quick else ''}` "
+            f"({took:.0f} s)\n\n{p.stdout.strip()}\n"
+        )
         if p.returncode != 0:
             failed.append(script.name)
             parts.append(f"**failed with exit code {p.returncode}:**\n\n```\n{p.stderr[-2000:]}\n```\n")

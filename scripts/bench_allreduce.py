@@ -169,17 +169,32 @@ def worker(args) -> None:
 
             contenders[method], settings[method] = step, f"bucket_cap_mb {25 * f:g}"
         elif method in ("multistream", "tuned", "tuned-model"):
-            over = ["run.device=cpu", f"dist.timeout_s={args.timeout}", "comm.tune_cache=null",
-                    f"comm.bucket_mb={8 * f:g}"]  # fmt: skip
+            over = [
+                "run.device=cpu",
+                f"dist.timeout_s={args.timeout}",
+                "comm.tune_cache=null",
+                f"comm.bucket_mb={8 * f:g}",
+            ]
             if method != "multistream":
                 buckets = ",".join(f"{b * f:g}" for b in (4, 8, 16, 32))
-                over += ["comm.autotune=true", f"comm.tune_max_candidates={args.candidates}",
-                         f"comm.tune_bucket_mb=[{buckets}]", "comm.tune_streams=[1,2,3,4]", "comm.tune_slices=[1,2,4]",
-                         "comm.tune_warmup_steps=1", "comm.tune_steps_per_window=1", "comm.tune_windows=2"]  # fmt: skip
+                over += [
+                    "comm.autotune=true",
+                    f"comm.tune_max_candidates={args.candidates}",
+                    f"comm.tune_bucket_mb=[{buckets}]",
+                    "comm.tune_streams=[1,2,3,4]",
+                    "comm.tune_slices=[1,2,4]",
+                    "comm.tune_warmup_steps=1",
+                    "comm.tune_steps_per_window=1",
+                    "comm.tune_windows=2",
+                ]
             if method == "tuned-model":  # the model's ranking for this lab, and half the candidates
-                over += ["comm.tune_start=model", f"comm.link_gbit={args.link_mbit / 1000}",
-                         f"comm.flow_gbit={args.flow_mbit / 1000}", f"comm.latency_us={args.latency_us}",
-                         f"comm.tune_max_candidates={max(1, args.candidates // 2)}"]  # fmt: skip
+                over += [
+                    "comm.tune_start=model",
+                    f"comm.link_gbit={args.link_mbit / 1000}",
+                    f"comm.flow_gbit={args.flow_mbit / 1000}",
+                    f"comm.latency_us={args.latency_us}",
+                    f"comm.tune_max_candidates={max(1, args.candidates // 2)}",
+                ]
             cfg = load_config(None, over)
             backend = MultiStreamBackend(cfg, DistInfo(rank, world, 0, 1, torch.device("cpu")))
             m, ps = fresh()
@@ -194,8 +209,11 @@ def worker(args) -> None:
             while backend.tuner is not None and not backend.tuner.done:
                 step()
             if backend.tuner is not None:
-                tuning[method] = {"seconds": time.perf_counter() - t_tune, "candidates": backend.tuner.table(),
-                                  "start": backend.tuner.summary()}  # fmt: skip
+                tuning[method] = {
+                    "seconds": time.perf_counter() - t_tune,
+                    "candidates": backend.tuner.table(),
+                    "start": backend.tuner.summary(),
+                }
             contenders[method] = step
             settings[method] = backend.settings.label().replace("bucket ", "")
         else:
@@ -207,8 +225,12 @@ def worker(args) -> None:
     out["compute_times"] = res["compute"]["times"]
     out["compute_cpu"] = [c["compute"] for c in cpu]
     for m in args.methods:
-        out[m] = {"step_s": statistics.median(res[m]["times"]), "times": res[m]["times"], "settings": settings[m],
-                  "cpu_s": [c[m] for c in cpu]}  # fmt: skip
+        out[m] = {
+            "step_s": statistics.median(res[m]["times"]),
+            "times": res[m]["times"],
+            "settings": settings[m],
+            "cpu_s": [c[m] for c in cpu],
+        }
     for method, t in tuning.items():
         out[method]["tuning"] = t
     if rank == 0:
@@ -241,8 +263,12 @@ def hvd_worker(args) -> None:
     res = _rounds({"horovod": step}, args, barrier)["horovod"]
     cpu = hvd.allgather_object(statistics.median(res["cpu"]))
     fusion = int(os.environ.get("HOROVOD_FUSION_THRESHOLD", 128 * 2**20)) / 2**20
-    out = {"step_s": statistics.median(res["times"]), "times": res["times"], "settings": f"fusion {fusion:g} MB",
-           "cpu_s": list(cpu)}  # fmt: skip
+    out = {
+        "step_s": statistics.median(res["times"]),
+        "times": res["times"],
+        "settings": f"fusion {fusion:g} MB",
+        "cpu_s": list(cpu),
+    }
     if hvd.rank() == 0:
         Path(args.out).write_text(json.dumps(out, indent=1))
     barrier()
@@ -267,10 +293,31 @@ def hvd_rendezvous(args) -> None:
 
 def _worker_cmd(kind: str, out: Path, args, lab) -> list[str]:
     steps = args.steps if lab else args.loopback_steps
-    cmd = [sys.executable, str(Path(__file__).resolve()), kind, "--out", str(out), "--warmup", str(args.warmup),
-           "--steps", str(steps), "--rounds", str(args.rounds), "--candidates", str(args.candidates),
-           "--timeout", str(args.timeout), "--fraction", repr(args.fraction), "--link-mbit", str(args.link_mbit),
-           "--flow-ratio", str(args.flow_ratio), "--latency-us", str(args.latency_us)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        kind,
+        "--out",
+        str(out),
+        "--warmup",
+        str(args.warmup),
+        "--steps",
+        str(steps),
+        "--rounds",
+        str(args.rounds),
+        "--candidates",
+        str(args.candidates),
+        "--timeout",
+        str(args.timeout),
+        "--fraction",
+        repr(args.fraction),
+        "--link-mbit",
+        str(args.link_mbit),
+        "--flow-ratio",
+        str(args.flow_ratio),
+        "--latency-us",
+        str(args.latency_us),
+    ]
     if kind == "--worker":
         cmd += ["--methods", ",".join(m for m in args.contenders if m != "horovod")]
         cmd += [f"--tune-over={o}" for o in args.tune_over]
@@ -283,8 +330,16 @@ def _launch(n: int, argv: list[str], env_for, lab: netlab.NetLab | None, timeout
     procs, files = [], []
     for i in range(n):
         f = tempfile.TemporaryFile("w+")
-        procs.append(subprocess.Popen(argv, env={**os.environ, **env_for(i)}, stdout=f, stderr=subprocess.STDOUT,
-                                      cwd=ROOT, start_new_session=True))  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                argv,
+                env={**os.environ, **env_for(i)},
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+                start_new_session=True,
+            )
+        )
         files.append(f)
     deadline = time.monotonic() + timeout
     for p in procs:
@@ -308,9 +363,16 @@ def _run_torch(n: int, lab, args, tmp: Path) -> dict:
     port = "29500" if lab else str(_free_port())
 
     def env(i):
-        return {"RANK": str(i), "WORLD_SIZE": str(n), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-                "MASTER_ADDR": master, "MASTER_PORT": port, "GLOO_SOCKET_IFNAME": iface,
-                "OMP_NUM_THREADS": "1"}  # fmt: skip
+        return {
+            "RANK": str(i),
+            "WORLD_SIZE": str(n),
+            "LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": "1",
+            "MASTER_ADDR": master,
+            "MASTER_PORT": port,
+            "GLOO_SOCKET_IFNAME": iface,
+            "OMP_NUM_THREADS": "1",
+        }
 
     res = _launch(n, _worker_cmd("--worker", out, args, lab), env, lab, args.timeout)
     if any(rc != 0 for rc, _ in res) or not out.is_file():
@@ -328,10 +390,22 @@ def _run_horovod(n: int, lab, args, tmp: Path) -> dict | str:
     out = tmp / f"hvd-{n}-{'lab' if lab else 'lo'}.json"
     hosts = ",".join(f"{lab.addr(i)}:1" for i in range(n)) if lab else f"localhost:{n}"
     iface = "eth0" if lab else "lo"
-    rdv_cmd = [sys.executable, str(Path(__file__).resolve()), "--hvd-rendezvous", "--hosts", hosts, "--np", str(n),
-               "--timeout", str(args.timeout)]  # fmt: skip
-    rdv = lab.popen(0, rdv_cmd, stdout=subprocess.PIPE, text=True) if lab else subprocess.Popen(
-        rdv_cmd, stdout=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    rdv_cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--hvd-rendezvous",
+        "--hosts",
+        hosts,
+        "--np",
+        str(n),
+        "--timeout",
+        str(args.timeout),
+    ]
+    rdv = (
+        lab.popen(0, rdv_cmd, stdout=subprocess.PIPE, text=True)
+        if lab
+        else subprocess.Popen(rdv_cmd, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    )
     try:
         port = int(rdv.stdout.readline())
         server = lab.addr(0) if lab else "127.0.0.1"
@@ -361,12 +435,20 @@ def _free_port() -> int:
 
 def _loopback_mbit(streams: int, seconds: float = 2.0) -> float:
     port = _free_port()
-    sink = subprocess.Popen([sys.executable, "-c", netlab._SINK, "127.0.0.1", str(port)], start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    sink = subprocess.Popen(
+        [sys.executable, "-c", netlab._SINK, "127.0.0.1", str(port)],
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         time.sleep(1.0)
-        r = subprocess.run([sys.executable, "-c", netlab._SOURCE, "127.0.0.1", str(port), str(streams), str(seconds)],
-                           capture_output=True, text=True, timeout=seconds + 60)  # fmt: skip
+        r = subprocess.run(
+            [sys.executable, "-c", netlab._SOURCE, "127.0.0.1", str(port), str(streams), str(seconds)],
+            capture_output=True,
+            text=True,
+            timeout=seconds + 60,
+        )
         return float(r.stdout.strip())
     finally:
         netlab._kill_tree(sink)
@@ -374,12 +456,14 @@ def _loopback_mbit(streams: int, seconds: float = 2.0) -> float:
 
 def _table(title: str, n: int, res: dict, hvd, link_mbit: float | None) -> list[str]:
     frac = f", {res['fraction']:g} of each tensor" if res.get("fraction", 1.0) != 1.0 else ""
-    rows = [f"\n**{title}, {n} hosts** ({res['tensors']} tensors{frac}, {res['bytes'] / 1e6:.1f} MB fp32 per step; "
-            f"compute-only step {res['compute_s'] * 1000:.0f} ms; medians of {res.get('rounds', 1)} x "
-            f"{len(res['compute_times']) // res.get('rounds', 1)} steps)\n",
-            "| hosts | method | settings | step ms | comm ms | bus bw Gbit/s | % of link cap | speed vs ddp "
-            "| CPU ms/step (busiest rank) | CPU load |",
-            "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    rows = [
+        f"\n**{title}, {n} hosts** ({res['tensors']} tensors{frac}, {res['bytes'] / 1e6:.1f} MB fp32 per step; "
+        f"compute-only step {res['compute_s'] * 1000:.0f} ms; medians of {res.get('rounds', 1)} x "
+        f"{len(res['compute_times']) // res.get('rounds', 1)} steps)\n",
+        "| hosts | method | settings | step ms | comm ms | bus bw Gbit/s | % of link cap | speed vs ddp "
+        "| CPU ms/step (busiest rank) | CPU load |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     entries = [(m, res[m]) for m in METHODS if m in res] + [("horovod", hvd)]
     comm, ref = {}, float("nan")
     for m, r in entries:
@@ -393,18 +477,24 @@ def _table(title: str, n: int, res: dict, hvd, link_mbit: float | None) -> list[
         bus = 2 * (n - 1) / n * res["bytes"] * 8 / comm[m] / 1e9
         pct = f"{100 * bus * 1000 / link_mbit:.0f}%" if link_mbit else "-"
         load = sum(r["cpu_s"]) / ((os.cpu_count() or 1) * r["step_s"])
-        rows.append(f"| {n} | {m} | {r['settings']} | {r['step_s'] * 1000:.0f} | {comm[m] * 1000:.0f} | "
-                    f"{bus:.2f} | {pct} | {ref / comm[m]:.2f}x | {max(r['cpu_s']) * 1000:.0f} | "
-                    f"{100 * load:.0f}% |")  # fmt: skip
+        rows.append(
+            f"| {n} | {m} | {r['settings']} | {r['step_s'] * 1000:.0f} | {comm[m] * 1000:.0f} | "
+            f"{bus:.2f} | {pct} | {ref / comm[m]:.2f}x | {max(r['cpu_s']) * 1000:.0f} | "
+            f"{100 * load:.0f}% |"
+        )
     for m in ("tuned", "tuned-model"):
         tuning = res.get(m, {}).get("tuning")
         if not tuning:
             continue
-        cands = ", ".join(f"{c['bucket_mb']:g}/{c['streams']}/{c['slices']}: {c['median_step_s'] * 1000:.0f}"
-                          + (f" (predicted {c['predicted_s'] * 1000:.0f})" if "predicted_s" in c else "")
-                          for c in tuning["candidates"])  # fmt: skip
-        rows.append(f"\n{m}: auto-tuner, {len(tuning['candidates'])} candidates in {tuning['seconds']:.0f} s; "
-                    f"{tuning['start']} (bucket MB/K/S: median backward+sync ms): {cands}")  # fmt: skip
+        cands = ", ".join(
+            f"{c['bucket_mb']:g}/{c['streams']}/{c['slices']}: {c['median_step_s'] * 1000:.0f}"
+            + (f" (predicted {c['predicted_s'] * 1000:.0f})" if "predicted_s" in c else "")
+            for c in tuning["candidates"]
+        )
+        rows.append(
+            f"\n{m}: auto-tuner, {len(tuning['candidates'])} candidates in {tuning['seconds']:.0f} s; "
+            f"{tuning['start']} (bucket MB/K/S: median backward+sync ms): {cands}"
+        )
     return rows
 
 
@@ -419,8 +509,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-loopback", action="store_true", help="lab only")
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps before each contender's timed steps")
     ap.add_argument("--rounds", type=int, default=1, help="rounds over all contenders, order rotated each round")
-    ap.add_argument("--fraction", type=float, default=1.0, help="each gradient at this fraction of its size, "
-                    "bucket sizes scaled alike (same bucket cuts)")  # fmt: skip
+    ap.add_argument(
+        "--fraction",
+        type=float,
+        default=1.0,
+        help="each gradient at this fraction of its size, bucket sizes scaled alike (same bucket cuts)",
+    )
     ap.add_argument("--json", default="", help="also write all measurements to this JSON file (scripts/predict.py)")
     ap.add_argument("--tune-over", action="append", default=[], help="extra config overrides for the tuned run")
     ap.add_argument("--steps", type=int, default=None, help="lab: timed steps per round (default 5; quick 3)")
@@ -430,8 +524,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--hvd-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--hvd-rendezvous", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--contenders", default="per-tensor,ddp,multistream,tuned,horovod", help="comma-separated, "
-                    f"some of {','.join([*METHODS, 'horovod'])} (ddp: the speed column's reference)")  # fmt: skip
+    ap.add_argument(
+        "--contenders",
+        default="per-tensor,ddp,multistream,tuned,horovod",
+        help=f"comma-separated, some of {','.join([*METHODS, 'horovod'])} (ddp: the speed column's reference)",
+    )
     ap.add_argument("--methods", default="", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="", help=argparse.SUPPRESS)
     ap.add_argument("--hosts", default="", help=argparse.SUPPRESS)
@@ -458,15 +555,20 @@ def main(argv: list[str] | None = None) -> int:
 
     worlds = args.worlds or ([2] if args.quick else [2, 4])
     flow = args.flow_mbit
-    lines = ["## Allreduce benchmark (scripts/bench_allreduce.py)", "",
-             f"command: `python scripts/bench_allreduce.py {' '.join(argv if argv is not None else sys.argv[1:])}`; "
-             f"gloo on CPU, {os.cpu_count()} cores, torch threads 1 per rank"]  # fmt: skip
+    lines = [
+        "## Allreduce benchmark (scripts/bench_allreduce.py)",
+        "",
+        f"command: `python scripts/bench_allreduce.py {' '.join(argv if argv is not None else sys.argv[1:])}`; "
+        f"gloo on CPU, {os.cpu_count()} cores, torch threads 1 per rank",
+    ]
     record: list[dict] = []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         if not args.no_loopback:
-            lines.append(f"\nloopback TCP measured: 1 stream {_loopback_mbit(1):.0f} Mbit/s, "
-                         f"4 streams {_loopback_mbit(4):.0f} Mbit/s")  # fmt: skip
+            lines.append(
+                f"\nloopback TCP measured: 1 stream {_loopback_mbit(1):.0f} Mbit/s, "
+                f"4 streams {_loopback_mbit(4):.0f} Mbit/s"
+            )
             for n in worlds:
                 res = _run_torch(n, None, args, tmp)
                 hvd = _run_horovod(n, None, args, tmp) if "horovod" in args.contenders else "not run"
@@ -479,18 +581,34 @@ def main(argv: list[str] | None = None) -> int:
             for n in worlds:
                 with netlab.NetLab(n, args.link_mbit, flow) as lab:
                     one, four = netlab.measure_mbit(lab, 1, 2.0), netlab.measure_mbit(lab, 4, 2.0)
-                    lines.append(f"\nnetwork lab, {n} hosts: link cap {args.link_mbit:g} Mbit/s per host and "
-                                 f"direction, per-flow cap {flow:.0f} Mbit/s; measured TCP host 1 -> 0: 1 flow "
-                                 f"{one:.0f} Mbit/s, 4 flows {four:.0f} Mbit/s")  # fmt: skip
+                    lines.append(
+                        f"\nnetwork lab, {n} hosts: link cap {args.link_mbit:g} Mbit/s per host and "
+                        f"direction, per-flow cap {flow:.0f} Mbit/s; measured TCP host 1 -> 0: 1 flow "
+                        f"{one:.0f} Mbit/s, 4 flows {four:.0f} Mbit/s"
+                    )
                     res = _run_torch(n, lab, args, tmp)
                     hvd = _run_horovod(n, lab, args, tmp) if "horovod" in args.contenders else "not run"
-                record.append({"hosts": n, "link_mbit": args.link_mbit, "flow_mbit": flow, "measured_1flow_mbit": one,
-                               "measured_4flows_mbit": four, "cpus": os.cpu_count(), "torch": res,
-                               "horovod": hvd})  # fmt: skip
+                record.append(
+                    {
+                        "hosts": n,
+                        "link_mbit": args.link_mbit,
+                        "flow_mbit": flow,
+                        "measured_1flow_mbit": one,
+                        "measured_4flows_mbit": four,
+                        "cpus": os.cpu_count(),
+                        "torch": res,
+                        "horovod": hvd,
+                    }
+                )
                 if args.json:
                     Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
-                lines += _table(f"Network lab ({args.link_mbit:g} Mbit/s link, {flow:.0f} Mbit/s per flow)", n, res,
-                                hvd, args.link_mbit)  # fmt: skip
+                lines += _table(
+                    f"Network lab ({args.link_mbit:g} Mbit/s link, {flow:.0f} Mbit/s per flow)",
+                    n,
+                    res,
+                    hvd,
+                    args.link_mbit,
+                )
                 print("\n".join(lines), file=sys.stderr, flush=True)
     print("\n".join(lines))
     return 0

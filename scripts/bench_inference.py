@@ -95,21 +95,30 @@ def bench_model(label: str, model, args, files, labels, calibration, device) -> 
     res = out["results"]
     base = "onnxruntime" if "onnxruntime" in res else "none"
     extra = {m: {"build s": f"{build_s[m]:.0f}"} for m in res}
-    lines = [f"### {label}, {size} px, batch 1, {len(files)} images, {device.type} ({args.threads} threads)", "",
-             latency_table(res, baseline=base, extra=extra), ""]  # fmt: skip
+    lines = [
+        f"### {label}, {size} px, batch 1, {len(files)} images, {device.type} ({args.threads} threads)",
+        "",
+        latency_table(res, baseline=base, extra=extra),
+        "",
+    ]
     med = {m: r["latency_ms"]["excluding_preprocessing"]["median"] for m, r in res.items()}
     if "onnxruntime" in med:
         exact = min((m for m in FP32_EXACT if m in med), key=med.get, default=None)
         if exact:
-            lines.append(f"- best fp32-exact mode `{exact}`: {med[exact] / med['onnxruntime']:.2f}x ONNX Runtime "
-                         "(target <= 1.0)")  # fmt: skip
+            lines.append(
+                f"- best fp32-exact mode `{exact}`: {med[exact] / med['onnxruntime']:.2f}x ONNX Runtime (target <= 1.0)"
+            )
         if "int8" in med:
-            lines.append(f"- `int8`: {med['int8'] / med['onnxruntime']:.2f}x ONNX Runtime fp32 (target <= 0.6), "
-                         f"top-5 agreement {res['int8']['agreement_top5']:.1f}% (target >= 99%)")  # fmt: skip
+            lines.append(
+                f"- `int8`: {med['int8'] / med['onnxruntime']:.2f}x ONNX Runtime fp32 (target <= 0.6), "
+                f"top-5 agreement {res['int8']['agreement_top5']:.1f}% (target >= 99%)"
+            )
         if "int8" in med and "onnxruntime-int8" in med:
             ratio = med["int8"] / med["onnxruntime-int8"]
-            lines.append(f"- like with like: `int8` {med['int8']:.2f} ms vs ONNX Runtime's static INT8 "
-                         f"{med['onnxruntime-int8']:.2f} ms ({ratio:.2f}x)")  # fmt: skip
+            lines.append(
+                f"- like with like: `int8` {med['int8']:.2f} ms vs ONNX Runtime's static INT8 "
+                f"{med['onnxruntime-int8']:.2f} ms ({ratio:.2f}x)"
+            )
     lines.append(f"- preprocessing (decode, resize, crop): median {out['preprocessing_ms']['median']:.2f} ms/image")
     return "\n".join(lines) + "\n"
 
@@ -139,16 +148,21 @@ def main(argv=None) -> int:
     calib = select_images(len(train), args.calib_images, 1)
     calibration = [load_image(train.files[i], args.image_size, 0.875) for i in calib]
     calib_labels = [train.labels[i] for i in calib]
-    print(f"torch {torch.__version__}, {args.threads} threads, device {device}; ms per image excluding "
-          "preprocessing; 'vs' = ratio of medians; agreement = top-1/top-5 holding eager fp32's top-1\n")  # fmt: skip
+    print(
+        f"torch {torch.__version__}, {args.threads} threads, device {device}; ms per image excluding "
+        "preprocessing; 'vs' = ratio of medians; agreement = top-1/top-5 holding eager fp32's top-1\n"
+    )
     if args.checkpoint:
         from recipes import checkpoint as ckpt
         from recipes.evaluation import config_from_checkpoint, load_model
 
         state = ckpt.load(args.checkpoint)
         cfg = config_from_checkpoint(state, args.checkpoint)
-        print(bench_model(cfg.model.name, load_model(state, cfg, args.checkpoint), args, files, labels,
-                          calibration, device))  # fmt: skip
+        print(
+            bench_model(
+                cfg.model.name, load_model(state, cfg, args.checkpoint), args, files, labels, calibration, device
+            )
+        )
         return 0
     for name in args.models.split(","):
         model = probe_model(name, calibration, calib_labels)

@@ -63,8 +63,18 @@ def ensure_data(args) -> tuple[Path, Path]:
     if args.data is None:
         info = data / "sample.json"
         if not info.is_file() or json.loads(info.read_text())["train"] != 10 * args.per_class:
-            make_sample(["--out", str(data), "--classes", "10", "--train-per-class", str(args.per_class),
-                         "--val-per-class", "1"])  # fmt: skip
+            make_sample(
+                [
+                    "--out",
+                    str(data),
+                    "--classes",
+                    "10",
+                    "--train-per-class",
+                    str(args.per_class),
+                    "--val-per-class",
+                    "1",
+                ]
+            )
     elif not (data / "train").is_dir():
         sys.exit(f"error: --data {data}: no train/ folder")
     small = Path(f"{data}-160")
@@ -93,8 +103,13 @@ class Meter:
 def pipeline_run(backend: str, size: int, args, device: torch.device, copy: Path | None = None) -> tuple[float, float]:
     """The project's own pipeline (create_input), reading the full-size data or, as a phase would, the copy."""
     phase = f"{{epochs: 1, image_size: {size}, batch_size: {BATCH}, root: {'small' if copy else 'full'}}}"
-    overrides = [f"data.backend={backend}", f"data.root={args.data_root}", f"data.workers={args.threads}",
-                 f"phases=[{phase}]", "run.seed=1"] + ([f"data.roots={{small: {copy}}}"] if copy else [])  # fmt: skip
+    overrides = [
+        f"data.backend={backend}",
+        f"data.root={args.data_root}",
+        f"data.workers={args.threads}",
+        f"phases=[{phase}]",
+        "run.seed=1",
+    ] + ([f"data.roots={{small: {copy}}}"] if copy else [])
     cfg = load_config(ROOT / "configs" / "base.yaml", overrides)
     pipe = create_input(cfg, DistInfo(0, 1, 0, 1, device))
     info = EpochInfo(0, 0, cfg.phases[0], 0, math.ceil(pipe.num_train / BATCH))  # every image once
@@ -176,8 +191,14 @@ def stage_table(data: Path, args) -> str:
             return fn.resize(crop(j), resize_x=size, resize_y=size, **kw)
 
         def full(j):
-            return fn.crop_mirror_normalize(resize(j), dtype=types.FLOAT, output_layout="CHW", mean=list(IMAGENET_MEAN),
-                                            std=list(IMAGENET_STD), mirror=fn.random.coin_flip())  # fmt: skip
+            return fn.crop_mirror_normalize(
+                resize(j),
+                dtype=types.FLOAT,
+                output_layout="CHW",
+                mean=list(IMAGENET_MEAN),
+                std=list(IMAGENET_STD),
+                mirror=fn.random.coin_flip(),
+            )
 
         return [
             ("decode the whole image", lambda j: fn.decoders.image(j, device="cpu")),
@@ -201,8 +222,15 @@ def run_rounds(contenders: dict, rounds: int) -> dict:
         for name in order:
             results[name].append(contenders[name]())
         print(f"round {r + 1}/{rounds} done", file=sys.stderr, flush=True)
-    return {name: (statistics.median(v[0] for v in vals), min(v[0] for v in vals), max(v[0] for v in vals),
-                   statistics.median(v[1] for v in vals)) for name, vals in results.items()}  # fmt: skip
+    return {
+        name: (
+            statistics.median(v[0] for v in vals),
+            min(v[0] for v in vals),
+            max(v[0] for v in vals),
+            statistics.median(v[1] for v in vals),
+        )
+        for name, vals in results.items()
+    }
 
 
 def dataset_line(root: Path) -> str:

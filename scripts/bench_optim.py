@@ -28,8 +28,15 @@ from recipes.optim import create_optimizer, param_groups  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 # The record's optimizer settings (configs/dawnbench_158s.yaml); a small LR keeps repeated steps finite.
-RECORD = ["optim.lr=1.0e-3", "optim.momentum=0.9", "optim.weight_decay=1.0e-4", "optim.eta=8.0e-4",
-          "optim.trust_clip_min=1.0e-5", "optim.trust_clip_max=1.0", "optim.nesterov=true"]  # fmt: skip
+RECORD = [
+    "optim.lr=1.0e-3",
+    "optim.momentum=0.9",
+    "optim.weight_decay=1.0e-4",
+    "optim.eta=8.0e-4",
+    "optim.trust_clip_min=1.0e-5",
+    "optim.trust_clip_max=1.0",
+    "optim.nesterov=true",
+]
 
 
 def build(device: torch.device, model_name: str):
@@ -40,18 +47,26 @@ def build(device: torch.device, model_name: str):
         p.grad = torch.randn_like(p) * 1e-2
     optimizers = {
         "torch.optim.SGD(foreach=True) (baseline)": torch.optim.SGD(
-            model.parameters(), lr=1e-3, momentum=0.9, nesterov=True, weight_decay=1e-4, foreach=True),
+            model.parameters(), lr=1e-3, momentum=0.9, nesterov=True, weight_decay=1e-4, foreach=True
+        ),
         "torch.optim.SGD(foreach=False)": torch.optim.SGD(
-            model.parameters(), lr=1e-3, momentum=0.9, nesterov=True, weight_decay=1e-4, foreach=False),
-    }  # fmt: skip
+            model.parameters(), lr=1e-3, momentum=0.9, nesterov=True, weight_decay=1e-4, foreach=False
+        ),
+    }
     for name in ("sgd", "lars", "hybrid", "lamb"):
-        optimizers[f"optim.name={name}"] = create_optimizer(load_config(None, [f"optim.name={name}", *RECORD]).optim,
-                                                            model)  # fmt: skip
+        optimizers[f"optim.name={name}"] = create_optimizer(
+            load_config(None, [f"optim.name={name}", *RECORD]).optim, model
+        )
     # What a per-tensor Python loop costs: timm's LARS in its single-tensor mode, same groups as ours.
     groups = param_groups(model, 1e-4, no_bn_decay=True)
     optimizers["timm Lars(foreach=False): per-tensor loop"] = Lars(
-        [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in groups], lr=1e-3, momentum=0.9,
-        nesterov=True, trust_coeff=8e-4, foreach=False)  # fmt: skip
+        [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in groups],
+        lr=1e-3,
+        momentum=0.9,
+        nesterov=True,
+        trust_coeff=8e-4,
+        foreach=False,
+    )
     return model, optimizers
 
 
@@ -88,8 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     times = measure(optimizers, device, warmup=warmup, steps=steps)
     params = list(model.parameters())
     where = torch.cuda.get_device_name(device) if use_cuda else f"CPU, {torch.get_num_threads()} threads"
-    print(f"### Optimizer step time: {args.model} parameters ({len(params)} tensors, "
-          f"{sum(p.numel() for p in params) / 1e6:.1f} M values), {where}, torch {torch.__version__}\n")  # fmt: skip
+    print(
+        f"### Optimizer step time: {args.model} parameters ({len(params)} tensors, "
+        f"{sum(p.numel() for p in params) / 1e6:.1f} M values), {where}, torch {torch.__version__}\n"
+    )
     print(
         f"{steps} steps each, interleaved in rotating order, after {warmup} warm-up step(s); random gradients; "
         "`python scripts/bench_optim.py" + (" --quick`" if args.quick else "`") + ".\n"

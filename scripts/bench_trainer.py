@@ -52,12 +52,19 @@ def main(argv=None) -> int:
     cfg = load_config(
         None,
         [
-            "data.backend=synthetic", f"data.synthetic_size={args.batch * args.steps}", "data.synthetic_classes=1000",
-            f"model.name={args.model}", "log.tensorboard=false", "checkpoint.enabled=false", "checkpoint.resume=false",
-            f"log.every_steps={args.steps}", "run.out_dir=/tmp/bench_trainer", "optim.name=sgd",
+            "data.backend=synthetic",
+            f"data.synthetic_size={args.batch * args.steps}",
+            "data.synthetic_classes=1000",
+            f"model.name={args.model}",
+            "log.tensorboard=false",
+            "checkpoint.enabled=false",
+            "checkpoint.resume=false",
+            f"log.every_steps={args.steps}",
+            "run.out_dir=/tmp/bench_trainer",
+            "optim.name=sgd",
             f"phases=[{{epochs: {args.rounds + 1}, image_size: {args.image_size}, batch_size: {args.batch}}}]",
         ],
-    )  # fmt: skip
+    )
     with contextlib.redirect_stdout(sys.stderr):  # keep stdout for the table
         trainer = Trainer(cfg)
     trainer.log.active = False
@@ -78,8 +85,10 @@ def main(argv=None) -> int:
     trainer.close()
     b, o = statistics.median(bare), statistics.median(ours)
     dev = str(trainer.dist.device)
-    print(f"### Trainer overhead ({args.model}, {args.image_size}px, batch {args.batch}, {dev}, "
-          f"{torch.get_num_threads()} threads, median of {args.rounds} rounds x {args.steps} steps)\n")  # fmt: skip
+    print(
+        f"### Trainer overhead ({args.model}, {args.image_size}px, batch {args.batch}, {dev}, "
+        f"{torch.get_num_threads()} threads, median of {args.rounds} rounds x {args.steps} steps)\n"
+    )
     print("| loop | images/s | relative |")
     print("|---|---|---|")
     print(f"| bare forward/backward/step | {b:.1f} | 1.000 |")

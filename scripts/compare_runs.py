@@ -66,8 +66,9 @@ def _read_tsv(path: Path) -> list[dict]:
     lines = path.read_text().splitlines()
     for line in lines[1:]:
         epoch, hours, top1, top5 = line.split("\t")
-        rows.append({"epoch": int(epoch), "train_seconds": float(hours) * 3600, "top1": float(top1),
-                     "top5": float(top5)})  # fmt: skip
+        rows.append(
+            {"epoch": int(epoch), "train_seconds": float(hours) * 3600, "top1": float(top1), "top5": float(top5)}
+        )
     return rows
 
 
@@ -164,29 +165,33 @@ def compare(runs: list[Run], target: dict[str, float] | None = None) -> list[dic
         ips = float(s["images_per_s"])
         step_s = s["train_seconds"] / s["steps"] if s.get("steps") else None
         comm = comm_per_step(run)
-        rows.append({
-            "run": run.name,
-            "backend": s.get("comm_backend") or run.config.get("comm", {}).get("backend", "?"),
-            "processes": run.world,
-            "target": _fmt_target(t),
-            "time_to_target_s": hit["train_seconds"] if hit else None,
-            "epoch_at_target": hit["epoch"] if hit else None,
-            "wall_s": float(s["wall_seconds"]),
-            "train_s": float(s["train_seconds"]),
-            "images_per_s": ips,
-            "images_per_s_per_process": ips / run.world,
-            "comm_ms_per_step": comm * 1000 if comm is not None else None,
-            "comm_share": comm / step_s if comm is not None and step_s else None,
-            "scaling_efficiency": ips / (run.world * float(single.summary["images_per_s"])) if single else None,
-            "final_top1": s["final_top1"],
-            "final_top5": s["final_top5"],
-        })  # fmt: skip
+        rows.append(
+            {
+                "run": run.name,
+                "backend": s.get("comm_backend") or run.config.get("comm", {}).get("backend", "?"),
+                "processes": run.world,
+                "target": _fmt_target(t),
+                "time_to_target_s": hit["train_seconds"] if hit else None,
+                "epoch_at_target": hit["epoch"] if hit else None,
+                "wall_s": float(s["wall_seconds"]),
+                "train_s": float(s["train_seconds"]),
+                "images_per_s": ips,
+                "images_per_s_per_process": ips / run.world,
+                "comm_ms_per_step": comm * 1000 if comm is not None else None,
+                "comm_share": comm / step_s if comm is not None and step_s else None,
+                "scaling_efficiency": ips / (run.world * float(single.summary["images_per_s"])) if single else None,
+                "final_top1": s["final_top1"],
+                "final_top5": s["final_top5"],
+            }
+        )
     return rows
 
 
 def markdown(runs: list[Run], rows: list[dict]) -> str:
-    head = ("| run | backend | processes | target | time to target | total time | images/s | images/s per process "
-            "| comm per step | comm share | scaling efficiency | final top-1 / top-5 |")  # fmt: skip
+    head = (
+        "| run | backend | processes | target | time to target | total time | images/s | images/s per process "
+        "| comm per step | comm share | scaling efficiency | final top-1 / top-5 |"
+    )
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     for r in rows:
         ttt = "not reached"
@@ -204,8 +209,11 @@ def markdown(runs: list[Run], rows: list[dict]) -> str:
     width = max(len(p) for p in phases)
     if width:
         labels = next(p for p in phases if len(p) == width)
-        lines += ["", "| run (images/s per phase) | " + " | ".join(lbl for lbl, _ in labels) + " |",
-                  "|---|" + "---:|" * width]  # fmt: skip
+        lines += [
+            "",
+            "| run (images/s per phase) | " + " | ".join(lbl for lbl, _ in labels) + " |",
+            "|---|" + "---:|" * width,
+        ]
         for run, p in zip(runs, phases, strict=True):
             cells = [_cell(v, ".1f") for _, v in p] + ["-"] * (width - len(p))
             lines.append(f"| {run.name} | " + " | ".join(cells) + " |")

@@ -53,8 +53,11 @@ def markdown_table(rows: list[dict]) -> str:
         return str(s).replace("|", "\\|").replace("\n", " ")
 
     lines = ["| check | result | number | unit | reference |", "|---|---|---:|---|---|"]
-    lines += [f"| {cell(r['name'])} | {cell(r['result'])} | {_fmt(r['number'])} | {cell(r['unit'])} | "
-              f"{cell(r['reference'])} |" for r in rows]  # fmt: skip
+    lines += [
+        f"| {cell(r['name'])} | {cell(r['result'])} | {_fmt(r['number'])} | {cell(r['unit'])} | "
+        f"{cell(r['reference'])} |"
+        for r in rows
+    ]
     return "\n".join(lines)
 
 
@@ -90,8 +93,10 @@ def check_dali(rows: list[dict], sample: Path) -> None:
     for size in SIZES:
         with _guard(rows, f"DALI mixed decode + random-resized-crop {size}px"):
             phase = f"{{epochs: 1, image_size: {size}, batch_size: {batch}}}"
-            cfg = load_config(ROOT / "configs" / "base.yaml", ["data.backend=dali", f"data.root={sample}",
-                                                              "data.workers=4", f"phases=[{phase}]"])  # fmt: skip
+            cfg = load_config(
+                ROOT / "configs" / "base.yaml",
+                ["data.backend=dali", f"data.root={sample}", "data.workers=4", f"phases=[{phase}]"],
+            )
             pipe = create_input(cfg, DistInfo(0, 1, 0, 1, dev))
             info = EpochInfo(0, 0, cfg.phases[0], 0, math.ceil(pipe.num_train / batch))
             n, shape_ok = 0, True
@@ -107,12 +112,21 @@ def check_dali(rows: list[dict], sample: Path) -> None:
             dt = time.perf_counter() - t
             pipe.close()
             ok = shape_ok and n > 0
-            rows.append(row(f"DALI mixed decode + random-resized-crop {size}px", "pass" if ok else "fail: shape",
-                            n / dt, "images/s", f"{n} images on cuda:0"))  # fmt: skip
+            rows.append(
+                row(
+                    f"DALI mixed decode + random-resized-crop {size}px",
+                    "pass" if ok else "fail: shape",
+                    n / dt,
+                    "images/s",
+                    f"{n} images on cuda:0",
+                )
+            )
     with _guard(rows, "DALI mixed rect validation (each image once)"):
         phase = "{epochs: 1, image_size: 128, batch_size: 64, rect_val: true}"
-        cfg = load_config(ROOT / "configs" / "base.yaml", ["data.backend=dali", f"data.root={sample}",
-                                                          "data.workers=4", f"phases=[{phase}]"])  # fmt: skip
+        cfg = load_config(
+            ROOT / "configs" / "base.yaml",
+            ["data.backend=dali", f"data.root={sample}", "data.workers=4", f"phases=[{phase}]"],
+        )
         pipe = create_input(cfg, DistInfo(0, 1, 0, 1, dev))
         t = time.perf_counter()
         n = sum(x.shape[0] for x, _ in pipe.val_batches(cfg.phases[0]))
@@ -120,21 +134,39 @@ def check_dali(rows: list[dict], sample: Path) -> None:
         dt = time.perf_counter() - t
         expected = pipe.num_val
         pipe.close()
-        rows.append(row("DALI mixed rect validation (each image once)", "pass" if n == expected else
-                        f"fail: counted {n}, expected {expected}", n / dt, "images/s",
-                        f"{n} of {expected} val images"))  # fmt: skip
+        rows.append(
+            row(
+                "DALI mixed rect validation (each image once)",
+                "pass" if n == expected else f"fail: counted {n}, expected {expected}",
+                n / dt,
+                "images/s",
+                f"{n} of {expected} val images",
+            )
+        )
 
 
 # --- 2. AMP training steps ---------------------------------------------------------------------------------------
 def _step_config(amp: str, size: int, batch: int, steps: int, rounds: int, out: Path):
     from recipes.config import load_config
 
-    return load_config(None, [
-        "data.backend=synthetic", f"data.synthetic_size={batch * steps}", "data.synthetic_classes=1000",
-        "model.name=resnet50_tweaked", f"run.amp={amp}", "run.channels_last=true", "optim.name=hybrid",
-        "log.tensorboard=false", "checkpoint.enabled=false", "checkpoint.resume=false", f"log.every_steps={steps}",
-        f"run.out_dir={out}", f"phases=[{{epochs: {rounds + 1}, image_size: {size}, batch_size: {batch}}}]",
-    ])  # fmt: skip
+    return load_config(
+        None,
+        [
+            "data.backend=synthetic",
+            f"data.synthetic_size={batch * steps}",
+            "data.synthetic_classes=1000",
+            "model.name=resnet50_tweaked",
+            f"run.amp={amp}",
+            "run.channels_last=true",
+            "optim.name=hybrid",
+            "log.tensorboard=false",
+            "checkpoint.enabled=false",
+            "checkpoint.resume=false",
+            f"log.every_steps={steps}",
+            f"run.out_dir={out}",
+            f"phases=[{{epochs: {rounds + 1}, image_size: {size}, batch_size: {batch}}}]",
+        ],
+    )
 
 
 def bare_loop(model, optimizer, criterion, x, y, steps: int, amp_dtype, scaler) -> float:
@@ -196,8 +228,15 @@ def check_steps(rows: list[dict], steps: int, work: Path) -> None:
                 trainer.close()
                 b, o = statistics.median(bare), statistics.median(ours)
                 rows.append(row(name, "pass", o, "img/s per GPU", NVIDIA_REF if size == 224 else ""))
-                rows.append(row(f"trainer overhead vs bare loop ({amp} {size}px)", "pass",
-                                100 * (1 - o / b), "%", f"bare loop {b:,.0f} img/s; target <= 3%"))  # fmt: skip
+                rows.append(
+                    row(
+                        f"trainer overhead vs bare loop ({amp} {size}px)",
+                        "pass",
+                        100 * (1 - o / b),
+                        "%",
+                        f"bare loop {b:,.0f} img/s; target <= 3%",
+                    )
+                )
                 del trainer, bare_model, bare_opt
                 torch.cuda.empty_cache()
 
@@ -273,8 +312,20 @@ def check_e2e(rows: list[dict], sample: Path, work: Path, gpus: int) -> Path | N
     hvdrun = str(local) if local.is_file() else shutil.which("horovodrun") or "horovodrun"
     with _guard(rows, name):
         run_dir, log = work / "run-horovod", work / "run-horovod.log"
-        cmd = [hvdrun, "--gloo", "-np", str(gpus), "-H", f"localhost:{gpus}", py, "train.py", "-c", "configs/base.yaml",
-               "--run-dir", str(run_dir)]  # fmt: skip
+        cmd = [
+            hvdrun,
+            "--gloo",
+            "-np",
+            str(gpus),
+            "-H",
+            f"localhost:{gpus}",
+            py,
+            "train.py",
+            "-c",
+            "configs/base.yaml",
+            "--run-dir",
+            str(run_dir),
+        ]
         rc = _run(cmd + _train_overrides(sample) + ["comm.backend=horovod"], log, 240)
         summary = run_dir / "summary.json"
         if rc != 0 or not summary.is_file():
@@ -303,14 +354,35 @@ def check_eval(rows: list[dict], ckpt: Path | None, sample: Path, work: Path) ->
             rows.append(row("evaluate.py (DALI) on the checkpoint", f"fail: exit {rc} (see {log})"))
         else:
             r = json.loads(out.read_text())
-            rows.append(row("evaluate.py (DALI) on the checkpoint", "pass", r.get("top1"), "% top-1",
-                            f"{r.get('count')} val images counted once"))  # fmt: skip
+            rows.append(
+                row(
+                    "evaluate.py (DALI) on the checkpoint",
+                    "pass",
+                    r.get("top1"),
+                    "% top-1",
+                    f"{r.get('count')} val images counted once",
+                )
+            )
     # The compiled GPU modes replay the model as a CUDA graph (torch.compile mode="reduce-overhead").
     modes = [m for m in ("compile", "fp16", "bf16") if m in MODES and "cuda" in MODES[m].devices]
     with _guard(rows, "batch-1 latency"):
         out, log = work / "latency.json", work / "latency.log"
-        cmd = [py, "evaluate.py", str(ckpt), "--data", str(sample), "--latency", "--device", "cuda",
-               "--optimize", ",".join(modes), "--images", "200", "--out", str(out)]  # fmt: skip
+        cmd = [
+            py,
+            "evaluate.py",
+            str(ckpt),
+            "--data",
+            str(sample),
+            "--latency",
+            "--device",
+            "cuda",
+            "--optimize",
+            ",".join(modes),
+            "--images",
+            "200",
+            "--out",
+            str(out),
+        ]
         rc = _run(cmd, log, 300)
         if rc != 0 or not out.is_file():
             rows.append(row("batch-1 latency (DAWNBench protocol)", f"fail: exit {rc} (see {log})"))
@@ -324,9 +396,15 @@ def check_eval(rows: list[dict], ckpt: Path | None, sample: Path, work: Path) ->
                 continue
             agree = r.get("agreement_top1")
             ok = m == "none" or (agree is not None and agree >= AGREEMENT_MIN)
-            rows.append(row(label, "pass" if ok else f"fail: top-1 agreement {agree}%",
-                            r["latency_ms"]["excluding_preprocessing"]["mean"], "ms/image",
-                            f"top-1 agreement with fp32 {agree}%; {r['images']} images"))  # fmt: skip
+            rows.append(
+                row(
+                    label,
+                    "pass" if ok else f"fail: top-1 agreement {agree}%",
+                    r["latency_ms"]["excluding_preprocessing"]["mean"],
+                    "ms/image",
+                    f"top-1 agreement with fp32 {agree}%; {r['images']} images",
+                )
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -359,11 +437,19 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.redirect_stdout(sys.stderr):
             check_eval(rows, ckpt, sample, work)
     finally:
-        report = {"gpu": torch.cuda.get_device_name(0), "gpus": gpus, "torch": torch.__version__,
-                  "date": time.strftime("%Y-%m-%d"), "seconds": time.perf_counter() - t0, "rows": rows}  # fmt: skip
+        report = {
+            "gpu": torch.cuda.get_device_name(0),
+            "gpus": gpus,
+            "torch": torch.__version__,
+            "date": time.strftime("%Y-%m-%d"),
+            "seconds": time.perf_counter() - t0,
+            "rows": rows,
+        }
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-        print(f"### GPU check: {report['gpu']} x{gpus}, torch {torch.__version__}, {report['date']}, "
-              f"{report['seconds']:.0f} s\n")  # fmt: skip
+        print(
+            f"### GPU check: {report['gpu']} x{gpus}, torch {torch.__version__}, {report['date']}, "
+            f"{report['seconds']:.0f} s\n"
+        )
         print(markdown_table(rows))
         if tmp is not None:
             tmp.cleanup()

@@ -46,9 +46,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("-c", "--config", required=True, help="YAML config (the same file on every host)")
     ap.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides passed to train.py")
-    ap.add_argument("--overrides-text", default="", metavar="TEXT",
-                    help="more overrides as one string, applied last (make's OVERRIDES=): a new one starts at each "
-                    "word that begins with key=, so values may hold spaces")  # fmt: skip
+    ap.add_argument(
+        "--overrides-text",
+        default="",
+        metavar="TEXT",
+        help="more overrides as one string, applied last (make's OVERRIDES=): a new one starts at each "
+        "word that begins with key=, so values may hold spaces",
+    )
     where = ap.add_argument_group("hosts (one of; default: the SLURM allocation we run in)")
     where.add_argument("--hostfile", help="one 'host [slots=N] [addr=IP]' per line")
     where.add_argument("--hosts", help="comma-separated host[:slots] list, e.g. node01:8,node02:8 or localhost")
@@ -81,9 +85,13 @@ def _parser() -> argparse.ArgumentParser:
         "--srun-args", default="", help="extra srun options for the slurm transport (e.g. pyxis' --container-image)"
     )
     ap.add_argument("--horovodrun", help="horovodrun on the first host (default: next to --python)")
-    ap.add_argument("--max-restarts", type=int, default=0,
-                    help="torchrun: restart the workers up to N times after a failure (they resume from the "
-                    "newest checkpoint; set checkpoint.every_steps for mid-epoch recovery)")  # fmt: skip
+    ap.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        help="torchrun: restart the workers up to N times after a failure (they resume from the "
+        "newest checkpoint; set checkpoint.every_steps for mid-epoch recovery)",
+    )
     ap.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL when stopping")
     ap.add_argument("--join-timeout", type=float, default=300.0, help="seconds for every host to join the rendezvous")
     ap.add_argument("--check-timeout", type=float, default=120.0, help="seconds for the checks on every host")

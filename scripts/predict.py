@@ -103,10 +103,15 @@ def phases(cfg, world: int) -> list[tuple[int, int, int]]:
 def contenders(cfg, recommended: Settings | None) -> list[tuple[str, str, dict]]:
     """(label, backend, keyword arguments of predict_step) for the backends compared."""
     c = cfg.comm
-    out = [("ddp", "ddp", {"bucket_cap_mb": c.bucket_cap_mb, "compression": "none"}),
-           ("horovod", "horovod", {"horovod": sm.Horovod(fusion_mb=128.0), "compression": "none"}),
-           ("multistream (defaults)", "multistream",
-            {"settings": Settings(float(c.bucket_mb), c.streams, c.slices), "compression": c.compression})]  # fmt: skip
+    out = [
+        ("ddp", "ddp", {"bucket_cap_mb": c.bucket_cap_mb, "compression": "none"}),
+        ("horovod", "horovod", {"horovod": sm.Horovod(fusion_mb=128.0), "compression": "none"}),
+        (
+            "multistream (defaults)",
+            "multistream",
+            {"settings": Settings(float(c.bucket_mb), c.streams, c.slices), "compression": c.compression},
+        ),
+    ]
     if recommended is not None:
         out.append(
             ("multistream (recommended)", "multistream", {"settings": recommended, "compression": c.compression})
@@ -114,8 +119,9 @@ def contenders(cfg, recommended: Settings | None) -> list[tuple[str, str, dict]]
     return out
 
 
-def training(cfg, prof: Profile, net: sm.Network, label_backend: tuple[str, str, dict], gpu_img_s: float,
-             optimizer_s: float) -> dict:  # fmt: skip
+def training(
+    cfg, prof: Profile, net: sm.Network, label_backend: tuple[str, str, dict], gpu_img_s: float, optimizer_s: float
+) -> dict:
     world = net.hosts * net.gpus_per_host
     label, backend, kw = label_backend
     rows, total, images = [], 0.0, 0
@@ -146,21 +152,35 @@ def recommend_settings(cfg, prof: Profile, net: sm.Network, gpu_img_s: float, op
     return best[0]
 
 
-def report(cfg, prof: Profile, net: sm.Network, gpu_img_s: float, optimizer_s: float, record_s: float | None,
-           png: str | None, max_hosts: int) -> list[str]:  # fmt: skip
+def report(
+    cfg,
+    prof: Profile,
+    net: sm.Network,
+    gpu_img_s: float,
+    optimizer_s: float,
+    record_s: float | None,
+    png: str | None,
+    max_hosts: int,
+) -> list[str]:
     rec = recommend_settings(cfg, prof, net, gpu_img_s, optimizer_s)
     one = replace(net, hosts=1)
-    lines = [f"cluster: {net.hosts} hosts x {net.gpus_per_host} GPUs, link {net.link_gbit:g} Gbit/s per host, "
-             f"per-flow cap {net.flow_gbit if net.flow_gbit else 'none'} Gbit/s, {net.latency_s * 1e6:g} us per "
-             f"ring step, intra-host {net.intra_gbyte:g} GB/s, goodput {net.efficiency:.0%} of the caps",
-             f"compute: {cfg.model.name} profiled on this CPU at {prof.image_size} px ({prof.cpu_img_s:.1f} img/s, "
-             f"forward {prof.forward_share:.0%} of forward+backward); GPU {gpu_img_s:g} img/s at 224 px, i.e. "
-             f"{prof.cpu_img_s * (prof.image_size / 224) ** 2 / gpu_img_s:.2e} x this CPU's time per pixel; "
-             f"optimizer {optimizer_s * 1000:g} ms per step",
-             f"gradients: {len(prof.specs)} tensors, {sum(s.nbytes for s in prof.specs) / 1e6:.1f} MB "
-             f"(fp32; wire {cfg.comm.compression}); recommended multistream settings: {rec.label()}", ""]  # fmt: skip
-    lines += ["| backend | phase | steps | batch/GPU | px | forward ms | backward ms | comm ms | hidden ms | "
-              "exposed ms | step ms |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines = [
+        f"cluster: {net.hosts} hosts x {net.gpus_per_host} GPUs, link {net.link_gbit:g} Gbit/s per host, "
+        f"per-flow cap {net.flow_gbit if net.flow_gbit else 'none'} Gbit/s, {net.latency_s * 1e6:g} us per "
+        f"ring step, intra-host {net.intra_gbyte:g} GB/s, goodput {net.efficiency:.0%} of the caps",
+        f"compute: {cfg.model.name} profiled on this CPU at {prof.image_size} px ({prof.cpu_img_s:.1f} img/s, "
+        f"forward {prof.forward_share:.0%} of forward+backward); GPU {gpu_img_s:g} img/s at 224 px, i.e. "
+        f"{prof.cpu_img_s * (prof.image_size / 224) ** 2 / gpu_img_s:.2e} x this CPU's time per pixel; "
+        f"optimizer {optimizer_s * 1000:g} ms per step",
+        f"gradients: {len(prof.specs)} tensors, {sum(s.nbytes for s in prof.specs) / 1e6:.1f} MB "
+        f"(fp32; wire {cfg.comm.compression}); recommended multistream settings: {rec.label()}",
+        "",
+    ]
+    lines += [
+        "| backend | phase | steps | batch/GPU | px | forward ms | backward ms | comm ms | hidden ms | "
+        "exposed ms | step ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     results = []
     for cb in contenders(cfg, rec):
         r = training(cfg, prof, net, cb, gpu_img_s, optimizer_s)
@@ -169,18 +189,24 @@ def report(cfg, prof: Profile, net: sm.Network, gpu_img_s: float, optimizer_s: f
         results.append(r)
         for i, row in enumerate(r["rows"]):
             p = row["pred"]
-            lines.append(f"| {r['label'] if i == 0 else ''} | {i + 1} | {row['steps']} | {row['batch']} | "
-                         f"{row['size']} | {p.forward_s * 1000:.0f} | {p.backward_s * 1000:.0f} | "
-                         f"{p.comm_busy_s * 1000:.0f} | {p.hidden_s * 1000:.0f} | {p.exposed_s * 1000:.0f} | "
-                         f"{p.step_s * 1000:.0f} |")  # fmt: skip
-    lines += ["", "| backend | settings | training s (compute + exposed comm) | images/s | scaling efficiency vs "
-              "1 host |" + (" vs record |" if record_s else ""),
-              "|---|---|---:|---:|---:|" + ("---:|" if record_s else "")]  # fmt: skip
+            lines.append(
+                f"| {r['label'] if i == 0 else ''} | {i + 1} | {row['steps']} | {row['batch']} | "
+                f"{row['size']} | {p.forward_s * 1000:.0f} | {p.backward_s * 1000:.0f} | "
+                f"{p.comm_busy_s * 1000:.0f} | {p.hidden_s * 1000:.0f} | {p.exposed_s * 1000:.0f} | "
+                f"{p.step_s * 1000:.0f} |"
+            )
+    lines += [
+        "",
+        "| backend | settings | training s (compute + exposed comm) | images/s | scaling efficiency vs "
+        "1 host |" + (" vs record |" if record_s else ""),
+        "|---|---|---:|---:|---:|" + ("---:|" if record_s else ""),
+    ]
     for r in results:
         settings = r["rows"][0]["pred"].settings
         vs = f" {r['seconds'] / record_s:.2f}x |" if record_s else ""
-        lines.append(f"| {r['label']} | {settings} | {r['seconds']:.0f} | {r['img_s']:,.0f} | "
-                     f"{r['efficiency']:.0%} |{vs}")  # fmt: skip
+        lines.append(
+            f"| {r['label']} | {settings} | {r['seconds']:.0f} | {r['img_s']:,.0f} | {r['efficiency']:.0%} |{vs}"
+        )
     if record_s:
         lines.append(f"| record (AIACC-Training, DAWNBench) | | {record_s:g} (everything, incl. evaluation) | | | |")
     if png:
@@ -189,8 +215,9 @@ def report(cfg, prof: Profile, net: sm.Network, gpu_img_s: float, optimizer_s: f
     return lines
 
 
-def plot(cfg, prof: Profile, net: sm.Network, gpu_img_s: float, optimizer_s: float, rec: Settings, png: str,
-         max_hosts: int) -> None:  # fmt: skip
+def plot(
+    cfg, prof: Profile, net: sm.Network, gpu_img_s: float, optimizer_s: float, rec: Settings, png: str, max_hosts: int
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -254,8 +281,9 @@ def lab_predict(rec: dict, method: str, fit: LabFit, specs: list[TensorSpec] | N
         return None
     f = torch_res.get("fraction", 1.0)
     specs = specs or lab_specs(f)
-    net = sm.Network(rec["hosts"], 1, rec["link_mbit"] / 1000, rec["flow_mbit"] / 1000, fit.latency_s,
-                     efficiency=fit.efficiency)  # fmt: skip
+    net = sm.Network(
+        rec["hosts"], 1, rec["link_mbit"] / 1000, rec["flow_mbit"] / 1000, fit.latency_s, efficiency=fit.efficiency
+    )
     comp = sm.no_overlap(specs, torch_res["compute_s"])
     if method in ("multistream", "tuned"):
         return sm.predict_step("multistream", specs, comp, net, _settings(r["settings"])).step_s
@@ -329,19 +357,24 @@ def _refine(f, xs: tuple[float, float], ys: tuple[float, float], points: int = 7
 def validate(paths: list[str], fit_hosts: list[int]) -> list[str]:
     records = load_lab(paths)
     fit = fit_lab([r for r in records if r["hosts"] in fit_hosts])
-    lines = [f"fitted on {', '.join(map(str, fit_hosts))} hosts: goodput {fit.efficiency:.0%} of the caps, "
-             f"{fit.latency_s * 1e6:.0f} us per ring step, Horovod negotiation {fit.negotiation_s_per_rank * 1e6:.0f} "
-             "us per rank per fused response", "",
-             "| hosts | method | settings | measured ms | predicted ms | error | fitted on |",
-             "|---:|---|---|---:|---:|---:|---|"]  # fmt: skip
+    lines = [
+        f"fitted on {', '.join(map(str, fit_hosts))} hosts: goodput {fit.efficiency:.0%} of the caps, "
+        f"{fit.latency_s * 1e6:.0f} us per ring step, Horovod negotiation {fit.negotiation_s_per_rank * 1e6:.0f} "
+        "us per rank per fused response",
+        "",
+        "| hosts | method | settings | measured ms | predicted ms | error | fitted on |",
+        "|---:|---|---|---:|---:|---:|---|",
+    ]
     for rec in records:
         for m in LAB_METHODS:
             p, y = lab_predict(rec, m, fit), measured(rec, m)
             if p is None or y is None:
                 continue
             r = rec["horovod"] if m == "horovod" else rec["torch"][m]
-            lines.append(f"| {rec['hosts']} | {m} | {r['settings']} | {y * 1000:.0f} | {p * 1000:.0f} | "
-                         f"{100 * (p / y - 1):+.0f}% | {'yes' if rec['hosts'] in fit_hosts else 'no'} |")  # fmt: skip
+            lines.append(
+                f"| {rec['hosts']} | {m} | {r['settings']} | {y * 1000:.0f} | {p * 1000:.0f} | "
+                f"{100 * (p / y - 1):+.0f}% | {'yes' if rec['hosts'] in fit_hosts else 'no'} |"
+            )
     return lines
 
 
@@ -380,11 +413,30 @@ def main(argv: list[str] | None = None) -> int:
         if v is not None and v <= 0:
             print(f"error: --{key.replace('_', '-')}: expected a positive number, got {v}", file=sys.stderr)
             return 2
-    net = sm.Network(args.hosts or cfg.run.nodes, args.gpus_per_host or cfg.run.procs_per_node, args.link_gbit,
-                     args.flow_gbit or None, args.latency_us * 1e-6, args.intra_gbyte, args.efficiency)  # fmt: skip
+    net = sm.Network(
+        args.hosts or cfg.run.nodes,
+        args.gpus_per_host or cfg.run.procs_per_node,
+        args.link_gbit,
+        args.flow_gbit or None,
+        args.latency_us * 1e-6,
+        args.intra_gbyte,
+        args.efficiency,
+    )
     prof = profile_model(cfg.model.name, args.profile_size)
-    print("\n".join(report(cfg, prof, net, args.gpu_img_s, args.optimizer_ms / 1000, args.record_s or None,
-                           args.png or None, args.max_hosts)))  # fmt: skip
+    print(
+        "\n".join(
+            report(
+                cfg,
+                prof,
+                net,
+                args.gpu_img_s,
+                args.optimizer_ms / 1000,
+                args.record_s or None,
+                args.png or None,
+                args.max_hosts,
+            )
+        )
+    )
     return 0
 
 

@@ -45,8 +45,9 @@ class Net(nn.Module):
 
 
 def config(*overrides: str):
-    return load_config(None, ["run.device=cpu", "dist.backend=gloo", "run.threads=1", "log.tensorboard=false",
-                              *overrides])  # fmt: skip
+    return load_config(
+        None, ["run.device=cpu", "dist.backend=gloo", "run.threads=1", "log.tensorboard=false", *overrides]
+    )
 
 
 def batch(rank: int, step: int = 0):
@@ -102,24 +103,35 @@ def scenario_equal(out: dict, args: list[str]) -> None:
     out["multistream"] = {}
     for k in grid:
         for s in grid:
-            g, backend = run_backend(config("comm.backend=multistream", tiny, f"comm.streams={k}",
-                                            f"comm.slices={s}", *args), dist, model)  # fmt: skip
+            g, backend = run_backend(
+                config("comm.backend=multistream", tiny, f"comm.streams={k}", f"comm.slices={s}", *args), dist, model
+            )
             plan = backend.engine.plan
             lengths = sorted({hi - lo for b in range(len(plan.buckets)) for lo, hi in plan.slice_bounds(b)})
-            out["multistream"][f"K{k}S{s}"] = {"vs_mean": max_err(g, mean), "vs_ddp": max_err(g, ddp),
-                                               "buckets": len(plan.buckets), "slice_lengths": lengths,
-                                               "digest": plan.digest()}  # fmt: skip
-    for extra in (["comm.concurrency=serialize", "comm.streams=3", "comm.slices=2"],
-                  ["comm.compression=fp16", "comm.streams=2", "comm.slices=3"],
-                  ["comm.compression=bf16", "comm.streams=4", "comm.slices=1"]):  # fmt: skip
+            out["multistream"][f"K{k}S{s}"] = {
+                "vs_mean": max_err(g, mean),
+                "vs_ddp": max_err(g, ddp),
+                "buckets": len(plan.buckets),
+                "slice_lengths": lengths,
+                "digest": plan.digest(),
+            }
+    for extra in (
+        ["comm.concurrency=serialize", "comm.streams=3", "comm.slices=2"],
+        ["comm.compression=fp16", "comm.streams=2", "comm.slices=3"],
+        ["comm.compression=bf16", "comm.streams=4", "comm.slices=1"],
+    ):
         g, backend = run_backend(config("comm.backend=multistream", tiny, *extra, *args), dist, model)
-        out["/".join(extra)] = {"vs_mean": max_err(g, mean), "vs_ddp": max_err(g, ddp),
-                                "scale": max(float(t.abs().max()) for t in mean)}  # fmt: skip
+        out["/".join(extra)] = {
+            "vs_mean": max_err(g, mean),
+            "vs_ddp": max_err(g, ddp),
+            "scale": max(float(t.abs().max()) for t in mean),
+        }
     torch.manual_seed(0)
     with_unused = Net(unused=True)
     mean = exact_mean(with_unused, dist.rank, dist.world_size, step=1)
-    g, _ = run_backend(config("comm.backend=multistream", tiny, "comm.streams=2", "comm.slices=2", *args), dist,
-                       with_unused)  # fmt: skip
+    g, _ = run_backend(
+        config("comm.backend=multistream", tiny, "comm.streams=2", "comm.slices=2", *args), dist, with_unused
+    )
     out["unused"] = {"vs_mean": max_err(g, mean), "grad_is_zero": all(float(t.abs().max()) == 0 for t in g[-2:])}
 
 
@@ -139,10 +151,21 @@ def scenario_horovod(out: dict, args: list[str]) -> None:
 
 def scenario_tune(out: dict, args: list[str]) -> None:
     """Auto-tune, record the settings in force after every step; then a second backend must start from the cache."""
-    cfg = config("comm.backend=multistream", "comm.autotune=true", "comm.bucket_mb=0.004", "comm.streams=1",
-                 "comm.slices=1", "comm.tune_bucket_mb=[0.001,0.004]", "comm.tune_streams=[1,2]",
-                 "comm.tune_slices=[1,3]", "comm.tune_max_candidates=4", "comm.tune_warmup_steps=1",
-                 "comm.tune_steps_per_window=1", "comm.tune_windows=2", *args)  # fmt: skip
+    cfg = config(
+        "comm.backend=multistream",
+        "comm.autotune=true",
+        "comm.bucket_mb=0.004",
+        "comm.streams=1",
+        "comm.slices=1",
+        "comm.tune_bucket_mb=[0.001,0.004]",
+        "comm.tune_streams=[1,2]",
+        "comm.tune_slices=[1,3]",
+        "comm.tune_max_candidates=4",
+        "comm.tune_warmup_steps=1",
+        "comm.tune_steps_per_window=1",
+        "comm.tune_windows=2",
+        *args,
+    )
     dist = setup(cfg)
     torch.manual_seed(0)
     model = Net()

@@ -16,8 +16,12 @@ from recipes.trainer import train
 
 def test_indices_name_the_sorted_file_names_wherever_the_files_sit(tmp_path):
     # the devkit numbers the flat folder: ILSVRC2012_val_00000001.JPEG is 1, whatever class folder it is in now
-    files = ["/v/n2/ILSVRC2012_val_00000002.JPEG", "/v/n1/ILSVRC2012_val_00000003.JPEG",
-             "/v/n1/ILSVRC2012_val_00000004.JPEG", "/v/n2/ILSVRC2012_val_00000001.JPEG"]  # fmt: skip
+    files = [
+        "/v/n2/ILSVRC2012_val_00000002.JPEG",
+        "/v/n1/ILSVRC2012_val_00000003.JPEG",
+        "/v/n1/ILSVRC2012_val_00000004.JPEG",
+        "/v/n2/ILSVRC2012_val_00000001.JPEG",
+    ]
     split = Split(Path("/v"), ["n1", "n2"], files, [1, 0, 0, 1])
     bl = tmp_path / "ILSVRC2012_validation_blacklist.txt"
     bl.write_text("1\n4\n")

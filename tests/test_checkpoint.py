@@ -68,8 +68,16 @@ def test_resume_refuses_a_code_running_checkpoint(tiny_root, tmp_path):
     marker = tmp_path / "ran"
     planted = tmp_path / "planted.pt"
     plant(planted, marker)
-    p = cli("train.py", "-c", "configs/base.yaml", "--run-dir", str(tmp_path / "run"), "--resume", str(planted),
-            *_tiny_overrides(tiny_root, tmp_path))  # fmt: skip
+    p = cli(
+        "train.py",
+        "-c",
+        "configs/base.yaml",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--resume",
+        str(planted),
+        *_tiny_overrides(tiny_root, tmp_path),
+    )
     assert p.returncode == 2 and not marker.exists(), p.stderr
     assert p.stderr.strip().splitlines()[-1].startswith(f"error: CheckpointError: checkpoint '{planted}' refused")
     assert "Traceback" not in p.stderr
@@ -95,9 +103,17 @@ def test_automatic_resume_skips_a_planted_newest_checkpoint(tiny_root, tmp_path)
 
 
 def _tiny_overrides(root, out) -> list[str]:
-    return [f"data.root={root}", f"run.out_dir={out}", "run.threads=1", "model.name=resnet10t", "data.workers=0",
-            "data.val_batch_size=8", "log.tensorboard=false", "phases=[{epochs: 2, image_size: 32, batch_size: 12}]",
-            "checkpoint.keep=1"]  # fmt: skip
+    return [
+        f"data.root={root}",
+        f"run.out_dir={out}",
+        "run.threads=1",
+        "model.name=resnet10t",
+        "data.workers=0",
+        "data.val_batch_size=8",
+        "log.tensorboard=false",
+        "phases=[{epochs: 2, image_size: 32, batch_size: 12}]",
+        "checkpoint.keep=1",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -121,8 +137,16 @@ def test_resume_of_a_checkpoint_without_training_state_is_an_error(tiny_checkpoi
     state = ckpt.load(tiny_checkpoint)
     del state["optimizer"]
     torch.save(state, tmp_path / "weights-only.pt")
-    p = cli("train.py", "-c", "configs/base.yaml", "--run-dir", str(tmp_path / "run"), "--resume",
-            str(tmp_path / "weights-only.pt"), *_tiny_overrides(tiny_root, tmp_path))  # fmt: skip
+    p = cli(
+        "train.py",
+        "-c",
+        "configs/base.yaml",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--resume",
+        str(tmp_path / "weights-only.pt"),
+        *_tiny_overrides(tiny_root, tmp_path),
+    )
     assert p.returncode == 2, p.stderr
     last = p.stderr.strip().splitlines()[-1]  # the file, and the host and rank that read it
     assert last.startswith(f"error: CheckpointError: checkpoint '{tmp_path / 'weights-only.pt'} on host "), last

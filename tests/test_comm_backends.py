@@ -103,10 +103,20 @@ def test_dead_or_stalled_peer_fails_within_the_timeout(tmp_path, stall):
 
 
 def _train(tmp_path: Path, root: Path, name: str, *overrides: str, nproc: int = 2):
-    cfg_overrides = [f"data.root={root}", f"run.out_dir={tmp_path}", f"run.name={name}", "run.threads=1",
-                     "model.name=resnet10t", "data.workers=0", "data.val_batch_size=8", "log.every_steps=1",
-                     "optim.lr=0.1", "phases=[{epochs: 2, image_size: 32, batch_size: 12}]", "run.deterministic=true",
-                     *overrides]  # fmt: skip
+    cfg_overrides = [
+        f"data.root={root}",
+        f"run.out_dir={tmp_path}",
+        f"run.name={name}",
+        "run.threads=1",
+        "model.name=resnet10t",
+        "data.workers=0",
+        "data.val_batch_size=8",
+        "log.every_steps=1",
+        "optim.lr=0.1",
+        "phases=[{epochs: 2, image_size: 32, batch_size: 12}]",
+        "run.deterministic=true",
+        *overrides,
+    ]
     p = torchrun(nproc, ["train.py", "-c", str(ROOT / "configs" / "base.yaml"), *cfg_overrides], timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     return p, tmp_path / name
@@ -118,10 +128,19 @@ def test_trainer_multistream_matches_ddp_and_autotunes(tmp_path, tiny_root):
     candidates and the winner reach the log and TensorBoard, and the next run starts from the cache."""
     _, ddp_dir = _train(tmp_path, tiny_root, "ddp", "comm.backend=ddp", "log.tensorboard=false")
     cache = tmp_path / "tune.json"
-    tune = ["comm.backend=multistream", "comm.autotune=true", f"comm.tune_cache={cache}", "comm.bucket_mb=0.5",
-            "comm.tune_bucket_mb=[0.5,2]", "comm.tune_streams=[1,3]", "comm.tune_slices=[1,2]",
-            "comm.tune_max_candidates=3", "comm.tune_warmup_steps=0", "comm.tune_steps_per_window=1",
-            "comm.tune_windows=1"]  # fmt: skip
+    tune = [
+        "comm.backend=multistream",
+        "comm.autotune=true",
+        f"comm.tune_cache={cache}",
+        "comm.bucket_mb=0.5",
+        "comm.tune_bucket_mb=[0.5,2]",
+        "comm.tune_streams=[1,3]",
+        "comm.tune_slices=[1,2]",
+        "comm.tune_max_candidates=3",
+        "comm.tune_warmup_steps=0",
+        "comm.tune_steps_per_window=1",
+        "comm.tune_windows=1",
+    ]
     p, ms_dir = _train(tmp_path, tiny_root, "ms", *tune, "log.tensorboard=true")
     assert "multistream autotune: candidate 3:" in p.stdout and "winner after 3 candidates" in p.stdout
     a = torch.load(ddp_dir / "checkpoint.pt", weights_only=True)["model"]

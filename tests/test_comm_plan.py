@@ -117,7 +117,7 @@ def test_digest_identifies_the_plan():
         build_plan(
             grad_specs(nn.Sequential(nn.Linear(10, 21), nn.BatchNorm1d(21), nn.Linear(21, 3)))[0],
             Settings(0.0003, 2, 2),
-        ),  # fmt: skip
+        ),
     ]
     assert len({base.digest(), *(v.digest() for v in variants)}) == 6
 

@@ -41,8 +41,7 @@ def drive(tuner: tuning.AutoTuner, cost=step_time, outlier_every: int = 0) -> tu
 def test_search_respects_the_budget_and_keeps_the_fastest(method):
     space = tuning.search_space([2, 4, 8, 16, 32], [1, 2, 3, 4], [1, 2, 4])
     start = Settings(2.0, 1, 1)
-    t = tuning.AutoTuner(space, start, max_candidates=10, warmup_steps=3, steps_per_window=2, windows=3,
-                         method=method)  # fmt: skip
+    t = tuning.AutoTuner(space, start, max_candidates=10, warmup_steps=3, steps_per_window=2, windows=3, method=method)
     seen, steps = drive(t)
     assert len(t.trials) == 10
     assert len({tr.settings for tr in t.trials}) == 10  # never the same candidate twice

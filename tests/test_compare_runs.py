@@ -24,8 +24,16 @@ from recipes.comm.stats import CommStats  # noqa: E402
 from recipes.config import ModelConfig  # noqa: E402
 
 HORIZON = "phases=[{epochs: 1, image_size: 32, batch_size: 12}, {epochs: 1, image_size: 48, batch_size: 12}]"
-CLI = ["model.name=resnet10t", "run.threads=1", "data.workers=0", "data.val_batch_size=8", "log.tensorboard=false",
-       "log.every_steps=1", "optim.lr=0.1", HORIZON]  # fmt: skip
+CLI = [
+    "model.name=resnet10t",
+    "run.threads=1",
+    "data.workers=0",
+    "data.val_batch_size=8",
+    "log.tensorboard=false",
+    "log.every_steps=1",
+    "optim.lr=0.1",
+    HORIZON,
+]
 
 
 def _horovod_missing() -> str | None:
@@ -48,8 +56,11 @@ def runs(tiny_root, tmp_path_factory):
     single = base / "single"
     train(tiny_config(tiny_root, base, HORIZON), run_dir=single)
     double = base / "double"
-    p = torchrun(2, ["train.py", "-c", "configs/base.yaml", "--run-dir", str(double), f"data.root={tiny_root}", *CLI],
-                 timeout=600)  # fmt: skip
+    p = torchrun(
+        2,
+        ["train.py", "-c", "configs/base.yaml", "--run-dir", str(double), f"data.root={tiny_root}", *CLI],
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     (double / "console.log").write_text(p.stdout)
     return single, double
@@ -151,8 +162,17 @@ def test_comm_stats_round_trip_and_old_summaries():
 def _backend_run(base, tiny_root, backend: str):
     """The 2-process tiny recipe with `backend`: torchrun, or horovodrun for horovod."""
     run_dir = base / backend
-    args = ["train.py", "-c", "configs/base.yaml", "--run-dir", str(run_dir), f"data.root={tiny_root}", *CLI,
-            f"comm.backend={backend}", "comm.tune_cache=null"]  # fmt: skip
+    args = [
+        "train.py",
+        "-c",
+        "configs/base.yaml",
+        "--run-dir",
+        str(run_dir),
+        f"data.root={tiny_root}",
+        *CLI,
+        f"comm.backend={backend}",
+        "comm.tune_cache=null",
+    ]
     p = horovodrun(2, args, timeout=600) if backend == "horovod" else torchrun(2, args, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     return run_dir
@@ -179,8 +199,13 @@ def test_every_backend_fills_the_comm_columns(runs, tiny_root, tmp_path, backend
 
 
 def test_bad_arguments_are_named(tmp_path):
-    p = subprocess.run([sys.executable, "scripts/compare_runs.py", str(tmp_path)], cwd=ROOT, capture_output=True,
-                       text=True, timeout=120)  # fmt: skip
+    p = subprocess.run(
+        [sys.executable, "scripts/compare_runs.py", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 2
     assert f"compare_runs: error: {tmp_path}: no summary.json (not a run directory" in p.stderr
     with pytest.raises(compare_runs.CompareError, match="--target 'top3=1': expected top1=N and/or top5=N"):
@@ -193,23 +218,70 @@ def test_horovod_baseline_against_multistream(tmp_path, sample_root):
     """The issue's comparison: the quickstart under horovodrun --gloo (2 processes) and with multistream."""
     pytest.importorskip("horovod.torch", reason="horovod is installed but horovod.torch does not load")
 
-    common = ["--transport", "local", "--timeout", "800", "-c", "configs/quickstart.yaml", f"data.root={sample_root}",
-              "run.threads=1", "log.tensorboard=false", "run.stop_at_target=true"]  # fmt: skip
+    common = [
+        "--transport",
+        "local",
+        "--timeout",
+        "800",
+        "-c",
+        "configs/quickstart.yaml",
+        f"data.root={sample_root}",
+        "run.threads=1",
+        "log.tensorboard=false",
+        "run.stop_at_target=true",
+    ]
     hvd_dir, ms_dir = tmp_path / "horovod", tmp_path / "multistream"
     launch = [sys.executable, "scripts/launch.py"]
-    p = subprocess.run([*launch, "--engine", "horovod", "--hosts", "localhost:2", "--port", str(free_port()),
-                        "--run-dir", str(hvd_dir), *common, "comm.backend=horovod"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=900)  # fmt: skip
+    p = subprocess.run(
+        [
+            *launch,
+            "--engine",
+            "horovod",
+            "--hosts",
+            "localhost:2",
+            "--port",
+            str(free_port()),
+            "--run-dir",
+            str(hvd_dir),
+            *common,
+            "comm.backend=horovod",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     hosts = tmp_path / "hosts"
     hosts.write_text("host-a addr=127.0.0.1\nhost-b addr=127.0.0.1\n")
-    q = subprocess.run([*launch, "--hostfile", str(hosts), "--gpus-per-host", "1", "--port", str(free_port()),
-                        "--run-dir", str(ms_dir), *common, "comm.backend=multistream"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=900)  # fmt: skip
+    q = subprocess.run(
+        [
+            *launch,
+            "--hostfile",
+            str(hosts),
+            "--gpus-per-host",
+            "1",
+            "--port",
+            str(free_port()),
+            "--run-dir",
+            str(ms_dir),
+            *common,
+            "comm.backend=multistream",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert q.returncode == 0, q.stdout[-3000:] + q.stderr[-3000:]
     png = tmp_path / "hvd.png"
-    r = subprocess.run([sys.executable, "scripts/compare_runs.py", str(ms_dir), str(hvd_dir), "--plot", str(png)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "scripts/compare_runs.py", str(ms_dir), str(hvd_dir), "--plot", str(png)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     rows = table_rows(r.stdout)
     for name, run_dir, log in (("multistream", ms_dir, q.stdout), ("horovod", hvd_dir, p.stdout)):

@@ -87,9 +87,14 @@ def test_validation_counts_every_image_exactly_once(tiny_root, tmp_path, world, 
 
 
 def test_phase_switch_releases_the_old_pipeline(tiny_root, tmp_path):
-    cfg = tiny_config(tiny_root, tmp_path, "data.backend=dali", "data.workers=2",
-                      "phases=[{epochs: 1, image_size: 32, batch_size: 8}, {epochs: 1, image_size: 48, batch_size: 4,"
-                      " val_image_size: 40, rect_val: true}] ")  # fmt: skip
+    cfg = tiny_config(
+        tiny_root,
+        tmp_path,
+        "data.backend=dali",
+        "data.workers=2",
+        "phases=[{epochs: 1, image_size: 32, batch_size: 8}, {epochs: 1, image_size: 48, batch_size: 4,"
+        " val_image_size: 40, rect_val: true}] ",
+    )
     train, val = scan_split(tiny_root, "train"), scan_split(tiny_root, "val")
     pipe = _pipe(cfg, 0, 1, train, val)
     plan = Plan(cfg, len(train), 1)
@@ -130,8 +135,12 @@ def _with_bad_files(src, dst):
 
 def test_undecodable_file_stops_training_with_its_name(tiny_root, tmp_path):
     bad = _with_bad_files(tiny_root, tmp_path / "data")
-    cfg = tiny_config(tmp_path / "data", tmp_path, "data.backend=dali",
-                      "phases=[{epochs: 1, image_size: 32, batch_size: 6, min_scale: 1.0}]")  # fmt: skip
+    cfg = tiny_config(
+        tmp_path / "data",
+        tmp_path,
+        "data.backend=dali",
+        "phases=[{epochs: 1, image_size: 32, batch_size: 6, min_scale: 1.0}]",
+    )
     train, val = scan_split(tmp_path / "data", "train"), scan_split(tmp_path / "data", "val")
     pipe = _pipe(cfg, 0, 1, train, val)
     with pytest.raises(DataError) as err:
@@ -142,8 +151,13 @@ def test_undecodable_file_stops_training_with_its_name(tiny_root, tmp_path):
 
 def test_skip_corrupt_skips_and_reports_every_bad_file(tiny_root, tmp_path, capsys):
     bad = _with_bad_files(tiny_root, tmp_path / "data")
-    cfg = tiny_config(tmp_path / "data", tmp_path, "data.backend=dali", "data.skip_corrupt=true",
-                      "phases=[{epochs: 2, image_size: 32, batch_size: 6, min_scale: 1.0}]")  # fmt: skip
+    cfg = tiny_config(
+        tmp_path / "data",
+        tmp_path,
+        "data.backend=dali",
+        "data.skip_corrupt=true",
+        "phases=[{epochs: 2, image_size: 32, batch_size: 6, min_scale: 1.0}]",
+    )
     train, val = scan_split(tmp_path / "data", "train"), scan_split(tmp_path / "data", "val")
     pipe = _pipe(cfg, 0, 1, train, val)
     plan = Plan(cfg, len(train), 1)

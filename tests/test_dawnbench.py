@@ -13,23 +13,55 @@ from recipes.dawnbench import entry
 from recipes.trainer import train
 
 RECORD = [
-    "optim.name=sgd", "optim.lr=25.0", "optim.final_lr=0.2", "optim.warmup_epochs=14", "optim.momentum=0.98",
-    "optim.momentum_end=0.90", "optim.momentum_schedule=cyclic", "run.amp=fp16", "run.target_top5=93",
+    "optim.name=sgd",
+    "optim.lr=25.0",
+    "optim.final_lr=0.2",
+    "optim.warmup_epochs=14",
+    "optim.momentum=0.98",
+    "optim.momentum_end=0.90",
+    "optim.momentum_schedule=cyclic",
+    "run.amp=fp16",
+    "run.target_top5=93",
     "phases=[{epochs: 13, image_size: 96, batch_size: 32768}, {epochs: 11, image_size: 128, batch_size: 32768},"
     " {epochs: 3, image_size: 224, batch_size: 32768}, {epochs: 1, image_size: 288, batch_size: 16384,"
     " rect_val: true}]",
-]  # fmt: skip
-SUMMARY = {"world_size": 128, "epochs": 28, "steps": 1159, "time_to_target_seconds": 158.0, "train_seconds": 158.0,
-           "wall_seconds": 171.5, "final_top1": 76.1, "final_top5": 93.04, "images_per_s": 230000.0}  # fmt: skip
+]
+SUMMARY = {
+    "world_size": 128,
+    "epochs": 28,
+    "steps": 1159,
+    "time_to_target_seconds": 158.0,
+    "train_seconds": 158.0,
+    "wall_seconds": 171.5,
+    "final_top1": 76.1,
+    "final_top5": 93.04,
+    "images_per_s": 230000.0,
+}
 
 
 def test_entry_fields_as_in_the_dawnbench_repository():
-    extra = ["dawnbench.author=Team X", "dawnbench.cost_per_hour=329.6", "dawnbench.model=ResNet-50",
-             "dawnbench.code_url=https://x"]  # fmt: skip
+    extra = [
+        "dawnbench.author=Team X",
+        "dawnbench.cost_per_hour=329.6",
+        "dawnbench.model=ResNet-50",
+        "dawnbench.code_url=https://x",
+    ]
     cfg = load_config(ROOT / "configs" / "base.yaml", [*RECORD, *extra])
     e = entry(cfg, SUMMARY, "16 machine(s) x 8 x Tesla V100-SXM2-32GB", datetime.date(2026, 3, 17), commit="abc")
-    assert list(e) == ["version", "author", "authorEmail", "framework", "codeURL", "commitHash", "model", "hardware",
-                       "costPerHour", "timestamp", "misc", "usedBlacklist"]  # fmt: skip
+    assert list(e) == [
+        "version",
+        "author",
+        "authorEmail",
+        "framework",
+        "codeURL",
+        "commitHash",
+        "model",
+        "hardware",
+        "costPerHour",
+        "timestamp",
+        "misc",
+        "usedBlacklist",
+    ]
     assert e["version"] == "v1.0" and e["author"] == "Team X" and e["model"] == "ResNet-50"
     assert e["framework"].startswith("PyTorch 2.")
     assert e["hardware"] == "16 machine(s) x 8 x Tesla V100-SXM2-32GB"
@@ -40,7 +72,10 @@ def test_entry_fields_as_in_the_dawnbench_repository():
     assert m["batchSize"] == [{"batch_size": 32768, "epochs": 27}, {"batch_size": 16384, "epochs": 1}]
     assert m["schedule"]["max_lr"] == 25.0 and m["schedule"]["min_lr"] == 0.2
     assert (m["schedule"]["momentum"], m["schedule"]["max_momentum"], m["schedule"]["min_momentum"]) == (
-        "cyclic", 0.98, 0.9)  # fmt: skip
+        "cyclic",
+        0.98,
+        0.9,
+    )
     assert m["warmup_epochs"] == 14 and m["target"] == {"top5": 93.0}
     assert m["mixed_precision"] is True and m["amp_dtype"] == "fp16"
     assert m["iterations"] == 1159 and m["processes"] == 128
@@ -62,8 +97,10 @@ def test_optional_fields_are_left_out_when_not_configured():
 
 def test_a_finished_run_leaves_the_submission_files(tiny_root, tmp_path):
     run_dir = tmp_path / "sub"
-    train(tiny_config(tiny_root, tmp_path, "dawnbench.author=Us", "dawnbench.cost_per_hour=3.06",
-                      "run.target_top5=90"), run_dir=run_dir)  # fmt: skip
+    train(
+        tiny_config(tiny_root, tmp_path, "dawnbench.author=Us", "dawnbench.cost_per_hour=3.06", "run.target_top5=90"),
+        run_dir=run_dir,
+    )
     summary = json.loads((run_dir / "summary.json").read_text())
     e = json.loads((run_dir / "dawnbench.json").read_text())
     assert e["author"] == "Us" and e["costPerHour"] == 3.06
@@ -99,16 +136,17 @@ def _types(d: dict, prefix: str = "") -> dict[str, type]:
     return out
 
 
-@pytest.mark.parametrize("published", ["alibabacloud_resnet50_gn6e_16_machine_tensorflow.json",
-                                       "alibabacloud_resnet50_gn6e_1_machine_tensorflow.json"])  # fmt: skip
+@pytest.mark.parametrize(
+    "published",
+    ["alibabacloud_resnet50_gn6e_16_machine_tensorflow.json", "alibabacloud_resnet50_gn6e_1_machine_tensorflow.json"],
+)
 def test_train_entry_keys_and_types_match_a_real_entry(published):
     """Every top-level field of the record's entries is in ours with the same type; and every misc field we share
     with them (same name) has their type: booleans are booleans, numbers numbers."""
     real = json.loads((ENTRIES / published).read_text())
     who = ["dawnbench.author=Us", "dawnbench.author_email=u@x", "dawnbench.cost_per_hour=329.6"]
     cfg = load_config(ROOT / "configs" / "dawnbench_158s.yaml", who)
-    ours = entry(cfg, {**SUMMARY, "val_count": 48238, "val_excluded": 1762}, "16 machine(s) x 8 x V100",
-                 commit="abc")  # fmt: skip
+    ours = entry(cfg, {**SUMMARY, "val_count": 48238, "val_excluded": 1762}, "16 machine(s) x 8 x V100", commit="abc")
     theirs, mine = _types(real), _types(ours)
     for key in (k for k in theirs if "." not in k):
         assert key in mine and mine[key] is theirs[key], key
@@ -126,7 +164,10 @@ def test_trust_ratio_hyperparameters_under_the_record_entry_names():
     cfg = load_config(ROOT / "configs" / "dawnbench_158s.yaml", ["dawnbench.author=Us", "dawnbench.author_email=u@x"])
     m = entry(cfg, SUMMARY, "x")["misc"]
     assert (m["etta"], m["min_trust_ratio"], m["max_trust_ratio"]) == (
-        real["etta"], real["min_trust_ratio"], real["max_trust_ratio"])  # fmt: skip
+        real["etta"],
+        real["min_trust_ratio"],
+        real["max_trust_ratio"],
+    )
     assert m["lars_momentum"] == "tf" and m["use_lars"] is True
     assert entry(load_config(ROOT / "configs" / "base.yaml"), SUMMARY, "x")["misc"]["use_lars"] is False
 
@@ -140,8 +181,15 @@ def test_record_configs_refuse_to_start_without_the_required_fields(tmp_path, ca
     with pytest.raises(ConfigError, match="dawnbench.author_email"):
         check_required(load_config(ROOT / "configs" / "dawnbench_8gpu.yaml", ["dawnbench.author=Us"]))
     check_required(load_config(ROOT / "configs" / "base.yaml", []))  # not required: a run not to submit
-    rc = train_cli.main(["-c", str(ROOT / "configs" / "dawnbench_8gpu.yaml"), "data.backend=synthetic",
-                         f"run.out_dir={tmp_path}", "dawnbench.author=Us"])  # fmt: skip
+    rc = train_cli.main(
+        [
+            "-c",
+            str(ROOT / "configs" / "dawnbench_8gpu.yaml"),
+            "data.backend=synthetic",
+            f"run.out_dir={tmp_path}",
+            "dawnbench.author=Us",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and "dawnbench.author_email" in err and not (tmp_path / "dawnbench_8gpu").exists()
 

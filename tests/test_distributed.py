@@ -17,8 +17,9 @@ def test_validation_is_exact_for_world_size_not_dividing_val_set(tiny_root, tmp_
     ckpt = tmp_path / "tiny" / "checkpoint.pt"
     single = evaluate_checkpoint(str(ckpt), str(tiny_root), batch_size=3)
     out = tmp_path / "eval3.json"
-    p = torchrun(3, ["evaluate.py", str(ckpt), "--data", str(tiny_root), "--batch-size", "3", "--out", str(out)],
-                 timeout=300)  # fmt: skip
+    p = torchrun(
+        3, ["evaluate.py", str(ckpt), "--data", str(tiny_root), "--batch-size", "3", "--out", str(out)], timeout=300
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     three = json.loads(out.read_text())
     assert single["count"] == three["count"] == 20  # 20 images over 3 ranks: 7 + 7 + 6, none twice
@@ -29,8 +30,9 @@ def test_validation_is_exact_for_world_size_not_dividing_val_set(tiny_root, tmp_
 @pytest.mark.slow
 def test_two_process_quickstart_reaches_target(sample_root, tmp_path):
     run = tmp_path / "qs"
-    p = torchrun(2, ["train.py", "-c", "configs/quickstart.yaml", "--run-dir", str(run), f"data.root={sample_root}"],
-                 timeout=900)  # fmt: skip
+    p = torchrun(
+        2, ["train.py", "-c", "configs/quickstart.yaml", "--run-dir", str(run), f"data.root={sample_root}"], timeout=900
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["world_size"] == 2

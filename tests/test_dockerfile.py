@@ -81,8 +81,9 @@ def test_run_steps_call_only_what_ci_runs():
 
 def test_make_install_variants(tmp_path):
     def dry(*args):
-        p = subprocess.run(["make", "-n", "install", f"VENV={tmp_path / 'venv'}", *args], cwd=ROOT,
-                           capture_output=True, text=True)  # fmt: skip
+        p = subprocess.run(
+            ["make", "-n", "install", f"VENV={tmp_path / 'venv'}", *args], cwd=ROOT, capture_output=True, text=True
+        )
         return p.returncode, p.stdout + p.stderr
 
     rc, out = dry()

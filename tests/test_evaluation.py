@@ -84,8 +84,22 @@ def test_counts_every_image_once_for_any_world_size(tiny_checkpoint, tiny_root, 
     single = evaluate_checkpoint(str(tiny_checkpoint), str(tiny_root), batch_size=3, tta="flip")
     for nproc in (2,):  # world size 3 (7, 7 and 6 images) without TTA: tests/test_distributed.py
         out = tmp_path / f"eval{nproc}.json"
-        p = torchrun(nproc, ["evaluate.py", str(tiny_checkpoint), "--data", str(tiny_root), "--batch-size", "3",
-                             "--tta", "flip", "--out", str(out)], timeout=300)  # fmt: skip
+        p = torchrun(
+            nproc,
+            [
+                "evaluate.py",
+                str(tiny_checkpoint),
+                "--data",
+                str(tiny_root),
+                "--batch-size",
+                "3",
+                "--tta",
+                "flip",
+                "--out",
+                str(out),
+            ],
+            timeout=300,
+        )
         assert p.returncode == 0, p.stderr[-3000:]
         res = json.loads(out.read_text())
         assert res["world_size"] == nproc and res["count"] == 20

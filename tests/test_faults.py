@@ -80,9 +80,17 @@ def test_nonfinite_loss_skip_mode_skips_and_counts(tiny_root, tmp_path, capsys):
 
 
 def test_nonfinite_cli_exit_code(tiny_root, tmp_path):
-    args = ["train.py", "-c", "configs/base.yaml", f"data.root={tiny_root}", f"run.out_dir={tmp_path}",
-            "model.name=resnet10t", "data.workers=0", "optim.lr=1e30",
-            "phases=[{epochs: 1, image_size: 32, batch_size: 12}]"]  # fmt: skip
+    args = [
+        "train.py",
+        "-c",
+        "configs/base.yaml",
+        f"data.root={tiny_root}",
+        f"run.out_dir={tmp_path}",
+        "model.name=resnet10t",
+        "data.workers=0",
+        "optim.lr=1e30",
+        "phases=[{epochs: 1, image_size: 32, batch_size: 12}]",
+    ]
     p = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 3
     assert "TrainingError: non-finite loss/gradients at step" in p.stderr and "Traceback" not in p.stderr
@@ -123,8 +131,11 @@ def test_failed_checkpoint_write_keeps_last_good(small_disk):
     with pytest.raises(CheckpointError, match=r"ckpt-00000002.pt' failed: No space left on device; the last good"):
         ckpt.save_step_checkpoint(too_big, small_disk, 2, keep=2)
     assert sorted(p.name for p in small_disk.iterdir()) == [
-        "checkpoint.pt", "checkpoint.pt.sha256", "ckpt-00000001.pt", "ckpt-00000001.pt.sha256"
-    ]  # fmt: skip
+        "checkpoint.pt",
+        "checkpoint.pt.sha256",
+        "ckpt-00000001.pt",
+        "ckpt-00000001.pt.sha256",
+    ]
     assert torch.equal(ckpt.load(small_disk / "checkpoint.pt")["model"]["w"], good["model"]["w"])
 
 
@@ -160,12 +171,30 @@ def _worker_pid(root: int, rank: int) -> int | None:
 
 
 def _start_torchrun(run_dir: Path, root: Path, extra: list[str], max_restarts: int) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts",
-           str(max_restarts), "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "train.py", "-c",
-           "configs/quickstart.yaml", "--run-dir", str(run_dir), f"data.root={root}", *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        str(max_restarts),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        "train.py",
+        "-c",
+        "configs/quickstart.yaml",
+        "--run-dir",
+        str(run_dir),
+        f"data.root={root}",
+        *extra,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
 
 
 def _wait_for_step(run_dir: Path, proc: subprocess.Popen, step: int, timeout: float) -> None:
@@ -235,13 +264,34 @@ def test_sigkill_through_the_launcher_with_two_local_hosts(sample_root, tmp_path
     hostfile = tmp_path / "hosts.txt"
     hostfile.write_text("host-a addr=127.0.0.1\nhost-b addr=127.0.0.1\n")
     run = tmp_path / "run"
-    cmd = [sys.executable, "scripts/launch.py", "--hostfile", str(hostfile), "--transport", "local",
-           "--gpus-per-host", "1", "--port", str(free_port()), "--run-dir", str(run), "--max-restarts", "3",
-           "--timeout", "1200", "-c", "configs/quickstart.yaml", f"data.root={sample_root}", "run.threads=1",
-           "checkpoint.every_steps=5", "log.tensorboard=false"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "scripts/launch.py",
+        "--hostfile",
+        str(hostfile),
+        "--transport",
+        "local",
+        "--gpus-per-host",
+        "1",
+        "--port",
+        str(free_port()),
+        "--run-dir",
+        str(run),
+        "--max-restarts",
+        "3",
+        "--timeout",
+        "1200",
+        "-c",
+        "configs/quickstart.yaml",
+        f"data.root={sample_root}",
+        "run.threads=1",
+        "checkpoint.every_steps=5",
+        "log.tensorboard=false",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         _wait_for_step(run, proc, 32, timeout=600)
         victim = _worker_pid(proc.pid, 1)

@@ -51,10 +51,21 @@ def test_horovod_backend_leaves_every_rank_with_the_mean(tmp_path):
 @pytest.mark.slow
 def test_horovod_trains_the_quickstart_for_two_epochs(tmp_path, sample_root):
     run_dir = tmp_path / "hvd"
-    p = horovodrun(2, ["train.py", "-c", "configs/quickstart.yaml", "--run-dir", str(run_dir),
-                       f"data.root={sample_root}", "comm.backend=horovod", "log.tensorboard=false",
-                       "phases=[{epochs: 1, image_size: 64, batch_size: 64}, {epochs: 1, image_size: 96, "
-                       "batch_size: 64}]"], timeout=900)  # fmt: skip
+    p = horovodrun(
+        2,
+        [
+            "train.py",
+            "-c",
+            "configs/quickstart.yaml",
+            "--run-dir",
+            str(run_dir),
+            f"data.root={sample_root}",
+            "comm.backend=horovod",
+            "log.tensorboard=false",
+            "phases=[{epochs: 1, image_size: 64, batch_size: 64}, {epochs: 1, image_size: 96, batch_size: 64}]",
+        ],
+        timeout=900,
+    )
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["epochs"] == 2 and summary["world_size"] == 2

@@ -69,15 +69,29 @@ def _agreement(trained, mode: str):
 
 
 # mode: (max |logit difference| relative to the largest logit, minimum top-1 agreement)
-TOLERANCE = {"fuse": (1e-5, 1.0), "compile": (1e-5, 1.0), "fp16": (1e-2, 1.0), "bf16": (5e-2, 0.95),
-             "int8": (0.1, 0.9), "onnxruntime": (1e-5, 1.0), "onnxruntime-int8": (0.1, 0.9)}  # fmt: skip
+TOLERANCE = {
+    "fuse": (1e-5, 1.0),
+    "compile": (1e-5, 1.0),
+    "fp16": (1e-2, 1.0),
+    "bf16": (5e-2, 0.95),
+    "int8": (0.1, 0.9),
+    "onnxruntime": (1e-5, 1.0),
+    "onnxruntime-int8": (0.1, 0.9),
+}
 
 
 @pytest.mark.parametrize(
     "mode",
-    ["fuse", "fp16", "bf16", "onnxruntime", "onnxruntime-int8",
-     pytest.param("compile", marks=pytest.mark.slow), pytest.param("int8", marks=pytest.mark.slow)],
-)  # fmt: skip
+    [
+        "fuse",
+        "fp16",
+        "bf16",
+        "onnxruntime",
+        "onnxruntime-int8",
+        pytest.param("compile", marks=pytest.mark.slow),
+        pytest.param("int8", marks=pytest.mark.slow),
+    ],
+)
 def test_mode_agrees_with_eager_fp32(trained, mode):
     a, b, run = _agreement(trained, mode)
     rel, agree = TOLERANCE[mode]

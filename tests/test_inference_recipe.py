@@ -22,11 +22,26 @@ CONFIG = ROOT / "configs" / "dawnbench_inference_resnet26d.yaml"
 
 def _short(root, out_dir, *extra):
     """The recipe as it is, cut to one 32 px epoch on CPU."""
-    return load_config(CONFIG, [
-        f"data.root={root}", f"run.out_dir={out_dir}", "run.amp=none", "run.channels_last=false", "run.threads=1",
-        "run.target_top5=null", "data.workers=0", "data.val_batch_size=8", "log.tensorboard=false",
-        "optim.warmup_epochs=0", "optim.lr=0.05", "phases=[{epochs: 1, image_size: 32, batch_size: 8}]",
-        "dawnbench.author=Us", "dawnbench.author_email=us@example.org", *extra])  # fmt: skip
+    return load_config(
+        CONFIG,
+        [
+            f"data.root={root}",
+            f"run.out_dir={out_dir}",
+            "run.amp=none",
+            "run.channels_last=false",
+            "run.threads=1",
+            "run.target_top5=null",
+            "data.workers=0",
+            "data.val_batch_size=8",
+            "log.tensorboard=false",
+            "optim.warmup_epochs=0",
+            "optim.lr=0.05",
+            "phases=[{epochs: 1, image_size: 32, batch_size: 8}]",
+            "dawnbench.author=Us",
+            "dawnbench.author_email=us@example.org",
+            *extra,
+        ],
+    )
 
 
 def test_augmix_views_are_clean_first_then_randaugmented_and_seeded(tiny_root, tmp_path):
@@ -62,8 +77,20 @@ def test_trains_on_cpu_and_evaluate_latency_writes_the_inference_entry(tiny_root
     entry = tmp_path / "entry.json"
     threads = torch.get_num_threads()
     try:
-        rc = evaluate.main([str(run_dir / "checkpoint.pt"), "--data", str(tiny_root), "--latency", "--warmup", "1",
-                            "--threads", "1", "--entry", str(entry)])  # fmt: skip
+        rc = evaluate.main(
+            [
+                str(run_dir / "checkpoint.pt"),
+                "--data",
+                str(tiny_root),
+                "--latency",
+                "--warmup",
+                "1",
+                "--threads",
+                "1",
+                "--entry",
+                str(entry),
+            ]
+        )
     finally:
         torch.set_num_threads(threads)
     assert rc == 0

@@ -36,10 +36,14 @@ def _first_batches(cfg):
         ("torch", [], torch.float32, False),
         ("torch", ["run.channels_last=true"], torch.float32, True),
         ("synthetic", ["data.synthetic_size=48", "data.synthetic_classes=4"], torch.float32, False),
-        ("synthetic", ["data.synthetic_size=48", "data.synthetic_classes=4", "run.channels_last=true"],
-         torch.float32, True),
+        (
+            "synthetic",
+            ["data.synthetic_size=48", "data.synthetic_classes=4", "run.channels_last=true"],
+            torch.float32,
+            True,
+        ),
     ],
-)  # fmt: skip
+)
 def test_batch_shape_dtype_and_layout(tiny_root, tmp_path, backend, overrides, dtype, channels_last):
     phases = "phases=[{epochs: 1, image_size: 40, batch_size: 6, val_image_size: 36}]"
     cfg = tiny_config(tiny_root, tmp_path, f"data.backend={backend}", "data.val_batch_size=5", phases, *overrides)
@@ -125,8 +129,9 @@ def test_short_last_batch_is_filled_the_same_way_in_torch_and_dali(tiny_root, tm
     train, val = _indexed(scan_split(tiny_root, "train"), 17), scan_split(tiny_root, "val")
     streams = {}
     for name, cls in (("torch", TorchPipeline), ("dali", DaliPipeline)):
-        cfg = tiny_config(tiny_root, tmp_path, f"data.backend={name}",
-                          "phases=[{epochs: 1, image_size: 16, batch_size: 8}]")  # fmt: skip
+        cfg = tiny_config(
+            tiny_root, tmp_path, f"data.backend={name}", "phases=[{epochs: 1, image_size: 16, batch_size: 8}]"
+        )
         plan = Plan(cfg, len(train), world)
         info = plan.epoch_info(0)
         for rank in range(world):
@@ -166,8 +171,9 @@ def test_dali_refuses_images_above_the_pixel_limit_and_non_utf8_names(tiny_root,
     with pytest.raises(DataError, match="above data.max_image_pixels"):
         load_rgb(str(bomb), 5_000_000)
     assert load_rgb(str(bomb), 6_000_000).size == (3000, 2000)
-    pipe = create_input(tiny_config(root, tmp_path, "data.backend=dali", "data.max_image_pixels=5000000",
-                                    "data.skip_corrupt=true"), CPU)  # fmt: skip
+    pipe = create_input(
+        tiny_config(root, tmp_path, "data.backend=dali", "data.max_image_pixels=5000000", "data.skip_corrupt=true"), CPU
+    )
     assert len(list(pipe.train_batches(info))) == info.steps
     assert [p for p, _ in pipe.skipped] == [str(bomb)]
     assert f"warning: skipping training file: image '{bomb}'" in capsys.readouterr().err

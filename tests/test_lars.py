@@ -46,8 +46,10 @@ class Tiny(nn.Module):
 def _tiny_groups(model, wd, adapt_bn):
     weights = [model.fc1.weight, model.fc2.weight]
     others = [model.fc1.bias, model.bn.weight, model.bn.bias]
-    return [{"params": weights, "weight_decay": wd, "adapt": True},
-            {"params": others, "weight_decay": 0.0, "adapt": adapt_bn}]  # fmt: skip
+    return [
+        {"params": weights, "weight_decay": wd, "adapt": True},
+        {"params": others, "weight_decay": 0.0, "adapt": adapt_bn},
+    ]
 
 
 @pytest.mark.parametrize("lo,hi", [(0.0, math.inf), (1e-5, 1.0), (0.05, 0.2)])
@@ -58,8 +60,9 @@ def test_several_steps_match_hand_computation(lo, hi, adapt_bn):
     with torch.no_grad():
         model.bn.weight.uniform_(0.5, 1.5)
     lr, m, wd, eta = 0.7, 0.9, 1e-2, 0.3
-    opt = LayerAdaptiveSGD(_tiny_groups(model, wd, adapt_bn), lr=lr, momentum=m, weight_decay=wd, eta=eta,
-                           trust_min=lo, trust_max=hi)  # fmt: skip
+    opt = LayerAdaptiveSGD(
+        _tiny_groups(model, wd, adapt_bn), lr=lr, momentum=m, weight_decay=wd, eta=eta, trust_min=lo, trust_max=hi
+    )
     params = [p for g in opt.param_groups for p in g["params"]]
     setting = [(g["weight_decay"], g["adapt"]) for g in opt.param_groups for _ in g["params"]]
     ws = [p.detach().double().numpy().copy() for p in params]
@@ -71,8 +74,9 @@ def test_several_steps_match_hand_computation(lo, hi, adapt_bn):
             p.grad = g.clone()
         opt.step()
         for i, (g, (p_wd, p_adapt)) in enumerate(zip(grads, setting, strict=True)):
-            ws[i], bufs[i] = _hand_step(ws[i], g.double().numpy(), bufs[i], lr=lr, m=m, wd=p_wd, eta=eta, lo=lo,
-                                        hi=hi, adapt=p_adapt)  # fmt: skip
+            ws[i], bufs[i] = _hand_step(
+                ws[i], g.double().numpy(), bufs[i], lr=lr, m=m, wd=p_wd, eta=eta, lo=lo, hi=hi, adapt=p_adapt
+            )
         for p, w in zip(params, ws, strict=True):
             np.testing.assert_allclose(p.detach().numpy(), w, rtol=1e-5, atol=1e-6)
 
@@ -94,8 +98,7 @@ def test_unadapted_group_is_exactly_torch_sgd_and_grads_are_left_alone():
     torch.manual_seed(0)
     a, b = Tiny(), Tiny()
     b.load_state_dict(a.state_dict())
-    ours = LayerAdaptiveSGD([{"params": list(a.parameters()), "adapt": False}], lr=0.3, momentum=0.9,
-                            weight_decay=1e-3)  # fmt: skip
+    ours = LayerAdaptiveSGD([{"params": list(a.parameters()), "adapt": False}], lr=0.3, momentum=0.9, weight_decay=1e-3)
     ref = torch.optim.SGD(b.parameters(), lr=0.3, momentum=0.9, nesterov=True, weight_decay=1e-3, foreach=True)
     for _ in range(3):
         grads = [torch.randn_like(p) for p in a.parameters()]
@@ -202,8 +205,17 @@ def test_both_momentum_conventions_match_hand_computation_with_a_moving_lr(conve
     torch.manual_seed(0)
     model = Tiny()
     wd, eta, lo, hi = 1e-2, 0.3, 1e-5, 1.0
-    opt = LayerAdaptiveSGD(_tiny_groups(model, wd, False), lr=1.0, momentum=0.9, nesterov=nesterov, weight_decay=wd,
-                           eta=eta, trust_min=lo, trust_max=hi, momentum_convention=convention)  # fmt: skip
+    opt = LayerAdaptiveSGD(
+        _tiny_groups(model, wd, False),
+        lr=1.0,
+        momentum=0.9,
+        nesterov=nesterov,
+        weight_decay=wd,
+        eta=eta,
+        trust_min=lo,
+        trust_max=hi,
+        momentum_convention=convention,
+    )
     hand = _hand_step if convention == "torch" else _hand_step_tf
     params = [p for g in opt.param_groups for p in g["params"]]
     setting = [(g["weight_decay"], g["adapt"]) for g in opt.param_groups for _ in g["params"]]
@@ -219,8 +231,19 @@ def test_both_momentum_conventions_match_hand_computation_with_a_moving_lr(conve
             p.grad = g.clone()
         opt.step()
         for i, (g, (p_wd, p_adapt)) in enumerate(zip(grads, setting, strict=True)):
-            ws[i], bufs[i] = hand(ws[i], g.double().numpy(), bufs[i], lr=lr, m=m, wd=p_wd, eta=eta, lo=lo, hi=hi,
-                                  adapt=p_adapt, nesterov=nesterov)  # fmt: skip
+            ws[i], bufs[i] = hand(
+                ws[i],
+                g.double().numpy(),
+                bufs[i],
+                lr=lr,
+                m=m,
+                wd=p_wd,
+                eta=eta,
+                lo=lo,
+                hi=hi,
+                adapt=p_adapt,
+                nesterov=nesterov,
+            )
         for p, w in zip(params, ws, strict=True):
             np.testing.assert_allclose(p.detach().numpy(), w, rtol=1e-5, atol=1e-6)
 
@@ -233,8 +256,16 @@ def test_conventions_differ_once_the_trust_ratio_moves():
         model = Tiny()
         adapted = [model.fc1.weight, model.fc2.weight]
         start = [p.detach().clone() for p in adapted]
-        opt = LayerAdaptiveSGD(_tiny_groups(model, 1e-4, False), lr=25.0, momentum=0.9, weight_decay=1e-4,
-                               eta=8e-4, trust_min=1e-5, trust_max=1.0, momentum_convention=convention)  # fmt: skip
+        opt = LayerAdaptiveSGD(
+            _tiny_groups(model, 1e-4, False),
+            lr=25.0,
+            momentum=0.9,
+            weight_decay=1e-4,
+            eta=8e-4,
+            trust_min=1e-5,
+            trust_max=1.0,
+            momentum_convention=convention,
+        )
         gen = torch.Generator().manual_seed(3)
         for scale in (0.1, 1.0, 0.01, 0.5):
             for p in model.parameters():

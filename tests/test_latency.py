@@ -56,8 +56,9 @@ def test_protocol_statistics_agreement_and_rounds(tiny_root):
         return _ranked([c + i for i in range(10)])
 
     cpu = torch.device("cpu")
-    out = run_protocol([Runner("ref", ref, cpu), Runner("other", other, cpu)], files, labels, 32, 0.875, warmup=2,
-                       chunk=4)  # fmt: skip
+    out = run_protocol(
+        [Runner("ref", ref, cpu), Runner("other", other, cpu)], files, labels, 32, 0.875, warmup=2, chunk=4
+    )
     classes = np.array([_cls(load_image(f, 32, 0.875)) for f in files])
     r, o = out["results"]["ref"], out["results"]["other"]
     assert r["images"] == o["images"] == 10
@@ -80,9 +81,30 @@ def test_latency_cli_writes_json_and_dawnbench_entry(tiny_checkpoint, tiny_root,
     out, entry = tmp_path / "latency.json", tmp_path / "entry.json"
     threads = torch.get_num_threads()
     try:
-        rc = evaluate.main([str(tiny_checkpoint), "--data", str(tiny_root), "--latency", "--images", "12",
-                            "--optimize", "fuse", "--warmup", "1", "--threads", "1", "--price-per-hour", "3.6",
-                            "--hardware", "test box", "--out", str(out), "--entry", str(entry)])  # fmt: skip
+        rc = evaluate.main(
+            [
+                str(tiny_checkpoint),
+                "--data",
+                str(tiny_root),
+                "--latency",
+                "--images",
+                "12",
+                "--optimize",
+                "fuse",
+                "--warmup",
+                "1",
+                "--threads",
+                "1",
+                "--price-per-hour",
+                "3.6",
+                "--hardware",
+                "test box",
+                "--out",
+                str(out),
+                "--entry",
+                str(entry),
+            ]
+        )
     finally:
         torch.set_num_threads(threads)
     assert rc == 0
@@ -97,8 +119,9 @@ def test_latency_cli_writes_json_and_dawnbench_entry(tiny_checkpoint, tiny_root,
     val = scan_split(tiny_root, "val", classes=state["model_info"]["classes"])
     pick = select_images(len(val), 12, 0)
     with torch.no_grad():
-        hits = sum(int(model(normalize(load_image(val.files[i], 32, 0.875), False)).argmax()) == val.labels[i]
-                   for i in pick)  # fmt: skip
+        hits = sum(
+            int(model(normalize(load_image(val.files[i], 32, 0.875), False)).argmax()) == val.labels[i] for i in pick
+        )
     fuse = res["results"]["fuse"]
     assert res["results"]["none"]["top1"] == pytest.approx(100.0 * hits / 12)
     assert fuse["top1"] == pytest.approx(100.0 * hits / 12) and fuse["agreement_top1"] == 100.0
@@ -109,8 +132,9 @@ def test_latency_cli_writes_json_and_dawnbench_entry(tiny_checkpoint, tiny_root,
     assert (e["latency"], e["top5Accuracy"], e["hardware"]) == (mean, fuse["top5"], "test box")
     # USD per image, as every real entry (3.1228484e-07 for 0.637 ms on a T4 at 1.764 USD/h)
     assert e["cost"] == pytest.approx(3.6 * mean / 3.6e6) and e["misc"]["optimize"] == "fuse"
-    real = json.loads((ROOT / "tests/data/dawnbench_entries/AlibabaCloud_resnet26d_1t4_ecs_pytorch_tensorRT.json")
-                      .read_text())  # fmt: skip
+    real = json.loads(
+        (ROOT / "tests/data/dawnbench_entries/AlibabaCloud_resnet26d_1t4_ecs_pytorch_tensorRT.json").read_text()
+    )
     for key, value in real.items():  # every field of the real entry, with its type (codeURL is optional)
         if key == "codeURL":
             continue
@@ -121,8 +145,23 @@ def test_latency_cli_writes_json_and_dawnbench_entry(tiny_checkpoint, tiny_root,
 
 def test_latency_caps_images_and_refuses_torchrun(tiny_checkpoint, tiny_root, tmp_path, capsys, monkeypatch):
     out = tmp_path / "l.json"
-    assert evaluate.main([str(tiny_checkpoint), "--data", str(tiny_root), "--latency", "--images", "1000",
-                          "--warmup", "1", "--out", str(out)]) == 0  # fmt: skip
+    assert (
+        evaluate.main(
+            [
+                str(tiny_checkpoint),
+                "--data",
+                str(tiny_root),
+                "--latency",
+                "--images",
+                "1000",
+                "--warmup",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert "has 20 images, fewer than --images 1000: measuring all of them" in capsys.readouterr().out
     assert json.loads(out.read_text())["images"] == 20
     monkeypatch.setenv("WORLD_SIZE", "2")

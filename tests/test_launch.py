@@ -28,8 +28,14 @@ from launcher.hosts import Host, HostError, expand_nodelist, parse_host_list, pa
 from launcher.job import Job  # noqa: E402
 from launcher.transports import Local, Slurm, Ssh  # noqa: E402
 
-TINY = ["model.name=resnet10t", "run.threads=1", "data.workers=0", "data.val_batch_size=8", "log.tensorboard=false",
-        "log.every_steps=1"]  # fmt: skip
+TINY = [
+    "model.name=resnet10t",
+    "run.threads=1",
+    "data.workers=0",
+    "data.val_batch_size=8",
+    "log.tensorboard=false",
+    "log.every_steps=1",
+]
 
 
 def launch_argv(*args: str) -> list[str]:
@@ -54,8 +60,11 @@ def two_local_hosts(tmp_path: Path) -> Path:
 def test_hostfile_slots_addr_and_comments(tmp_path):
     f = tmp_path / "hosts"
     f.write_text("# cluster\nnode01 slots=8\n\nnode02 slots=8 addr=10.0.0.2   # second\nuser@node03\n")
-    assert parse_hostfile(f) == [Host("node01", "node01", 8), Host("node02", "10.0.0.2", 8),
-                                 Host("user@node03", "node03", None)]  # fmt: skip
+    assert parse_hostfile(f) == [
+        Host("node01", "node01", 8),
+        Host("node02", "10.0.0.2", 8),
+        Host("user@node03", "node03", None),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -87,7 +96,16 @@ def test_host_list_and_errors():
 
 def test_slurm_nodelist_expansion():
     assert expand_nodelist("gpu[01-03,07],cpu5,r[1-2]n[8-9]") == [
-        "gpu01", "gpu02", "gpu03", "gpu07", "cpu5", "r1n8", "r1n9", "r2n8", "r2n9"]  # fmt: skip
+        "gpu01",
+        "gpu02",
+        "gpu03",
+        "gpu07",
+        "cpu5",
+        "r1n8",
+        "r1n9",
+        "r2n8",
+        "r2n9",
+    ]
     assert expand_nodelist("node[098-101]") == ["node098", "node099", "node100", "node101"]
     with pytest.raises(HostError, match="bad range '5-3'"):
         expand_nodelist("n[5-3]")
@@ -113,9 +131,18 @@ def test_transport_argv():
 
 def _job(**kw) -> Job:
     hosts = [Host("node01", "10.0.0.1", 8), Host("node02", "10.0.0.2", 8)]
-    base = dict(hosts=hosts, transport=Ssh(), config="configs/dawnbench_158s.yaml", run_dir="runs/r",
-                overrides=["data.root=/data/imagenet", "data.roots={160: /data/i 160}"], procs_per_host=8,
-                port=29400, workdir="/srv/repo", python=".venv/bin/python", rdzv_id="job1")  # fmt: skip
+    base = dict(
+        hosts=hosts,
+        transport=Ssh(),
+        config="configs/dawnbench_158s.yaml",
+        run_dir="runs/r",
+        overrides=["data.root=/data/imagenet", "data.roots={160: /data/i 160}"],
+        procs_per_host=8,
+        port=29400,
+        workdir="/srv/repo",
+        python=".venv/bin/python",
+        rdzv_id="job1",
+    )
     return Job(**{**base, **kw})
 
 
@@ -132,12 +159,25 @@ def test_torchrun_commands_one_agent_per_host_rendezvous_on_first():
         run = argv[argv.index("--", guard) + 1 :]
         assert run[:3] == [".venv/bin/python", "-m", "torch.distributed.run"]
         opts = dict(zip(run[3:19:2], run[4:20:2], strict=True))
-        assert opts == {"--nnodes": "2", "--nproc-per-node": "8", "--rdzv-backend": "c10d",
-                        "--rdzv-endpoint": "10.0.0.1:29400", "--rdzv-id": "job1",
-                        "--rdzv-conf": f"is_host={int(i == 0)},join_timeout=300", "--local-addr": host.addr,
-                        "--max-restarts": "0"}  # fmt: skip
-        assert run[19:] == ["train.py", "-c", "configs/dawnbench_158s.yaml", "--run-dir", "runs/r",
-                            "data.root=/data/imagenet", "data.roots={160: /data/i 160}"]  # fmt: skip
+        assert opts == {
+            "--nnodes": "2",
+            "--nproc-per-node": "8",
+            "--rdzv-backend": "c10d",
+            "--rdzv-endpoint": "10.0.0.1:29400",
+            "--rdzv-id": "job1",
+            "--rdzv-conf": f"is_host={int(i == 0)},join_timeout=300",
+            "--local-addr": host.addr,
+            "--max-restarts": "0",
+        }
+        assert run[19:] == [
+            "train.py",
+            "-c",
+            "configs/dawnbench_158s.yaml",
+            "--run-dir",
+            "runs/r",
+            "data.root=/data/imagenet",
+            "data.roots={160: /data/i 160}",
+        ]
 
 
 def test_horovod_command_runs_horovodrun_once_on_first_host():
@@ -147,9 +187,25 @@ def test_horovod_command_runs_horovodrun_once_on_first_host():
     argv = shlex.split(cmd.split(" && exec ", 1)[1])
     assert "MASTER_ADDR=10.0.0.1" in argv and "MASTER_PORT=29400" in argv
     run = argv[argv.index("--") + 1 :]
-    assert run == [".venv/bin/horovodrun", "--gloo", "-np", "16", "-H", "node01:8,node02:8", "--start-timeout",
-                   "300", "-p", "2222", ".venv/bin/python", "train.py", "-c", "configs/dawnbench_158s.yaml",
-                   "--run-dir", "runs/r", "comm.backend=horovod"]  # fmt: skip
+    assert run == [
+        ".venv/bin/horovodrun",
+        "--gloo",
+        "-np",
+        "16",
+        "-H",
+        "node01:8,node02:8",
+        "--start-timeout",
+        "300",
+        "-p",
+        "2222",
+        ".venv/bin/python",
+        "train.py",
+        "-c",
+        "configs/dawnbench_158s.yaml",
+        "--run-dir",
+        "runs/r",
+        "comm.backend=horovod",
+    ]
 
 
 def test_check_command_reports_each_problem(tmp_path):
@@ -167,8 +223,10 @@ def test_check_command_reports_each_problem(tmp_path):
     )
     p = subprocess.run(["sh", "-c", job.check_command(first=True)], capture_output=True, text=True, timeout=120)
     assert p.returncode != 0
-    assert p.stdout.splitlines() == [f"launch-check: data path {tmp_path}/data/val is missing or empty",
-                                     "launch-check: data path /nonexistent 1/x is missing or empty"]  # fmt: skip
+    assert p.stdout.splitlines() == [
+        f"launch-check: data path {tmp_path}/data/val is missing or empty",
+        "launch-check: data path /nonexistent 1/x is missing or empty",
+    ]
     job.data_paths = job.data_paths[:1]
     p = subprocess.run(["sh", "-c", job.check_command(first=True)], capture_output=True, text=True, timeout=120)
     assert (p.returncode, p.stdout.strip()) == (0, "launch-check: ok")
@@ -184,11 +242,18 @@ def test_busy_rendezvous_port_and_non_utf8_hostfile_are_named(tmp_path):
         held.bind(("", 0))
         held.listen()
         port = held.getsockname()[1]
-        job = _job(workdir=str(ROOT), python=sys.executable, config="configs/quickstart.yaml", hosts=[Host("h", "h")],
-                   data_paths=[], port=port)  # fmt: skip
+        job = _job(
+            workdir=str(ROOT),
+            python=sys.executable,
+            config="configs/quickstart.yaml",
+            hosts=[Host("h", "h")],
+            data_paths=[],
+            port=port,
+        )
         p = subprocess.run(["sh", "-c", job.check_command(first=True)], capture_output=True, text=True, timeout=120)
-        assert p.stdout.splitlines() == [f"launch-check: rendezvous port {port} is in use (stop what holds it, or "
-                                         "choose --port / PORT=)"]  # fmt: skip
+        assert p.stdout.splitlines() == [
+            f"launch-check: rendezvous port {port} is in use (stop what holds it, or choose --port / PORT=)"
+        ]
         p = subprocess.run(["sh", "-c", job.check_command(first=False)], capture_output=True, text=True, timeout=120)
         assert p.stdout.strip() == "launch-check: ok"  # only the first host binds it
     hostfile = tmp_path / "hosts"
@@ -206,9 +271,21 @@ def test_busy_rendezvous_port_and_non_utf8_hostfile_are_named(tmp_path):
 
 def test_dry_run_prints_every_host_command_and_starts_nothing(tmp_path, tiny_root):
     run_dir = tmp_path / "run"
-    p = launch("--hostfile", str(two_local_hosts(tmp_path)), "--transport", "local", "--gpus-per-host", "1",
-               "--run-dir", str(run_dir), "--dry-run", "-c", "configs/quickstart.yaml", f"data.root={tiny_root}",
-               timeout=120)  # fmt: skip
+    p = launch(
+        "--hostfile",
+        str(two_local_hosts(tmp_path)),
+        "--transport",
+        "local",
+        "--gpus-per-host",
+        "1",
+        "--run-dir",
+        str(run_dir),
+        "--dry-run",
+        "-c",
+        "configs/quickstart.yaml",
+        f"data.root={tiny_root}",
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
     assert lines[0].startswith("launch: torchrun job: 2 host(s) x 1 process(es) = 2, config configs/quickstart.yaml")
@@ -237,8 +314,17 @@ def test_dry_run_prints_every_host_command_and_starts_nothing(tmp_path, tiny_roo
     ],
 )
 def test_bad_launches_fail_before_contacting_hosts(tmp_path, opts, overrides, message):
-    p = launch("--hostfile", str(two_local_hosts(tmp_path)), "--transport", "local", *opts,
-               "-c", "configs/quickstart.yaml", *overrides, timeout=120)  # fmt: skip
+    p = launch(
+        "--hostfile",
+        str(two_local_hosts(tmp_path)),
+        "--transport",
+        "local",
+        *opts,
+        "-c",
+        "configs/quickstart.yaml",
+        *overrides,
+        timeout=120,
+    )
     assert p.returncode == 2
     assert message in p.stderr, p.stderr
     assert "launch: [host" not in p.stdout
@@ -253,9 +339,21 @@ def test_missing_data_and_unreachable_host_are_named_and_nothing_starts(tmp_path
     hostfile = tmp_path / "hosts"
     hostfile.write_text("here-1 addr=127.0.0.1\nhere-2 addr=127.0.0.1\n")
     run_dir = tmp_path / "run"
-    p = launch("--hostfile", str(hostfile), "--ssh", f"{fake_ssh} -o BatchMode=yes", "--gpus-per-host", "1",
-               "--run-dir", str(run_dir), "-c", "configs/quickstart.yaml", "data.root=/no/such/imagenet",
-               "data.roots={160: /no/such/imagenet-160}", timeout=180)  # fmt: skip
+    p = launch(
+        "--hostfile",
+        str(hostfile),
+        "--ssh",
+        f"{fake_ssh} -o BatchMode=yes",
+        "--gpus-per-host",
+        "1",
+        "--run-dir",
+        str(run_dir),
+        "-c",
+        "configs/quickstart.yaml",
+        "data.root=/no/such/imagenet",
+        "data.roots={160: /no/such/imagenet-160}",
+        timeout=180,
+    )
     assert p.returncode == 2
     for host in ("here-1", "here-2"):
         for path in ("/no/such/imagenet/train", "/no/such/imagenet/val", "/no/such/imagenet-160/train"):
@@ -264,11 +362,22 @@ def test_missing_data_and_unreachable_host_are_named_and_nothing_starts(tmp_path
     assert not run_dir.exists()
 
     hostfile.write_text("no-such-host.invalid\n")
-    p = launch("--hostfile", str(hostfile), "--gpus-per-host", "2", "--check-timeout", "30",
-               "-c", "configs/quickstart.yaml", timeout=180)  # fmt: skip
+    p = launch(
+        "--hostfile",
+        str(hostfile),
+        "--gpus-per-host",
+        "2",
+        "--check-timeout",
+        "30",
+        "-c",
+        "configs/quickstart.yaml",
+        timeout=180,
+    )
     assert p.returncode == 2
-    assert ("launch: error: host no-such-host.invalid: not reachable through ssh: ssh could not connect or lost the "
-            "connection (exit 255): ssh: Could not resolve hostname no-such-host.invalid") in p.stderr  # fmt: skip
+    assert (
+        "launch: error: host no-such-host.invalid: not reachable through ssh: ssh could not connect or lost the "
+        "connection (exit 255): ssh: Could not resolve hostname no-such-host.invalid"
+    ) in p.stderr
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -277,11 +386,17 @@ def test_missing_data_and_unreachable_host_are_named_and_nothing_starts(tmp_path
 
 def test_guard_stops_its_whole_tree_when_stdin_closes(tmp_path):
     """Workers in their own session (as torchrun starts them) are stopped too, within the grace period."""
-    script = ("import subprocess, sys, time; "
-              "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], start_new_session=True); "
-              "print('worker', c.pid, flush=True); time.sleep(300)")  # fmt: skip
-    g = subprocess.Popen(launch_argv("guard", "--grace", "2", "--", sys.executable, "-c", script),
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    script = (
+        "import subprocess, sys, time; "
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], start_new_session=True); "
+        "print('worker', c.pid, flush=True); time.sleep(300)"
+    )
+    g = subprocess.Popen(
+        launch_argv("guard", "--grace", "2", "--", sys.executable, "-c", script),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     first = g.stdout.readline()
     assert first.startswith("guard: pid ")
     worker = int(g.stdout.readline().split()[1])
@@ -295,11 +410,17 @@ def test_guard_stops_its_whole_tree_when_stdin_closes(tmp_path):
 
 
 def test_guard_passes_the_exit_code_and_stops_leftovers():
-    script = ("import subprocess, sys; "
-              "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], start_new_session=True); "
-              "print('worker', c.pid, flush=True); sys.exit(7)")  # fmt: skip
-    with subprocess.Popen(launch_argv("guard", "--grace", "2", "--", sys.executable, "-c", script),
-                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as g:  # fmt: skip
+    script = (
+        "import subprocess, sys; "
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], start_new_session=True); "
+        "print('worker', c.pid, flush=True); sys.exit(7)"
+    )
+    with subprocess.Popen(
+        launch_argv("guard", "--grace", "2", "--", sys.executable, "-c", script),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as g:
         assert g.stdout.readline().startswith("guard: pid ")
         worker = int(g.stdout.readline().split()[1])
         assert g.wait(timeout=60) == 7
@@ -318,10 +439,27 @@ def test_guard_passes_the_exit_code_and_stops_leftovers():
 @pytest.mark.slow
 def test_two_local_hosts_rendezvous_and_train_quickstart_to_target(tmp_path, sample_root):
     run_dir = tmp_path / "qs"
-    p = launch("--hostfile", str(two_local_hosts(tmp_path)), "--transport", "local", "--gpus-per-host", "1",
-               "--port", str(free_port()), "--run-dir", str(run_dir), "--timeout", "800",
-               "-c", "configs/quickstart.yaml", f"data.root={sample_root}", "run.stop_at_target=true", "run.threads=1",
-               "log.tensorboard=false", timeout=900)  # fmt: skip
+    p = launch(
+        "--hostfile",
+        str(two_local_hosts(tmp_path)),
+        "--transport",
+        "local",
+        "--gpus-per-host",
+        "1",
+        "--port",
+        str(free_port()),
+        "--run-dir",
+        str(run_dir),
+        "--timeout",
+        "800",
+        "-c",
+        "configs/quickstart.yaml",
+        f"data.root={sample_root}",
+        "run.stop_at_target=true",
+        "run.threads=1",
+        "log.tensorboard=false",
+        timeout=900,
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 2
@@ -357,12 +495,35 @@ def _kill_when(proc: subprocess.Popen, lines: list[str], pattern: str, victim: s
 @pytest.mark.slow
 def test_a_dying_host_stops_the_whole_job_with_host_and_code_named(tmp_path, tiny_root):
     run_dir = tmp_path / "long"
-    argv = launch_argv("--hostfile", str(two_local_hosts(tmp_path)), "--transport", "local", "--gpus-per-host", "1",
-                       "--port", str(free_port()), "--run-dir", str(run_dir), "--grace", "5", "--no-check",
-                       "-c", "configs/quickstart.yaml", f"data.root={tiny_root}", *TINY, "checkpoint.enabled=false",
-                       "phases=[{epochs: 200, image_size: 32, batch_size: 12}]")  # fmt: skip
-    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    argv = launch_argv(
+        "--hostfile",
+        str(two_local_hosts(tmp_path)),
+        "--transport",
+        "local",
+        "--gpus-per-host",
+        "1",
+        "--port",
+        str(free_port()),
+        "--run-dir",
+        str(run_dir),
+        "--grace",
+        "5",
+        "--no-check",
+        "-c",
+        "configs/quickstart.yaml",
+        f"data.root={tiny_root}",
+        *TINY,
+        "checkpoint.enabled=false",
+        "phases=[{epochs: 200, image_size: 32, batch_size: 12}]",
+    )
+    proc = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     lines: list[str] = []
     box: dict = {}
     reader = threading.Thread(target=lambda: box.update(_kill_when(proc, lines, r"epoch 2/200  step", "host-b")))
@@ -377,8 +538,11 @@ def test_a_dying_host_stops_the_whole_job_with_host_and_code_named(tmp_path, tin
     assert "killed_at" in box, out[-3000:]
     stopped_after = time.monotonic() - box["killed_at"]
     assert rc == 137, out[-3000:]
-    assert re.search(r"launch: host host-b \(127\.0\.0\.1\) failed: exit code 137 \(SIGKILL\) after [\d.]+ s; "
-                     r"stopping 1 other host\(s\)", out), out[-3000:]  # fmt: skip
+    assert re.search(
+        r"launch: host host-b \(127\.0\.0\.1\) failed: exit code 137 \(SIGKILL\) after [\d.]+ s; "
+        r"stopping 1 other host\(s\)",
+        out,
+    ), out[-3000:]
     assert "[host-a] guard: stopping pid" in out
     assert stopped_after < 60  # the grace period plus start-up noise, not the 300 s collective timeout
     # Nothing is left: neither the agents nor the workers (host-b's worker lost its agent; its guard stopped it).
@@ -411,15 +575,38 @@ def test_two_hosts_in_the_network_lab_train_across_a_shaped_link(tmp_path, sampl
         hostfile.write_text("".join(f"{lab.names[i]} addr={lab.addr(i)}\n" for i in range(2)))
 
         def tx_bytes(i: int) -> int:
-            out = subprocess.run(lab.argv(i, ["cat", "/sys/class/net/eth0/statistics/tx_bytes"]),
-                                 capture_output=True, text=True, check=True)  # fmt: skip
+            out = subprocess.run(
+                lab.argv(i, ["cat", "/sys/class/net/eth0/statistics/tx_bytes"]),
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             return int(out.stdout)
 
         before = [tx_bytes(i) for i in range(2)]
-        p = launch("--hostfile", str(hostfile), "--transport", "netns", "--iface", "eth0", "--gpus-per-host", "1",
-                   "--port", "29400", "--run-dir", str(run_dir), "--timeout", "800", "-c", "configs/quickstart.yaml",
-                   f"data.root={sample_root}", "run.stop_at_target=true", "run.threads=1", "log.tensorboard=false",
-                   timeout=900)  # fmt: skip
+        p = launch(
+            "--hostfile",
+            str(hostfile),
+            "--transport",
+            "netns",
+            "--iface",
+            "eth0",
+            "--gpus-per-host",
+            "1",
+            "--port",
+            "29400",
+            "--run-dir",
+            str(run_dir),
+            "--timeout",
+            "800",
+            "-c",
+            "configs/quickstart.yaml",
+            f"data.root={sample_root}",
+            "run.stop_at_target=true",
+            "run.threads=1",
+            "log.tensorboard=false",
+            timeout=900,
+        )
         sent = [tx_bytes(i) - before[i] for i in range(2)]
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -462,8 +649,10 @@ def sshd(tmp_path):
     if os.geteuid() == 0:
         os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege separation directory (Debian creates it)
     server = subprocess.Popen([binary, "-D", "-e", "-f", str(d / "sshd_config")], stderr=subprocess.PIPE)
-    ssh = (f"ssh -i {d}/user_key -o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
-           f"-o LogLevel=ERROR -o ConnectTimeout=10")  # fmt: skip
+    ssh = (
+        f"ssh -i {d}/user_key -o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
+        f"-o LogLevel=ERROR -o ConnectTimeout=10"
+    )
     deadline = time.monotonic() + 30
     while subprocess.run([*shlex.split(ssh), "-p", str(port), "127.0.0.1", "true"], capture_output=True).returncode:
         if time.monotonic() > deadline or server.poll() is not None:
@@ -496,10 +685,28 @@ def test_ssh_transport_runs_the_job_and_closing_stdin_stops_the_remote_side(tmp_
     hostfile = tmp_path / "hosts"
     hostfile.write_text("127.0.0.1\nlocalhost addr=127.0.0.1\n")
     run_dir = tmp_path / "over-ssh"
-    p = launch("--hostfile", str(hostfile), "--ssh", ssh, "--ssh-port", str(port), "--gpus-per-host", "1",
-               "--port", str(free_port()), "--run-dir", str(run_dir), "--timeout", "600", "-c",
-               "configs/quickstart.yaml", f"data.root={tiny_root}", *TINY,
-               "phases=[{epochs: 2, image_size: 32, batch_size: 12}]", timeout=700)  # fmt: skip
+    p = launch(
+        "--hostfile",
+        str(hostfile),
+        "--ssh",
+        ssh,
+        "--ssh-port",
+        str(port),
+        "--gpus-per-host",
+        "1",
+        "--port",
+        str(free_port()),
+        "--run-dir",
+        str(run_dir),
+        "--timeout",
+        "600",
+        "-c",
+        "configs/quickstart.yaml",
+        f"data.root={tiny_root}",
+        *TINY,
+        "phases=[{epochs: 2, image_size: 32, batch_size: 12}]",
+        timeout=700,
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "transport ssh" in p.stdout.splitlines()[0]
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -511,27 +718,42 @@ def test_ssh_transport_runs_the_job_and_closing_stdin_stops_the_remote_side(tmp_
 
 
 def _make(*args: str) -> str:
-    p = subprocess.run(["make", "-n", "--no-print-directory", "-o", ".venv/.installed", "PY=.venv/bin/python", *args],
-                       cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
+    p = subprocess.run(
+        ["make", "-n", "--no-print-directory", "-o", ".venv/.installed", "PY=.venv/bin/python", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 0, p.stderr
     return " ".join(p.stdout.replace("\\\n", " ").split())
 
 
 def test_make_targets_run_the_launcher_with_the_record_settings():
-    out = _make("reproduce-158s", "HOSTS=hosts.txt", "DATA=/data/imagenet", "GPUS=8", "PORT=29555",
-                "OVERRIDES=optim.lr=24 run.seed=1")  # fmt: skip
-    assert ("scripts/launch.py --python .venv/bin/python --port '29555' --gpus-per-host '8' --overrides-text "
-            "'optim.lr=24 run.seed=1' --hostfile 'hosts.txt' --run-dir 'runs/dawnbench_158s-multistream' "
-            "-c configs/dawnbench_158s.yaml 'data.root=/data/imagenet' comm.backend=multistream "
-            "comm.autotune=true") in out  # fmt: skip
+    out = _make(
+        "reproduce-158s",
+        "HOSTS=hosts.txt",
+        "DATA=/data/imagenet",
+        "GPUS=8",
+        "PORT=29555",
+        "OVERRIDES=optim.lr=24 run.seed=1",
+    )
+    assert (
+        "scripts/launch.py --python .venv/bin/python --port '29555' --gpus-per-host '8' --overrides-text "
+        "'optim.lr=24 run.seed=1' --hostfile 'hosts.txt' --run-dir 'runs/dawnbench_158s-multistream' "
+        "-c configs/dawnbench_158s.yaml 'data.root=/data/imagenet' comm.backend=multistream "
+        "comm.autotune=true"
+    ) in out
     out = _make("reproduce-158s", "RUN_DIR=runs/mine", "LAUNCH_ARGS=--dry-run")  # inside SLURM: no HOSTS
     assert "--hostfile" not in out and "--run-dir 'runs/mine'" in out and "--args-text '--dry-run'" in out
     out = _make("reproduce-8gpu")
     assert "--hosts localhost --transport local --run-dir 'runs/dawnbench_8gpu' -c configs/dawnbench_8gpu.yaml" in out
     out = _make("baseline-horovod", "HOSTS=hosts.txt", "IFACE=eth1")
     assert "PY=.venv/bin/python bash scripts/install_horovod.sh" in out
-    assert ("--iface 'eth1' --engine horovod --hostfile 'hosts.txt' --run-dir 'runs/dawnbench_158s-horovod' "
-            "-c configs/dawnbench_158s.yaml comm.backend=horovod") in out  # fmt: skip
+    assert (
+        "--iface 'eth1' --engine horovod --hostfile 'hosts.txt' --run-dir 'runs/dawnbench_158s-horovod' "
+        "-c configs/dawnbench_158s.yaml comm.backend=horovod"
+    ) in out
     assert "scripts/compare_runs.py 'runs/dawnbench_158s-multistream' 'runs/dawnbench_158s-horovod'" in _make("compare")
 
 
@@ -542,12 +764,26 @@ def test_make_quotes_every_value_and_ignores_stray_environment(tmp_path):
     env = {**os.environ, "PORT": "1111", "DATA": "/stray", "DAWNBENCH_IFACE": "$(shell touch " + str(marker) + ")"}
     run_dir = tmp_path / "run dir"
     p = subprocess.run(
-        ["make", "-s", "--no-print-directory", "-o", ".venv/.installed", f"PY={sys.executable}", "reproduce-8gpu",
-         f"DATA={tmp_path}/x;touch {marker}", f"RUN_DIR={run_dir}", "GPUS=1",
-         f"LAUNCH_ARGS=--dry-run --env 'NOTE=a b;touch {marker}'",
-         f"OVERRIDES=data.roots={{160: {tmp_path}/my data}} phases.0.root=160 dawnbench.author='Your team'"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            "make",
+            "-s",
+            "--no-print-directory",
+            "-o",
+            ".venv/.installed",
+            f"PY={sys.executable}",
+            "reproduce-8gpu",
+            f"DATA={tmp_path}/x;touch {marker}",
+            f"RUN_DIR={run_dir}",
+            "GPUS=1",
+            f"LAUNCH_ARGS=--dry-run --env 'NOTE=a b;touch {marker}'",
+            f"OVERRIDES=data.roots={{160: {tmp_path}/my data}} phases.0.root=160 dawnbench.author='Your team'",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     assert not marker.exists()
     assert "localhost:29400" in p.stdout and "1111" not in p.stdout and "/stray" not in p.stdout
@@ -567,6 +803,10 @@ def test_split_overrides_keeps_values_with_spaces():
 
     assert split_overrides("optim.lr=24 run.seed=1") == ["optim.lr=24", "run.seed=1"]
     assert split_overrides("data.roots={160: /d/i 160, 128: /d/x} phases.0.root=160") == [
-        "data.roots={160: /d/i 160, 128: /d/x}", "phases.0.root=160"]  # fmt: skip
+        "data.roots={160: /d/i 160, 128: /d/x}",
+        "phases.0.root=160",
+    ]
     assert split_overrides("dawnbench.hardware='16 x a=b (8 V100)' x.y=1") == [
-        "dawnbench.hardware='16 x a=b (8 V100)'", "x.y=1"]  # fmt: skip
+        "dawnbench.hardware='16 x a=b (8 V100)'",
+        "x.y=1",
+    ]

@@ -94,8 +94,9 @@ def test_imports_only_run_downwards():
             theirs = layer_of(target)
             same_package = target.split(".")[0] == mod.split(".")[0]
             if theirs > mine or (theirs == mine and not same_package):
-                bad.append(f"{path.relative_to(ROOT)}:{line}: {mod} ({LAYERS[mine][0]}) imports {target} "
-                           f"({LAYERS[theirs][0]})")  # fmt: skip
+                bad.append(
+                    f"{path.relative_to(ROOT)}:{line}: {mod} ({LAYERS[mine][0]}) imports {target} ({LAYERS[theirs][0]})"
+                )
     assert not bad, "imports that run upwards:\n" + "\n".join(bad)
 
 

@@ -23,20 +23,50 @@ from test_launch import NETLAB_MISSING, two_local_hosts
 
 from recipes import checkpoint as ckpt
 
-TINY = ["-c", "configs/base.yaml", "model.name=resnet10t", "run.threads=1", "data.workers=0", "data.val_batch_size=8",
-        "log.tensorboard=false", "log.every_steps=1", "optim.lr=0.1", "run.deterministic=true",
-        "checkpoint.every_steps=1", "phases=[{epochs: 6, image_size: 32, batch_size: 12}]"]  # fmt: skip
+TINY = [
+    "-c",
+    "configs/base.yaml",
+    "model.name=resnet10t",
+    "run.threads=1",
+    "data.workers=0",
+    "data.val_batch_size=8",
+    "log.tensorboard=false",
+    "log.every_steps=1",
+    "optim.lr=0.1",
+    "run.deterministic=true",
+    "checkpoint.every_steps=1",
+    "phases=[{epochs: 6, image_size: 32, batch_size: 12}]",
+]
 STEPS = 24  # 6 epochs x ceil(48 / 12)
 
 
 def _launch(hostfile: Path, run_dir: str, data: Path, *extra: str, transport: str = "netns") -> subprocess.Popen:
-    cmd = [sys.executable, "scripts/launch.py", "--hostfile", str(hostfile), "--transport", transport,
-           "--gpus-per-host", "1", "--port", str(free_port()), "--run-dir", run_dir, "--max-restarts", "3",
-           "--timeout", "900", *(["--iface", "eth0"] if transport == "netns" else []), *TINY,
-           f"data.root={data}", *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "scripts/launch.py",
+        "--hostfile",
+        str(hostfile),
+        "--transport",
+        transport,
+        "--gpus-per-host",
+        "1",
+        "--port",
+        str(free_port()),
+        "--run-dir",
+        run_dir,
+        "--max-restarts",
+        "3",
+        "--timeout",
+        "900",
+        *(["--iface", "eth0"] if transport == "netns" else []),
+        *TINY,
+        f"data.root={data}",
+        *extra,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
 
 
 def _finish(proc: subprocess.Popen, timeout: float = 900) -> str:

@@ -41,8 +41,21 @@ def test_namespaces_are_removed_on_exception_and_on_sigterm(tmp_path):
         raise RuntimeError("boom")
     assert lab_namespaces("dbntest1") == []
     # a lab run as a command, killed with SIGTERM while its hosts are busy
-    p = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "netlab.py"), "--hosts", "2", "--link-mbit", "100",
-                          "--", "sleep", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "netlab.py"),
+            "--hosts",
+            "2",
+            "--link-mbit",
+            "100",
+            "--",
+            "sleep",
+            "60",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     tag = f"dbn{p.pid}"
     deadline = time.monotonic() + 30
     while len(lab_namespaces(tag)) < 3 and time.monotonic() < deadline:
@@ -66,11 +79,23 @@ def test_run_all_stops_the_others_when_one_host_fails():
 def test_multistream_is_exact_across_lab_hosts(tmp_path):
     """Two hosts on a shaped link, one process each (as two machines would run), K and S in {1, 4}."""
     with netlab.NetLab(2, link_mbit=500, flow_mbit=170) as lab:
-        env = lambda i: {"RANK": str(i), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",  # noqa: E731
-                         "MASTER_ADDR": lab.addr(0), "MASTER_PORT": "29500", "GLOO_SOCKET_IFNAME": "eth0",
-                         "KS_GRID": "1,4", "OMP_NUM_THREADS": "1"}  # fmt: skip
-        results = lab.run_all(lambda i: [sys.executable, str(ROOT / "tests" / "comm_worker.py"), "equal",
-                                         str(tmp_path)], env, timeout=300, cwd=str(ROOT))  # fmt: skip
+        env = lambda i: {
+            "RANK": str(i),
+            "WORLD_SIZE": "2",
+            "LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": "1",  # noqa: E731
+            "MASTER_ADDR": lab.addr(0),
+            "MASTER_PORT": "29500",
+            "GLOO_SOCKET_IFNAME": "eth0",
+            "KS_GRID": "1,4",
+            "OMP_NUM_THREADS": "1",
+        }
+        results = lab.run_all(
+            lambda i: [sys.executable, str(ROOT / "tests" / "comm_worker.py"), "equal", str(tmp_path)],
+            env,
+            timeout=300,
+            cwd=str(ROOT),
+        )
     for rc, out in results:
         assert rc == 0, out[-3000:]
     for r in range(2):
@@ -115,8 +140,19 @@ def test_teardown_ends_processes_that_left_the_process_group():
 
 
 def test_cleanup_after_sigkill_removes_namespaces_etc_entries_and_processes():
-    p = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "netlab.py"), "--hosts", "2", "--",
-                          "sh", "-c", "setsid sleep 300 & sleep 300"], stdout=subprocess.PIPE)  # fmt: skip
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "netlab.py"),
+            "--hosts",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            "setsid sleep 300 & sleep 300",
+        ],
+        stdout=subprocess.PIPE,
+    )
     tag = f"dbn{p.pid}"
     assert _wait(lambda: len(lab_namespaces(tag)) == 3 and all(netlab.namespace_pids(f"{tag}-h{i}") for i in (0, 1)))
     assert _wait(lambda: all(len(netlab.namespace_pids(f"{tag}-h{i}")) >= 2 for i in (0, 1)))
@@ -135,13 +171,22 @@ def test_cleanup_after_sigkill_removes_namespaces_etc_entries_and_processes():
 
 def test_braces_in_a_lab_command_and_bad_rates():
     code = "d = {'a': 1}; print(d['a'], '{rank} of {world} {x}')"
-    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "netlab.py"), "--hosts", "2", "--", sys.executable,
-                        "-c", code], capture_output=True, text=True, timeout=120)  # fmt: skip
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "netlab.py"), "--hosts", "2", "--", sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     assert sorted(p.stdout.splitlines()) == ["[host 0] 1 0 of 2 {x}", "[host 1] 1 1 of 2 {x}"]
     for rate in ("nan", "inf", "0.00001", "-5"):
-        p = subprocess.run([sys.executable, str(ROOT / "scripts" / "netlab.py"), "--link-mbit", rate, "--", "true"],
-                           capture_output=True, text=True, timeout=60)  # fmt: skip
+        p = subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "netlab.py"), "--link-mbit", rate, "--", "true"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
         assert p.stderr.strip().splitlines() == [
-            f"netlab: error: link_mbit: expected a rate from 0.1 to 1e+06 Mbit/s, got {float(rate)}"]  # fmt: skip
+            f"netlab: error: link_mbit: expected a rate from 0.1 to 1e+06 Mbit/s, got {float(rate)}"
+        ]

@@ -45,10 +45,13 @@ def test_record_schedule_reads_as_data_and_gives_its_1159_iterations(tmp_path):
 @pytest.mark.parametrize("backend", ["dali", "torch", "synthetic"])
 def test_every_backend_gives_the_plans_steps_at_each_phases_size(tiny_root, tmp_path, backend):
     world = 5  # 48 images: shards of 10 and 9, so a rank's last batch wraps around
-    phases = ("phases=[{epochs: 1, image_size: 16, batch_size: 10}, {epochs: 2, image_size: 24, batch_size: 20, "
-              "val_image_size: 20}]")  # fmt: skip
-    cfg = tiny_config(tiny_root, tmp_path, f"data.backend={backend}", "data.synthetic_size=48",
-                      "data.synthetic_classes=4", phases)  # fmt: skip
+    phases = (
+        "phases=[{epochs: 1, image_size: 16, batch_size: 10}, {epochs: 2, image_size: 24, batch_size: 20, "
+        "val_image_size: 20}]"
+    )
+    cfg = tiny_config(
+        tiny_root, tmp_path, f"data.backend={backend}", "data.synthetic_size=48", "data.synthetic_classes=4", phases
+    )
     for rank in range(world):
         pipe = create_input(cfg, DistInfo(rank, world, 0, world, torch.device("cpu")))
         plan = Plan(cfg, pipe.num_train, world)
@@ -69,11 +72,22 @@ def test_every_backend_gives_the_plans_steps_at_each_phases_size(tiny_root, tmp_
 @pytest.mark.slow
 def test_dali_training_switches_phases_under_torchrun(tiny_root, tmp_path):
     """2 processes, DALI on the CPU, a phase switch with rectangular validation: exact counts end to end."""
-    args = ["train.py", "-c", "configs/base.yaml", f"data.root={tiny_root}", f"run.out_dir={tmp_path}",
-            "run.name=dali", "run.threads=1", "model.name=resnet10t", "data.backend=dali", "data.val_batch_size=6",
-            "log.tensorboard=false", "optim.lr=0.1",
-            "phases=[{epochs: 1, image_size: 32, batch_size: 12}, {epochs: 1, image_size: 48, batch_size: 8,"
-            " val_image_size: 40, rect_val: true}]"]  # fmt: skip
+    args = [
+        "train.py",
+        "-c",
+        "configs/base.yaml",
+        f"data.root={tiny_root}",
+        f"run.out_dir={tmp_path}",
+        "run.name=dali",
+        "run.threads=1",
+        "model.name=resnet10t",
+        "data.backend=dali",
+        "data.val_batch_size=6",
+        "log.tensorboard=false",
+        "optim.lr=0.1",
+        "phases=[{epochs: 1, image_size: 32, batch_size: 12}, {epochs: 1, image_size: 48, batch_size: 8,"
+        " val_image_size: 40, rect_val: true}]",
+    ]
     proc = torchrun(2, args, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     state = torch.load(tmp_path / "dali" / "checkpoint.pt", weights_only=True)["state"]

@@ -13,8 +13,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_158s_plan_prints_1159_iterations_and_writes_the_plot(tmp_path, capsys):
-    rc = train.main(["-c", str(ROOT / "configs/dawnbench_158s.yaml"), "--plan", f"run.out_dir={tmp_path}",
-                     f"data.root={tmp_path / 'no-imagenet-here'}"])  # fmt: skip
+    rc = train.main(
+        [
+            "-c",
+            str(ROOT / "configs/dawnbench_158s.yaml"),
+            "--plan",
+            f"run.out_dir={tmp_path}",
+            f"data.root={tmp_path / 'no-imagenet-here'}",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0
     assert "1,281,167 training images" in out and "128 processes" in out
@@ -35,27 +42,55 @@ def test_158s_plan_prints_1159_iterations_and_writes_the_plot(tmp_path, capsys):
 
 
 def test_8gpu_plan_and_explicit_sizes(tmp_path, capsys):
-    assert train.main(["-c", str(ROOT / "configs/dawnbench_8gpu.yaml"), "--plan", f"run.out_dir={tmp_path}",
-                       "data.root=/nonexistent"]) == 0  # fmt: skip
+    assert (
+        train.main(
+            [
+                "-c",
+                str(ROOT / "configs/dawnbench_8gpu.yaml"),
+                "--plan",
+                f"run.out_dir={tmp_path}",
+                "data.root=/nonexistent",
+            ]
+        )
+        == 0
+    )
     assert "total: 13772 iterations in 21 epochs" in capsys.readouterr().out
-    assert train.main(["-c", str(ROOT / "configs/dawnbench_158s.yaml"), "--plan", f"run.out_dir={tmp_path}",
-                       "--num-images", "1000000", "--world-size", "256"]) == 0  # fmt: skip
+    assert (
+        train.main(
+            [
+                "-c",
+                str(ROOT / "configs/dawnbench_158s.yaml"),
+                "--plan",
+                f"run.out_dir={tmp_path}",
+                "--num-images",
+                "1000000",
+                "--world-size",
+                "256",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     # ceil(ceil(1e6 / 256) / 128) = 31 per epoch at 32768, 62 at 16384
     assert "256 processes (--world-size)" in out and "total: 899 iterations in 28 epochs" in out
 
 
 def test_plan_counts_a_local_dataset(tiny_root, tmp_path, capsys):
-    assert train.main(["-c", str(ROOT / "configs/quickstart.yaml"), "--plan", f"run.out_dir={tmp_path}",
-                       f"data.root={tiny_root}"]) == 0  # fmt: skip
+    assert (
+        train.main(
+            ["-c", str(ROOT / "configs/quickstart.yaml"), "--plan", f"run.out_dir={tmp_path}", f"data.root={tiny_root}"]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     # 48 images on 2 processes, local batch 32: 1 step per epoch, 9 epochs
     assert f"48 training images (counted in {tiny_root})" in out and "total: 9 iterations in 9 epochs" in out
 
 
 def test_plan_bad_world_size_is_a_clear_error(tmp_path, capsys):
-    rc = train.main(["-c", str(ROOT / "configs/dawnbench_158s.yaml"), "--plan", "--world-size", "100",
-                     f"run.out_dir={tmp_path}"])  # fmt: skip
+    rc = train.main(
+        ["-c", str(ROOT / "configs/dawnbench_158s.yaml"), "--plan", "--world-size", "100", f"run.out_dir={tmp_path}"]
+    )
     assert rc == 2
     assert "phases.0.batch_size: 32768 is not divisible by the world size 100" in capsys.readouterr().err
 
@@ -64,7 +99,11 @@ def test_record_configs_hold_the_published_values():
     r = load_config(ROOT / "configs/dawnbench_158s.yaml")
     assert (r.run.nodes, r.run.procs_per_node) == (16, 8)
     assert [(p.epochs, p.image_size, p.batch_size, p.rect_val) for p in r.phases] == [
-        (13, 96, 32768, False), (11, 128, 32768, False), (3, 224, 32768, False), (1, 288, 16384, True)]  # fmt: skip
+        (13, 96, 32768, False),
+        (11, 128, 32768, False),
+        (3, 224, 32768, False),
+        (1, 288, 16384, True),
+    ]
     o = r.optim
     assert (o.name, o.nesterov, o.eta, o.trust_clip_min, o.trust_clip_max) == ("hybrid", True, 8e-4, 1e-5, 1.0)
     assert (o.lr, o.final_lr, o.warmup_epochs) == (25.0, 0.2, 14.0)
@@ -76,7 +115,11 @@ def test_record_configs_hold_the_published_values():
     e = load_config(ROOT / "configs/dawnbench_8gpu.yaml")
     assert (e.run.nodes, e.run.procs_per_node) == (1, 8)
     assert [(p.epochs, p.image_size, p.batch_size, p.rect_val) for p in e.phases] == [
-        (12, 96, 2048, False), (6, 128, 2048, False), (2, 224, 2048, False), (1, 288, 1024, True)]  # fmt: skip
+        (12, 96, 2048, False),
+        (6, 128, 2048, False),
+        (2, 224, 2048, False),
+        (1, 288, 1024, True),
+    ]
     o = e.optim
     assert (o.name, o.nesterov, o.lr, o.final_lr, o.warmup_epochs) == ("sgd", True, 1.2, 1e-4, 5.0)
     assert (o.momentum, o.momentum_end, o.momentum_schedule) == (0.96, 0.90, "linear")

@@ -25,9 +25,28 @@ def test_bad_input_exits_2(capsys):
 @pytest.mark.skipif(netlab.available() is not None, reason=str(netlab.available()))
 def test_model_reproduces_an_unfitted_lab_run(tmp_path):
     out = tmp_path / "lab.json"
-    assert bench_allreduce.main(["--no-loopback", "--worlds", "3", "--link-mbit", "40", "--fraction", "0.05",
-                                 "--steps", "2", "--rounds", "2", "--contenders", "ddp,multistream",
-                                 "--json", str(out)]) == 0  # fmt: skip
+    assert (
+        bench_allreduce.main(
+            [
+                "--no-loopback",
+                "--worlds",
+                "3",
+                "--link-mbit",
+                "40",
+                "--fraction",
+                "0.05",
+                "--steps",
+                "2",
+                "--rounds",
+                "2",
+                "--contenders",
+                "ddp,multistream",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     rec = json.loads(out.read_text())[0]
     for method in ("ddp", "multistream"):
         pred, meas = predict.lab_predict(rec, method, predict.LAB_FIT), predict.measured(rec, method)

@@ -48,9 +48,14 @@ def test_inspect_file_names_each_oddity(odd_src):
     _damage(odd_src)
     kinds = {p.name.split("_", 1)[1]: inspect_file(str(p)).kind for p in (odd_src / "train").rglob("*odd_*")}
     kinds.update({p.name: inspect_file(str(p)).kind for p in (odd_src / "train").rglob("bad_*")})
-    assert kinds == {"odd_cmyk.JPEG": "cmyk-jpeg", "odd_gray.JPEG": "grayscale-jpeg", "odd_png.JPEG": "png",
-                     "bad_truncated.JPEG": "truncated", "bad_empty.JPEG": "empty",
-                     "bad_text.JPEG": "not-an-image"}  # fmt: skip
+    assert kinds == {
+        "odd_cmyk.JPEG": "cmyk-jpeg",
+        "odd_gray.JPEG": "grayscale-jpeg",
+        "odd_png.JPEG": "png",
+        "bad_truncated.JPEG": "truncated",
+        "bad_empty.JPEG": "empty",
+        "bad_text.JPEG": "not-an-image",
+    }
     plain = next((odd_src / "val").rglob("*.JPEG"))
     assert inspect_file(str(plain)).kind == OK
     # The cheap check (run over a shard when DALI fails) finds the same three undecodable files, nothing else.
@@ -70,9 +75,14 @@ def test_check_lists_every_odd_file_and_fails_on_undecodable(odd_src, tmp_path, 
     assert "3 cannot be decoded" in out
     rows = [line.split("\t") for line in report.read_text().splitlines()[1:]]
     by_name = {os.path.basename(r[1]): r[0] for r in rows}
-    assert by_name == {"bad_empty.JPEG": "empty", "bad_text.JPEG": "not-an-image", "bad_truncated.JPEG": "truncated",
-                       "n01440764_odd_cmyk.JPEG": "cmyk-jpeg", "n01443537_odd_gray.JPEG": "grayscale-jpeg",
-                       "n01440764_odd_png.JPEG": "png"}  # fmt: skip
+    assert by_name == {
+        "bad_empty.JPEG": "empty",
+        "bad_text.JPEG": "not-an-image",
+        "bad_truncated.JPEG": "truncated",
+        "n01440764_odd_cmyk.JPEG": "cmyk-jpeg",
+        "n01443537_odd_gray.JPEG": "grayscale-jpeg",
+        "n01440764_odd_png.JPEG": "png",
+    }
 
 
 def test_prepare_resizes_to_rgb_jpeg_with_manifest(odd_src, tmp_path, capsys):
@@ -191,14 +201,29 @@ def test_sort_val_from_the_devkit_with_torchvisions_parser(tmp_path, monkeypatch
     import torchvision.datasets.imagenet as tv_imagenet
 
     monkeypatch.setattr(tv_imagenet, "_verify_archive", lambda *a: None)
-    synsets = np.array([(1, "n01", "tench, Tinca tinca", "", 0, 0, 1), (2, "n02", "goldfish", "", 0, 0, 1),
-                        (3, "n00", "fish", "", 2, 1, 0)],
-                       dtype=[("ILSVRC2012_ID", "O"), ("WNID", "O"), ("words", "O"), ("gloss", "O"),
-                              ("num_children", "O"), ("wordnet_height", "O"), ("num_train_images", "O")])  # fmt: skip
+    synsets = np.array(
+        [
+            (1, "n01", "tench, Tinca tinca", "", 0, 0, 1),
+            (2, "n02", "goldfish", "", 0, 0, 1),
+            (3, "n00", "fish", "", 2, 1, 0),
+        ],
+        dtype=[
+            ("ILSVRC2012_ID", "O"),
+            ("WNID", "O"),
+            ("words", "O"),
+            ("gloss", "O"),
+            ("num_children", "O"),
+            ("wordnet_height", "O"),
+            ("num_train_images", "O"),
+        ],
+    )
     mat = io.BytesIO()
     scipy.io.savemat(mat, {"synsets": synsets})
-    files = {"data/meta.mat": mat.getvalue(), "data/ILSVRC2012_validation_ground_truth.txt": b"2\n1\n1\n",
-             "data/ILSVRC2012_validation_blacklist.txt": b"3\n"}  # fmt: skip
+    files = {
+        "data/meta.mat": mat.getvalue(),
+        "data/ILSVRC2012_validation_ground_truth.txt": b"2\n1\n1\n",
+        "data/ILSVRC2012_validation_blacklist.txt": b"3\n",
+    }
     devkit = tmp_path / "ILSVRC2012_devkit_t12.tar.gz"
     with tarfile.open(devkit, "w:gz") as tar:
         for name, data in files.items():
@@ -209,8 +234,11 @@ def test_sort_val_from_the_devkit_with_torchvisions_parser(tmp_path, monkeypatch
     _flat_val(root, 3)
     assert prepare_main(["--sort-val", str(root), "--devkit", str(devkit)]) == 0
     moved = sorted(p.relative_to(root / "val").as_posix() for p in (root / "val").rglob("*.JPEG"))
-    assert moved == ["n01/ILSVRC2012_val_00000002.JPEG", "n01/ILSVRC2012_val_00000003.JPEG",
-                     "n02/ILSVRC2012_val_00000001.JPEG"]  # fmt: skip
+    assert moved == [
+        "n01/ILSVRC2012_val_00000002.JPEG",
+        "n01/ILSVRC2012_val_00000003.JPEG",
+        "n02/ILSVRC2012_val_00000001.JPEG",
+    ]
     assert (root / "ILSVRC2012_validation_blacklist.txt").read_text() == "3\n"
     assert "data.val_blacklist: ILSVRC2012_validation_blacklist.txt" in capsys.readouterr().out
     assert prepare_main(["--sort-val", str(root), "--devkit", str(tmp_path / "none.tar.gz")]) == 2
@@ -219,8 +247,11 @@ def test_sort_val_from_the_devkit_with_torchvisions_parser(tmp_path, monkeypatch
 def test_a_copy_beside_data_root_is_found_without_configuring_it(odd_src, tmp_path, capsys):
     dist = DistInfo(0, 1, 0, 1, torch.device("cpu"))
     phases = "phases=[{epochs: 1, image_size: 32, batch_size: 4, root: '48'}]"
-    with pytest.raises(DataError, match=f"'{odd_src}-48' does not exist; make it with: python data/prepare.py "
-                                        f"--src {odd_src} --dst {odd_src}-48 --short-side 48"):  # fmt: skip
+    with pytest.raises(
+        DataError,
+        match=f"'{odd_src}-48' does not exist; make it with: python data/prepare.py "
+        f"--src {odd_src} --dst {odd_src}-48 --short-side 48",
+    ):
         create_input(tiny_config(odd_src, tmp_path, phases), dist)
     assert prepare_main(["--src", str(odd_src), "--dst", f"{odd_src}-48", "--short-side", "48", "--workers", "1"]) == 0
     pipe = create_input(tiny_config(odd_src, tmp_path, phases), dist)

@@ -17,9 +17,17 @@ from recipes.trainer import train
 def test_fp16_skipped_steps_are_counted_and_logged(tiny_root, tmp_path, capsys):
     # An absurd LR makes the first step blow the weights up; every later step has inf/nan gradients, so the
     # grad scaler skips it and halves the scale: 4 steps -> 1 taken, 3 skipped, scale 65536 / 2**3.
-    cfg = tiny_config(tiny_root, tmp_path, "run.amp=fp16", "optim.name=hybrid", "optim.lr=1.0e30",
-                      "optim.warmup_start_lr=1.0e30", "optim.final_lr=1.0e30", "checkpoint.enabled=false",
-                      "phases.0.epochs=1")  # fmt: skip
+    cfg = tiny_config(
+        tiny_root,
+        tmp_path,
+        "run.amp=fp16",
+        "optim.name=hybrid",
+        "optim.lr=1.0e30",
+        "optim.warmup_start_lr=1.0e30",
+        "optim.final_lr=1.0e30",
+        "checkpoint.enabled=false",
+        "phases.0.epochs=1",
+    )
     # The one step taken left non-finite weights, so validation refuses to report an accuracy from them.
     with pytest.raises(NonFiniteError, match="no accuracy is reported"):
         train(cfg, tmp_path / "run")
@@ -34,9 +42,21 @@ def test_fp16_skipped_steps_are_counted_and_logged(tiny_root, tmp_path, capsys):
 @pytest.mark.slow
 def test_quickstart_with_hybrid_reaches_its_target(sample_root, tmp_path):
     run_dir = tmp_path / "qs"
-    cmd = [sys.executable, "train.py", "-c", "configs/quickstart.yaml", "--run-dir", str(run_dir),
-           f"data.root={sample_root}", "optim.name=hybrid", "run.stop_at_target=true", "run.threads=2",
-           "data.workers=0", "log.tensorboard=false", "checkpoint.enabled=false"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "train.py",
+        "-c",
+        "configs/quickstart.yaml",
+        "--run-dir",
+        str(run_dir),
+        f"data.root={sample_root}",
+        "optim.name=hybrid",
+        "run.stop_at_target=true",
+        "run.threads=2",
+        "data.workers=0",
+        "log.tensorboard=false",
+        "checkpoint.enabled=false",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -24,7 +24,7 @@ MOMENTUM = {"cycle linear": "cyclic"}
 def _published_158s(e: dict) -> dict:
     m, s = e["misc"], e["misc"]["schedule"]
     return {
-        "run.nodes": int(e["hardware"].split()[0]),                    # "16 ecs.gn6e-c12g1.24xlarge (AlibabaCloud)"
+        "run.nodes": int(e["hardware"].split()[0]),  # "16 ecs.gn6e-c12g1.24xlarge (AlibabaCloud)"
         "run.procs_per_node": int(m["hardware backend"].split("x")[1].split()[0]),  # "16x8 V100-32G ..."
         "run.amp": "fp16" if m["mixed_precision"] else "none",
         "data.val_blacklist": e["usedBlacklist"],
@@ -42,7 +42,7 @@ def _published_158s(e: dict) -> dict:
         "optim.momentum_schedule": MOMENTUM[s["momentum"]],
         "optim.weight_decay": m["weight_decay"],
         "optim.label_smoothing": m["smooth_label"],
-    }  # fmt: skip
+    }
 
 
 def _published_8gpu(e: dict) -> dict:
@@ -61,7 +61,7 @@ def _published_8gpu(e: dict) -> dict:
         "optim.momentum": m["max_momentum"],
         "optim.momentum_end": m["min_momentum"],
         "optim.weight_decay": m["weightDecay"],
-    }  # fmt: skip
+    }
 
 
 RECORDS = {

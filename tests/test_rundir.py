@@ -58,8 +58,10 @@ def test_changed_recipe_refuses_listing_the_differences_and_force_records_it(tin
     assert "checkpoint.resume=force" in str(e.value)
     assert (run / "config.yaml").read_text() == before  # a refused start changes nothing
     # Logging, output and checkpoint frequency may change.
-    ok = train(tiny_config(tiny_root, tmp_path, *DET, "log.every_steps=3", "checkpoint.every_steps=3",
-                           "checkpoint.keep=3"), stop_after_epochs=0)  # fmt: skip
+    ok = train(
+        tiny_config(tiny_root, tmp_path, *DET, "log.every_steps=3", "checkpoint.every_steps=3", "checkpoint.keep=3"),
+        stop_after_epochs=0,
+    )
     assert ok["steps"] == 4 and ok["resume_forced"] == []
     forced = train(tiny_config(tiny_root, tmp_path, *DET, *changed, "checkpoint.resume=force"))
     assert forced["steps"] == 12
@@ -93,15 +95,31 @@ def test_world_size_change_keeps_the_data_order_and_says_what_changes():
 def test_recipe_differences_ignore_logging_and_output():
     a = {"run": {"name": "a", "seed": 0}, "log": {"every_steps": 5}, "phases": [{"epochs": 2}]}
     b = {"run": {"name": "b", "seed": 1}, "log": {"every_steps": 1}, "phases": [{"epochs": 2}, {"epochs": 1}]}
-    assert recipe_differences(a, b) == ["phases.1.epochs: '<absent>' -> 1", "phases.length: 1 -> 2",
-                                        "run.seed: 0 -> 1"]  # fmt: skip
+    assert recipe_differences(a, b) == ["phases.1.epochs: '<absent>' -> 1", "phases.length: 1 -> 2", "run.seed: 0 -> 1"]
 
 
 def _train_cli(tiny_root, out, *extra) -> subprocess.Popen:
-    args = ["train.py", "-c", "configs/base.yaml", f"data.root={tiny_root}", f"run.out_dir={out}", "run.name=tiny",
-            "model.name=resnet10t", "data.workers=0", "run.threads=1", "log.tensorboard=false", *extra]  # fmt: skip
-    return subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    args = [
+        "train.py",
+        "-c",
+        "configs/base.yaml",
+        f"data.root={tiny_root}",
+        f"run.out_dir={out}",
+        "run.name=tiny",
+        "model.name=resnet10t",
+        "data.workers=0",
+        "run.threads=1",
+        "log.tensorboard=false",
+        *extra,
+    ]
+    return subprocess.Popen(
+        [sys.executable, *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
 
 
 def test_two_trainings_into_one_directory_the_second_fails_at_once(tiny_root, tmp_path):
@@ -123,8 +141,9 @@ def test_two_trainings_into_one_directory_the_second_fails_at_once(tiny_root, tm
         first.send_signal(signal.SIGKILL)
         first.communicate()
     # The lock died with its holder (SIGKILL): the next start resumes.
-    third = _train_cli(tiny_root, tmp_path, "phases=[{epochs: 200, image_size: 32, batch_size: 12}]",
-                       "checkpoint.resume=false")  # fmt: skip
+    third = _train_cli(
+        tiny_root, tmp_path, "phases=[{epochs: 200, image_size: 32, batch_size: 12}]", "checkpoint.resume=false"
+    )
     try:
         end = time.time() + 300
         while not list(run.glob("previous/*")):

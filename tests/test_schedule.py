@@ -24,8 +24,16 @@ def test_record_layout_is_1159_iterations_in_28_epochs():
     assert len(plan.epochs) == 28
     firsts = [plan.epochs[e].first_step for e in (0, 13, 24, 27)]
     assert firsts == [0, 520, 960, 1080]  # phase starts: 96 px, 128 px, 224 px, 288 px
-    assert [plan.image_size(s) for s in (0, 519, 520, 959, 960, 1079, 1080, 1158)] == [96, 96, 128, 128, 224, 224,
-                                                                                        288, 288]  # fmt: skip
+    assert [plan.image_size(s) for s in (0, 519, 520, 959, 960, 1079, 1080, 1158)] == [
+        96,
+        96,
+        128,
+        128,
+        224,
+        224,
+        288,
+        288,
+    ]
     assert plan.batch_size(1079) == 32768 and plan.batch_size(1080) == 16384
 
 
@@ -74,8 +82,15 @@ def test_eight_gpu_entry():
 
 
 def _small(*overrides) -> Plan:
-    cfg = load_config(None, ["phases=[{epochs: 2, image_size: 32, batch_size: 8}, {epochs: 1, image_size: 64, "
-                             "batch_size: 4}]", "optim.lr=1.0", "optim.final_lr=0.0", *overrides])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            "phases=[{epochs: 2, image_size: 32, batch_size: 8}, {epochs: 1, image_size: 64, batch_size: 4}]",
+            "optim.lr=1.0",
+            "optim.final_lr=0.0",
+            *overrides,
+        ],
+    )
     return Plan(cfg, 40, 1)  # 5 + 5 + 10 = 20 steps
 
 
@@ -99,5 +114,11 @@ def test_fractional_warmup_and_warmup_over_the_whole_run():
 
 def test_batch_not_divisible_by_world_is_a_config_error():
     with pytest.raises(ConfigError, match="phases.1.batch_size: 4 is not divisible by the world size 3"):
-        Plan(load_config(None, ["phases=[{epochs: 1, image_size: 32, batch_size: 6}, {epochs: 1, image_size: 32, "
-                                "batch_size: 4}]"]), 40, 3)  # fmt: skip
+        Plan(
+            load_config(
+                None,
+                ["phases=[{epochs: 1, image_size: 32, batch_size: 6}, {epochs: 1, image_size: 32, batch_size: 4}]"],
+            ),
+            40,
+            3,
+        )

@@ -75,8 +75,11 @@ def test_checkpoint_is_written_atomically(tmp_path):
 def test_checkpoint_from_different_model_is_refused(tiny_root, tmp_path):
     train(tiny_config(tiny_root, tmp_path, "phases=[{epochs: 1, image_size: 32, batch_size: 12}]"))
     other = tiny_config(tiny_root, tmp_path, "model.name=resnet18")
-    with pytest.raises(CheckpointError, match=r"differs from the checkpoint's in what it trains:\n  model.name: "
-                       r"'resnet10t' -> 'resnet18'"):  # fmt: skip
+    with pytest.raises(
+        CheckpointError,
+        match=r"differs from the checkpoint's in what it trains:\n  model.name: "
+        r"'resnet10t' -> 'resnet18'",
+    ):
         train(other)
     forced = tiny_config(tiny_root, tmp_path, "model.name=resnet18", "checkpoint.resume=force")
     with pytest.raises(ConfigError, match="checkpoint was made for a different model"):
@@ -110,8 +113,13 @@ def test_cli_bad_inputs_exit_2_without_traceback(tiny_root, tmp_path):
         (["-c", "configs/quickstart.yaml", f"data.root={tiny_root}", "--resume", str(tmp_path / "x.pt")], "not found"),
     ]
     for args, msg in cases:
-        p = subprocess.run([sys.executable, "train.py", *args, f"run.out_dir={tmp_path}"], cwd=ROOT,
-                           capture_output=True, text=True, timeout=120)  # fmt: skip
+        p = subprocess.run(
+            [sys.executable, "train.py", *args, f"run.out_dir={tmp_path}"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert p.returncode == 2, (args, p.stderr)
         assert msg in p.stderr and "Traceback" not in p.stderr, p.stderr
 
@@ -131,8 +139,9 @@ def test_training_steps_read_nothing_back_from_the_device(tiny_root, tmp_path, o
                 Reads.n += 1
             return func(*args, **(kwargs or {}))
 
-    cfg = tiny_config(tiny_root, tmp_path, f"optim.name={optim}", f"run.amp={amp}", "log.every_steps=100",
-                      "checkpoint.enabled=false")  # fmt: skip
+    cfg = tiny_config(
+        tiny_root, tmp_path, f"optim.name={optim}", f"run.amp={amp}", "log.every_steps=100", "checkpoint.enabled=false"
+    )
     trainer = Trainer(cfg)
     try:
         x, y = next(iter(trainer.data.train_batches(trainer.plan.epoch_info(0))))
@@ -165,8 +174,9 @@ def test_input_pipeline_build_counts_as_training_time(tiny_root, tmp_path):
 
     from recipes.trainer import Trainer
 
-    cfg = tiny_config(tiny_root, tmp_path, "phases=[{epochs: 2, image_size: 32, batch_size: 12}]",
-                      "checkpoint.enabled=false")  # fmt: skip
+    cfg = tiny_config(
+        tiny_root, tmp_path, "phases=[{epochs: 2, image_size: 32, batch_size: 12}]", "checkpoint.enabled=false"
+    )
     trainer = Trainer(cfg)
     real = trainer.data.train_batches
 

@@ -363,8 +363,9 @@ def probe_shared_run_dir(job: Job, timeout: float) -> tuple[list[str], list[str]
     cd = f"cd {q(job.workdir)} && mkdir -p {q(job.run_dir)} && cd {q(job.run_dir)}"
 
     def on(host: Host, command: str) -> subprocess.CompletedProcess:
-        return subprocess.run(job.transport.argv(host, command), stdin=subprocess.DEVNULL, capture_output=True,
-                              text=True, timeout=timeout)  # fmt: skip
+        return subprocess.run(
+            job.transport.argv(host, command), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout
+        )
 
     first, others = job.hosts[0], job.hosts[1:]
     on(first, f"{cd} && echo {q(token)} > {q(name)}")
@@ -381,9 +382,13 @@ def probe_shared_run_dir(job: Job, timeout: float) -> tuple[list[str], list[str]
 def describe_run_dir(job: Job, seen: list[str], unseen: list[str]) -> str:
     where = f"run directory {job.run_dir}"
     if not unseen:
-        return (f"{where} is shared by all {len(seen)} host(s) (a token written on {seen[0]} is seen by every host): "
-                f"checkpoints, summary.json and dawnbench.json are written there by rank 0")  # fmt: skip
-    return (f"{where} is NOT shared ({', '.join(unseen)} did not see a token written on {seen[0]}): each host has "
-            f"its own copy; rank 0 (on whichever host c10d places it) writes checkpoints, summary.json and "
-            f"dawnbench.json into its host's copy, and at every start the ranks resume from the newest checkpoint "
-            f"of this run on any host, sent to all ranks over the process group")  # fmt: skip
+        return (
+            f"{where} is shared by all {len(seen)} host(s) (a token written on {seen[0]} is seen by every host): "
+            f"checkpoints, summary.json and dawnbench.json are written there by rank 0"
+        )
+    return (
+        f"{where} is NOT shared ({', '.join(unseen)} did not see a token written on {seen[0]}): each host has "
+        f"its own copy; rank 0 (on whichever host c10d places it) writes checkpoints, summary.json and "
+        f"dawnbench.json into its host's copy, and at every start the ranks resume from the newest checkpoint "
+        f"of this run on any host, sent to all ranks over the process group"
+    )
