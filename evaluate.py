@@ -15,8 +15,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from recipes.evaluation import TTA, run_evaluate_cli
-from recipes.inference import MODES
+from recipes.evaluation.accuracy import TTA
+from recipes.evaluation.cli import run_evaluate_cli
+from recipes.evaluation.inference import MODES
 
 
 def main(argv: list[str] | None = None) -> int:

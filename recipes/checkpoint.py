@@ -261,6 +261,13 @@ def save_step_checkpoint(state: dict, run_dir: Path, step: int, keep: int) -> Pa
     return path
 
 
+def estimate_bytes(model) -> int:
+    """Rough size of a checkpoint: weights and buffers plus one optimizer slot per parameter, plus slack."""
+    weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    return int(1.1 * (weights + params)) + (1 << 20)
+
+
 def check_writable(run_dir: Path, needed_bytes: int) -> None:
     """Fail before training when the run directory is unwritable or its disk cannot hold a checkpoint."""
     try:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import datetime
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as td
+
+from recipes.errors import TrainingError
 
 
 @dataclass
@@ -196,3 +199,22 @@ def all_gather_object(obj, dist: DistInfo) -> list:
     out = [None] * dist.world_size
     td.all_gather_object(out, obj)
     return out
+
+
+_PEER_FAILURE = ("timed out", "timeout", "connection closed", "connection reset", "broken pipe", "peer")
+
+
+@contextmanager
+def collective_guard(what: str, step: int, timeout_s: float):
+    """Turn a collective's timeout or lost connection into an error that names the collective and the step."""
+    try:
+        yield
+    except RuntimeError as e:
+        text = str(e).lower()
+        if isinstance(e, TrainingError) or not any(k in text for k in _PEER_FAILURE):
+            raise
+        first = str(e).strip().splitlines()[0][:300]
+        raise TrainingError(
+            f"{what} at step {step} failed: a peer is dead or hung (dist.timeout_s={timeout_s:g}); "
+            f"underlying error: {first}"
+        ) from e

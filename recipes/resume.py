@@ -9,13 +9,16 @@ the training refuses with the list of differences, unless `checkpoint.resume=for
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from models.factory import check_compatible, describe_model
 from recipes import checkpoint as ckpt
+from recipes import run_files as files
 from recipes.checkpoint import CheckpointError
 from recipes.config import Config, to_dict
 from recipes.distributed import DistInfo, all_gather_object, broadcast_bytes
@@ -44,6 +47,35 @@ NOT_TRAINING = (
     "dawnbench.",
     "comm.tune_cache",
 )
+
+
+@dataclass
+class State:
+    """Everything that a resume must restore besides the modules' own state_dicts."""
+
+    epoch: int = 0  # epochs completed
+    step: int = 0  # optimizer steps taken
+    train_seconds: float = 0.0  # training time only (DAWNBench excludes validation and checkpointing)
+    wall_seconds: float = 0.0
+    images: int = 0  # training images processed, all ranks
+    history: list = field(default_factory=list)  # one dict per epoch: epoch, train_seconds, top1, top5, ...
+    skipped_steps: int = 0
+    epoch_step: int = 0  # steps done inside the current epoch (mid-epoch checkpoint = data position)
+    epoch_seconds: float = 0.0  # training time already spent in the current epoch
+    epoch_images: int = 0
+    restarts: int = 0  # recoveries from a checkpoint after a failure
+    redone_steps: int = 0  # steps trained twice because they came after the last checkpoint
+    forced: list = field(default_factory=list)  # recipe differences accepted with checkpoint.resume=force
+
+
+@dataclass
+class Parts:
+    """What a checkpoint holds the state_dicts of."""
+
+    model: object
+    optimizer: object
+    scaler: object
+    comm: object
 
 
 def _flatten(value, prefix: str = "") -> dict:
@@ -113,7 +145,7 @@ class Agreed:
 
 def _progress(run_dir: Path) -> int:
     try:
-        return int(json.loads((run_dir / "progress.json").read_text())["step"])
+        return int(json.loads((run_dir / files.PROGRESS).read_text())["step"])
     except (OSError, ValueError, KeyError, TypeError):
         return 0
 
@@ -158,3 +190,74 @@ def agree_state(run: RunDir, dist: DistInfo, resume_from: str | None, resume, wa
         max(r["reached"] for r in reports),
         any(r["restart"] for r in reports),
     )
+
+
+def snapshot(parts: Parts, st: State, rngs: list, cfg: Config, run_id: str, world_size: int, data) -> dict:
+    """The checkpoint of the run at step `st.step`: what `restore` reads back (`rngs`: every rank's RNG state)."""
+    return {
+        "model": parts.model.state_dict(),
+        "optimizer": parts.optimizer.state_dict(),
+        "scaler": parts.scaler.state_dict(),
+        "comm": parts.comm.state_dict(),
+        "state": st.__dict__,
+        "rng": rngs,
+        "config": to_dict(cfg),
+        "run_id": run_id,
+        "world_size": world_size,
+        "num_train": data.num_train,
+        "model_info": {
+            "name": cfg.model.name,
+            "num_classes": data.num_classes,
+            "classes": data.classes,
+            "num_params": describe_model(parts.model)["num_params"],
+        },
+    }
+
+
+def restore(run: RunDir, dist: DistInfo, cfg: Config, data, parts: Parts, resume_from: str | None, log) -> State:
+    """The State to train on from: a fresh one, or the agreed checkpoint's, loaded into `parts` on every rank.
+
+    Counts a restart (and the steps it redoes: those after the checkpoint that some rank had logged) when an
+    agent restarted its workers or a rank's progress.json is ahead of the checkpoint.
+    """
+    agreed = agree_state(run, dist, resume_from, cfg.checkpoint.resume, log.warn)
+    if agreed is None:
+        log.info(f"run {run.run_id}: starting from step 0")
+        return State()
+    state, path = agreed.state, agreed.source
+    problems, notes = compare(state, cfg, data.classes, data.num_train, dist.world_size)
+    if problems and cfg.checkpoint.resume != "force":
+        raise RunDirError(
+            f"cannot resume from {path}: the recipe differs from the checkpoint's in what it trains:\n  "
+            + "\n  ".join(problems)
+            + "\nrestore these values, start a new run (another run.name, or checkpoint.resume=false, which "
+            "moves the old run's files aside), or continue anyway with checkpoint.resume=force (recorded)"
+        )
+    ckpt.check_resumable(state, path, {f.name for f in dataclasses.fields(State)})
+    check_compatible(parts.model, state["model"], str(path))
+    parts.model.load_state_dict(state["model"])
+    parts.optimizer.load_state_dict(state["optimizer"])
+    parts.scaler.load_state_dict(state["scaler"])
+    parts.comm.load_state_dict(state.get("comm", {}))
+    st = State(**state["state"])
+    for line in notes:
+        log.info(f"resume: {line}")
+    if problems:
+        st.forced.append({"step": st.step, "differences": problems})
+        log.warn("checkpoint.resume=force: continuing despite " + "; ".join(problems))
+    rngs = state["rng"]
+    if len(rngs) == dist.world_size:
+        ckpt.set_rng_state(rngs[dist.rank])
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    lost = max(0, agreed.reached - st.step)
+    redo = agreed.restarted or lost
+    if redo:
+        st.restarts += 1
+        st.redone_steps += lost
+    log.info(
+        f"resumed from {path}: {st.epoch} epoch(s) + {st.epoch_step} step(s) into epoch {st.epoch + 1}, "
+        f"{st.step} step(s) done, run {run.run_id}"
+        + (f"; restart {restart} after a failure" if restart else "")
+        + (f"; the run had reached step {st.step + lost}: {lost} step(s) will be redone" if redo else "")
+    )
+    return st

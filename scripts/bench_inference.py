@@ -28,8 +28,8 @@ from data.folder import scan_split  # noqa: E402
 from data.transforms import normalize  # noqa: E402
 from models import create_model  # noqa: E402
 from recipes.config import ModelConfig  # noqa: E402
-from recipes.inference import build_runner  # noqa: E402
-from recipes.latency import latency_table, load_image, run_protocol, select_images  # noqa: E402
+from recipes.evaluation.inference import build_runner  # noqa: E402
+from recipes.evaluation.latency import latency_table, load_image, run_protocol, select_images  # noqa: E402
 
 CPU_MODES = ["none", "fuse", "compile", "int8", "onnxruntime", "onnxruntime-int8"]
 GPU_MODES = ["none", "fuse", "compile", "fp16", "bf16"]
@@ -154,7 +154,7 @@ def main(argv=None) -> int:
     )
     if args.checkpoint:
         from recipes import checkpoint as ckpt
-        from recipes.evaluation import config_from_checkpoint, load_model
+        from recipes.evaluation.accuracy import config_from_checkpoint, load_model
 
         state = ckpt.load(args.checkpoint)
         cfg = config_from_checkpoint(state, args.checkpoint)

@@ -198,7 +198,8 @@ def check_steps(rows: list[dict], steps: int, work: Path) -> None:
 
     from models import create_model
     from recipes.optim import create_optimizer
-    from recipes.trainer import Trainer, create_criterion
+    from recipes.steps import create_criterion
+    from recipes.trainer import Trainer
 
     batch, rounds = 256, 3
     for amp in ("fp16", "bf16"):
@@ -339,7 +340,7 @@ def check_e2e(rows: list[dict], sample: Path, work: Path, gpus: int) -> Path | N
 
 # --- 4. evaluate.py and the inference modes ----------------------------------------------------------------------
 def check_eval(rows: list[dict], ckpt: Path | None, sample: Path, work: Path) -> None:
-    from recipes.inference import MODES
+    from recipes.evaluation.inference import MODES
 
     if ckpt is None or not ckpt.is_file():
         rows.append(row("evaluate.py (DALI) on the checkpoint", "fail: no checkpoint from the ddp run"))

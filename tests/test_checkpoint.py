@@ -15,8 +15,8 @@ from conftest import ROOT, tiny_config
 import evaluate
 from recipes import checkpoint as ckpt
 from recipes.distributed import DistInfo
+from recipes.evaluation.accuracy import evaluate as evaluate_model
 from recipes.trainer import NonFiniteError
-from recipes.trainer import evaluate as evaluate_model
 
 
 class _RunsCode:

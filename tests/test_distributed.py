@@ -7,7 +7,7 @@ import json
 import pytest
 from conftest import ROOT, tiny_config, torchrun
 
-from recipes.evaluation import evaluate_checkpoint
+from recipes.evaluation.accuracy import evaluate_checkpoint
 from recipes.trainer import train
 
 

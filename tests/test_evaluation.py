@@ -12,8 +12,8 @@ import evaluate
 from data.folder import scan_split
 from data.transforms import normalize
 from recipes import checkpoint as ckpt
-from recipes.evaluation import FlipTTA, config_from_checkpoint, eval_config, evaluate_checkpoint, load_model
-from recipes.latency import load_image
+from recipes.evaluation.accuracy import FlipTTA, config_from_checkpoint, eval_config, evaluate_checkpoint, load_model
+from recipes.evaluation.latency import load_image
 
 
 def _manual_counts(checkpoint, root, tta: bool) -> tuple[int, int, int]:

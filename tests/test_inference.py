@@ -14,9 +14,9 @@ from data.folder import scan_split
 from data.transforms import normalize
 from recipes import checkpoint as ckpt
 from recipes.config import ConfigError
-from recipes.evaluation import config_from_checkpoint, load_model
-from recipes.inference import MODES, Classifier, build_runner, check_mode, count_bn, fold_bn
-from recipes.latency import load_image
+from recipes.evaluation.accuracy import config_from_checkpoint, load_model
+from recipes.evaluation.inference import MODES, Classifier, build_runner, check_mode, count_bn, fold_bn
+from recipes.evaluation.latency import load_image
 
 
 @pytest.fixture(scope="module")

@@ -57,7 +57,7 @@ def test_augmix_views_are_clean_first_then_randaugmented_and_seeded(tiny_root, t
     assert torch.equal(x, x2)  # the views depend only on (seed, epoch, sample)
     trainer = Trainer(cfg, run_dir=tmp_path / "t")
     try:
-        assert isinstance(trainer.criterion, JsdCrossEntropy) and trainer.criterion.num_splits == 3
+        assert isinstance(trainer.steps.criterion, JsdCrossEntropy) and trainer.steps.criterion.num_splits == 3
     finally:
         trainer.close()
 

@@ -13,9 +13,9 @@ import evaluate
 from data.folder import scan_split
 from data.transforms import normalize
 from recipes import checkpoint as ckpt
-from recipes.evaluation import config_from_checkpoint, load_model
-from recipes.inference import Runner
-from recipes.latency import Prefetcher, load_image, run_protocol, select_images
+from recipes.evaluation.accuracy import config_from_checkpoint, load_model
+from recipes.evaluation.inference import Runner
+from recipes.evaluation.latency import Prefetcher, load_image, run_protocol, select_images
 
 
 def test_select_images_is_a_seeded_sorted_subset():

@@ -4,8 +4,9 @@ of the file or inside a function) only modules of lower layers, or of its own la
     bottom            recipes.errors, recipes.registry, recipes.run_files, recipes.comm.stats: no project imports
     data and models   data/, models/: take the config as a plain object, never import recipes.config or above
     config            recipes.config: the schema, with the names from recipes.registry
-    recipe parts      schedule, optimizers, allreduce backends, checkpoints, logging, inference, ...
-    trainer           recipes.trainer, recipes.evaluation: put the parts together
+    recipe parts      schedule, optimizers, allreduce backends, checkpoints, resume, the step, logging, outputs, ...
+    evaluation        recipes.evaluation: accuracy, inference modes, latency, evaluate.py's command line
+    trainer           recipes.trainer: puts the parts together
     command line      recipes.cli: what train.py does with its arguments
     entry points      train.py, evaluate.py, scripts/
 
@@ -24,13 +25,15 @@ from conftest import ROOT
 BOTTOM = ["recipes", "recipes.errors", "recipes.registry", "recipes.run_files", "recipes.comm.stats"]
 RECIPE_PARTS = ["recipes.lars", "recipes.optim", "recipes.schedule", "recipes.plan", "recipes.distributed"]
 RECIPE_PARTS += ["recipes.checkpoint", "recipes.logger", "recipes.dawnbench", "recipes.comm"]
-RECIPE_PARTS += ["recipes.inference", "recipes.latency", "recipes.rundir", "recipes.resume"]
+RECIPE_PARTS += ["recipes.rundir", "recipes.resume", "recipes.steps", "recipes.progress", "recipes.outputs"]
+RECIPE_PARTS += ["recipes.report"]
 LAYERS: list[tuple[str, list[str]]] = [
     ("bottom", BOTTOM),
     ("data and models", ["data", "models"]),
     ("config", ["recipes.config"]),
     ("recipe parts", RECIPE_PARTS),
-    ("trainer", ["recipes.trainer", "recipes.evaluation"]),
+    ("evaluation", ["recipes.evaluation"]),
+    ("trainer", ["recipes.trainer"]),
     ("command line", ["recipes.cli"]),
     ("entry points", ["train", "evaluate", "scripts"]),
 ]

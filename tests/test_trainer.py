@@ -147,10 +147,10 @@ def test_training_steps_read_nothing_back_from_the_device(tiny_root, tmp_path, o
         x, y = next(iter(trainer.data.train_batches(trainer.plan.epoch_info(0))))
         with Reads():
             for _ in range(3):
-                trainer._step(x, y)
-        assert Reads.n == 0 and len(trainer._pending) == 3
-        trainer._settle()
-        assert trainer._pending == [] and trainer.state.skipped_steps == 0
+                trainer.steps(x, y, trainer.state)
+        assert Reads.n == 0 and len(trainer.steps.pending) == 3
+        trainer.steps.settle(trainer.state, trainer.log)
+        assert trainer.steps.pending == [] and trainer.state.skipped_steps == 0
     finally:
         trainer.close()
 

@@ -11,14 +11,22 @@ that a slow drift of the machine's load affects every contender alike; each roun
 
 from __future__ import annotations
 
+import datetime
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from data.transforms import load_rgb, val_transform
-from recipes.inference import Runner
+from recipes import checkpoint as ckpt
+from recipes.config import Config
+from recipes.errors import ConfigError
+from recipes.evaluation.accuracy import eval_config, load_model
+from recipes.evaluation.inference import Runner, build_runner, check_mode
+from recipes.outputs import git_commit
 
 
 def select_images(num: int, count: int, seed: int = 0) -> np.ndarray:
@@ -202,3 +210,149 @@ def latency_table(results: dict, baseline: str | None = None, extra: dict[str, d
 
 
 __all__ = ["Prefetcher", "add_cost", "latency_table", "load_image", "run_protocol", "select_images"]
+
+
+# The protocol on a checkpoint: what `evaluate.py --latency` runs.
+
+
+def describe_hardware(device: torch.device, threads: int) -> str:
+    if device.type == "cuda":
+        return f"1 x {torch.cuda.get_device_name(device)}"
+    name = "CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{name}, {threads} thread(s)"
+
+
+def latency_checkpoint(
+    path: str,
+    data_root: str | None = None,
+    image_size: int | None = None,
+    modes: list[str] = ("none",),
+    images: int = 0,
+    seed: int = 0,
+    warmup: int = 10,
+    threads: int | None = None,
+    calib_images: int = 256,
+    device: str = "auto",
+    price_per_hour: float | None = None,
+    hardware: str | None = None,
+    log=print,
+) -> dict:
+    """Batch-1 latency of the checkpoint in each of `modes` (plus the fp32 reference 'none') on `images`
+    validation images (0: all of them, as DAWNBench's rules ask: the whole 50,000-image set one at a time); returns
+    the results and the DAWNBench entry of the first requested mode."""
+    from data.folder import scan_split
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError("--latency measures one stream of batch-1 requests: run it without torchrun")
+    state = ckpt.load(path)
+    cfg, phase = eval_config(state, path, data_root, image_size)
+    from recipes.dawnbench import check_required
+
+    check_required(cfg)  # the entry written at the end must be complete (dawnbench.require)
+    size = phase.val_image_size or phase.image_size
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device is available")
+    dev = torch.device(device)
+    if threads:
+        torch.set_num_threads(threads)
+    threads = torch.get_num_threads()
+    wanted = list(dict.fromkeys(["none", *modes]))
+    for m in wanted:
+        check_mode(m, dev)
+    classes = state["model_info"]["classes"]
+    val = scan_split(cfg.data.root, "val", classes=classes)
+    pick = select_images(len(val), images, seed)
+    if images > len(val):
+        log(f"note: {cfg.data.root}/val has {len(val)} images, fewer than --images {images}: measuring all of them")
+    files = [val.files[i] for i in pick]
+    labels = [val.labels[i] for i in pick]
+    model = load_model(state, cfg, path).eval()
+    example = load_image(files[0], size, cfg.data.val_crop_ratio).to(dev)
+    calibration = None
+    if any(check_mode(m, dev).quantize for m in wanted):
+        train = scan_split(cfg.data.root, "train", classes=classes)
+        calibration = [
+            load_image(train.files[i], size, cfg.data.val_crop_ratio)
+            for i in select_images(len(train), calib_images, seed + 1)
+        ]
+    runners = []
+    for m in wanted:
+        log(f"building {m} ...")
+        runners.append(build_runner(m, model, example, calibration, threads))
+    log(f"measuring {len(files)} images at batch size 1, {size} px, on {dev} ({threads} thread(s))")
+    out = run_protocol(runners, files, labels, size, cfg.data.val_crop_ratio, warmup=warmup, log=log)
+    if price_per_hour is not None:
+        add_cost(out["results"], price_per_hour)
+    hardware = hardware or describe_hardware(dev, threads)
+    out.update(
+        {
+            "checkpoint": str(path),
+            "model": cfg.model.name,
+            "data": cfg.data.root,
+            "image_size": size,
+            "val_images": len(val),
+            "device": str(dev),
+            "threads": threads,
+            "hardware": hardware,
+            "images": len(files),
+            "seed": seed,
+            "warmup": warmup,
+            "batch_size": 1,
+            "torch": torch.__version__,
+        }
+    )
+    main = wanted[1] if len(wanted) > 1 else "none"
+    out["dawnbench"] = dawnbench_entry(out, main, cfg, git_commit())
+    return out
+
+
+def dawnbench_entry(out: dict, mode: str, cfg: Config | None = None, commit: str = "") -> dict:
+    """A DAWNBench ImageNet inference entry, field by field as the entries repository's ImageNet/inference/*.json:
+    latency in ms per image, cost in USD per image (costPerHour x latency; null without --price-per-hour); author,
+    authorEmail, codeURL and model from the checkpoint's dawnbench section."""
+    res = out["results"][mode]
+    cost = res.get("cost_usd", {}).get("per_image", {}).get("excluding_preprocessing")
+    d = cfg.dawnbench if cfg is not None else None
+    framework = f"PyTorch {out['torch']}"
+    if "onnxruntime" in res["build"]:
+        framework = f"ONNX Runtime {res['build']['onnxruntime']} (exported from {framework})"
+    e = {
+        "version": "v1.0",
+        "author": d.author if d else "",
+        "authorEmail": d.author_email if d else "",
+        "framework": framework,
+    }
+    if d and d.code_url:
+        e["codeURL"] = d.code_url
+    if commit:
+        e["commitHash"] = commit
+    return {
+        **e,
+        "model": (d.model if d else "") or out["model"],
+        "hardware": out["hardware"],
+        "latency": res["latency_ms"]["excluding_preprocessing"]["mean"],
+        "cost": cost,
+        "top5Accuracy": res["top5"],
+        "timestamp": datetime.date.today().isoformat(),
+        "misc": {
+            "optimize": mode,
+            "images": out["images"],
+            "all_validation_images": out["images"] == out["val_images"],
+            "image_size": out["image_size"],
+            "batch_size": 1,
+            "latency_including_preprocessing_ms": res["latency_ms"]["including_preprocessing"]["mean"],
+            "latency_median_ms": res["latency_ms"]["excluding_preprocessing"]["median"],
+            "latency_p99_ms": res["latency_ms"]["excluding_preprocessing"]["p99"],
+            "top1Accuracy": res["top1"],
+            "threads": out["threads"],
+        },
+    }

@@ -1,0 +1,192 @@
+"""Exact top-1/top-5: `evaluate` counts every validation image once over all ranks (the trainer's validation and
+`evaluate.py`'s); `evaluate_checkpoint` reads a checkpoint and its validation set for it."""
+
+from __future__ import annotations
+
+import dataclasses
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.distributed as td
+from torch import nn
+
+from recipes import checkpoint as ckpt
+from recipes.config import Config, ConfigError, config_from_dict
+from recipes.distributed import DistInfo, all_reduce_sum
+from recipes.errors import NonFiniteError
+
+
+def _accuracy_counts(logits: torch.Tensor, labels: torch.Tensor) -> tuple[int, int]:
+    k = min(5, logits.shape[1])
+    top = logits.topk(k, dim=1).indices
+    hit = top.eq(labels.view(-1, 1))
+    return int(hit[:, :1].sum()), int(hit.any(dim=1).sum())
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, batches, dist: DistInfo, amp_ctx=nullcontext) -> dict:
+    """Top-1/top-5 over every validation image exactly once: each rank counts its disjoint share, then sum."""
+    model.eval()
+    c1 = c5 = n = bad = 0
+    loss_sum = 0.0
+    for images, labels in batches:
+        with amp_ctx():
+            logits = model(images)
+        logits = logits.float()
+        bad += int((~torch.isfinite(logits).all(dim=1)).sum())
+        loss_sum += float(nn.functional.cross_entropy(logits, labels, reduction="sum"))
+        a, b = _accuracy_counts(logits, labels)
+        c1, c5, n = c1 + a, c5 + b, n + labels.numel()
+    c1, c5, n, loss_sum, bad = all_reduce_sum([c1, c5, n, loss_sum, bad], dist)
+    n = int(n)
+    if bad:
+        # top-k of NaN logits picks arbitrary classes: an accuracy computed from them means nothing.
+        raise NonFiniteError(
+            f"validation: {int(bad)} of {n} images got non-finite logits (NaN/inf weights or activations); "
+            "no accuracy is reported"
+        )
+    return {"top1": 100.0 * c1 / max(n, 1), "top5": 100.0 * c5 / max(n, 1), "count": n, "loss": loss_sum / max(n, 1)}
+
+
+def average_bn_stats(model: nn.Module, dist: DistInfo) -> None:
+    """Average BN running statistics over ranks (each rank saw other images) before eval or checkpoint."""
+    if not dist.enabled:
+        return
+    for m in model.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats:
+            for buf in (m.running_mean, m.running_var):
+                td.all_reduce(buf)
+                buf.div_(dist.world_size)
+
+
+def config_from_checkpoint(state: dict, path: str) -> Config:
+    if "config" not in state or "model_info" not in state:
+        raise ckpt.CheckpointError(f"checkpoint '{path}' has no config: not written by this trainer")
+    return config_from_dict(state["config"], f"checkpoint '{path}' config")
+
+
+def load_model(state: dict, cfg: Config, path: str):
+    from models import create_model
+    from models.factory import check_compatible
+
+    bad, total, first = ckpt.non_finite_weights(state["model"])
+    if bad:
+        raise ckpt.CheckpointError(
+            f"checkpoint '{path}' has {bad} non-finite values among {total} weights (first in '{first}'): "
+            "the training diverged; no accuracy or latency is reported for it"
+        )
+    model = create_model(cfg.model, state["model_info"]["num_classes"])
+    check_compatible(model, state["model"], path)
+    model.load_state_dict(state["model"])
+    return model
+
+
+def resolve_data_root(path: str | Path) -> str:
+    """The dataset root for `--data`: a root holding val/, or the val folder itself (then its parent)."""
+    p = Path(path)
+    if (p / "val").is_dir() or not p.is_dir():
+        return str(p)  # a missing root gets the data layer's error, which names the expected layout
+    if p.name == "val":
+        return str(p.parent)
+    return str(p)
+
+
+class FlipTTA(nn.Module):
+    """Test-time augmentation: mean of the softmax of the image and of its mirror image, returned as log-probabilities
+    (valid logits: top-k and cross-entropy treat them like the model's own)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        p = self.model(x).float().softmax(-1) + self.model(x.flip(-1)).float().softmax(-1)
+        return (p / 2).log()
+
+
+TTA = {"none": lambda m: m, "flip": FlipTTA}
+
+
+def eval_config(
+    state: dict,
+    path: str,
+    data_root: str | None = None,
+    image_size: int | None = None,
+    batch_size: int = 64,
+    backend: str | None = None,
+    rect: bool = False,
+    val_blacklist: str | None = None,
+):
+    """(cfg, phase) that evaluate_checkpoint hands to the input pipeline: the checkpoint's last phase at the
+    requested resolution, reading `<data_root>/val` (without the checkpoint's data.val_blacklist images, or
+    `val_blacklist`'s; '' counts every image)."""
+    cfg = config_from_checkpoint(state, path)
+    data = {"val_batch_size": batch_size, "workers": min(cfg.data.workers, 2)}
+    if val_blacklist is not None:
+        data["val_blacklist"] = val_blacklist
+    if data_root:
+        data["root"], data["roots"] = resolve_data_root(data_root), {}
+    if backend:
+        data["backend"] = backend
+    if image_size is not None and image_size <= 0:
+        raise ConfigError(f"--image-size: expected a positive integer, got {image_size}")
+    last = cfg.phases[-1]
+    phase = dataclasses.replace(last, root="full", val_image_size=image_size or last.val_image_size, rect_val=rect)
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, **data), phases=[phase])
+    return cfg, phase
+
+
+def evaluate_checkpoint(
+    path: str,
+    data_root: str | None = None,
+    image_size: int | None = None,
+    batch_size: int = 64,
+    backend: str | None = None,
+    tta: str = "none",
+    rect: bool = False,
+    val_blacklist: str | None = None,
+) -> dict:
+    """Top-1/top-5 of the checkpoint on `<data_root>/val`, every image counted once over all ranks."""
+    from data import create_input
+    from recipes.distributed import setup, teardown
+
+    if tta not in TTA:
+        raise ConfigError(f"--tta: unknown '{tta}' (expected one of {', '.join(TTA)})")
+    state = ckpt.load(path)
+    cfg, phase = eval_config(state, path, data_root, image_size, batch_size, backend, rect, val_blacklist)
+    dist = setup(cfg)
+    try:
+        pipe = create_input(cfg, dist)
+        _check_classes(pipe.classes, state, cfg.data.root)
+        model = TTA[tta](load_model(state, cfg, path)).to(dist.device)
+        if cfg.run.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        # The input pipeline may hand fp16 images (DALI's `data.dali_dtype`, `auto` under fp16 training) to this
+        # fp32 model, which runs without autocast: cast them to the model's own dtype.
+        dtype = next(model.parameters()).dtype
+        result = evaluate(model, ((x.to(dtype), y) for x, y in pipe.val_batches(phase)), dist)
+        result.update(blacklisted=getattr(pipe, "val_excluded", 0), val_blacklist=cfg.data.val_blacklist)
+        pipe.close()
+    finally:
+        teardown()
+    result.update(
+        {
+            "checkpoint": str(path),
+            "data": cfg.data.root,
+            "image_size": phase.val_image_size or phase.image_size,
+            "world_size": dist.world_size,
+            "tta": tta,
+            "rect_val": phase.rect_val,
+            "backend": cfg.data.backend,
+        }
+    )
+    return result
+
+
+def _check_classes(classes: list[str], state: dict, root: str) -> None:
+    if classes != state["model_info"]["classes"]:
+        raise ConfigError(
+            f"{root}: its classes differ from the checkpoint's ({len(classes)} vs "
+            f"{len(state['model_info']['classes'])} classes, or other names)"
+        )

@@ -1,0 +1,109 @@
+"""What `evaluate.py` does with its arguments: accuracy, the batch-1 latency protocol, or an ONNX export."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from recipes import checkpoint as ckpt
+from recipes.errors import ConfigError, NonFiniteError
+from recipes.evaluation.accuracy import eval_config, evaluate_checkpoint, load_model
+from recipes.evaluation.inference import export_onnx
+from recipes.evaluation.latency import latency_checkpoint, latency_table
+
+
+def export_checkpoint(path: str, fmt: str, out: str | None = None, image_size: int | None = None) -> Path:
+    """Write the checkpoint's model as `fmt` (onnx): input 'image' uint8 [1, 3, S, S] (normalized inside)."""
+    if fmt != "onnx":
+        raise ConfigError(f"--export: unknown format '{fmt}' (expected onnx)")
+    state = ckpt.load(path)
+    cfg, phase = eval_config(state, path, image_size=image_size)
+    model = load_model(state, cfg, path)
+    size = phase.val_image_size or phase.image_size
+    return export_onnx(model, size, out or Path(path).with_suffix(".onnx"))
+
+
+def _write_json(path: str | None, data: dict) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(data, indent=1) + "\n")
+
+
+def run_evaluate_cli(args) -> int:
+    from data.folder import DataError
+
+    main = int(os.environ.get("RANK", "0")) == 0
+    try:
+        if args.export:
+            if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+                raise ConfigError("--export: run it without torchrun")
+            written = export_checkpoint(args.checkpoint, args.export, args.export_file, args.image_size)
+            print(
+                f"wrote {written} ({written.stat().st_size / 1e6:.1f} MB): input 'image' uint8 [1, 3, S, S], "
+                "output 'logits'"
+            )
+            if not args.latency:
+                return 0
+        if args.latency:
+            modes = [m.strip() for m in args.optimize.split(",") if m.strip()]
+            res = latency_checkpoint(
+                args.checkpoint,
+                args.data,
+                args.image_size,
+                modes,
+                args.images,
+                args.seed,
+                args.warmup,
+                args.threads,
+                args.calib_images,
+                args.device,
+                args.price_per_hour,
+                args.hardware,
+            )
+            print(
+                f"\nbatch-1 latency per image on {res['hardware']}, {res['images']} images at {res['image_size']} "
+                f"px; 'incl. preproc.' adds JPEG decode + resize + crop "
+                f"(mean {res['preprocessing_ms']['mean']:.3f} ms)\n"
+            )
+            print(latency_table(res["results"], baseline="none"))
+            for mode, r in res["results"].items():
+                if "cost_usd" in r:
+                    c, k = r["cost_usd"]["per_image"], r["cost_usd"]["per_10k_images"]
+                    print(
+                        f"cost ({mode}): ${c['excluding_preprocessing']:.3g} per image, "
+                        f"${k['excluding_preprocessing']:.3g} per 10,000 images excluding preprocessing; "
+                        f"${k['including_preprocessing']:.3g} per 10,000 including it"
+                    )
+            _write_json(args.out, res)
+            _write_json(args.entry, res["dawnbench"])
+            return 0
+        if args.entry:
+            raise ConfigError("--entry: the DAWNBench inference entry comes from --latency")
+        res = evaluate_checkpoint(
+            args.checkpoint,
+            args.data,
+            args.image_size,
+            args.batch_size,
+            args.backend,
+            args.tta,
+            args.rect,
+            args.val_blacklist,
+        )
+    except (ConfigError, DataError, ckpt.CheckpointError) as e:
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    except NonFiniteError as e:
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 3
+    if main:
+        extra = f", tta {res['tta']}" if res["tta"] != "none" else ""
+        if res["blacklisted"]:
+            extra += f"; {res['blacklisted']} blacklisted images not counted ({res['val_blacklist']})"
+        print(
+            f"top-1 {res['top1']:.2f}%  top-5 {res['top5']:.2f}%  on {res['count']} images "
+            f"({res['image_size']} px, {res['world_size']} process(es){extra})"
+        )
+        _write_json(args.out, res)
+    return 0

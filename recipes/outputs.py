@@ -1,0 +1,83 @@
+"""What a training writes into its run directory, written by one object (`RunOutputs`).
+
+The file names are `recipes.run_files`. Rank 0 writes the run's description and results; the leader of each
+distinct run directory (one per host with a disk of its own) writes the run file and the checkpoints, so every
+host keeps a copy.
+
+    start of the run    run.json (leader, after the resume checks), config.yaml, meta.json (rank 0)
+    every log window    progress.json: the last logged step, how many steps a restart redoes
+    every epoch         dawnbench.tsv, a checkpoint (ckpt-<step>.pt and checkpoint.pt)
+    end of the run      summary.json, dawnbench.json
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import torch
+
+from recipes import checkpoint as ckpt
+from recipes import run_files as files
+from recipes.config import Config, to_yaml
+from recipes.dawnbench import write_entry
+from recipes.distributed import DistInfo
+from recipes.logger import write_tsv
+from recipes.rundir import write_run_file
+
+
+def git_commit() -> str:
+    """The repository's commit, with `-dirty` when the work tree has changes; `unknown` outside git."""
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, cwd=here)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain"], capture_output=True, text=True, timeout=10, cwd=here
+        ).stdout.strip()
+        return out.stdout.strip() + ("-dirty" if dirty else "") if out.returncode == 0 else "unknown"
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+class RunOutputs:
+    """The files of one run directory; each method writes only on the rank that owns the file."""
+
+    def __init__(self, run_dir: Path, dist: DistInfo, leader: bool):
+        self.dir, self.dist, self.leader = Path(run_dir), dist, leader
+
+    def check_space(self, checkpoint_bytes: int) -> None:
+        """Fail before training when the directory cannot hold two checkpoints (the new one and the previous)."""
+        if self.dist.is_main:
+            ckpt.check_writable(self.dir, 2 * checkpoint_bytes)
+
+    def start(self, cfg: Config, run_id: str) -> None:
+        if self.leader:
+            write_run_file(self.dir, run_id)
+        if self.dist.is_main:
+            (self.dir / files.CONFIG).write_text(to_yaml(cfg))
+            meta = {
+                "git_commit": git_commit(),
+                "world_size": self.dist.world_size,
+                "device": str(self.dist.device),
+                "torch": torch.__version__,
+                "run_id": run_id,
+            }
+            (self.dir / files.META).write_text(json.dumps(meta, indent=1) + "\n")
+
+    def progress(self, step: int, epoch: int) -> None:
+        if self.dist.is_main:
+            (self.dir / files.PROGRESS).write_text(json.dumps({"step": step, "epoch": epoch}) + "\n")
+
+    def history(self, rows: list[dict]) -> None:
+        if self.dist.is_main:
+            write_tsv(self.dir / files.TSV, rows)
+
+    def checkpoint(self, state: dict, step: int, keep: int) -> None:
+        if self.leader:
+            ckpt.save_step_checkpoint(state, self.dir, step, keep)
+
+    def finish(self, cfg: Config, summary: dict) -> None:
+        if self.dist.is_main:
+            (self.dir / files.SUMMARY).write_text(json.dumps(summary, indent=1) + "\n")
+            write_entry(self.dir / files.ENTRY, cfg, summary, self.dist, commit=git_commit())

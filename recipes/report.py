@@ -1,0 +1,82 @@
+"""The end-of-run summary (`summary.json`, read by scripts/compare_runs.py) and the table the log ends with."""
+
+from __future__ import annotations
+
+from recipes.config import Config
+from recipes.logger import format_seconds
+
+
+def targets_reached(cfg: Config, row: dict) -> bool:
+    """Whether an epoch's accuracies (`top1`, `top5`) meet every target set (run.target_top1/top5)."""
+    t1, t5 = cfg.run.target_top1, cfg.run.target_top5
+    if t1 is None and t5 is None:
+        return False
+    return (t1 is None or row["top1"] >= t1) and (t5 is None or row["top5"] >= t5)
+
+
+def summarize(cfg: Config, st, world_size: int, run_id: str, run_dir, val_excluded: int, comm_stats) -> dict:
+    """The summary of a run from its State `st`; `comm_stats` is the backend's recipes.comm.stats.CommStats."""
+    hit = next((r for r in st.history if targets_reached(cfg, r)), None)
+    last = st.history[-1] if st.history else {"top1": float("nan"), "top5": float("nan")}
+    return {
+        "epochs": st.epoch,
+        "steps": st.step,
+        "world_size": world_size,
+        "wall_seconds": st.wall_seconds,
+        "train_seconds": st.train_seconds,
+        "target_top1": cfg.run.target_top1,
+        "target_top5": cfg.run.target_top5,
+        "time_to_target_seconds": hit["train_seconds"] if hit else None,
+        "epoch_at_target": hit["epoch"] if hit else None,
+        "final_top1": last["top1"],
+        "final_top5": last["top5"],
+        "val_count": last.get("val_count"),  # validation images counted (data.val_blacklist excluded)
+        "val_excluded": val_excluded,
+        "val_blacklist": cfg.data.val_blacklist,
+        "images_per_s": st.images / max(st.train_seconds, 1e-9),
+        "skipped_steps": st.skipped_steps,
+        "restarts": st.restarts,
+        "redone_steps": st.redone_steps,
+        "run_id": run_id,
+        "resume_forced": st.forced,
+        "run_dir": str(run_dir),
+        "comm_backend": cfg.comm.backend,
+        "comm": comm_stats.to_dict(),
+        "history": st.history,
+    }
+
+
+def summary_table(s: dict) -> str:
+    target = []
+    if s["target_top1"] is not None:
+        target.append(f"top-1 >= {s['target_top1']:g}%")
+    if s["target_top5"] is not None:
+        target.append(f"top-5 >= {s['target_top5']:g}%")
+    if not target:
+        ttt = "no target set"
+    elif s["time_to_target_seconds"] is None:
+        ttt = "not reached"
+    else:
+        ttt = f"{format_seconds(s['time_to_target_seconds'])} (epoch {s['epoch_at_target']})"
+    rows = [
+        ("epochs", f"{s['epochs']} ({s['steps']} steps, {s['world_size']} process(es))"),
+        ("wall time", format_seconds(s["wall_seconds"])),
+        ("training time", f"{format_seconds(s['train_seconds'])} (excl. validation and checkpoints)"),
+        (f"time to target ({' and '.join(target) or '-'})", ttt),
+        ("final top-1 / top-5", f"{s['final_top1']:.2f}% / {s['final_top5']:.2f}%"),
+        ("validation images counted", _counted(s)),
+        ("images/s (training)", f"{s['images_per_s']:.1f}"),
+        ("skipped steps (inf/nan gradients)", str(s.get("skipped_steps", 0))),
+    ]
+    width = max(len(k) for k, _ in rows)
+    lines = ["", "| " + "summary".ljust(width) + " | value |", "|" + "-" * (width + 2) + "|-------|"]
+    lines += [f"| {k.ljust(width)} | {v} |" for k, v in rows]
+    return "\n".join(lines)
+
+
+def _counted(s: dict) -> str:
+    if s.get("val_count") is None:
+        return "-"
+    if s.get("val_excluded"):
+        return f"{s['val_count']} ({s['val_excluded']} blacklisted not counted: {s['val_blacklist']})"
+    return f"{s['val_count']} (every image)"

@@ -1,0 +1,106 @@
+"""One optimizer step, with no host-device synchronisation inside it.
+
+`StepRunner(x, y, state)` runs forward, backward (the allreduce backend's hooks average the gradients over ranks)
+and the optimizer step, under autocast when `run.amp` asks for it. A step whose averaged gradients are not
+finite is skipped on the device: GradScaler does it under fp16 (and lowers its scale); otherwise the fused
+optimizers get GradScaler's `found_inf` flag. Each step leaves its flag on the device, and `settle` reads the
+pending flags in one transfer (every `log.every_steps` steps and before a checkpoint), then counts, logs or
+halts exactly as the step itself would have (`run.on_nonfinite`).
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+from torch import nn
+
+from recipes.config import Config
+from recipes.distributed import collective_guard
+from recipes.errors import TrainingError
+from recipes.optim import skips_on_device
+
+
+def create_criterion(cfg: Config) -> nn.Module:
+    """Label-smoothed cross-entropy; with AugMix views (data.aug_splits), timm's JSD consistency loss on top."""
+    if cfg.data.aug_splits:
+        from timm.loss import JsdCrossEntropy
+
+        return JsdCrossEntropy(num_splits=cfg.data.aug_splits, smoothing=cfg.optim.label_smoothing)
+    return nn.CrossEntropyLoss(label_smoothing=cfg.optim.label_smoothing)
+
+
+def amp_context(cfg: Config, device: torch.device):
+    """A factory of the autocast context of `run.amp` (nullcontext for fp32)."""
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.run.amp)
+    if dtype is None:
+        return nullcontext
+    return lambda: torch.autocast(device.type, dtype=dtype)
+
+
+class StepRunner:
+    """Runs training steps of `train_model` (the backend-wrapped `model`) and settles their finite checks."""
+
+    def __init__(self, cfg: Config, model, train_model, optimizer, scaler, comm, device: torch.device):
+        self.cfg, self.model, self.train_model = cfg, model, train_model
+        self.optimizer, self.scaler, self.comm, self.device = optimizer, scaler, comm, device
+        self.criterion = create_criterion(cfg)
+        self.amp_ctx = amp_context(cfg, device)
+        self.pending: list = []  # (step, epoch, non-finite flag, loss, fp16 scale) of steps not yet settled
+
+    def nonfinite_flag(self) -> torch.Tensor:
+        """1.0 if any gradient is inf/nan, else 0.0: a float tensor on the device (GradScaler's found_inf form)."""
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if not grads:
+            return torch.zeros(1, device=self.device)
+        return (~torch.isfinite(torch.stack(torch._foreach_norm(grads)).sum())).float().reshape(1)
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, st, log=None) -> torch.Tensor:
+        """One optimizer step on (x, y); advances `st.step` and `st.epoch_step`; returns the loss (on the device)."""
+        with self.amp_ctx():
+            loss = self.criterion(self.train_model(x), y)
+        self.optimizer.zero_grad(set_to_none=True)
+        what = f"gradient allreduce (comm.backend={self.cfg.comm.backend})"
+        with collective_guard(what, st.step, self.cfg.dist.timeout_s):
+            self.scaler.scale(loss).backward()
+            if self.scaler.is_enabled():
+                scale_before = self.scaler._get_scale_async().clone()
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+                # GradScaler lowers the scale exactly when it skipped the step (fp16 overflow)
+                bad = self.scaler._get_scale_async() < scale_before
+                self.pending.append((st.step, st.epoch, bad, loss.detach(), scale_before))
+            else:
+                # Gradients are already averaged over ranks here, so every rank takes the same decision.
+                found = self.nonfinite_flag()
+                if skips_on_device(self.optimizer):
+                    self.optimizer.found_inf = found
+                    try:
+                        self.optimizer.step()
+                    finally:
+                        del self.optimizer.found_inf
+                elif not bool(found):  # an optimizer without device-side skipping (lamb): decided on the host
+                    self.optimizer.step()
+                self.pending.append((st.step, st.epoch, found, loss.detach(), None))
+        st.step += 1
+        st.epoch_step += 1
+        self.comm.on_step_end(st.step, log)
+        return loss
+
+    def settle(self, st, log) -> None:
+        """Read the pending steps' non-finite flags (one host sync) and count, log or halt as each step would."""
+        if not self.pending:
+            return
+        pending, self.pending = self.pending, []
+        flags = torch.cat([f.reshape(1).float() for _, _, f, _, _ in pending]).tolist()
+        for (step, epoch, _, loss, scale), bad in zip(pending, flags, strict=True):
+            if not bad:
+                continue
+            st.skipped_steps += 1
+            if scale is not None:
+                log.warn(f"step {step}: fp16 gradients overflowed; step skipped (scale {float(scale):g})")
+                continue
+            what = f"non-finite loss/gradients at step {step} (epoch {epoch + 1}, loss {float(loss):g})"
+            if self.cfg.run.on_nonfinite == "halt":
+                raise TrainingError(f"{what}: halting (run.on_nonfinite=halt; 'skip' skips such steps)")
+            log.warn(f"{what}: step skipped ({st.skipped_steps} so far; run.on_nonfinite=skip)")
