@@ -5,6 +5,10 @@ the newest valid checkpoint of the current run there and reports its step; the r
 whole checkpoint (model, optimizer, scaler, schedule and data position, every rank's RNG state) to all ranks
 over the process group. The checkpoint's recipe is then compared with the current one: a change that alters
 the training refuses with the list of differences, unless `checkpoint.resume=force`, which is recorded.
+
+`State` is what a checkpoint restores besides the modules' state_dicts (steps, epoch, data position, training
+time, restart accounting); `snapshot` makes a checkpoint, `restore` reads the agreed one back into the modules
+and counts a restart and the steps it redoes.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The names of the files in a run directory (<run.out_dir>/<run.name>), declared once.
 
-Written by the trainer (recipes/trainer.py), the checkpoint code (recipes/checkpoint.py) and the launcher
+Written by the run outputs (recipes/outputs.py), the checkpoint code (recipes/checkpoint.py) and the launcher
 (scripts/launch.py); read by scripts/compare_runs.py, evaluate.py and `train.py --resume`.
 """
 
