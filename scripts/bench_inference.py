@@ -4,10 +4,9 @@
     python scripts/bench_inference.py [--models resnet50_tweaked,resnet26d] [--images 200] [--threads 2] [--quick]
     python scripts/bench_inference.py --checkpoint runs/x/checkpoint.pt        # a trained model instead
 
-The DAWNBench protocol of evaluate.py --latency (recipes/evaluation/latency.py):
-images decoded and cropped at 224 px, the
-contenders alternating in rounds of 32 images, medians compared. Without --checkpoint each network is a random
-backbone with BatchNorm statistics and a 1000-way linear classifier fitted on the calibration (training) images
+The DAWNBench protocol of evaluate.py --latency (recipes/evaluation/latency.py): images decoded and cropped at
+224 px, the contenders alternating in rounds of 32 images, medians compared. Without --checkpoint each network is a
+random backbone with BatchNorm statistics and a 1000-way linear classifier fitted on the calibration (training) images
 (see probe_model; no pretrained weights are fetched). Agreement: the fraction of images on which a mode's top-1 /
 top-5 holds eager fp32's top-1 class.
 On a machine with a GPU the GPU modes are measured (fp16/bf16, CUDA graphs, input prefetch).

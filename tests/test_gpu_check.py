@@ -62,9 +62,9 @@ def test_markdown_table_and_failures():
 def test_guard_turns_an_exception_into_a_failed_row():
     mod = _module()
     rows = []
-    with mod._guard(rows, "check x"):
+    with mod.guard(rows, "check x"):
         raise RuntimeError("no nvJPEG\nmore")
     assert rows == [mod.row("check x", "fail: RuntimeError: no nvJPEG")]
-    with mod._guard(rows, "check y"):
+    with mod.guard(rows, "check y"):
         rows.append(mod.row("check y", "pass", 1.0))
     assert mod.failed(rows) == ["check x"]
