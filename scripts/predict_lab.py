@@ -1,0 +1,156 @@
+"""The step-time model against the network lab: `scripts/predict.py --validate` (recipes/comm/stepmodel.py).
+
+The lab file is what `scripts/bench_allreduce.py --json` writes: per host count, the compute-only time and each
+contender's measured step (`torch`: per-tensor, ddp, multistream, tuned; `horovod`). `load_lab` merges several
+such files by host count; `lab_predict` is the model's step time for one contender of one record (the gradient
+list of bench_allreduce at its `fraction`, compute not overlapped, `LabFit`'s goodput and per-message latency) and
+`measured` what the lab measured; `fit_lab` fits goodput and latency (then Horovod's negotiation cost per rank) by
+least squares of the log error on some host counts, and `validate` reports every record against that fit.
+`LAB_FIT` is the fit of docs/scaling.md, which tests check an unfitted lab run against.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from recipes.comm import stepmodel as sm  # noqa: E402
+from recipes.comm.plan import Settings, TensorSpec  # noqa: E402
+
+LAB_METHODS = ("per-tensor", "ddp", "multistream", "tuned", "horovod")
+
+
+@dataclass(frozen=True)
+class LabFit:
+    efficiency: float
+    latency_s: float
+    negotiation_s_per_rank: float
+
+
+LAB_FIT = LabFit(0.93, 9e-6, 0.0)  # fitted on the 2- and 4-host lab runs of docs/scaling.md (2026-12-02)
+
+
+def lab_specs(fraction: float) -> list[TensorSpec]:
+    """ResNet-50's gradient list as scripts/bench_allreduce.py builds it (flat tensors at `fraction`)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_allreduce
+
+    named = bench_allreduce.gradient_shapes(fraction)[::-1]  # gradient-ready order
+    return [TensorSpec(n, s, "float32") for n, s in named]
+
+
+def _settings(label: str) -> Settings:
+    """'1 MB, K=4, S=2' -> Settings."""
+    mb, k, s = (p.strip() for p in label.split(","))
+    return Settings(float(mb.split()[0]), int(k.split("=")[1]), int(s.split("=")[1]))
+
+
+def lab_predict(rec: dict, method: str, fit: LabFit, specs: list[TensorSpec] | None = None) -> float | None:
+    """Predicted step time of `method` in one lab record (None when it was not measured there)."""
+    torch_res = rec["torch"]
+    r = rec["horovod"] if method == "horovod" else torch_res.get(method)
+    if not isinstance(r, dict):
+        return None
+    f = torch_res.get("fraction", 1.0)
+    specs = specs or lab_specs(f)
+    net = sm.Network(
+        rec["hosts"], 1, rec["link_mbit"] / 1000, rec["flow_mbit"] / 1000, fit.latency_s, efficiency=fit.efficiency
+    )
+    comp = sm.no_overlap(specs, torch_res["compute_s"])
+    if method in ("multistream", "tuned"):
+        return sm.predict_step("multistream", specs, comp, net, _settings(r["settings"])).step_s
+    if method == "ddp":
+        return sm.predict_step("ddp", specs, comp, net, bucket_cap_mb=25 * f).step_s
+    if method == "horovod":
+        hv = sm.Horovod(fusion_mb=128 * f, negotiation_s_per_rank=fit.negotiation_s_per_rank)
+        return sm.predict_step("horovod", specs, comp, net, horovod=hv).step_s
+    return sm.predict_step("per-tensor", specs, comp, net).step_s
+
+
+def measured(rec: dict, method: str) -> float | None:
+    r = rec["horovod"] if method == "horovod" else rec["torch"].get(method)
+    return r["step_s"] if isinstance(r, dict) else None
+
+
+def fit_lab(records: list[dict]) -> LabFit:
+    """Least squares of log(predicted / measured) over every method of `records`: goodput and latency on a grid,
+    then Horovod's negotiation cost per rank."""
+    specs = {}
+
+    def err(fit: LabFit, methods) -> float:
+        e = []
+        for rec in records:
+            f = rec["torch"].get("fraction", 1.0)
+            if f not in specs:
+                specs[f] = lab_specs(f)
+            for m in methods:
+                p, y = lab_predict(rec, m, fit, specs[f]), measured(rec, m)
+                if p is not None and y is not None:
+                    e.append(math.log(p / y) ** 2)
+        return sum(e) / max(len(e), 1)
+
+    torch_methods = [m for m in LAB_METHODS if m != "horovod"]
+    eff, loglat = _refine(lambda e, g: err(LabFit(e, 10**g, 0.0), torch_methods), (0.7, 1.3), (-6.0, -2.0))
+    lat = 10**loglat
+    neg = 10 ** _refine(lambda _, g: err(LabFit(eff, lat, 10**g), ["horovod"]), (eff, eff), (-7.0, -2.0))[1]
+    return LabFit(eff, lat, neg)
+
+
+def load_lab(paths: list[str]) -> list[dict]:
+    """Lab records of one or more `bench_allreduce.py --json` files, merged by host count (the first file's
+    compute-only time is kept; Horovod and torch contenders may come from different runs)."""
+    merged: dict[int, dict] = {}
+    for path in paths:
+        for rec in json.loads(Path(path).read_text()):
+            have = merged.get(rec["hosts"])
+            if have is None:
+                merged[rec["hosts"]] = rec
+                continue
+            for k, v in rec["torch"].items():
+                if isinstance(v, dict):
+                    have["torch"].setdefault(k, v)
+            if isinstance(rec["horovod"], dict):
+                have["horovod"] = rec["horovod"]
+    return [merged[h] for h in sorted(merged)]
+
+
+def _refine(f, xs: tuple[float, float], ys: tuple[float, float], points: int = 7, levels: int = 4):
+    """Minimise f(x, y) on a grid over the box, then on finer grids around the best point."""
+    best = None
+    for _ in range(levels):
+        gx = [xs[0] + (xs[1] - xs[0]) * i / (points - 1) for i in range(points)] if xs[1] > xs[0] else [xs[0]]
+        gy = [ys[0] + (ys[1] - ys[0]) * j / (points - 1) for j in range(points)]
+        best = min(((f(x, y), x, y) for x in gx for y in gy), key=lambda t: t[0])
+        dx, dy = (xs[1] - xs[0]) / (points - 1), (ys[1] - ys[0]) / (points - 1)
+        xs, ys = (best[1] - dx, best[1] + dx) if dx else xs, (best[2] - dy, best[2] + dy)
+    return best[1], best[2]
+
+
+def validate(paths: list[str], fit_hosts: list[int]) -> list[str]:
+    records = load_lab(paths)
+    fit = fit_lab([r for r in records if r["hosts"] in fit_hosts])
+    lines = [
+        f"fitted on {', '.join(map(str, fit_hosts))} hosts: goodput {fit.efficiency:.0%} of the caps, "
+        f"{fit.latency_s * 1e6:.0f} us per ring step, Horovod negotiation {fit.negotiation_s_per_rank * 1e6:.0f} "
+        "us per rank per fused response",
+        "",
+        "| hosts | method | settings | measured ms | predicted ms | error | fitted on |",
+        "|---:|---|---|---:|---:|---:|---|",
+    ]
+    for rec in records:
+        for m in LAB_METHODS:
+            p, y = lab_predict(rec, m, fit), measured(rec, m)
+            if p is None or y is None:
+                continue
+            r = rec["horovod"] if m == "horovod" else rec["torch"][m]
+            lines.append(
+                f"| {rec['hosts']} | {m} | {r['settings']} | {y * 1000:.0f} | {p * 1000:.0f} | "
+                f"{100 * (p / y - 1):+.0f}% | {'yes' if rec['hosts'] in fit_hosts else 'no'} |"
+            )
+    return lines
