@@ -25,3 +25,15 @@ class TrainingError(RuntimeError):
 
 class NonFiniteError(TrainingError):
     """A model whose outputs are not finite numbers: evaluating it would report a meaningless accuracy."""
+
+
+class RunDirError(CheckpointError):
+    """The run directory is in use, or holds a run that this start must not mix with; the message says which."""
+
+
+class CommError(RuntimeError):
+    """A collective failed or timed out (a dead or stalled peer)."""
+
+
+class PlanMismatchError(RuntimeError):
+    """Ranks derived different fusion plans (different models, configs or code versions)."""

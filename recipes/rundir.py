@@ -24,16 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from recipes import checkpoint as ckpt
-from recipes.checkpoint import CheckpointError
 from recipes.distributed import DistInfo, all_gather_object, broadcast_object
+from recipes.errors import CheckpointError, RunDirError
 
 RUN_FILE = "run.json"
 LOCK_FILE = ".lock"
 ARCHIVE_DIR = "previous"
-
-
-class RunDirError(CheckpointError):
-    """The run directory is in use, or holds a run that this start must not mix with; the message says which."""
 
 
 def _now() -> str:

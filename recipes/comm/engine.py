@@ -25,14 +25,7 @@ from torch import nn
 
 from recipes.comm.plan import WIRE_DTYPES, FusionPlan
 from recipes.comm.timing import Stopwatch
-
-
-class PlanMismatchError(RuntimeError):
-    """Ranks derived different fusion plans (different models, configs or code versions)."""
-
-
-class CommError(RuntimeError):
-    """A collective failed or timed out (a dead or stalled peer)."""
+from recipes.errors import CommError
 
 
 class _Engine:

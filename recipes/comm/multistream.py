@@ -23,10 +23,10 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from recipes.comm import tuner as tuning
 from recipes.comm.base import BackendDefaults
-from recipes.comm.engine import CommError, PlanMismatchError, _Engine  # the errors: importable from here too
+from recipes.comm.engine import _Engine
 from recipes.comm.plan import FusionPlan, Settings, build_plan, grad_specs
 from recipes.comm.stats import CommStats
-from recipes.errors import ConfigError
+from recipes.errors import CommError, ConfigError, PlanMismatchError
 
 
 class MultiStreamBackend(BackendDefaults):
