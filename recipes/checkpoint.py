@@ -146,6 +146,7 @@ _ENTRIES = {
     "comm": (dict, "a mapping"),
     "state": (dict, "a mapping of training progress"),
     "rng": (list, "a list of per-rank RNG states"),
+    "bn_per_rank": (list, "a list of per-rank BN running statistics"),
     "config": (dict, "a config mapping"),
     "model_info": (dict, "a mapping with num_classes and classes"),
 }

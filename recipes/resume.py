@@ -2,9 +2,10 @@
 
 Each rank's host may have its own run directory (local disks). The lowest rank of each distinct directory reads
 the newest valid checkpoint of the current run there and reports its step; the rank with the newest sends the
-whole checkpoint (model, optimizer, scaler, schedule and data position, every rank's RNG state) to all ranks
-over the process group. The checkpoint's recipe is then compared with the current one: a change that alters
-the training refuses with the list of differences, unless `checkpoint.resume=force`, which is recorded.
+whole checkpoint (model, optimizer, scaler, schedule and data position, every rank's RNG state and, mid-epoch,
+every rank's BN running statistics) to all ranks over the process group. The checkpoint's recipe is then
+compared with the current one: a change that alters the training refuses with the list of differences, unless
+`checkpoint.resume=force`, which is recorded.
 
 `State` is what a checkpoint restores besides the modules' state_dicts (steps, epoch, data position, training
 time, restart accounting); `snapshot` makes a checkpoint, `restore` reads the agreed one back into the modules
@@ -19,6 +20,9 @@ import os
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import torch
+from torch import nn
 
 from models.factory import check_compatible, describe_model
 from recipes import checkpoint as ckpt
@@ -134,7 +138,8 @@ def compare(state: dict, cfg: Config, classes: list, num_train: int, world: int)
             notes.append(
                 f"world size {old_world} -> {world}: every step reads the same global batch as before (one "
                 f"permutation per epoch, split by rank), so the data order carries over; the per-rank "
-                f"augmentation RNG streams start afresh, so the result is not bit-identical to an unchanged run"
+                f"augmentation RNG streams (and, mid-epoch, the per-rank BN statistics) start afresh, so the result "
+                f"is not bit-identical to an unchanged run"
             )
     return problems, notes
 
@@ -196,9 +201,39 @@ def agree_state(run: RunDir, dist: DistInfo, resume_from: str | None, resume, wa
     )
 
 
-def snapshot(parts: Parts, st: State, rngs: list, cfg: Config, run_id: str, world_size: int, data) -> dict:
-    """The checkpoint of the run at step `st.step`: what `restore` reads back (`rngs`: every rank's RNG state)."""
+def bn_statistics(model: nn.Module) -> dict[str, torch.Tensor]:
+    """This rank's BN running statistics (CPU copies), by state_dict name.
+
+    They stay per rank during an epoch (no buffer broadcast; averaged before validation), so a mid-epoch
+    checkpoint keeps every rank's own: restoring rank 0's on every rank would change the epoch's averaged result.
+    """
+    out = {}
+    for name, m in model.named_modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats:
+            prefix = f"{name}." if name else ""
+            out[prefix + "running_mean"] = m.running_mean.detach().cpu().clone()
+            out[prefix + "running_var"] = m.running_var.detach().cpu().clone()
+    return out
+
+
+def load_bn_statistics(model: nn.Module, stats: dict, path: str) -> None:
+    """Copy one rank's `bn_statistics` back into `model`'s buffers."""
+    buffers = dict(model.named_buffers())
+    for name, value in stats.items():
+        if name not in buffers or not isinstance(value, torch.Tensor) or value.shape != buffers[name].shape:
+            raise CheckpointError(f"checkpoint '{path}': entry 'bn_per_rank' does not fit the model at '{name}'")
+        with torch.no_grad():
+            buffers[name].copy_(value)
+
+
+def snapshot(
+    parts: Parts, st: State, rngs: list, cfg: Config, run_id: str, world_size: int, data, bn: list | None = None
+) -> dict:
+    """The checkpoint of the run at step `st.step`: what `restore` reads back (`rngs`: every rank's RNG state;
+    `bn`: every rank's `bn_statistics`, for a mid-epoch checkpoint of several ranks)."""
+    extra = {"bn_per_rank": bn} if bn is not None else {}
     return {
+        **extra,
         "model": parts.model.state_dict(),
         "optimizer": parts.optimizer.state_dict(),
         "scaler": parts.scaler.state_dict(),
@@ -252,6 +287,9 @@ def restore(run: RunDir, dist: DistInfo, cfg: Config, data, parts: Parts, resume
     rngs = state["rng"]
     if len(rngs) == dist.world_size:
         ckpt.set_rng_state(rngs[dist.rank])
+    bn = state.get("bn_per_rank")
+    if bn is not None and len(bn) == dist.world_size:
+        load_bn_statistics(parts.model, bn[dist.rank], str(path))
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     lost = max(0, agreed.reached - st.step)
     redo = agreed.restarted or lost

@@ -33,7 +33,7 @@ from recipes.optim import create_optimizer, describe_groups, set_lr_momentum
 from recipes.outputs import RunOutputs
 from recipes.progress import EpochClock
 from recipes.report import summarize, summary_table, targets_reached
-from recipes.resume import Parts, State, restore, snapshot
+from recipes.resume import Parts, State, bn_statistics, restore, snapshot
 from recipes.rundir import open_run
 from recipes.schedule import Plan
 from recipes.steps import StepRunner
@@ -100,11 +100,15 @@ class Trainer:
         return Parts(self.model, self.optimizer, self.scaler, self.comm)
 
     def save_checkpoint(self) -> None:
+        # Mid-epoch, each rank's BN running statistics are its own until validation averages them: keep them all.
+        mid_epoch = self.state.epoch_step > 0 and self.dist.world_size > 1
+        mine = {"rng": ckpt.rng_state(), "bn": bn_statistics(self.model) if mid_epoch else None}
         with collective_guard("checkpoint RNG-state gather", self.state.step, self.cfg.dist.timeout_s):
-            rngs = all_gather_object(ckpt.rng_state(), self.dist)
+            gathered = all_gather_object(mine, self.dist)
+        rngs, bn = [g["rng"] for g in gathered], ([g["bn"] for g in gathered] if mid_epoch else None)
         if self.run.leader:  # one writer per distinct run directory: every host with a disk of its own keeps a copy
             st, world = self.state, self.dist.world_size
-            state = snapshot(self._parts(), st, rngs, self.cfg, self.run.run_id, world, self.data)
+            state = snapshot(self._parts(), st, rngs, self.cfg, self.run.run_id, world, self.data, bn)
             self.out.checkpoint(state, st.step, self.cfg.checkpoint.keep)
 
     def train_one_epoch(self, epoch: int) -> dict:
