@@ -170,8 +170,9 @@ def _worker_pid(root: int, rank: int) -> int | None:
     return None
 
 
-def _start_torchrun(run_dir: Path, root: Path, extra: list[str], max_restarts: int) -> subprocess.Popen:
-    cmd = [
+def torchrun_cmd(max_restarts: int, *train_args: str) -> list[str]:
+    """train.py under torchrun with two local ranks."""
+    return [
         sys.executable,
         "-m",
         "torch.distributed.run",
@@ -184,13 +185,14 @@ def _start_torchrun(run_dir: Path, root: Path, extra: list[str], max_restarts: i
         "--master-port",
         str(free_port()),
         "train.py",
-        "-c",
-        "configs/quickstart.yaml",
-        "--run-dir",
-        str(run_dir),
-        f"data.root={root}",
-        *extra,
+        *train_args,
     ]
+
+
+def _start_torchrun(run_dir: Path, root: Path, extra: list[str], max_restarts: int) -> subprocess.Popen:
+    cmd = torchrun_cmd(
+        max_restarts, "-c", "configs/quickstart.yaml", "--run-dir", str(run_dir), f"data.root={root}", *extra
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
         cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import ROOT, free_port
-from test_faults import _worker_pid
+from test_faults import _worker_pid, torchrun_cmd
 from test_launch import NETLAB_MISSING, two_local_hosts
 
 from recipes import checkpoint as ckpt
@@ -150,24 +150,7 @@ def reference(lab3, tiny_root, tmp_path_factory):
 
 
 def _torchrun(run_dir: Path, data: Path, *extra: str) -> None:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(free_port()),
-        "train.py",
-        "--run-dir",
-        str(run_dir),
-        *TINY,
-        f"data.root={data}",
-        "checkpoint.keep=30",
-        *extra,
-    ]
+    cmd = torchrun_cmd(0, "--run-dir", str(run_dir), *TINY, f"data.root={data}", "checkpoint.keep=30", *extra)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
