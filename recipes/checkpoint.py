@@ -262,11 +262,14 @@ def save_step_checkpoint(state: dict, run_dir: Path, step: int, keep: int) -> Pa
     return path
 
 
-def estimate_bytes(model) -> int:
-    """Rough size of a checkpoint: weights and buffers plus one optimizer slot per parameter, plus slack."""
-    weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+def estimate_bytes(model, world_size: int = 1) -> int:
+    """Rough size of a checkpoint: weights and buffers plus one optimizer slot per parameter, plus every other
+    rank's BN running statistics (a mid-epoch checkpoint of several ranks keeps them), plus slack."""
+    state = model.state_dict()
+    weights = sum(t.numel() * t.element_size() for t in state.values())
     params = sum(p.numel() * p.element_size() for p in model.parameters())
-    return int(1.1 * (weights + params)) + (1 << 20)
+    bn = sum(t.numel() * t.element_size() for k, t in state.items() if k.endswith(("running_mean", "running_var")))
+    return int(1.1 * (weights + params + (world_size - 1) * bn)) + (1 << 20)
 
 
 def check_writable(run_dir: Path, needed_bytes: int) -> None:

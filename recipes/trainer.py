@@ -81,7 +81,7 @@ class Trainer:
         self.comm = create_allreduce(cfg, dist)
         torch.manual_seed(cfg.run.seed + 1000 * dist.rank)  # per-rank randomness; a resume restores it
         if cfg.checkpoint.enabled:
-            self.out.check_space(ckpt.estimate_bytes(model))
+            self.out.check_space(ckpt.estimate_bytes(model, dist.world_size))
         self.state: State = restore(self.run, dist, cfg, self.data, self._parts(), resume_from, self.log)
         self.out.start(cfg, self.run.run_id)  # after the resume checks: a refused start leaves the files as they were
         self.train_model, self.optimizer = self.comm.prepare(self.model, self.optimizer)

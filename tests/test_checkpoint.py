@@ -174,3 +174,11 @@ def test_no_accuracy_from_non_finite_weights_or_logits(tiny_checkpoint, tiny_roo
     with pytest.raises(NonFiniteError, match="1 of 3 images got non-finite logits"):
         evaluate_model(NaNModel(), batches, one)
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_size_estimate_counts_every_ranks_bn_statistics():
+    """A mid-epoch checkpoint of w ranks holds w copies of the BN running statistics (recipes/resume.py)."""
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.BatchNorm2d(8))
+    bn_bytes = 2 * 2 * 8 * 4  # two layers, mean and var, 8 float32 channels
+    one, four = ckpt.estimate_bytes(model), ckpt.estimate_bytes(model, 4)
+    assert abs((four - one) - 1.1 * 3 * bn_bytes) <= 1
