@@ -140,3 +140,15 @@ def test_dali_float16_images_evaluate_like_float32(tiny_checkpoint, tiny_root, t
     assert res16["count"] == res32["count"] == 20
     assert res16["top1"] == pytest.approx(res32["top1"], abs=5.0)  # fp16 rounding may flip one image of 20
     assert res16["loss"] == pytest.approx(res32["loss"], rel=1e-2)
+
+
+def test_a_mid_epoch_checkpoint_of_several_ranks_evaluates_with_their_average_bn_statistics(tiny_checkpoint):
+    state = ckpt.load(tiny_checkpoint)
+    cfg = config_from_checkpoint(state, str(tiny_checkpoint))
+    names = [k for k in state["model"] if k.endswith(("running_mean", "running_var"))]
+    ranks = [{k: state["model"][k] + 1.0 for k in names}, {k: state["model"][k] + 3.0 for k in names}]
+    model = load_model({**state, "bn_per_rank": ranks}, cfg, str(tiny_checkpoint))
+    loaded = model.state_dict()
+    assert names and all(torch.allclose(loaded[k], state["model"][k] + 2.0) for k in names)
+    plain = load_model(state, cfg, str(tiny_checkpoint)).state_dict()  # an epoch-end checkpoint: as saved
+    assert all(torch.equal(plain[k], state["model"][k]) for k in names)

@@ -79,6 +79,10 @@ def load_model(state: dict, cfg: Config, path: str):
     model = create_model(cfg.model, state["model_info"]["num_classes"])
     check_compatible(model, state["model"], path)
     model.load_state_dict(state["model"])
+    per_rank = state.get("bn_per_rank")
+    if per_rank:  # a mid-epoch checkpoint of several ranks: their average, as validation would use (average_bn_stats)
+        mean = {k: torch.stack([r[k] for r in per_rank]).mean(0) for k in per_rank[0]}
+        model.load_state_dict(mean, strict=False)
     return model
 
 
