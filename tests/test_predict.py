@@ -20,34 +20,25 @@ def test_bad_input_exits_2(capsys):
     assert "error: --link-gbit" in capsys.readouterr().err
 
 
+def _lab_run(tmp_path, flow_ratio: int, contenders: str) -> dict:
+    out = tmp_path / f"lab-{flow_ratio}.json"
+    argv = ["--no-loopback", "--worlds", "3", "--link-mbit", "40", "--flow-ratio", str(flow_ratio)]
+    argv += ["--fraction", "0.05", "--steps", "2", "--rounds", "2", "--contenders", contenders, "--json", str(out)]
+    assert bench_allreduce.main(argv) == 0
+    return json.loads(out.read_text())[0]
+
+
 @pytest.mark.slow
 @pytest.mark.netns
 @pytest.mark.skipif(netlab.available() is not None, reason=str(netlab.available()))
 def test_model_reproduces_an_unfitted_lab_run(tmp_path):
-    out = tmp_path / "lab.json"
-    assert (
-        bench_allreduce.main(
-            [
-                "--no-loopback",
-                "--worlds",
-                "3",
-                "--link-mbit",
-                "40",
-                "--fraction",
-                "0.05",
-                "--steps",
-                "2",
-                "--rounds",
-                "2",
-                "--contenders",
-                "ddp,multistream",
-                "--json",
-                str(out),
-            ]
-        )
-        == 0
-    )
-    rec = json.loads(out.read_text())[0]
-    for method in ("ddp", "multistream"):
+    # Per-flow cap of a third of the link: ddp's one flow per direction is held to it. Multistream is checked where
+    # the link cap binds (per-flow cap = link): the lab hashes flows into leaves on 8 bits of the source port, and
+    # in some runs two of multistream's K connections share a leaf (half the cap for that slice), which the model
+    # of a cloud's per-flow cap leaves out (measured 1.44 s or 2.12 s for one predicted 1.52 s).
+    runs = [(_lab_run(tmp_path, 3, "ddp"), "ddp")]
+    uncapped = _lab_run(tmp_path, 1, "ddp,multistream")
+    runs += [(uncapped, "ddp"), (uncapped, "multistream")]
+    for rec, method in runs:
         pred, meas = predict.lab_predict(rec, method, predict.LAB_FIT), predict.measured(rec, method)
-        assert abs(pred / meas - 1) < 0.15, (method, pred, meas)
+        assert abs(pred / meas - 1) < 0.15, (method, rec["flow_mbit"], pred, meas)
