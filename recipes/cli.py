@@ -5,9 +5,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from recipes import run_files
 from recipes.config import load_config, reference_table, to_yaml
 from recipes.errors import CheckpointError, ConfigError, DataError, TrainingError
+from recipes.run import files
 
 USER_ERRORS = (ConfigError, CheckpointError, DataError)
 
@@ -34,7 +34,7 @@ def run_cli(args) -> int:
         run_dir = Path(args.run_dir) if args.run_dir else run_dir_for(cfg)
         resume = None
         if args.resume == "auto":
-            resume = str(run_dir / run_files.CHECKPOINT)  # on some rank's host; the trainer asks all ranks
+            resume = str(run_dir / files.CHECKPOINT)  # on some rank's host; the trainer asks all ranks
         elif args.resume:
             resume = args.resume
         train(cfg, run_dir, resume, args.stop_after_epochs)

@@ -1,14 +1,12 @@
-"""What a person reads: one console line per N steps on rank 0, TensorBoard curves, the DAWNBench TSV."""
+"""What a person reads: one console line per N steps on rank 0 and TensorBoard curves (the run directory's files
+are recipes/run/outputs.py)."""
 
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
-from recipes import run_files
-
-TSV_HEADER = "epoch\thours\ttop1Accuracy\ttop5Accuracy\n"
+from recipes.run import files
 
 
 class RunLogger:
@@ -21,7 +19,7 @@ class RunLogger:
         if active and tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(str(run_dir / run_files.TENSORBOARD))
+            self.tb = SummaryWriter(str(run_dir / files.TENSORBOARD))
 
     def info(self, msg: str) -> None:
         if self.active:
@@ -53,21 +51,3 @@ class RunLogger:
 def format_seconds(s: float) -> str:
     s = max(0, int(s))
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
-
-
-def write_tsv(path: Path, rows: list[dict]) -> None:
-    """DAWNBench TSV: epoch (1-based), cumulative training hours (no validation/checkpointing), top-1/top-5 %."""
-    lines = [TSV_HEADER]
-    for r in rows:
-        lines.append(f"{r['epoch']}\t{r['train_seconds'] / 3600:.6f}\t{r['top1']:.2f}\t{r['top5']:.2f}\n")
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(lines))
-    tmp.replace(path)
-
-
-class Timer:
-    def __init__(self):
-        self.start = time.perf_counter()
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.start

@@ -6,8 +6,7 @@ and the gradient allreduce backend (`recipes.comm.create_allreduce`). The rest i
 
     recipes/steps.py       one optimizer step without a host sync, and the deferred finite-gradient check
     recipes/progress.py    an epoch's training time, the step log's window, the ETA
-    recipes/resume.py      the State a checkpoint restores, resume and restart accounting
-    recipes/outputs.py     the files of the run directory
+    recipes/run/           the run directory: its files, the checkpoints (`Checkpointer.save` / `restore`)
     recipes/report.py      the end-of-run summary
     recipes/evaluation/    validation accuracy (and evaluate.py's checkpoint evaluation and latency)
 """
@@ -21,20 +20,20 @@ import torch
 
 from data import create_input
 from models import create_model
-from recipes import checkpoint as ckpt
 from recipes.comm import create_allreduce
 from recipes.config import Config
 from recipes.dawnbench import check_required
-from recipes.distributed import all_gather_object, collective_guard, setup, teardown
+from recipes.distributed import collective_guard, setup, teardown
 from recipes.errors import NonFiniteError, TrainingError
 from recipes.evaluation.accuracy import average_bn_stats, evaluate
 from recipes.logger import RunLogger, format_seconds
 from recipes.optim import create_optimizer, describe_groups, set_lr_momentum
-from recipes.outputs import RunOutputs
 from recipes.progress import EpochClock
 from recipes.report import summarize, summary_table, targets_reached
-from recipes.resume import Parts, State, bn_statistics, restore, snapshot
-from recipes.rundir import open_run
+from recipes.run.checkpointer import Checkpointer, Parts
+from recipes.run.directory import open_run
+from recipes.run.outputs import RunOutputs
+from recipes.run.payload import State
 from recipes.schedule import Plan
 from recipes.steps import StepRunner
 
@@ -80,11 +79,14 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(dist.device.type, enabled=cfg.run.amp == "fp16")
         self.comm = create_allreduce(cfg, dist)
         torch.manual_seed(cfg.run.seed + 1000 * dist.rank)  # per-rank randomness; a resume restores it
+        parts = Parts(self.model, self.optimizer, self.scaler, self.comm)
+        self.checkpointer = Checkpointer(self.run, dist, cfg, self.data, parts, self.log)
         if cfg.checkpoint.enabled:
-            self.out.check_space(ckpt.estimate_bytes(model, dist.world_size))
-        self.state: State = restore(self.run, dist, cfg, self.data, self._parts(), resume_from, self.log)
+            self.checkpointer.check_space()
+        self.state: State = self.checkpointer.restore(resume_from)
         self.out.start(cfg, self.run.run_id)  # after the resume checks: a refused start leaves the files as they were
         self.train_model, self.optimizer = self.comm.prepare(self.model, self.optimizer)
+        parts.optimizer = self.optimizer  # the backend may wrap it (Horovod): checkpoints hold the wrapped one's state
         self.steps = StepRunner(cfg, model, self.train_model, self.optimizer, self.scaler, self.comm, dist.device)
         self.log.info(
             f"run {self.run_dir}: {dist.world_size} process(es) on {dist.device}, model {cfg.model.name} "
@@ -95,21 +97,6 @@ class Trainer:
         for line in describe_groups(self.optimizer):
             self.log.info(line)
         self.log.info(self.plan.table())
-
-    def _parts(self) -> Parts:
-        return Parts(self.model, self.optimizer, self.scaler, self.comm)
-
-    def save_checkpoint(self) -> None:
-        # Mid-epoch, each rank's BN running statistics are its own until validation averages them: keep them all.
-        mid_epoch = self.state.epoch_step > 0 and self.dist.world_size > 1
-        mine = {"rng": ckpt.rng_state(), "bn": bn_statistics(self.model) if mid_epoch else None}
-        with collective_guard("checkpoint RNG-state gather", self.state.step, self.cfg.dist.timeout_s):
-            gathered = all_gather_object(mine, self.dist)
-        rngs, bn = [g["rng"] for g in gathered], ([g["bn"] for g in gathered] if mid_epoch else None)
-        if self.run.leader:  # one writer per distinct run directory: every host with a disk of its own keeps a copy
-            st, world = self.state, self.dist.world_size
-            state = snapshot(self._parts(), st, rngs, self.cfg, self.run.run_id, world, self.data, bn)
-            self.out.checkpoint(state, st.step, self.cfg.checkpoint.keep)
 
     def train_one_epoch(self, epoch: int) -> dict:
         """Train epoch `epoch` from the data position in the state (0 unless resumed mid-epoch)."""
@@ -137,7 +124,7 @@ class Trainer:
             if cfg.checkpoint.enabled and every and st.step % every == 0 and not done:
                 self.steps.settle(st, self.log)  # the checkpoint's skipped_steps are exact
                 with clock.paused():
-                    self.save_checkpoint()  # mid-epoch: the data position is st.epoch_step
+                    self.checkpointer.save(st.step)  # mid-epoch: the data position is st.epoch_step
         if i + 1 != info.steps:
             raise RuntimeError(f"input pipeline gave {i + 1} batches in epoch {epoch}, the plan says {info.steps}")
         clock.stop()
@@ -186,7 +173,7 @@ class Trainer:
             self.log.scalars(st.step, **scalars, **{"epoch/images_per_s": row["images_per_s"]})
             self.out.history(st.history)
             if cfg.checkpoint.enabled:
-                self.save_checkpoint()
+                self.checkpointer.save(st.step)
             if cfg.run.stop_at_target and targets_reached(cfg, ev):
                 self.log.info(f"targets reached after epoch {st.epoch}: stopping (run.stop_at_target)")
                 break

@@ -153,14 +153,14 @@ def main(argv=None) -> int:
         "preprocessing; 'vs' = ratio of medians; agreement = top-1/top-5 holding eager fp32's top-1\n"
     )
     if args.checkpoint:
-        from recipes import checkpoint as ckpt
         from recipes.evaluation.accuracy import config_from_checkpoint, load_model
+        from recipes.run.checkpoint_files import load_checkpoint
 
-        state = ckpt.load(args.checkpoint)
-        cfg = config_from_checkpoint(state, args.checkpoint)
+        ck = load_checkpoint(args.checkpoint)
+        cfg = config_from_checkpoint(ck)
         print(
             bench_model(
-                cfg.model.name, load_model(state, cfg, args.checkpoint), args, files, labels, calibration, device
+                cfg.model.name, load_model(ck, cfg), args, files, labels, calibration, device
             )
         )
         return 0

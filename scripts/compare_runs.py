@@ -31,8 +31,8 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from recipes import run_files  # noqa: E402
 from recipes.comm.stats import CommStats  # noqa: E402
+from recipes.run import files as run_files  # noqa: E402
 
 DEFAULT_TARGET = {"top5": 93.0}
 

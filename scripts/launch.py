@@ -245,8 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args = _parser().parse_args(argv)
     sys.path.insert(0, str(REPO))
-    from recipes import run_files
     from recipes.config import ConfigError
+    from recipes.run import files as run_files
 
     try:
         job, cfg = build_job(args)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -11,17 +12,17 @@ from conftest import torchrun
 import evaluate
 from data.folder import scan_split
 from data.transforms import normalize
-from recipes import checkpoint as ckpt
 from recipes.evaluation.accuracy import FlipTTA, config_from_checkpoint, eval_config, evaluate_checkpoint, load_model
 from recipes.evaluation.latency import load_image
+from recipes.run import checkpoint_files as ckpt
 
 
 def _manual_counts(checkpoint, root, tta: bool) -> tuple[int, int, int]:
     """top-1 hits, top-2 hits and count over every validation image, one at a time, without the pipeline."""
-    state = ckpt.load(checkpoint)
-    cfg = config_from_checkpoint(state, str(checkpoint))
-    model = load_model(state, cfg, str(checkpoint)).eval()
-    val = scan_split(root, "val", classes=state["model_info"]["classes"])
+    ck = ckpt.load_checkpoint(checkpoint)
+    cfg = config_from_checkpoint(ck)
+    model = load_model(ck, cfg).eval()
+    val = scan_split(root, "val", classes=ck.model_info.classes)
     size = cfg.phases[-1].val_image_size or cfg.phases[-1].image_size
     c1 = c2 = 0
     with torch.no_grad():
@@ -68,10 +69,10 @@ def test_cli_json_and_val_folder_form(tiny_checkpoint, tiny_root, tmp_path, caps
 
 
 def test_rect_flag_reaches_the_phase(tiny_checkpoint, tiny_root, tmp_path):
-    state = ckpt.load(tiny_checkpoint)
-    _, phase = eval_config(state, str(tiny_checkpoint), str(tiny_root), rect=True)
+    ck = ckpt.load_checkpoint(tiny_checkpoint)
+    _, phase = eval_config(ck, data_root=str(tiny_root), rect=True)
     assert phase.rect_val is True and phase.root == "full"
-    _, phase = eval_config(state, str(tiny_checkpoint), str(tiny_root))
+    _, phase = eval_config(ck, data_root=str(tiny_root))
     assert phase.rect_val is False
     out = tmp_path / "rect.json"
     assert evaluate.main([str(tiny_checkpoint), "--data", str(tiny_root), "--rect", "--out", str(out)]) == 0
@@ -143,12 +144,12 @@ def test_dali_float16_images_evaluate_like_float32(tiny_checkpoint, tiny_root, t
 
 
 def test_a_mid_epoch_checkpoint_of_several_ranks_evaluates_with_their_average_bn_statistics(tiny_checkpoint):
-    state = ckpt.load(tiny_checkpoint)
-    cfg = config_from_checkpoint(state, str(tiny_checkpoint))
-    names = [k for k in state["model"] if k.endswith(("running_mean", "running_var"))]
-    ranks = [{k: state["model"][k] + 1.0 for k in names}, {k: state["model"][k] + 3.0 for k in names}]
-    model = load_model({**state, "bn_per_rank": ranks}, cfg, str(tiny_checkpoint))
+    ck = ckpt.load_checkpoint(tiny_checkpoint)
+    cfg = config_from_checkpoint(ck)
+    names = [k for k in ck.model if k.endswith(("running_mean", "running_var"))]
+    ranks = [{k: ck.model[k] + 1.0 for k in names}, {k: ck.model[k] + 3.0 for k in names}]
+    model = load_model(dataclasses.replace(ck, bn_per_rank=ranks), cfg)
     loaded = model.state_dict()
-    assert names and all(torch.allclose(loaded[k], state["model"][k] + 2.0) for k in names)
-    plain = load_model(state, cfg, str(tiny_checkpoint)).state_dict()  # an epoch-end checkpoint: as saved
-    assert all(torch.equal(plain[k], state["model"][k]) for k in names)
+    assert names and all(torch.allclose(loaded[k], ck.model[k] + 2.0) for k in names)
+    plain = load_model(ck, cfg).state_dict()  # an epoch-end checkpoint: as saved
+    assert all(torch.equal(plain[k], ck.model[k]) for k in names)

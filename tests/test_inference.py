@@ -12,19 +12,19 @@ import torch
 import evaluate
 from data.folder import scan_split
 from data.transforms import normalize
-from recipes import checkpoint as ckpt
 from recipes.config import ConfigError
 from recipes.evaluation.accuracy import config_from_checkpoint, load_model
 from recipes.evaluation.inference import MODES, Classifier, build_runner, check_mode, count_bn, fold_bn
 from recipes.evaluation.latency import load_image
+from recipes.run import checkpoint_files as ckpt
 
 
 @pytest.fixture(scope="module")
 def trained(tiny_checkpoint, tiny_root):
     """(model, val images as uint8 [1,3,32,32], train images for calibration) of the tiny checkpoint."""
-    state = ckpt.load(tiny_checkpoint)
-    model = load_model(state, config_from_checkpoint(state, str(tiny_checkpoint)), str(tiny_checkpoint)).eval()
-    classes = state["model_info"]["classes"]
+    ck = ckpt.load_checkpoint(tiny_checkpoint)
+    model = load_model(ck, config_from_checkpoint(ck)).eval()
+    classes = ck.model_info.classes
     val = [load_image(f, 32, 0.875) for f in scan_split(tiny_root, "val", classes=classes).files]
     train = [load_image(f, 32, 0.875) for f in scan_split(tiny_root, "train", classes=classes).files]
     return model, val, train

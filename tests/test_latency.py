@@ -12,10 +12,10 @@ from conftest import ROOT
 import evaluate
 from data.folder import scan_split
 from data.transforms import normalize
-from recipes import checkpoint as ckpt
 from recipes.evaluation.accuracy import config_from_checkpoint, load_model
 from recipes.evaluation.inference import Runner
 from recipes.evaluation.latency import Prefetcher, load_image, run_protocol, select_images
+from recipes.run import checkpoint_files as ckpt
 
 
 def test_select_images_is_a_seeded_sorted_subset():
@@ -114,9 +114,9 @@ def test_latency_cli_writes_json_and_dawnbench_entry(tiny_checkpoint, tiny_root,
     assert (res["images"], res["batch_size"], res["image_size"], res["threads"]) == (12, 1, 32, 1)
     assert set(res["results"]) == {"none", "fuse"}
     # top-1 of the eager model on the same 12 images, counted here image by image
-    state = ckpt.load(tiny_checkpoint)
-    model = load_model(state, config_from_checkpoint(state, str(tiny_checkpoint)), str(tiny_checkpoint)).eval()
-    val = scan_split(tiny_root, "val", classes=state["model_info"]["classes"])
+    ck = ckpt.load_checkpoint(tiny_checkpoint)
+    model = load_model(ck, config_from_checkpoint(ck)).eval()
+    val = scan_split(tiny_root, "val", classes=ck.model_info.classes)
     pick = select_images(len(val), 12, 0)
     with torch.no_grad():
         hits = sum(

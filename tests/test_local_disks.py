@@ -21,7 +21,7 @@ from conftest import ROOT, free_port
 from test_faults import _worker_pid, torchrun_cmd
 from test_launch import NETLAB_MISSING, two_local_hosts
 
-from recipes import checkpoint as ckpt
+from recipes.run import checkpoint_files as ckpt
 
 TINY = [
     "-c",

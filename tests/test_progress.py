@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from recipes import progress
-from recipes.resume import State
+from recipes.run.payload import State
 
 
 class FakeTime:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -15,10 +16,11 @@ import torch
 import yaml
 from conftest import ROOT, tiny_config
 
-from recipes import checkpoint as ckpt
 from recipes.config import load_config
-from recipes.resume import compare, recipe_differences
-from recipes.rundir import RunDirError, read_run_id
+from recipes.errors import RunDirError
+from recipes.run import checkpoint_files as ckpt
+from recipes.run.directory import read_run_id
+from recipes.run.resume import compare, recipe_differences
 from recipes.trainer import train
 
 DET = ("run.deterministic=true",)
@@ -85,10 +87,12 @@ def test_world_size_change_keeps_the_data_order_and_says_what_changes():
     from recipes.config import to_dict
 
     cfg = load_config(ROOT / "configs" / "base.yaml", ["phases=[{epochs: 1, image_size: 32, batch_size: 16}]"])
-    state = {"config": to_dict(cfg), "world_size": 1, "num_train": 48, "state": {"step": 2}}
-    problems, notes = compare(state, cfg, [], 48, 2)  # ceil(ceil(n / w) / (B / w)) == ceil(n / B) steps
+    from recipes.run.payload import Checkpoint
+
+    ck = Checkpoint(model={}, config=to_dict(cfg), world_size=1, num_train=48, state={"step": 2})
+    problems, notes = compare(ck, cfg, [], 48, 2)  # ceil(ceil(n / w) / (B / w)) == ceil(n / B) steps
     assert problems == [] and "the data order carries over" in notes[0] and "1 -> 2" in notes[0]
-    problems, _ = compare({**state, "num_train": 40}, cfg, [], 48, 2)
+    problems, _ = compare(dataclasses.replace(ck, num_train=40), cfg, [], 48, 2)
     assert problems == ["training images: 40 -> 48"]
 
 

@@ -13,10 +13,10 @@ import yaml
 from conftest import ROOT, tiny_config
 
 from data.folder import DataError
-from recipes import checkpoint as ckpt
-from recipes.checkpoint import CheckpointError
 from recipes.config import ConfigError
-from recipes.logger import TSV_HEADER
+from recipes.errors import CheckpointError
+from recipes.run import checkpoint_files as ckpt
+from recipes.run.outputs import TSV_HEADER
 from recipes.trainer import train
 
 

@@ -21,10 +21,14 @@ ModelName = Literal[tuple(registry.MODELS)]
 OptimizerName = Literal[tuple(registry.OPTIMIZERS)]
 
 
-def _f(default: Any = dataclasses.MISSING, help: str = "", factory: Any = None, domain: str = "") -> Any:
+def _f(
+    default: Any = dataclasses.MISSING, help: str = "", factory: Any = None, domain: str = "", trains: bool = True
+) -> Any:
     """A schema field: default (or factory), meaning, and `domain`: the values allowed besides the type
-    (keys of DOMAINS, space-separated; on a list, "nonempty" is about the list and the others about its items)."""
-    meta = {"help": help, "domain": domain}
+    (keys of DOMAINS, space-separated; on a list, "nonempty" is about the list and the others about its items).
+    `trains=False`: the value does not change what is trained (logging, output, where the data lives, timeouts),
+    so a resume may change it; on a section, every key of the section."""
+    meta = {"help": help, "domain": domain, "trains": trains}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -73,17 +77,25 @@ class Phase:
 
 @dataclass
 class RunConfig:
-    name: str = _f("run", help="run name; the run directory is <out_dir>/<name>", domain="name")
-    out_dir: str = _f("runs", help="parent directory of run directories", domain="nonempty")
+    name: str = _f("run", help="run name; the run directory is <out_dir>/<name>", domain="name", trains=False)
+    out_dir: str = _f("runs", help="parent directory of run directories", domain="nonempty", trains=False)
     seed: int = _f(0, help="global seed; rank r uses seed + r for its own randomness", domain=">=0")
     deterministic: bool = _f(False, help="use deterministic algorithms (slower; for exact resume tests)")
     device: Literal["auto", "cpu", "cuda"] = _f("auto", help="auto = cuda if available else cpu")
-    threads: int = _f(0, help="torch intra-op threads per process; 0 = cores / local processes", domain=">=0")
-    target_top1: float | None = _f(None, help="top-1 accuracy (%) whose first crossing is reported", domain="[0,100]")
-    target_top5: float | None = _f(None, help="top-5 accuracy (%) whose first crossing is reported", domain="[0,100]")
-    stop_at_target: bool = _f(False, help="stop training once every given target is reached")
-    nodes: int = _f(1, help="machines the config is written for (launcher and --plan)", domain=">0")
-    procs_per_node: int = _f(1, help="processes (GPUs) per machine the config is written for", domain=">0")
+    threads: int = _f(
+        0, help="torch intra-op threads per process; 0 = cores / local processes", domain=">=0", trains=False
+    )
+    target_top1: float | None = _f(
+        None, help="top-1 accuracy (%) whose first crossing is reported", domain="[0,100]", trains=False
+    )
+    target_top5: float | None = _f(
+        None, help="top-5 accuracy (%) whose first crossing is reported", domain="[0,100]", trains=False
+    )
+    stop_at_target: bool = _f(False, help="stop training once every given target is reached", trains=False)
+    nodes: int = _f(1, help="machines the config is written for (launcher and --plan)", domain=">0", trains=False)
+    procs_per_node: int = _f(
+        1, help="processes (GPUs) per machine the config is written for", domain=">0", trains=False
+    )
     amp: Literal["none", "bf16", "fp16"] = _f("none", help="mixed precision dtype")
     channels_last: bool = _f(False, help="NHWC memory format for model and inputs")
     on_nonfinite: Literal["halt", "skip"] = _f("halt", help="non-finite loss/gradients: stop, or skip the step")
@@ -92,13 +104,20 @@ class RunConfig:
 @dataclass
 class DataConfig:
     backend: InputName = _f("torch", help="input pipeline (recipes/registry.py)")
-    root: str = _f("data/sample", help="dataset root with train/ and val/ in ImageNet folder layout", domain="nonempty")
-    roots: dict[str, str] = _f(
-        help="named dataset copies (e.g. pre-resized '160'); 'full' defaults to data.root", factory=dict
+    root: str = _f(
+        "data/sample",
+        help="dataset root with train/ and val/ in ImageNet folder layout",
+        domain="nonempty",
+        trains=False,
     )
-    workers: int = _f(1, help="decoding workers (threads for DALI, processes for torch) per rank", domain=">=0")
+    roots: dict[str, str] = _f(
+        help="named dataset copies (e.g. pre-resized '160'); 'full' defaults to data.root", factory=dict, trains=False
+    )
+    workers: int = _f(
+        1, help="decoding workers (threads for DALI, processes for torch) per rank", domain=">=0", trains=False
+    )
     val_crop_ratio: float = _f(0.875, help="validation: resize shorter side to size/ratio, center crop", domain="(0,1]")
-    val_batch_size: int = _f(64, help="per-rank validation batch size", domain=">0")
+    val_batch_size: int = _f(64, help="per-rank validation batch size", domain=">0", trains=False)
     skip_corrupt: bool = _f(False, help="skip undecodable files (and report them) instead of failing")
     synthetic_size: int = _f(1281167, help="synthetic backend: training images per epoch", domain=">0")
     synthetic_classes: int = _f(1000, help="synthetic backend: number of classes", domain=">0")
@@ -111,7 +130,7 @@ class DataConfig:
         domain=">0",
     )
     dali_prefetch: int = _f(
-        2, help="dali: batches prepared ahead of the training loop (prefetch_queue_depth)", domain=">0"
+        2, help="dali: batches prepared ahead of the training loop (prefetch_queue_depth)", domain=">0", trains=False
     )
     val_blacklist: str = _f(
         "",
@@ -228,7 +247,9 @@ class CommConfig:
     tune_steps_per_window: int = _f(2, help="autotune: steps averaged into one window", domain=">0")
     tune_windows: int = _f(3, help="autotune: windows per candidate; its score is their median", domain=">0")
     tune_cache: str | None = _f(
-        "", help="autotune: JSON file of winners ('' = ~/.cache/dawnbench/allreduce_tuning.json, null = no cache)"
+        "",
+        help="autotune: JSON file of winners ('' = ~/.cache/dawnbench/allreduce_tuning.json, null = no cache)",
+        trains=False,
     )
     network: str = _f(
         "auto",
@@ -288,10 +309,10 @@ class Config:
     model: ModelConfig = _f(help="network", factory=ModelConfig)
     optim: OptimConfig = _f(help="optimizer, loss and schedules", factory=OptimConfig)
     comm: CommConfig = _f(help="gradient allreduce", factory=CommConfig)
-    dist: DistConfig = _f(help="torch.distributed", factory=DistConfig)
-    log: LogConfig = _f(help="logging", factory=LogConfig)
-    checkpoint: CheckpointConfig = _f(help="checkpoints and resume", factory=CheckpointConfig)
-    dawnbench: DawnbenchConfig = _f(help="DAWNBench submission entry", factory=DawnbenchConfig)
+    dist: DistConfig = _f(help="torch.distributed", factory=DistConfig, trains=False)
+    log: LogConfig = _f(help="logging", factory=LogConfig, trains=False)
+    checkpoint: CheckpointConfig = _f(help="checkpoints and resume", factory=CheckpointConfig, trains=False)
+    dawnbench: DawnbenchConfig = _f(help="DAWNBench submission entry", factory=DawnbenchConfig, trains=False)
     phases: list[Phase] = _f(
         help="progressive-resizing schedule: list of {epochs, image_size, batch_size, ...}",
         factory=lambda: [Phase(epochs=1, image_size=224, batch_size=256)],
@@ -329,3 +350,16 @@ def _plain(tp: Any) -> Any:
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         return args[0] if len(args) == 1 else tp
     return tp
+
+
+def not_training_keys(cls: type = Config, prefix: str = "") -> tuple[str, ...]:
+    """Dotted keys (a section as `name.`) whose value does not change what is trained: `_f(trains=False)`."""
+    out: list[str] = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = prefix + f.name
+        if not f.metadata.get("trains", True):
+            out.append(key + "." if dataclasses.is_dataclass(hints[f.name]) else key)
+        elif dataclasses.is_dataclass(hints[f.name]):
+            out += not_training_keys(hints[f.name], key + ".")
+    return tuple(out)

@@ -11,10 +11,11 @@ import torch
 import torch.distributed as td
 from torch import nn
 
-from recipes import checkpoint as ckpt
 from recipes.config import Config, ConfigError, config_from_dict
 from recipes.distributed import DistInfo, all_reduce_sum
-from recipes.errors import NonFiniteError
+from recipes.errors import CheckpointError, NonFiniteError
+from recipes.run.checkpoint_files import load_checkpoint
+from recipes.run.payload import Checkpoint
 
 
 def _accuracy_counts(logits: torch.Tensor, labels: torch.Tensor) -> tuple[int, int]:
@@ -60,26 +61,25 @@ def average_bn_stats(model: nn.Module, dist: DistInfo) -> None:
                 buf.div_(dist.world_size)
 
 
-def config_from_checkpoint(state: dict, path: str) -> Config:
-    if "config" not in state or "model_info" not in state:
-        raise ckpt.CheckpointError(f"checkpoint '{path}' has no config: not written by this trainer")
-    return config_from_dict(state["config"], f"checkpoint '{path}' config")
+def config_from_checkpoint(ck: Checkpoint) -> Config:
+    ck.require_model_info()
+    return config_from_dict(ck.config, f"checkpoint '{ck.path}' config")
 
 
-def load_model(state: dict, cfg: Config, path: str):
+def load_model(ck: Checkpoint, cfg: Config):
     from models import create_model
     from models.factory import check_compatible
 
-    bad, total, first = ckpt.non_finite_weights(state["model"])
+    bad, total, first = ck.non_finite_weights()
     if bad:
-        raise ckpt.CheckpointError(
-            f"checkpoint '{path}' has {bad} non-finite values among {total} weights (first in '{first}'): "
+        raise CheckpointError(
+            f"checkpoint '{ck.path}' has {bad} non-finite values among {total} weights (first in '{first}'): "
             "the training diverged; no accuracy or latency is reported for it"
         )
-    model = create_model(cfg.model, state["model_info"]["num_classes"])
-    check_compatible(model, state["model"], path)
-    model.load_state_dict(state["model"])
-    per_rank = state.get("bn_per_rank")
+    model = create_model(cfg.model, ck.require_model_info().num_classes)
+    check_compatible(model, ck.model, ck.path)
+    model.load_state_dict(ck.model)
+    per_rank = ck.bn_per_rank
     if per_rank:  # a mid-epoch checkpoint of several ranks: their average, as validation would use (average_bn_stats)
         mean = {k: torch.stack([r[k] for r in per_rank]).mean(0) for k in per_rank[0]}
         model.load_state_dict(mean, strict=False)
@@ -113,8 +113,8 @@ TTA = {"none": lambda m: m, "flip": FlipTTA}
 
 
 def eval_config(
-    state: dict,
-    path: str,
+    ck: Checkpoint,
+    *,
     data_root: str | None = None,
     image_size: int | None = None,
     batch_size: int = 64,
@@ -125,7 +125,7 @@ def eval_config(
     """(cfg, phase) that evaluate_checkpoint hands to the input pipeline: the checkpoint's last phase at the
     requested resolution, reading `<data_root>/val` (without the checkpoint's data.val_blacklist images, or
     `val_blacklist`'s; '' counts every image)."""
-    cfg = config_from_checkpoint(state, path)
+    cfg = config_from_checkpoint(ck)
     data = {"val_batch_size": batch_size, "workers": min(cfg.data.workers, 2)}
     if val_blacklist is not None:
         data["val_blacklist"] = val_blacklist
@@ -144,6 +144,7 @@ def eval_config(
 def evaluate_checkpoint(
     path: str,
     data_root: str | None = None,
+    *,
     image_size: int | None = None,
     batch_size: int = 64,
     backend: str | None = None,
@@ -157,13 +158,21 @@ def evaluate_checkpoint(
 
     if tta not in TTA:
         raise ConfigError(f"--tta: unknown '{tta}' (expected one of {', '.join(TTA)})")
-    state = ckpt.load(path)
-    cfg, phase = eval_config(state, path, data_root, image_size, batch_size, backend, rect, val_blacklist)
+    ck = load_checkpoint(path)
+    cfg, phase = eval_config(
+        ck,
+        data_root=data_root,
+        image_size=image_size,
+        batch_size=batch_size,
+        backend=backend,
+        rect=rect,
+        val_blacklist=val_blacklist,
+    )
     dist = setup(cfg)
     try:
         pipe = create_input(cfg, dist)
-        _check_classes(pipe.classes, state, cfg.data.root)
-        model = TTA[tta](load_model(state, cfg, path)).to(dist.device)
+        _check_classes(pipe.classes, ck, cfg.data.root)
+        model = TTA[tta](load_model(ck, cfg)).to(dist.device)
         if cfg.run.channels_last:
             model = model.to(memory_format=torch.channels_last)
         # The input pipeline may hand fp16 images (DALI's `data.dali_dtype`, `auto` under fp16 training) to this
@@ -188,9 +197,9 @@ def evaluate_checkpoint(
     return result
 
 
-def _check_classes(classes: list[str], state: dict, root: str) -> None:
-    if classes != state["model_info"]["classes"]:
+def _check_classes(classes: list[str], ck: Checkpoint, root: str) -> None:
+    if classes != ck.model_info.classes:
         raise ConfigError(
             f"{root}: its classes differ from the checkpoint's ({len(classes)} vs "
-            f"{len(state['model_info']['classes'])} classes, or other names)"
+            f"{len(ck.model_info.classes)} classes, or other names)"
         )

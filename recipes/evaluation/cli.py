@@ -7,20 +7,20 @@ import os
 import sys
 from pathlib import Path
 
-from recipes import checkpoint as ckpt
-from recipes.errors import ConfigError, NonFiniteError
+from recipes.errors import CheckpointError, ConfigError, NonFiniteError
 from recipes.evaluation.accuracy import eval_config, evaluate_checkpoint, load_model
 from recipes.evaluation.inference import export_onnx
 from recipes.evaluation.latency import latency_checkpoint, latency_table
+from recipes.run.checkpoint_files import load_checkpoint
 
 
 def export_checkpoint(path: str, fmt: str, out: str | None = None, image_size: int | None = None) -> Path:
     """Write the checkpoint's model as `fmt` (onnx): input 'image' uint8 [1, 3, S, S] (normalized inside)."""
     if fmt != "onnx":
         raise ConfigError(f"--export: unknown format '{fmt}' (expected onnx)")
-    state = ckpt.load(path)
-    cfg, phase = eval_config(state, path, image_size=image_size)
-    model = load_model(state, cfg, path)
+    ck = load_checkpoint(path)
+    cfg, phase = eval_config(ck, image_size=image_size)
+    model = load_model(ck, cfg)
     size = phase.val_image_size or phase.image_size
     return export_onnx(model, size, out or Path(path).with_suffix(".onnx"))
 
@@ -50,17 +50,17 @@ def run_evaluate_cli(args) -> int:
             modes = [m.strip() for m in args.optimize.split(",") if m.strip()]
             res = latency_checkpoint(
                 args.checkpoint,
-                args.data,
-                args.image_size,
-                modes,
-                args.images,
-                args.seed,
-                args.warmup,
-                args.threads,
-                args.calib_images,
-                args.device,
-                args.price_per_hour,
-                args.hardware,
+                data_root=args.data,
+                image_size=args.image_size,
+                modes=modes,
+                images=args.images,
+                seed=args.seed,
+                warmup=args.warmup,
+                threads=args.threads,
+                calib_images=args.calib_images,
+                device=args.device,
+                price_per_hour=args.price_per_hour,
+                hardware=args.hardware,
             )
             print(
                 f"\nbatch-1 latency per image on {res['hardware']}, {res['images']} images at {res['image_size']} "
@@ -84,14 +84,14 @@ def run_evaluate_cli(args) -> int:
         res = evaluate_checkpoint(
             args.checkpoint,
             args.data,
-            args.image_size,
-            args.batch_size,
-            args.backend,
-            args.tta,
-            args.rect,
-            args.val_blacklist,
+            image_size=args.image_size,
+            batch_size=args.batch_size,
+            backend=args.backend,
+            tta=args.tta,
+            rect=args.rect,
+            val_blacklist=args.val_blacklist,
         )
-    except (ConfigError, DataError, ckpt.CheckpointError) as e:
+    except (ConfigError, DataError, CheckpointError) as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
     except NonFiniteError as e:

@@ -21,12 +21,12 @@ import numpy as np
 import torch
 
 from data.transforms import load_rgb, val_transform
-from recipes import checkpoint as ckpt
 from recipes.config import Config
 from recipes.errors import ConfigError
 from recipes.evaluation.accuracy import eval_config, load_model
 from recipes.evaluation.inference import Runner, build_runner, check_mode
-from recipes.outputs import git_commit
+from recipes.run.checkpoint_files import load_checkpoint
+from recipes.run.outputs import git_commit
 
 
 def select_images(num: int, count: int, seed: int = 0) -> np.ndarray:
@@ -231,6 +231,7 @@ def describe_hardware(device: torch.device, threads: int) -> str:
 
 def latency_checkpoint(
     path: str,
+    *,
     data_root: str | None = None,
     image_size: int | None = None,
     modes: list[str] = ("none",),
@@ -251,8 +252,8 @@ def latency_checkpoint(
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ConfigError("--latency measures one stream of batch-1 requests: run it without torchrun")
-    state = ckpt.load(path)
-    cfg, phase = eval_config(state, path, data_root, image_size)
+    ck = load_checkpoint(path)
+    cfg, phase = eval_config(ck, data_root=data_root, image_size=image_size)
     from recipes.dawnbench import check_required
 
     check_required(cfg)  # the entry written at the end must be complete (dawnbench.require)
@@ -268,14 +269,14 @@ def latency_checkpoint(
     wanted = list(dict.fromkeys(["none", *modes]))
     for m in wanted:
         check_mode(m, dev)
-    classes = state["model_info"]["classes"]
+    classes = ck.model_info.classes
     val = scan_split(cfg.data.root, "val", classes=classes)
     pick = select_images(len(val), images, seed)
     if images > len(val):
         log(f"note: {cfg.data.root}/val has {len(val)} images, fewer than --images {images}: measuring all of them")
     files = [val.files[i] for i in pick]
     labels = [val.labels[i] for i in pick]
-    model = load_model(state, cfg, path).eval()
+    model = load_model(ck, cfg).eval()
     example = load_image(files[0], size, cfg.data.val_crop_ratio).to(dev)
     calibration = None
     if any(check_mode(m, dev).quantize for m in wanted):

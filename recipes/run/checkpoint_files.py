@@ -24,11 +24,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from recipes import run_files
 from recipes.errors import CheckpointError
+from recipes.run import files
+from recipes.run.payload import Checkpoint, check_structure
 
-CHECKPOINT_NAME = run_files.CHECKPOINT
-_STEP_FILE = re.compile(r"^ckpt-(\d+)\.pt$")
+CHECKPOINT_NAME = files.CHECKPOINT
 
 
 def _write_bytes_atomic(data: bytes, path: Path) -> None:
@@ -53,7 +53,7 @@ def _digest(path: Path) -> str:
 
 
 def _sidecar(path: Path) -> Path:
-    return path.with_name(path.name + ".sha256")
+    return path.with_name(files.sidecar(path.name))
 
 
 def _sidecar_digests(path: Path) -> list[str]:
@@ -128,6 +128,11 @@ def load(path: str | Path, check: bool = True) -> dict:
     return state
 
 
+def load_checkpoint(path: str | Path) -> Checkpoint:
+    """The checkpoint at `path`, verified against its sidecar, read weights-only and typed."""
+    return Checkpoint.from_dict(load(path), path)
+
+
 # Pickle opcodes that import or call something (GLOBAL, STACK_GLOBAL, REDUCE, INST, OBJ, NEWOBJ, NEWOBJ_EX): the
 # weights-only unpickler stops at them; any other unsupported opcode is a damaged or foreign file.
 _CODE_OPCODES = {ord("c"), 0x93, ord("R"), ord("i"), ord("o"), 0x81, 0x92}
@@ -138,67 +143,11 @@ def _first_line(e: Exception) -> str:
     return lines[0][:300] if lines else type(e).__name__
 
 
-# Entry -> (type, what it must be). `model` is required; the others are checked when present.
-_ENTRIES = {
-    "model": (dict, "a mapping of parameter names to tensors"),
-    "optimizer": (dict, "an optimizer state_dict (a mapping)"),
-    "scaler": (dict, "a GradScaler state_dict (a mapping)"),
-    "comm": (dict, "a mapping"),
-    "state": (dict, "a mapping of training progress"),
-    "rng": (list, "a list of per-rank RNG states"),
-    "bn_per_rank": (list, "a list of per-rank BN running statistics"),
-    "config": (dict, "a config mapping"),
-    "model_info": (dict, "a mapping with num_classes and classes"),
-}
-
-
-def check_structure(state, path: str | Path) -> None:
-    """Raise CheckpointError naming the file and entry when `state` is not shaped like this trainer's checkpoint."""
-    if not isinstance(state, dict) or "model" not in state:
-        raise CheckpointError(f"checkpoint '{path}' has no 'model' entry: not a checkpoint of this trainer")
-    for key, (tp, what) in _ENTRIES.items():
-        if key in state and not isinstance(state[key], tp):
-            got = type(state[key]).__name__
-            raise CheckpointError(f"checkpoint '{path}': entry '{key}' must be {what}, got {got}")
-    bad = [k for k, v in state["model"].items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)]
-    if bad:
-        raise CheckpointError(f"checkpoint '{path}': entry 'model' must map names to tensors ('{bad[0]}' does not)")
-    info = state.get("model_info", {})
-    if "num_classes" in info and (isinstance(info["num_classes"], bool) or not isinstance(info["num_classes"], int)):
-        raise CheckpointError(f"checkpoint '{path}': model_info.num_classes must be an integer")
-
-
-RESUME_ENTRIES = ("optimizer", "scaler", "state", "rng")
-
-
-def check_resumable(state: dict, path: str | Path, state_fields: set[str]) -> None:
-    """A checkpoint that --resume / the automatic resume can continue from: every entry there, known fields."""
-    missing = [k for k in RESUME_ENTRIES if k not in state]
-    if missing:
-        raise CheckpointError(f"checkpoint '{path}' cannot be resumed: no '{missing[0]}' entry")
-    unknown = sorted(set(state["state"]) - state_fields)
-    if unknown:
-        raise CheckpointError(f"checkpoint '{path}': entry 'state' has unknown field '{unknown[0]}'")
-
-
-def non_finite_weights(model_state: dict) -> tuple[int, int, str | None]:
-    """(non-finite values, all values, first tensor holding one) over the floating-point tensors of a state_dict."""
-    bad = total = 0
-    first = None
-    for name, t in model_state.items():
-        if isinstance(t, torch.Tensor) and t.is_floating_point():
-            n = int((~torch.isfinite(t)).sum())
-            bad, total = bad + n, total + t.numel()
-            if n and first is None:
-                first = name
-    return bad, total, first
-
-
 def step_checkpoints(run_dir: Path) -> list[Path]:
     """`ckpt-<step>.pt` files in the run directory, newest first."""
     if not run_dir.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in run_dir.iterdir() if (m := _STEP_FILE.match(p.name))]
+    found = [(int(m.group(1)), p) for p in run_dir.iterdir() if (m := files.STEP_CHECKPOINT.match(p.name))]
     return [p for _, p in sorted(found, reverse=True)]
 
 
@@ -244,7 +193,7 @@ def from_bytes(data: bytes, what: str) -> dict:
 
 def save_step_checkpoint(state: dict, run_dir: Path, step: int, keep: int) -> Path:
     """Write `ckpt-<step>.pt`, point checkpoint.pt at it, delete all but the newest `keep`."""
-    path = run_dir / f"ckpt-{step:08d}.pt"
+    path = run_dir / files.step_checkpoint(step)
     try:
         save_atomic(state, path)
     except OSError as e:
@@ -258,7 +207,7 @@ def save_step_checkpoint(state: dict, run_dir: Path, step: int, keep: int) -> Pa
     _replace_verified(link_tmp, run_dir / CHECKPOINT_NAME, _sidecar_digests(path)[0])
     for old in step_checkpoints(run_dir)[max(keep, 1) :]:
         old.unlink(missing_ok=True)
-        old.with_name(old.name + ".sha256").unlink(missing_ok=True)
+        _sidecar(old).unlink(missing_ok=True)
     return path
 
 

@@ -23,13 +23,10 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from recipes import checkpoint as ckpt
 from recipes.distributed import DistInfo, all_gather_object, broadcast_object
 from recipes.errors import CheckpointError, RunDirError
-
-RUN_FILE = "run.json"
-LOCK_FILE = ".lock"
-ARCHIVE_DIR = "previous"
+from recipes.run import files
+from recipes.run.checkpoint_files import check_writable
 
 
 def _now() -> str:
@@ -40,7 +37,7 @@ class RunLock:
     """An exclusive advisory lock on `<run_dir>/.lock`; the file says who holds it (host, pid, since)."""
 
     def __init__(self, run_dir: Path):
-        self.path = run_dir / LOCK_FILE
+        self.path = run_dir / files.LOCK
         self.fd: int | None = None
 
     def acquire(self) -> None:
@@ -66,7 +63,7 @@ class RunLock:
 
 def read_run_id(run_dir: Path) -> str | None:
     try:
-        return str(json.loads((run_dir / RUN_FILE).read_text())["run_id"])
+        return str(json.loads((run_dir / files.RUN).read_text())["run_id"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -75,21 +72,23 @@ def write_run_file(run_dir: Path, run_id: str) -> None:
     if read_run_id(run_dir) == run_id:
         return
     info = {"run_id": run_id, "started": _now(), "host": socket.gethostname()}
-    tmp = run_dir / f".{RUN_FILE}.tmp{os.getpid()}"
+    tmp = run_dir / f".{files.RUN}.tmp{os.getpid()}"
     tmp.write_text(json.dumps(info, indent=1) + "\n")
-    os.replace(tmp, run_dir / RUN_FILE)
+    os.replace(tmp, run_dir / files.RUN)
 
 
 def run_files(run_dir: Path) -> list[Path]:
     """What a run leaves in its directory: not the archive, the launcher's logs, the lock or other dot files."""
     if not run_dir.is_dir():
         return []
-    return sorted(p for p in run_dir.iterdir() if p.name not in (ARCHIVE_DIR, "launch") and not p.name.startswith("."))
+    return sorted(
+        p for p in run_dir.iterdir() if p.name not in (files.ARCHIVE, files.LAUNCH) and not p.name.startswith(".")
+    )
 
 
 def archive(run_dir: Path, run_id: str | None) -> Path:
     """Move the run's files to `<run_dir>/previous/<run id>[-N]/`; returns that directory."""
-    base = run_dir / ARCHIVE_DIR / (run_id or "unnamed")
+    base = run_dir / files.ARCHIVE / (run_id or "unnamed")
     dest, n = base, 1
     while dest.exists():
         dest, n = base.with_name(f"{base.name}-{n}"), n + 1
@@ -156,7 +155,7 @@ def open_run(run_dir: Path, dist: DistInfo, resume) -> RunDir:
     error = None
     if dist.is_main:
         try:
-            ckpt.check_writable(run_dir, 0)
+            check_writable(run_dir, 0)
             lock = RunLock(run_dir)
             lock.acquire()
         except CheckpointError as e:
@@ -192,7 +191,7 @@ def open_run(run_dir: Path, dist: DistInfo, resume) -> RunDir:
             raise RunDirError(  # every rank saw the same reports, so every rank raises here
                 f"the run directories of the hosts hold different runs ({where}) in '{run_dir}': resuming "
                 f"would mix them; give every host the same run's files, or start anew with checkpoint.resume=false "
-                f"(which moves them to {run_dir / ARCHIVE_DIR})"
+                f"(which moves them to {run_dir / files.ARCHIVE})"
             )
         run_id = ids[0] if ids else broadcast_object(uuid.uuid4().hex[:16], dist)
         notes = [n for batch in all_gather_object(notes, dist) for n in batch]

@@ -1,8 +1,8 @@
 """What a training writes into its run directory, written by one object (`RunOutputs`).
 
-The file names are `recipes.run_files`. Rank 0 writes the run's description and results; the leader of each
-distinct run directory (one per host with a disk of its own) writes the run file and the checkpoints, so every
-host keeps a copy.
+The file names are `recipes.run.files`. Rank 0 writes the run's description and results; the leader of each
+distinct run directory (one per host with a disk of its own) writes the run file (and, through the `Checkpointer`,
+the checkpoints), so every host keeps a copy.
 
     start of the run    run.json (leader, after the resume checks), config.yaml, meta.json (rank 0)
     every log window    progress.json: the last logged step, how many steps a restart redoes
@@ -18,13 +18,13 @@ from pathlib import Path
 
 import torch
 
-from recipes import checkpoint as ckpt
-from recipes import run_files as files
 from recipes.config import Config, to_yaml
 from recipes.dawnbench import write_entry
 from recipes.distributed import DistInfo
-from recipes.logger import write_tsv
-from recipes.rundir import write_run_file
+from recipes.run import files
+from recipes.run.directory import write_run_file
+
+TSV_HEADER = "epoch\thours\ttop1Accuracy\ttop5Accuracy\n"
 
 
 def git_commit() -> str:
@@ -45,11 +45,6 @@ class RunOutputs:
 
     def __init__(self, run_dir: Path, dist: DistInfo, leader: bool):
         self.dir, self.dist, self.leader = Path(run_dir), dist, leader
-
-    def check_space(self, checkpoint_bytes: int) -> None:
-        """Fail before training when the directory cannot hold two checkpoints (the new one and the previous)."""
-        if self.dist.is_main:
-            ckpt.check_writable(self.dir, 2 * checkpoint_bytes)
 
     def start(self, cfg: Config, run_id: str) -> None:
         if self.leader:
@@ -73,11 +68,17 @@ class RunOutputs:
         if self.dist.is_main:
             write_tsv(self.dir / files.TSV, rows)
 
-    def checkpoint(self, state: dict, step: int, keep: int) -> None:
-        if self.leader:
-            ckpt.save_step_checkpoint(state, self.dir, step, keep)
-
     def finish(self, cfg: Config, summary: dict) -> None:
         if self.dist.is_main:
             (self.dir / files.SUMMARY).write_text(json.dumps(summary, indent=1) + "\n")
             write_entry(self.dir / files.ENTRY, cfg, summary, self.dist, commit=git_commit())
+
+
+def write_tsv(path: Path, rows: list[dict]) -> None:
+    """DAWNBench TSV: epoch (1-based), cumulative training hours (no validation/checkpointing), top-1/top-5 %."""
+    lines = [TSV_HEADER]
+    for r in rows:
+        lines.append(f"{r['epoch']}\t{r['train_seconds'] / 3600:.6f}\t{r['top1']:.2f}\t{r['top5']:.2f}\n")
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(lines))
+    tmp.replace(path)

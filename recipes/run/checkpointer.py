@@ -1,0 +1,164 @@
+"""One object that saves and restores a run: `Checkpointer.save(step)` and `Checkpointer.restore(resume_from)`.
+
+It holds the objects whose state a checkpoint keeps (model, optimizer, grad scaler, allreduce backend) and the
+training `State` (steps, epoch, data position, time, restart accounting), like torchtitan's checkpoint manager
+over its stateful objects. What it writes is a `Checkpoint` (recipes/run/payload.py); where, how and under which
+names is recipes/run/checkpoint_files.py and recipes/run/files.py; which checkpoint every rank resumes from is
+recipes/run/resume.py.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from models.factory import check_compatible, describe_model
+from recipes.config import Config, to_dict
+from recipes.distributed import DistInfo, all_gather_object, collective_guard
+from recipes.errors import CheckpointError, RunDirError
+from recipes.run import checkpoint_files as ckpt
+from recipes.run.directory import RunDir
+from recipes.run.payload import Checkpoint, ModelInfo, State
+from recipes.run.resume import agree_state, compare
+
+
+@dataclass
+class Parts:
+    """The objects a checkpoint holds the state_dicts of."""
+
+    model: object
+    optimizer: object
+    scaler: object
+    comm: object
+
+
+def bn_statistics(model: nn.Module) -> dict[str, torch.Tensor]:
+    """This rank's BN running statistics (CPU copies), by state_dict name.
+
+    They stay per rank during an epoch (no buffer broadcast; averaged before validation), so a mid-epoch
+    checkpoint keeps every rank's own: restoring rank 0's on every rank would change the epoch's averaged result.
+    """
+    out = {}
+    for name, m in model.named_modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats:
+            prefix = f"{name}." if name else ""
+            out[prefix + "running_mean"] = m.running_mean.detach().cpu().clone()
+            out[prefix + "running_var"] = m.running_var.detach().cpu().clone()
+    return out
+
+
+def load_bn_statistics(model: nn.Module, stats: dict, path: str) -> None:
+    """Copy one rank's `bn_statistics` back into `model`'s buffers."""
+    buffers = dict(model.named_buffers())
+    for name, value in stats.items():
+        if name not in buffers or not isinstance(value, torch.Tensor) or value.shape != buffers[name].shape:
+            raise CheckpointError(f"checkpoint '{path}': entry 'bn_per_rank' does not fit the model at '{name}'")
+        with torch.no_grad():
+            buffers[name].copy_(value)
+
+
+class Checkpointer:
+    """Saves the run's state into its directory and restores it from there (or from `--resume`)."""
+
+    def __init__(self, run: RunDir, dist: DistInfo, cfg: Config, data, parts: Parts, log):
+        self.run, self.dist, self.cfg, self.data, self.parts, self.log = run, dist, cfg, data, parts, log
+        self.state = State()
+
+    def check_space(self) -> None:
+        """Fail before training when the directory cannot hold two checkpoints (the new one and the previous)."""
+        if self.dist.is_main:
+            needed = ckpt.estimate_bytes(self.parts.model, self.dist.world_size)
+            ckpt.check_writable(self.run.path, 2 * needed)
+
+    def snapshot(self, rngs: list, bn: list | None = None) -> Checkpoint:
+        """The checkpoint of the run at step `state.step` (`rngs`: every rank's RNG state; `bn`: every rank's
+        `bn_statistics`, for a mid-epoch checkpoint of several ranks)."""
+        p, cfg = self.parts, self.cfg
+        return Checkpoint(
+            model=p.model.state_dict(),
+            optimizer=p.optimizer.state_dict(),
+            scaler=p.scaler.state_dict(),
+            comm=p.comm.state_dict(),
+            state=self.state.__dict__,
+            rng=rngs,
+            config=to_dict(cfg),
+            run_id=self.run.run_id,
+            world_size=self.dist.world_size,
+            num_train=self.data.num_train,
+            model_info=ModelInfo(
+                name=cfg.model.name,
+                num_classes=self.data.num_classes,
+                classes=self.data.classes,
+                num_params=describe_model(p.model)["num_params"],
+            ),
+            bn_per_rank=bn,
+        )
+
+    def save(self, step: int) -> None:
+        """Write the checkpoint of step `step` (all ranks call it: it gathers every rank's RNG state)."""
+        if step != self.state.step:
+            raise RuntimeError(f"checkpoint of step {step} asked for, but the training state is at {self.state.step}")
+        # Mid-epoch, each rank's BN running statistics are its own until validation averages them: keep them all.
+        mid_epoch = self.state.epoch_step > 0 and self.dist.world_size > 1
+        mine = {"rng": ckpt.rng_state(), "bn": bn_statistics(self.parts.model) if mid_epoch else None}
+        with collective_guard("checkpoint RNG-state gather", step, self.cfg.dist.timeout_s):
+            gathered = all_gather_object(mine, self.dist)
+        rngs, bn = [g["rng"] for g in gathered], ([g["bn"] for g in gathered] if mid_epoch else None)
+        if self.run.leader:  # one writer per distinct run directory: every host with a disk of its own keeps a copy
+            state = self.snapshot(rngs, bn).to_dict()
+            ckpt.save_step_checkpoint(state, self.run.path, step, self.cfg.checkpoint.keep)
+
+    def restore(self, resume_from: str | None = None) -> State:
+        """The State to train on from: a fresh one, or the agreed checkpoint's, loaded into the parts on every rank.
+
+        Counts a restart (and the steps it redoes: those after the checkpoint that some rank had logged) when an
+        agent restarted its workers or a rank's progress.json is ahead of the checkpoint.
+        """
+        run, dist, cfg, log, parts = self.run, self.dist, self.cfg, self.log, self.parts
+        agreed = agree_state(run, dist, resume_from, cfg.checkpoint.resume, log.warn)
+        if agreed is None:
+            log.info(f"run {run.run_id}: starting from step 0")
+            self.state = State()
+            return self.state
+        ck, path = agreed.checkpoint, agreed.source
+        problems, notes = compare(ck, cfg, self.data.classes, self.data.num_train, dist.world_size)
+        if problems and cfg.checkpoint.resume != "force":
+            raise RunDirError(
+                f"cannot resume from {path}: the recipe differs from the checkpoint's in what it trains:\n  "
+                + "\n  ".join(problems)
+                + "\nrestore these values, start a new run (another run.name, or checkpoint.resume=false, which "
+                "moves the old run's files aside), or continue anyway with checkpoint.resume=force (recorded)"
+            )
+        ck.path = path
+        st = ck.training_state()
+        check_compatible(parts.model, ck.model, str(path))
+        parts.model.load_state_dict(ck.model)
+        parts.optimizer.load_state_dict(ck.optimizer)
+        parts.scaler.load_state_dict(ck.scaler)
+        parts.comm.load_state_dict(ck.comm or {})
+        for line in notes:
+            log.info(f"resume: {line}")
+        if problems:
+            st.forced.append({"step": st.step, "differences": problems})
+            log.warn("checkpoint.resume=force: continuing despite " + "; ".join(problems))
+        if len(ck.rng) == dist.world_size:
+            ckpt.set_rng_state(ck.rng[dist.rank])
+        if ck.bn_per_rank is not None and len(ck.bn_per_rank) == dist.world_size:
+            load_bn_statistics(parts.model, ck.bn_per_rank[dist.rank], str(path))
+        restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        lost = max(0, agreed.reached - st.step)
+        redo = agreed.restarted or lost
+        if redo:
+            st.restarts += 1
+            st.redone_steps += lost
+        log.info(
+            f"resumed from {path}: {st.epoch} epoch(s) + {st.epoch_step} step(s) into epoch {st.epoch + 1}, "
+            f"{st.step} step(s) done, run {run.run_id}"
+            + (f"; restart {restart} after a failure" if restart else "")
+            + (f"; the run had reached step {st.step + lost}: {lost} step(s) will be redone" if redo else "")
+        )
+        self.state = st
+        return st

@@ -1,0 +1,177 @@
+"""What a checkpoint holds, typed: `Checkpointer.save` writes a `Checkpoint`, and every reader (resume, evaluate.py,
+the latency protocol, the ONNX export) reads its attributes instead of key strings.
+
+On disk a checkpoint is a dict of plain types (tensors, numbers, strings, lists, dicts), so that
+`torch.load(weights_only=True)` reads it; `Checkpoint.to_dict` and `Checkpoint.from_dict` are the only code that
+knows its keys, and `check_structure` the only code that says what each must be.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from recipes.errors import CheckpointError
+
+
+@dataclass
+class State:
+    """Everything that a resume must restore besides the modules' own state_dicts."""
+
+    epoch: int = 0  # epochs completed
+    step: int = 0  # optimizer steps taken
+    train_seconds: float = 0.0  # training time only (DAWNBench excludes validation and checkpointing)
+    wall_seconds: float = 0.0
+    images: int = 0  # training images processed, all ranks
+    history: list = field(default_factory=list)  # one dict per epoch: epoch, train_seconds, top1, top5, ...
+    skipped_steps: int = 0
+    epoch_step: int = 0  # steps done inside the current epoch (mid-epoch checkpoint = data position)
+    epoch_seconds: float = 0.0  # training time already spent in the current epoch
+    epoch_images: int = 0
+    restarts: int = 0  # recoveries from a checkpoint after a failure
+    redone_steps: int = 0  # steps trained twice because they came after the last checkpoint
+    forced: list = field(default_factory=list)  # recipe differences accepted with checkpoint.resume=force
+
+
+STATE_FIELDS = frozenset(f.name for f in dataclasses.fields(State))
+
+
+@dataclass
+class ModelInfo:
+    """What a reader needs to rebuild the model without the training data: its name and class list."""
+
+    name: str | None = None
+    num_classes: int | None = None
+    classes: list | None = None
+    num_params: int | None = None
+
+
+# Entry -> (type, what it must be). `model` is required; the others are checked when present.
+_ENTRIES = {
+    "model": (dict, "a mapping of parameter names to tensors"),
+    "optimizer": (dict, "an optimizer state_dict (a mapping)"),
+    "scaler": (dict, "a GradScaler state_dict (a mapping)"),
+    "comm": (dict, "a mapping"),
+    "state": (dict, "a mapping of training progress"),
+    "rng": (list, "a list of per-rank RNG states"),
+    "bn_per_rank": (list, "a list of per-rank BN running statistics"),
+    "config": (dict, "a config mapping"),
+    "model_info": (dict, "a mapping with num_classes and classes"),
+}
+RESUME_ENTRIES = ("optimizer", "scaler", "state", "rng")
+
+
+def check_structure(state, path: str | Path) -> None:
+    """Raise CheckpointError naming the file and entry when `state` is not shaped like this trainer's checkpoint."""
+    if not isinstance(state, dict) or "model" not in state:
+        raise CheckpointError(f"checkpoint '{path}' has no 'model' entry: not a checkpoint of this trainer")
+    for key, (tp, what) in _ENTRIES.items():
+        if key in state and not isinstance(state[key], tp):
+            got = type(state[key]).__name__
+            raise CheckpointError(f"checkpoint '{path}': entry '{key}' must be {what}, got {got}")
+    bad = [k for k, v in state["model"].items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)]
+    if bad:
+        raise CheckpointError(f"checkpoint '{path}': entry 'model' must map names to tensors ('{bad[0]}' does not)")
+    info = state.get("model_info", {})
+    if "num_classes" in info and (isinstance(info["num_classes"], bool) or not isinstance(info["num_classes"], int)):
+        raise CheckpointError(f"checkpoint '{path}': model_info.num_classes must be an integer")
+
+
+@dataclass
+class Checkpoint:
+    """One checkpoint. Optional entries are None in checkpoints that predate them (or, for `bn_per_rank`, in
+    checkpoints written at an epoch end or by one rank)."""
+
+    model: dict  # the model's state_dict
+    optimizer: dict | None = None
+    scaler: dict | None = None
+    comm: dict | None = None  # the allreduce backend's tuned settings
+    state: dict | None = None  # a `State` as a dict (`training_state` checks and converts it)
+    rng: list | None = None  # every rank's RNG state (`checkpoint_files.rng_state`)
+    config: dict | None = None  # the resolved config of the run (`recipes.config.to_dict`)
+    run_id: str | None = None
+    world_size: int | None = None
+    num_train: int | None = None
+    model_info: ModelInfo | None = None
+    bn_per_rank: list | None = None  # every rank's BN running statistics (a mid-epoch checkpoint of several ranks)
+    path: str = ""  # where it was read from (not written)
+
+    @classmethod
+    def from_dict(cls, d: dict, path: str | Path) -> Checkpoint:
+        check_structure(d, path)
+        info = d.get("model_info")
+        known = {f.name for f in dataclasses.fields(ModelInfo)}
+        return cls(
+            model=d["model"],
+            optimizer=d.get("optimizer"),
+            scaler=d.get("scaler"),
+            comm=d.get("comm"),
+            state=d.get("state"),
+            rng=d.get("rng"),
+            config=d.get("config"),
+            run_id=d.get("run_id"),
+            world_size=d.get("world_size"),
+            num_train=d.get("num_train"),
+            model_info=ModelInfo(**{k: v for k, v in info.items() if k in known}) if info is not None else None,
+            bn_per_rank=d.get("bn_per_rank"),
+            path=str(path),
+        )
+
+    def to_dict(self) -> dict:
+        """The file format (plain types only)."""
+        extra = {"bn_per_rank": self.bn_per_rank} if self.bn_per_rank is not None else {}
+        return {
+            **extra,
+            "model": self.model,
+            "optimizer": self.optimizer,
+            "scaler": self.scaler,
+            "comm": self.comm,
+            "state": self.state,
+            "rng": self.rng,
+            "config": self.config,
+            "run_id": self.run_id,
+            "world_size": self.world_size,
+            "num_train": self.num_train,
+            "model_info": dataclasses.asdict(self.model_info) if self.model_info is not None else None,
+        }
+
+    @property
+    def step(self) -> int:
+        """The optimizer steps it was written after (0 when it holds no training state: `training_state` says so)."""
+        return int(self.state.get("step", 0)) if self.state is not None else 0
+
+    @property
+    def ranks(self) -> int:
+        """How many processes wrote it (checkpoints before `world_size` was recorded: one RNG state per rank)."""
+        return self.world_size if self.world_size is not None else len(self.rng or [])
+
+    def training_state(self) -> State:
+        """The `State` to continue from: every entry a resume needs is there and its fields are known."""
+        missing = [k for k in RESUME_ENTRIES if getattr(self, k) is None]
+        if missing:
+            raise CheckpointError(f"checkpoint '{self.path}' cannot be resumed: no '{missing[0]}' entry")
+        unknown = sorted(set(self.state) - STATE_FIELDS)
+        if unknown:
+            raise CheckpointError(f"checkpoint '{self.path}': entry 'state' has unknown field '{unknown[0]}'")
+        return State(**self.state)
+
+    def require_model_info(self) -> ModelInfo:
+        """The config and class list an evaluation needs (a checkpoint of another trainer has neither)."""
+        if self.config is None or self.model_info is None:
+            raise CheckpointError(f"checkpoint '{self.path}' has no config: not written by this trainer")
+        return self.model_info
+
+    def non_finite_weights(self) -> tuple[int, int, str | None]:
+        """(non-finite values, all values, first tensor holding one) over the model's floating-point tensors."""
+        bad = total = 0
+        first = None
+        for name, t in self.model.items():
+            if isinstance(t, torch.Tensor) and t.is_floating_point():
+                n = int((~torch.isfinite(t)).sum())
+                bad, total = bad + n, total + t.numel()
+                if n and first is None:
+                    first = name
+        return bad, total, first
