@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from data.folder import DataError, blacklist_path, drop_blacklisted, scan_split
+from data.folder import blacklist_path, drop_blacklisted, scan_split
 from data.pipeline import BasePipeline, InputPipeline
 from recipes import registry
+from recipes.errors import DataError
 
 
 def copy_beside(root: str, name: str) -> Path:
@@ -55,4 +56,4 @@ def create_input(cfg, dist) -> InputPipeline:
     return pipeline(cfg, dist, *_scan(cfg))  # Pipeline(cfg, dist, train split, val split, roots by name)
 
 
-__all__ = ["BasePipeline", "DataError", "InputPipeline", "create_input"]
+__all__ = ["BasePipeline", "InputPipeline", "create_input"]

@@ -39,7 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from PIL import Image  # noqa: E402
 
 from data.check import OK, inspect_file  # noqa: E402
-from data.folder import IMAGE_EXTENSIONS, DataError, scan_split  # noqa: E402
+from data.folder import IMAGE_EXTENSIONS, scan_split  # noqa: E402
+from recipes.errors import DataError  # noqa: E402
 
 MANIFEST = "manifest.jsonl"
 SETTINGS = "prepare.json"

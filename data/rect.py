@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from data.folder import DataError
+from recipes.errors import DataError
 
 MULTIPLE = 8  # the longer side is a multiple of this (friendlier to convolution kernels)
 

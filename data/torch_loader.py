@@ -9,11 +9,12 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from data import transforms as T
-from data.folder import DataError, Split
+from data.folder import Split
 from data.pipeline import BasePipeline
 from data.rect import image_sizes, plan_rect_batches, rank_rect_batches
 from data.sharding import train_shard, val_shard
 from data.transforms import load_rgb, normalize, rect_transform, val_transform
+from recipes.errors import DataError
 
 
 class _TrainSet(Dataset):

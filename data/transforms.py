@@ -10,7 +10,7 @@ import torchvision.transforms.functional as TF
 from PIL import Image
 
 from data.check import too_many_pixels
-from data.folder import DataError
+from recipes.errors import DataError
 
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)

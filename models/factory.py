@@ -6,7 +6,7 @@ import timm
 import torch
 from torch import nn
 
-from recipes.errors import ConfigError
+from recipes.errors import CheckpointError
 from recipes.registry import MODELS, check_name
 
 
@@ -48,4 +48,4 @@ def check_compatible(model: nn.Module, state: dict, source: str) -> None:
         if wrong:
             k = wrong[0]
             detail.append(f"{len(wrong)} of other shape (e.g. {k}: {tuple(state[k].shape)} vs {tuple(own[k].shape)})")
-        raise ConfigError(f"{source}: checkpoint was made for a different model: {'; '.join(detail)}")
+        raise CheckpointError(f"{source}: checkpoint was made for a different model: {'; '.join(detail)}")

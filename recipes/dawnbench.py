@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from recipes.config import Config, ConfigError
+from recipes.config import Config
+from recipes.errors import ConfigError
 
 
 def check_required(cfg: Config) -> None:

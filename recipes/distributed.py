@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as td
 
-from recipes.errors import TrainingError
+from recipes.errors import DeviceError, TrainingError
 
 
 @dataclass
@@ -51,7 +51,7 @@ def setup(cfg) -> DistInfo:
     local_world = _env_int("LOCAL_WORLD_SIZE", 1)
     want = cfg.run.device
     if want == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("run.device: 'cuda' requested but no CUDA device is available")
+        raise DeviceError("run.device: 'cuda' requested but no CUDA device is available")
     use_cuda = want == "cuda" or (want == "auto" and torch.cuda.is_available())
     if use_cuda:
         torch.cuda.set_device(local_rank)

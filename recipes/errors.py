@@ -1,7 +1,8 @@
 """The errors a user can act on, at the bottom of the import graph (data/ and models/ raise them too).
 
 The entry points turn `ConfigError`, `DataError` and `CheckpointError` into exit code 2 and one `error:` line,
-and `TrainingError` into exit code 3 (recipes/cli.py).
+and `TrainingError` (with `CommError` and `PlanMismatchError`) into exit code 3 (recipes/cli.py). This module is the
+one import path of every error class.
 """
 
 from __future__ import annotations
@@ -31,9 +32,13 @@ class RunDirError(CheckpointError):
     """The run directory is in use, or holds a run that this start must not mix with; the message says which."""
 
 
-class CommError(RuntimeError):
+class DeviceError(ConfigError):
+    """`run.device` asks for a device this machine does not have."""
+
+
+class CommError(TrainingError):
     """A collective failed or timed out (a dead or stalled peer)."""
 
 
-class PlanMismatchError(RuntimeError):
+class PlanMismatchError(TrainingError):
     """Ranks derived different fusion plans (different models, configs or code versions)."""

@@ -24,7 +24,6 @@ from recipes.comm import create_allreduce
 from recipes.config import Config
 from recipes.dawnbench import check_required
 from recipes.distributed import collective_guard, setup, teardown
-from recipes.errors import NonFiniteError, TrainingError
 from recipes.evaluation.accuracy import average_bn_stats, evaluate
 from recipes.logger import RunLogger, format_seconds
 from recipes.optim import create_optimizer, describe_groups, set_lr_momentum
@@ -209,4 +208,4 @@ def train(
         trainer.close()
 
 
-__all__ = ["Trainer", "TrainingError", "NonFiniteError", "evaluate", "train", "summary_table"]
+__all__ = ["Trainer", "train"]

@@ -158,11 +158,7 @@ def main(argv=None) -> int:
 
         ck = load_checkpoint(args.checkpoint)
         cfg = config_from_checkpoint(ck)
-        print(
-            bench_model(
-                cfg.model.name, load_model(ck, cfg), args, files, labels, calibration, device
-            )
-        )
+        print(bench_model(cfg.model.name, load_model(ck, cfg), args, files, labels, calibration, device))
         return 0
     for name in args.models.split(","):
         model = probe_model(name, calibration, calib_labels)

@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args = _parser().parse_args(argv)
     sys.path.insert(0, str(REPO))
-    from recipes.config import ConfigError
+    from recipes.errors import ConfigError
     from recipes.run import files as run_files
 
     try:

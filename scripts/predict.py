@@ -277,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.validate:
         print("\n".join(validate(args.validate, args.fit_hosts)))
         return 0
-    from recipes.config import ConfigError, load_config
+    from recipes.config import load_config
+    from recipes.errors import ConfigError
 
     try:
         cfg = load_config(args.config, args.overrides)

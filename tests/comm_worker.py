@@ -23,9 +23,9 @@ import torch.distributed as td  # noqa: E402
 from torch import nn  # noqa: E402
 
 from recipes.comm import create_allreduce  # noqa: E402
-from recipes.comm.multistream import CommError, PlanMismatchError  # noqa: E402
 from recipes.config import load_config  # noqa: E402
 from recipes.distributed import setup  # noqa: E402
+from recipes.errors import CommError, PlanMismatchError  # noqa: E402
 
 
 class Net(nn.Module):

@@ -10,7 +10,8 @@ import pytest
 from conftest import tiny_config
 
 import evaluate
-from data.folder import DataError, Split, drop_blacklisted, scan_split
+from data.folder import Split, drop_blacklisted, scan_split
+from recipes.errors import DataError
 from recipes.trainer import train
 
 

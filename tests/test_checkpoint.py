@@ -14,9 +14,9 @@ from conftest import ROOT, tiny_config
 
 import evaluate
 from recipes.distributed import DistInfo
+from recipes.errors import NonFiniteError
 from recipes.evaluation.accuracy import evaluate as evaluate_model
 from recipes.run import checkpoint_files as ckpt
-from recipes.trainer import NonFiniteError
 
 
 class _RunsCode:

@@ -8,7 +8,8 @@ import pytest
 
 from recipes.comm import tuner as tuning
 from recipes.comm.plan import Settings
-from recipes.config import ConfigError, load_config
+from recipes.config import load_config
+from recipes.errors import ConfigError
 
 
 def step_time(s: Settings) -> float:

@@ -9,7 +9,8 @@ import pytest
 import yaml
 from conftest import ROOT
 
-from recipes.config import Config, ConfigError, load_config, reference_table, to_yaml
+from recipes.config import Config, load_config, reference_table, to_yaml
+from recipes.errors import ConfigError
 
 
 def write(path, text):

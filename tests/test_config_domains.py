@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import train
-from recipes.config import Config, ConfigError, load_config, reference_table
+from recipes.config import Config, load_config, reference_table
+from recipes.errors import ConfigError
 
 # The allowed values of each domain, written out again here (an oracle independent of recipes/config/).
 ORACLE = {

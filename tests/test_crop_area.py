@@ -8,8 +8,9 @@ from conftest import tiny_config
 
 import data.transforms as T
 from data import create_input
-from recipes.config import ConfigError, Phase
+from recipes.config import Phase
 from recipes.distributed import DistInfo
+from recipes.errors import ConfigError
 from recipes.schedule import Plan
 
 PHASES = "phases=[{epochs: 1, image_size: 32, batch_size: 8, min_scale: 0.11, min_object_area: 0.6}]"

@@ -11,9 +11,10 @@ import torch
 from conftest import tiny_config
 
 from data.dali_loader import DaliPipeline
-from data.folder import DataError, Split, scan_split
+from data.folder import Split, scan_split
 from data.sharding import train_shard
 from recipes.distributed import DistInfo
+from recipes.errors import DataError
 from recipes.schedule import Plan
 
 

@@ -8,8 +8,9 @@ import json
 import pytest
 from conftest import ROOT, tiny_config
 
-from recipes.config import ConfigError, load_config
+from recipes.config import load_config
 from recipes.dawnbench import entry
+from recipes.errors import ConfigError
 from recipes.trainer import train
 
 RECORD = [

@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from recipes.config import ConfigError, load_config
+from recipes.config import load_config
+from recipes.errors import ConfigError
 
 TOOLS = ("python", "python3", "torchrun", "horovodrun", "make")
 ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")

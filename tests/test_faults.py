@@ -15,9 +15,9 @@ import pytest
 import torch
 from conftest import ROOT, free_port, tiny_config
 
-from recipes.errors import CheckpointError
+from recipes.errors import CheckpointError, NonFiniteError, TrainingError
 from recipes.run import checkpoint_files as ckpt
-from recipes.trainer import NonFiniteError, TrainingError, train
+from recipes.trainer import train
 
 DET = ("run.deterministic=true", "phases=[{epochs: 2, image_size: 32, batch_size: 12}]")
 

@@ -12,8 +12,9 @@ from timm.loss import JsdCrossEntropy
 
 import evaluate
 from data import create_input
-from recipes.config import ConfigError, load_config
+from recipes.config import load_config
 from recipes.distributed import DistInfo
+from recipes.errors import ConfigError
 from recipes.schedule import Plan
 from recipes.trainer import Trainer, train
 

@@ -136,3 +136,16 @@ def test_bottom_and_stats_load_without_torch():
     )
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
+
+
+def test_every_error_class_has_one_import_path():
+    """No project module re-exports an error class: `from recipes.errors import X` is the only way in."""
+    from recipes import errors
+
+    names = {n for n, v in vars(errors).items() if isinstance(v, type) and issubclass(v, Exception)}
+    bad = []
+    for path in [*project_modules().values(), *(ROOT / "tests").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module != "recipes.errors" and node.level == 0:
+                bad += [f"{path.relative_to(ROOT)}:{node.lineno} {a.name}" for a in node.names if a.name in names]
+    assert not bad, "import these from recipes.errors: " + ", ".join(bad)

@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from models import MODELS, create_model
-from recipes.config import ConfigError, ModelConfig
+from recipes.config import ModelConfig
+from recipes.errors import ConfigError
 
 
 def _num_params(model: nn.Module) -> int:

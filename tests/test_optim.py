@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from models import create_model
-from recipes.config import ConfigError, load_config
+from recipes.config import load_config
+from recipes.errors import ConfigError
 from recipes.lars import LayerAdaptiveSGD
 from recipes.optim import OPTIMIZERS, create_optimizer, describe_groups, param_groups, set_lr_momentum
 

@@ -13,8 +13,9 @@ from data import create_input
 from data.pipeline import BasePipeline, InputPipeline
 from recipes import registry
 from recipes.comm.base import AllreduceBackend, BackendDefaults
-from recipes.config import CommConfig, ConfigError, DataConfig, ModelConfig, OptimConfig, load_config
+from recipes.config import CommConfig, DataConfig, ModelConfig, OptimConfig, load_config
 from recipes.distributed import DistInfo
+from recipes.errors import ConfigError
 
 BACKEND_METHODS = ("prepare", "on_step_end", "stats", "state_dict", "load_state_dict", "process_env")
 PIPELINE_METHODS = ("train_batches", "val_batches", "close")

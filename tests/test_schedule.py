@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from recipes.config import ConfigError, load_config
+from recipes.config import load_config
+from recipes.errors import ConfigError
 from recipes.schedule import Plan, steps_per_epoch
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,7 +7,8 @@ import pytest
 from recipes.comm import stepmodel as sm
 from recipes.comm import tuner as tuning
 from recipes.comm.plan import Settings, TensorSpec
-from recipes.config import ConfigError, load_config
+from recipes.config import load_config
+from recipes.errors import ConfigError
 
 MB = 2**20
 

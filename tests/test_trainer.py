@@ -12,9 +12,7 @@ import torch
 import yaml
 from conftest import ROOT, tiny_config
 
-from data.folder import DataError
-from recipes.config import ConfigError
-from recipes.errors import CheckpointError
+from recipes.errors import CheckpointError, DataError
 from recipes.run import checkpoint_files as ckpt
 from recipes.run.outputs import TSV_HEADER
 from recipes.trainer import train
@@ -82,7 +80,7 @@ def test_checkpoint_from_different_model_is_refused(tiny_root, tmp_path):
     ):
         train(other)
     forced = tiny_config(tiny_root, tmp_path, "model.name=resnet18", "checkpoint.resume=force")
-    with pytest.raises(ConfigError, match="checkpoint was made for a different model"):
+    with pytest.raises(CheckpointError, match="checkpoint was made for a different model"):
         train(forced)
 
 

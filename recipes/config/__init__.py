@@ -2,7 +2,7 @@
 
 Every hyperparameter is declared exactly once, in recipes/config/schema.py, with its default and its meaning (the
 `help` metadata). `load_config(path, overrides)` (recipes/config/load.py) returns a validated `Config`; any problem
-raises `ConfigError` with the file, key, expected type and value named. `from recipes.config import X` is the way in.
+raises `recipes.errors.ConfigError` with the file, key, expected type and value named.
 """
 
 from recipes.config.load import (
@@ -34,7 +34,6 @@ from recipes.config.schema import (
     RunConfig,
     domain_text,
 )
-from recipes.errors import ConfigError
 
 __all__ = [
     "DOMAINS",
@@ -42,7 +41,6 @@ __all__ = [
     "CheckpointConfig",
     "CommConfig",
     "Config",
-    "ConfigError",
     "DataConfig",
     "DawnbenchConfig",
     "DistConfig",

@@ -11,9 +11,9 @@ import torch
 import torch.distributed as td
 from torch import nn
 
-from recipes.config import Config, ConfigError, config_from_dict
+from recipes.config import Config, config_from_dict
 from recipes.distributed import DistInfo, all_reduce_sum
-from recipes.errors import CheckpointError, NonFiniteError
+from recipes.errors import CheckpointError, ConfigError, NonFiniteError
 from recipes.run.checkpoint_files import load_checkpoint
 from recipes.run.payload import Checkpoint
 

@@ -32,7 +32,7 @@ def _write_json(path: str | None, data: dict) -> None:
 
 
 def run_evaluate_cli(args) -> int:
-    from data.folder import DataError
+    from recipes.errors import DataError
 
     main = int(os.environ.get("RANK", "0")) == 0
     try:
