@@ -22,7 +22,7 @@ def run_cli(args) -> int:
             print(to_yaml(cfg), end="")
             return 0
         if args.plan:
-            from recipes.plan import print_plan
+            from recipes.schedule_report import print_plan
 
             for flag, value in (("--world-size", args.world_size), ("--num-images", args.num_images)):
                 if value is not None and value < 1:

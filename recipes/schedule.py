@@ -1,8 +1,8 @@
 """The training plan as pure functions of the global step: phase, epoch, LR, momentum, image and batch size.
 
-Batch size changes between phases, so iterations per epoch do too; `Plan` lays out the whole run once
+Batch size changes between phases, so iterations per epoch do too; `Schedule` lays out the whole run once
 (which step starts which epoch); LR and momentum are piecewise-linear functions of the global step, and
-`Plan.at(epoch, iteration)` gives every scheduled value for a point of the run.
+`Schedule.at(epoch, iteration)` gives every scheduled value for a point of the run.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class EpochInfo:
     steps: int
 
 
-class Plan:
+class Schedule:
     """Epoch/step layout of a run for a given dataset size and world size."""
 
     def __init__(self, cfg: Config, num_images: int, world_size: int):

@@ -33,7 +33,7 @@ from recipes.run.checkpointer import Checkpointer, Parts
 from recipes.run.directory import open_run
 from recipes.run.outputs import RunOutputs
 from recipes.run.payload import State
-from recipes.schedule import Plan
+from recipes.schedule import Schedule
 from recipes.steps import StepRunner
 
 
@@ -69,7 +69,7 @@ class Trainer:
             torch.use_deterministic_algorithms(True, warn_only=True)
         torch.manual_seed(cfg.run.seed)  # identical initial weights on every rank
         self.data = create_input(cfg, dist)
-        self.plan = Plan(cfg, self.data.num_train, dist.world_size)
+        self.plan = Schedule(cfg, self.data.num_train, dist.world_size)
         model = create_model(cfg.model, self.data.num_classes).to(dist.device)
         if cfg.run.channels_last:
             model = model.to(memory_format=torch.channels_last)

@@ -102,10 +102,10 @@ def gpu_compute(prof: Profile, batch: int, image_size: int, gpu_img_s: float, op
 
 def phases(cfg, world: int) -> list[tuple[int, int, int]]:
     """(optimizer steps, per-GPU batch, image size) per phase of the config's schedule, on ImageNet-1k."""
-    from recipes.plan import IMAGENET_TRAIN_IMAGES
-    from recipes.schedule import Plan
+    from recipes.schedule import Schedule
+    from recipes.schedule_report import IMAGENET_TRAIN_IMAGES
 
-    plan = Plan(cfg, IMAGENET_TRAIN_IMAGES, world)
+    plan = Schedule(cfg, IMAGENET_TRAIN_IMAGES, world)
     out: dict[int, list[int]] = {}
     for e in plan.epochs:
         out.setdefault(e.phase_index, [0, e.phase.batch_size // world, e.phase.image_size])[0] += e.steps

@@ -11,7 +11,7 @@ from data import create_input
 from recipes.config import Phase
 from recipes.distributed import DistInfo
 from recipes.errors import ConfigError
-from recipes.schedule import Plan
+from recipes.schedule import Schedule
 
 PHASES = "phases=[{epochs: 1, image_size: 32, batch_size: 8, min_scale: 0.11, min_object_area: 0.6}]"
 
@@ -46,7 +46,7 @@ def test_both_backends_crop_with_the_bound(backend, tiny_root, tmp_path, monkeyp
         monkeypatch.setattr(DaliPipeline, "_pipeline", spy)
     cfg = tiny_config(tiny_root, tmp_path, f"data.backend={backend}", PHASES)
     pipe = create_input(cfg, DistInfo(0, 1, 0, 1, torch.device("cpu")))
-    x, _ = next(iter(pipe.train_batches(Plan(cfg, pipe.num_train, 1).epoch_info(0))))
+    x, _ = next(iter(pipe.train_batches(Schedule(cfg, pipe.num_train, 1).epoch_info(0))))
     pipe.close()
     assert x.shape == (8, 3, 32, 32) and seen and set(seen) == {0.6}
 

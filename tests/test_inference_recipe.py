@@ -15,7 +15,7 @@ from data import create_input
 from recipes.config import load_config
 from recipes.distributed import DistInfo
 from recipes.errors import ConfigError
-from recipes.schedule import Plan
+from recipes.schedule import Schedule
 from recipes.trainer import Trainer, train
 
 CONFIG = ROOT / "configs" / "dawnbench_inference_resnet26d.yaml"
@@ -50,7 +50,7 @@ def test_augmix_views_are_clean_first_then_randaugmented_and_seeded(tiny_root, t
     assert (cfg.model.name, cfg.data.backend, cfg.data.aug_splits) == ("resnet26d", "torch", 3)
     dist = DistInfo(0, 1, 0, 1, torch.device("cpu"))
     pipe = create_input(cfg, dist)
-    info = Plan(cfg, pipe.num_train, 1).epoch_info(0)
+    info = Schedule(cfg, pipe.num_train, 1).epoch_info(0)
     x, y = next(iter(pipe.train_batches(info)))
     assert x.shape == (24, 3, 32, 32) and torch.equal(y, y[:8].repeat(3))  # [clean; aug 1; aug 2], labels repeated
     assert not torch.equal(x[:8], x[8:16]) and not torch.equal(x[8:16], x[16:])

@@ -23,7 +23,7 @@ import pytest
 from conftest import ROOT
 
 BOTTOM = ["recipes", "recipes.errors", "recipes.registry", "recipes.run.files", "recipes.comm.stats"]
-RECIPE_PARTS = ["recipes.lars", "recipes.optim", "recipes.schedule", "recipes.plan", "recipes.distributed"]
+RECIPE_PARTS = ["recipes.lars", "recipes.optim", "recipes.schedule", "recipes.schedule_report", "recipes.distributed"]
 RECIPE_PARTS += ["recipes.run", "recipes.logger", "recipes.dawnbench", "recipes.comm"]
 RECIPE_PARTS += ["recipes.steps", "recipes.progress"]
 RECIPE_PARTS += ["recipes.report"]

@@ -26,7 +26,7 @@ from recipes.run import checkpoint_files as ckpt
 from recipes.run import files
 from recipes.run.directory import RunDir
 from recipes.run.payload import Checkpoint
-from recipes.schedule import Plan
+from recipes.schedule import Schedule
 
 # Keys that do not change what is trained (logging, output, checkpointing, where the data lives, timeouts, the
 # targets that are only reported, the DAWNBench entry's labels): `trains=False` in the schema.
@@ -73,8 +73,8 @@ def compare(ck: Checkpoint, cfg: Config, classes: list, num_train: int, world: i
     notes = []
     old_world = ck.ranks
     if old_world != world:
-        a = [e.steps for e in Plan(cfg, num_train, old_world).epochs]
-        b = [e.steps for e in Plan(cfg, num_train, world).epochs]
+        a = [e.steps for e in Schedule(cfg, num_train, old_world).epochs]
+        b = [e.steps for e in Schedule(cfg, num_train, world).epochs]
         if a != b:
             problems.append(
                 f"world size: {old_world} -> {world} processes changes the steps per epoch ({a[:3]}... -> "

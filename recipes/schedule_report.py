@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from recipes.schedule import Plan
+from recipes.schedule import Schedule
 
 IMAGENET_TRAIN_IMAGES = 1_281_167
 
@@ -19,7 +19,7 @@ def count_images(cfg) -> int | None:
     return len(scan_split(cfg.data.root, "train"))
 
 
-def plot_plan(plan: Plan, path: Path) -> None:
+def plot_plan(plan: Schedule, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -56,7 +56,7 @@ def print_plan(cfg, num_images: int | None, world_size: int | None, png: str | N
         num_images, source = IMAGENET_TRAIN_IMAGES, "ImageNet-1k (data.root not found)"
     world = world_size or cfg.run.nodes * cfg.run.procs_per_node
     where = "--world-size" if world_size else f"run.nodes {cfg.run.nodes} x run.procs_per_node {cfg.run.procs_per_node}"
-    plan = Plan(cfg, num_images, world)
+    plan = Schedule(cfg, num_images, world)
     print(f"{num_images:,} training images ({source}), {world} processes ({where})")
     print(plan.table())
     out = Path(png) if png else Path(cfg.run.out_dir) / f"{cfg.run.name}_plan.png"

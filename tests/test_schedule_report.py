@@ -1,4 +1,4 @@
-"""`train.py --plan` (recipes/plan.py) and the record configs: the phase table, iteration count and the PNG."""
+"""`train.py --plan` (recipes/schedule_report.py) and the record configs: phase table, iteration count, PNG."""
 
 from __future__ import annotations
 
