@@ -14,7 +14,7 @@ def targets_reached(cfg: Config, row: dict) -> bool:
     return (t1 is None or row["top1"] >= t1) and (t5 is None or row["top5"] >= t5)
 
 
-def summarize(cfg: Config, st, world_size: int, run_id: str, run_dir, val_excluded: int, comm_stats) -> dict:
+def summarize(cfg: Config, st, *, world_size: int, run_id: str, run_dir, val_excluded: int, comm_stats) -> dict:
     """The summary of a run from its State `st`; `comm_stats` is the backend's recipes.comm.stats.CommStats."""
     hit = next((r for r in st.history if targets_reached(cfg, r)), None)
     last = st.history[-1] if st.history else {"top1": float("nan"), "top5": float("nan")}

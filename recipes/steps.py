@@ -30,22 +30,41 @@ def create_criterion(cfg: Config) -> nn.Module:
     return nn.CrossEntropyLoss(label_smoothing=cfg.optim.label_smoothing)
 
 
-def amp_context(cfg: Config, device: torch.device):
-    """A factory of the autocast context of `run.amp` (nullcontext for fp32)."""
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.run.amp)
+def amp_context(amp: str, device: torch.device):
+    """A factory of the autocast context of `run.amp` ('none', 'bf16', 'fp16'; nullcontext for fp32)."""
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
     if dtype is None:
         return nullcontext
     return lambda: torch.autocast(device.type, dtype=dtype)
 
 
 class StepRunner:
-    """Runs training steps of `train_model` (the backend-wrapped `model`) and settles their finite checks."""
+    """Runs training steps of `train_model` (the backend-wrapped `model`) and settles their finite checks.
 
-    def __init__(self, cfg: Config, model, train_model, optimizer, scaler, comm, device: torch.device):
-        self.cfg, self.model, self.train_model = cfg, model, train_model
+    `amp`: `run.amp`; `on_nonfinite`: `run.on_nonfinite`; `timeout_s`: how long the gradient allreduce may take
+    (`dist.timeout_s`); `backend`: the allreduce backend's name, for the timeout's message.
+    """
+
+    def __init__(
+        self,
+        *,
+        model,
+        train_model,
+        optimizer,
+        scaler,
+        comm,
+        criterion: nn.Module,
+        device: torch.device,
+        amp: str = "none",
+        on_nonfinite: str = "halt",
+        timeout_s: float = 300.0,
+        backend: str = "ddp",
+    ):
+        self.model, self.train_model = model, train_model
         self.optimizer, self.scaler, self.comm, self.device = optimizer, scaler, comm, device
-        self.criterion = create_criterion(cfg)
-        self.amp_ctx = amp_context(cfg, device)
+        self.criterion = criterion
+        self.amp_ctx = amp_context(amp, device)
+        self.on_nonfinite, self.timeout_s, self.backend = on_nonfinite, timeout_s, backend
         self.pending: list = []  # (step, epoch, non-finite flag, loss, fp16 scale) of steps not yet settled
 
     def nonfinite_flag(self) -> torch.Tensor:
@@ -60,8 +79,8 @@ class StepRunner:
         with self.amp_ctx():
             loss = self.criterion(self.train_model(x), y)
         self.optimizer.zero_grad(set_to_none=True)
-        what = f"gradient allreduce (comm.backend={self.cfg.comm.backend})"
-        with collective_guard(what, st.step, self.cfg.dist.timeout_s):
+        what = f"gradient allreduce (comm.backend={self.backend})"
+        with collective_guard(what, st.step, self.timeout_s):
             self.scaler.scale(loss).backward()
             if self.scaler.is_enabled():
                 scale_before = self.scaler._get_scale_async().clone()
@@ -101,6 +120,6 @@ class StepRunner:
                 log.warn(f"step {step}: fp16 gradients overflowed; step skipped (scale {float(scale):g})")
                 continue
             what = f"non-finite loss/gradients at step {step} (epoch {epoch + 1}, loss {float(loss):g})"
-            if self.cfg.run.on_nonfinite == "halt":
+            if self.on_nonfinite == "halt":
                 raise TrainingError(f"{what}: halting (run.on_nonfinite=halt; 'skip' skips such steps)")
             log.warn(f"{what}: step skipped ({st.skipped_steps} so far; run.on_nonfinite=skip)")

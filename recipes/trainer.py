@@ -34,7 +34,7 @@ from recipes.run.directory import open_run
 from recipes.run.outputs import RunOutputs
 from recipes.run.payload import State
 from recipes.schedule import Schedule
-from recipes.steps import StepRunner
+from recipes.steps import StepRunner, create_criterion
 
 
 def run_dir_for(cfg: Config) -> Path:
@@ -86,7 +86,19 @@ class Trainer:
         self.out.start(cfg, self.run.run_id)  # after the resume checks: a refused start leaves the files as they were
         self.train_model, self.optimizer = self.comm.prepare(self.model, self.optimizer)
         parts.optimizer = self.optimizer  # the backend may wrap it (Horovod): checkpoints hold the wrapped one's state
-        self.steps = StepRunner(cfg, model, self.train_model, self.optimizer, self.scaler, self.comm, dist.device)
+        self.steps = StepRunner(
+            model=model,
+            train_model=self.train_model,
+            optimizer=self.optimizer,
+            scaler=self.scaler,
+            comm=self.comm,
+            criterion=create_criterion(cfg),
+            device=dist.device,
+            amp=cfg.run.amp,
+            on_nonfinite=cfg.run.on_nonfinite,
+            timeout_s=cfg.dist.timeout_s,
+            backend=cfg.comm.backend,
+        )
         self.log.info(
             f"run {self.run_dir}: {dist.world_size} process(es) on {dist.device}, model {cfg.model.name} "
             f"({sum(p.numel() for p in model.parameters()):,} params), optimizer {cfg.optim.name}, "
@@ -185,7 +197,13 @@ class Trainer:
     def summary(self) -> dict:
         excluded = getattr(self.data, "val_excluded", 0)
         return summarize(
-            self.cfg, self.state, self.dist.world_size, self.run.run_id, self.run_dir, excluded, self.comm.stats()
+            self.cfg,
+            self.state,
+            world_size=self.dist.world_size,
+            run_id=self.run.run_id,
+            run_dir=self.run_dir,
+            val_excluded=excluded,
+            comm_stats=self.comm.stats(),
         )
 
     def close(self) -> None:

@@ -1,0 +1,48 @@
+"""The end-of-run summary and the table the log ends with."""
+
+from __future__ import annotations
+
+from recipes.comm.stats import CommStats
+from recipes.config import load_config
+from recipes.report import summarize, summary_table
+from recipes.run.payload import State
+
+
+def _summary(*overrides, history=None, excluded=0):
+    cfg = load_config(None, list(overrides))
+    st = State(epoch=2, step=40, train_seconds=3725.0, wall_seconds=3800.0, images=7450, history=history or [])
+    return summarize(
+        cfg, st, world_size=2, run_id="abc", run_dir="runs/x", val_excluded=excluded, comm_stats=CommStats("ddp")
+    )
+
+
+def _rows(table: str) -> dict[str, str]:
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines() if line.startswith("| ")]
+    return dict(cells[1:])  # the first row is the header
+
+
+def test_the_summary_finds_the_first_epoch_at_target():
+    rows = [
+        {"epoch": 1, "train_seconds": 1800.0, "top1": 50.0, "top5": 80.0, "val_count": 100},
+        {"epoch": 2, "train_seconds": 3725.0, "top1": 76.0, "top5": 93.5, "val_count": 100},
+    ]
+    s = _summary("run.target_top5=93", history=rows)
+    assert (s["time_to_target_seconds"], s["epoch_at_target"], s["final_top5"]) == (3725.0, 2, 93.5)
+    assert s["images_per_s"] == 2.0 and s["comm_backend"] == "ddp" and s["run_id"] == "abc"
+    rows = _rows(summary_table(s))
+    assert rows["time to target (top-5 >= 93%)"] == "1:02:05 (epoch 2)"
+    assert rows["final top-1 / top-5"] == "76.00% / 93.50%"
+    assert rows["epochs"] == "2 (40 steps, 2 process(es))"
+    assert rows["validation images counted"] == "100 (every image)"
+    assert rows["training time"] == "1:02:05 (excl. validation and checkpoints)"
+
+
+def test_the_table_says_when_no_target_is_set_or_reached_and_what_was_not_counted():
+    rows = [{"epoch": 2, "train_seconds": 10.0, "top1": 1.0, "top5": 2.0, "val_count": 97}]
+    assert _rows(summary_table(_summary(history=rows)))["time to target (-)"] == "no target set"
+    s = _summary("run.target_top1=75", "data.val_blacklist=bl.txt", history=rows, excluded=3)
+    got = _rows(summary_table(s))
+    assert got["time to target (top-1 >= 75%)"] == "not reached"
+    assert got["validation images counted"] == "97 (3 blacklisted not counted: bl.txt)"
+    got = _rows(summary_table(_summary()))  # no epoch finished: no accuracy to report
+    assert (got["final top-1 / top-5"], got["validation images counted"]) == ("nan% / nan%", "-")

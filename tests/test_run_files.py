@@ -1,0 +1,60 @@
+"""The run directory's writers: each file under its declared name, written by the rank that owns it."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+import yaml
+
+from recipes.config import load_config
+from recipes.distributed import DistInfo
+from recipes.run import files
+from recipes.run.directory import archive, read_run_id, run_files, write_run_file
+from recipes.run.outputs import TSV_HEADER, RunOutputs
+
+CPU = torch.device("cpu")
+
+
+def test_rank_0_writes_config_meta_progress_and_history(tmp_path):
+    cfg = load_config(None, ["run.name=w", "optim.lr=0.3"])
+    out = RunOutputs(tmp_path, DistInfo(0, 2, 0, 2, CPU), leader=True)
+    out.start(cfg, "run-1")
+    assert read_run_id(tmp_path) == "run-1"
+    assert yaml.safe_load((tmp_path / files.CONFIG).read_text())["optim"]["lr"] == 0.3
+    meta = json.loads((tmp_path / files.META).read_text())
+    assert (meta["run_id"], meta["world_size"], meta["device"], meta["torch"]) == ("run-1", 2, "cpu", torch.__version__)
+    out.progress(17, 3)
+    assert json.loads((tmp_path / files.PROGRESS).read_text()) == {"step": 17, "epoch": 3}
+    out.history([{"epoch": 1, "train_seconds": 1800.0, "top1": 12.345, "top5": 40.0}])
+    assert (tmp_path / files.TSV).read_text() == TSV_HEADER + "1\t0.500000\t12.35\t40.00\n"
+    assert sorted(p.name for p in run_files(tmp_path)) == sorted(
+        [files.RUN, files.CONFIG, files.META, files.PROGRESS, files.TSV]
+    )
+
+
+def test_other_ranks_write_only_what_their_directory_leads(tmp_path):
+    cfg = load_config(None, [])
+    follower = RunOutputs(tmp_path / "a", DistInfo(1, 2, 1, 2, CPU), leader=False)
+    (tmp_path / "a").mkdir()
+    follower.start(cfg, "run-1")
+    follower.progress(1, 0)
+    assert list((tmp_path / "a").iterdir()) == []
+    leader = RunOutputs(tmp_path / "b", DistInfo(1, 2, 0, 1, CPU), leader=True)  # a host's own disk
+    (tmp_path / "b").mkdir()
+    leader.start(cfg, "run-1")
+    assert [p.name for p in (tmp_path / "b").iterdir()] == [files.RUN]  # the run file only: rank 0 writes the rest
+
+
+def test_the_run_file_keeps_its_start_and_archive_moves_a_run_aside(tmp_path):
+    write_run_file(tmp_path, "old")
+    started = json.loads((tmp_path / files.RUN).read_text())["started"]
+    write_run_file(tmp_path, "old")  # the same run: unchanged
+    assert json.loads((tmp_path / files.RUN).read_text())["started"] == started
+    (tmp_path / files.SUMMARY).write_text("{}")
+    (tmp_path / files.LAUNCH).mkdir()
+    dest = archive(tmp_path, "old")
+    assert dest == tmp_path / files.ARCHIVE / "old"
+    assert sorted(p.name for p in dest.iterdir()) == [files.RUN, files.SUMMARY]
+    assert run_files(tmp_path) == [] and (tmp_path / files.LAUNCH).is_dir()  # the launcher's logs stay
+    assert archive(tmp_path, "old") == tmp_path / files.ARCHIVE / "old-1"  # never overwrites an archived run
