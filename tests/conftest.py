@@ -1,20 +1,13 @@
-"""Shared fixtures: a generated sample dataset, small configs, and a helper to run torchrun for real."""
+"""Fixtures only: the generated datasets and the tiny run's checkpoint (helpers are in tests/support.py)."""
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support import tiny_config
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from data.make_sample import main as make_sample  # noqa: E402
-from recipes.config import load_config  # noqa: E402
+from data.make_sample import main as make_sample
 
 
 @pytest.fixture(scope="session")
@@ -31,51 +24,6 @@ def tiny_root(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tiny")
     make_sample(["--out", str(out), "--classes", "4", "--train-per-class", "12", "--val-per-class", "5"])
     return out
-
-
-def tiny_config(root: Path, out_dir: Path, *overrides: str):
-    """A config that trains in seconds on CPU: resnet10t at 32 px, 2 epochs."""
-    return load_config(
-        ROOT / "configs" / "base.yaml",
-        [
-            f"data.root={root}",
-            f"run.out_dir={out_dir}",
-            "run.name=tiny",
-            "run.threads=1",
-            "model.name=resnet10t",
-            "data.workers=0",
-            "data.val_batch_size=8",
-            "log.tensorboard=false",
-            "log.every_steps=1",
-            "optim.lr=0.1",
-            "phases=[{epochs: 2, image_size: 32, batch_size: 12}]",
-            *overrides,
-        ],
-    )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def torchrun(nproc: int, args: list[str], timeout: float = 600, env: dict | None = None, cwd: Path = ROOT):
-    """Run `torchrun --nproc-per-node nproc <args>` for real; returns the CompletedProcess."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        str(nproc),
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(free_port()),
-        *args,
-    ]
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import tiny_config
+from support import tiny_config
 
 import evaluate
 from data.folder import Split, drop_blacklisted, scan_split

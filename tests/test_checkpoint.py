@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT, tiny_config
+from support import ROOT, tiny_config
 
 import evaluate
 from recipes.distributed import DistInfo

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, tiny_config, torchrun  # noqa: F401
+from support import ROOT, tiny_config, torchrun  # noqa: F401
 
 WORKER = str(ROOT / "tests" / "comm_worker.py")
 

@@ -9,31 +9,22 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, free_port, tiny_config, torchrun
 from PIL import Image
+from support import ROOT, TINY_OVERRIDES, free_port, tiny_config, torchrun
 
 from recipes.trainer import train
 
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import compare_runs  # noqa: E402
-from test_horovod import horovodrun, needs_horovod  # noqa: E402
+from support import horovodrun, needs_horovod  # noqa: E402
 
 from models import create_model  # noqa: E402
 from recipes.comm.stats import CommStats  # noqa: E402
 from recipes.config import ModelConfig  # noqa: E402
 
 HORIZON = "phases=[{epochs: 1, image_size: 32, batch_size: 12}, {epochs: 1, image_size: 48, batch_size: 12}]"
-CLI = [
-    "model.name=resnet10t",
-    "run.threads=1",
-    "data.workers=0",
-    "data.val_batch_size=8",
-    "log.tensorboard=false",
-    "log.every_steps=1",
-    "optim.lr=0.1",
-    HORIZON,
-]
+CLI = [*TINY_OVERRIDES, HORIZON]
 
 
 def _horovod_missing() -> str | None:

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import yaml
-from conftest import ROOT
+from support import ROOT
 
 from recipes.config import Config, load_config, reference_table, to_yaml
 from recipes.errors import ConfigError

@@ -12,9 +12,9 @@ import typing
 from typing import Literal
 
 import pytest
-from conftest import ROOT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import ROOT
 
 import train
 from recipes.config import Config, load_config, reference_table

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_config
+from support import tiny_config
 
 import data.transforms as T
 from data import create_input

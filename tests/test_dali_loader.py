@@ -8,7 +8,7 @@ import weakref
 
 import pytest
 import torch
-from conftest import tiny_config
+from support import tiny_config
 
 from data.dali_loader import DaliPipeline
 from data.folder import Split, scan_split

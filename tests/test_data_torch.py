@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from conftest import tiny_config
+from support import tiny_config
 
 from data import create_input
 from data.sharding import train_shard, val_shard

@@ -6,7 +6,7 @@ import datetime
 import json
 
 import pytest
-from conftest import ROOT, tiny_config
+from support import ROOT, tiny_config
 
 from recipes.config import load_config
 from recipes.dawnbench import entry

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import ROOT, tiny_config, torchrun
+from support import ROOT, tiny_config, torchrun
 
 from recipes.evaluation.accuracy import evaluate_checkpoint
 from recipes.trainer import train
@@ -49,7 +49,7 @@ def test_generation_id_is_the_newest_rendezvous_round_in_the_rendezvous_store(mo
     import datetime
 
     import torch.distributed as td
-    from conftest import free_port
+    from support import free_port
 
     from recipes.distributed import generation_id
 

@@ -12,7 +12,7 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import ROOT
+from support import ROOT
 
 
 def _instructions() -> list[tuple[str, str]]:

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from support import ROOT
 
 from recipes.config import load_config
 from recipes.errors import ConfigError

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from conftest import torchrun
+from support import torchrun
 
 import evaluate
 from data.folder import scan_split

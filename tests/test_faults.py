@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, free_port, tiny_config
+from support import ROOT, free_port, tiny_config, torchrun_cmd, worker_pid
 
 from recipes.errors import CheckpointError, NonFiniteError, TrainingError
 from recipes.run import checkpoint_files as ckpt
@@ -142,53 +142,6 @@ def test_failed_checkpoint_write_keeps_last_good(small_disk):
 # -- killed and hung workers under torchrun --------------------------------------------------------------------
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            if ppid == pid:
-                out.append(int(d.name))
-    return out
-
-
-def _worker_pid(root: int, rank: int) -> int | None:
-    todo = [root]
-    while todo:
-        pid = todo.pop()
-        try:
-            env = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
-        except OSError:
-            env = []
-        if f"RANK={rank}".encode() in env and pid != root:
-            if b"train.py" in (Path("/proc") / str(pid) / "cmdline").read_bytes():
-                return pid
-        todo.extend(_children(pid))
-    return None
-
-
-def torchrun_cmd(max_restarts: int, *train_args: str) -> list[str]:
-    """train.py under torchrun with two local ranks."""
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "--max-restarts",
-        str(max_restarts),
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(free_port()),
-        "train.py",
-        *train_args,
-    ]
-
-
 def _start_torchrun(run_dir: Path, root: Path, extra: list[str], max_restarts: int) -> subprocess.Popen:
     cmd = torchrun_cmd(
         max_restarts, "-c", "configs/quickstart.yaml", "--run-dir", str(run_dir), f"data.root={root}", *extra
@@ -219,7 +172,7 @@ def test_sigkill_of_a_worker_restarts_and_finishes(sample_root, tmp_path):
     proc = _start_torchrun(run, sample_root, ["checkpoint.every_steps=5"], max_restarts=3)
     try:
         _wait_for_step(run, proc, 32, timeout=600)  # epoch 3 of 9, after the step-30 checkpoint
-        victim = _worker_pid(proc.pid, 1)
+        victim = worker_pid(proc.pid, 1)
         assert victim, "rank 1 not found"
         os.kill(victim, signal.SIGKILL)
         out, err = proc.communicate(timeout=900)
@@ -241,7 +194,7 @@ def test_hung_peer_fails_with_timeout_naming_the_collective(sample_root, tmp_pat
     victim = None
     try:
         _wait_for_step(run, proc, 5, timeout=600)
-        victim = _worker_pid(proc.pid, 1)
+        victim = worker_pid(proc.pid, 1)
         assert victim, "rank 1 not found"
         os.kill(victim, signal.SIGSTOP)
         t0 = time.time()
@@ -296,7 +249,7 @@ def test_sigkill_through_the_launcher_with_two_local_hosts(sample_root, tmp_path
     )
     try:
         _wait_for_step(run, proc, 32, timeout=600)
-        victim = _worker_pid(proc.pid, 1)
+        victim = worker_pid(proc.pid, 1)
         assert victim, "rank 1 not found"
         os.kill(victim, signal.SIGKILL)
         out, _ = proc.communicate(timeout=1200)

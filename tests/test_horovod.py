@@ -3,37 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from conftest import ROOT
-
-from recipes.comm.horovod_backend import INSTALL_HINT
-
-
-def _horovod_missing() -> str | None:
-    try:
-        import horovod.torch  # noqa: F401
-    except ImportError as e:
-        return f"horovod is not installed ({e}): {INSTALL_HINT}"
-    if shutil.which("horovodrun", path=str(Path(sys.executable).parent)) is None:
-        return "horovodrun is not next to this Python"
-    return None
-
-
-needs_horovod = pytest.mark.skipif(_horovod_missing() is not None, reason=str(_horovod_missing()))
-
-
-def horovodrun(np_: int, args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
-    bindir = Path(sys.executable).parent
-    cmd = [str(bindir / "horovodrun"), "--gloo", "-np", str(np_), "-H", f"localhost:{np_}", sys.executable, *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PATH": f"{bindir}:{os.environ['PATH']}"}
-    env.pop("RANK", None)
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+from support import ROOT, horovodrun, needs_horovod
 
 
 @needs_horovod

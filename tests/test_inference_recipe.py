@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from conftest import ROOT
+from support import ROOT
 from timm.loss import JsdCrossEntropy
 
 import evaluate

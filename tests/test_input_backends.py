@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import ROOT, tiny_config
+from support import ROOT, tiny_config
 
 from data import create_input
 from data.make_sample import main as make_sample

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT
+from support import ROOT
 
 import evaluate
 from data.folder import scan_split

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, free_port
+from support import NETLAB_MISSING, ROOT, TINY_OVERRIDES, free_port, two_local_hosts
 
 sys.path.insert(0, str(ROOT / "scripts"))
 
@@ -27,15 +27,6 @@ from launcher.guard import descendants  # noqa: E402
 from launcher.hosts import Host, HostError, expand_nodelist, parse_host_list, parse_hostfile, slurm_hosts  # noqa: E402
 from launcher.job import Job  # noqa: E402
 from launcher.transports import Local, Slurm, Ssh  # noqa: E402
-
-TINY = [
-    "model.name=resnet10t",
-    "run.threads=1",
-    "data.workers=0",
-    "data.val_batch_size=8",
-    "log.tensorboard=false",
-    "log.every_steps=1",
-]
 
 
 def launch_argv(*args: str) -> list[str]:
@@ -45,12 +36,6 @@ def launch_argv(*args: str) -> list[str]:
 def launch(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     return subprocess.run(launch_argv(*args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def two_local_hosts(tmp_path: Path) -> Path:
-    hostfile = tmp_path / "hosts.txt"
-    hostfile.write_text("# two 'hosts' on this machine\nhost-a addr=127.0.0.1\nhost-b addr=127.0.0.1\n")
-    return hostfile
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -512,7 +497,7 @@ def test_a_dying_host_stops_the_whole_job_with_host_and_code_named(tmp_path, tin
         "-c",
         "configs/quickstart.yaml",
         f"data.root={tiny_root}",
-        *TINY,
+        *TINY_OVERRIDES,
         "checkpoint.enabled=false",
         "phases=[{epochs: 200, image_size: 32, batch_size: 12}]",
     )
@@ -550,17 +535,6 @@ def test_a_dying_host_stops_the_whole_job_with_host_and_code_named(tmp_path, tin
         assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
     leftovers = subprocess.run(["pgrep", "-f", f"--run-dir {run_dir}"], capture_output=True, text=True).stdout
     assert leftovers.strip() == ""
-
-
-def _netlab_missing() -> str | None:
-    if not (ROOT / "scripts" / "netlab.py").is_file():
-        return "scripts/netlab.py (the network lab, issue 5) is not in this tree"
-    import netlab
-
-    return netlab.available()
-
-
-NETLAB_MISSING = _netlab_missing()
 
 
 @pytest.mark.slow
@@ -703,7 +677,7 @@ def test_ssh_transport_runs_the_job_and_closing_stdin_stops_the_remote_side(tmp_
         "-c",
         "configs/quickstart.yaml",
         f"data.root={tiny_root}",
-        *TINY,
+        *TINY_OVERRIDES,
         "phases=[{epochs: 2, image_size: 32, batch_size: 12}]",
         timeout=700,
     )
@@ -810,3 +784,17 @@ def test_split_overrides_keeps_values_with_spaces():
         "dawnbench.hardware='16 x a=b (8 V100)'",
         "x.y=1",
     ]
+
+
+def test_launcher_probe_tells_a_shared_run_directory(tmp_path):
+    from launcher.job import describe_run_dir, probe_shared_run_dir
+
+    hosts = [Host("host-a", "127.0.0.1"), Host("host-b", "127.0.0.1")]
+    job = _job(hosts=hosts, transport=Local(), workdir=str(ROOT), run_dir=str(tmp_path / "run"))
+    seen, unseen = probe_shared_run_dir(job, 60)
+    assert (seen, unseen) == (["host-a", "host-b"], [])
+    assert list((tmp_path / "run").iterdir()) == []  # the token is removed
+    assert "is shared by all 2 host(s)" in describe_run_dir(job, seen, unseen)
+    text = describe_run_dir(job, ["host-a"], ["host-b"])
+    assert "is NOT shared (host-b did not see a token written on host-a)" in text and "rank 0" in text
+    assert job.commands()[0][1].count(f"DAWNBENCH_RDZV_ENDPOINT={job.endpoint}") == 1

@@ -20,7 +20,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
+from support import ROOT
 
 BOTTOM = ["recipes", "recipes.errors", "recipes.registry", "recipes.run.files", "recipes.comm.stats"]
 RECIPE_PARTS = ["recipes.lars", "recipes.optim", "recipes.schedule", "recipes.schedule_report", "recipes.distributed"]
@@ -149,3 +149,52 @@ def test_every_error_class_has_one_import_path():
             if isinstance(node, ast.ImportFrom) and node.module != "recipes.errors" and node.level == 0:
                 bad += [f"{path.relative_to(ROOT)}:{node.lineno} {a.name}" for a in node.names if a.name in names]
     assert not bad, "import these from recipes.errors: " + ", ".join(bad)
+
+
+# A part's config sections: what it may read as `cfg.<section>`; anything else it needs comes as a named argument.
+# (The loss is built from data.aug_splits and optim.label_smoothing; the checkpointer saves the whole config.)
+PART_SECTIONS = {
+    "recipes/steps.py": {"data", "optim"},
+    "recipes/progress.py": set(),
+    "recipes/logger.py": set(),
+    "recipes/run/files.py": set(),
+    "recipes/run/payload.py": set(),
+    "recipes/run/checkpoint_files.py": set(),
+    "recipes/run/directory.py": set(),
+    "recipes/run/checkpointer.py": {"checkpoint", "dist", "model"},
+}
+
+
+def config_sections_read(path) -> set[str]:
+    """`X` of every `cfg.X.<key>` / `self.cfg.X.<key>` in a module."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute):
+            holder = node.value.value
+            named_cfg = isinstance(holder, ast.Name) and holder.id == "cfg"
+            self_cfg = isinstance(holder, ast.Attribute) and holder.attr == "cfg"
+            if named_cfg or self_cfg:
+                out.add(node.value.attr)
+    return out
+
+
+@pytest.mark.parametrize("path", sorted(PART_SECTIONS))
+def test_parts_read_only_their_own_config_sections(path):
+    extra = config_sections_read(ROOT / path) - PART_SECTIONS[path]
+    assert not extra, f"{path} reads cfg.{sorted(extra)}: take the value as a named argument instead"
+
+
+def test_no_test_module_imports_another():
+    """Tests share code through tests/support.py; conftest.py holds fixtures only."""
+    tests = ROOT / "tests"
+    own = {p.stem for p in tests.rglob("*.py") if p.stem.startswith("test_") or p.stem == "conftest"}
+    bad = []
+    for path in tests.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            bad += [f"{path.relative_to(ROOT)}:{node.lineno} imports {n}" for n in names if n.split(".")[0] in own]
+    assert not bad, "\n".join(bad)

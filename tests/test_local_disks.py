@@ -17,22 +17,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, free_port
-from test_faults import _worker_pid, torchrun_cmd
-from test_launch import NETLAB_MISSING, two_local_hosts
+from support import NETLAB_MISSING, ROOT, TINY_OVERRIDES, free_port, torchrun_cmd, two_local_hosts, worker_pid
 
 from recipes.run import checkpoint_files as ckpt
 
 TINY = [
     "-c",
     "configs/base.yaml",
-    "model.name=resnet10t",
-    "run.threads=1",
-    "data.workers=0",
-    "data.val_batch_size=8",
-    "log.tensorboard=false",
-    "log.every_steps=1",
-    "optim.lr=0.1",
+    *TINY_OVERRIDES,
     "run.deterministic=true",
     "checkpoint.every_steps=1",
     "phases=[{epochs: 6, image_size: 32, batch_size: 12}]",
@@ -182,7 +174,7 @@ def test_local_disks_sigkill_resumes_every_host_from_the_same_step(lab3, referen
         local = [dirs.host_dir(0), dirs.host_dir(1)]
         proc = _launch(dirs.hostfile(tmp_path, [0, 1]), str(dirs.mountpoint), tiny_root)
         _wait_step(proc, local, 10)  # mid-way through epoch 3
-        victim = _worker_pid(proc.pid, 1)
+        victim = worker_pid(proc.pid, 1)
         assert victim, "rank 1 not found"
         os.kill(victim, signal.SIGKILL)
         out = _finish(proc)
@@ -234,7 +226,7 @@ def test_worker_killed_before_joining_its_generation_restart_still_succeeds(tiny
         end = time.time() + 120
         victim = None
         while victim is None and time.time() < end:
-            victim = _worker_pid(proc.pid, 1)
+            victim = worker_pid(proc.pid, 1)
             time.sleep(0.01)
         assert victim, "rank 1 never started"
         os.kill(victim, signal.SIGSTOP)  # still importing: it has not joined its generation's store namespace
@@ -247,20 +239,3 @@ def test_worker_killed_before_joining_its_generation_restart_still_succeeds(tiny
     assert proc.returncode == 0, out[-4000:]
     s = json.loads((run / "summary.json").read_text())
     assert s["steps"] == STEPS
-
-
-def test_launcher_probe_tells_a_shared_run_directory(tmp_path):
-    from launcher.hosts import Host
-    from launcher.job import describe_run_dir, probe_shared_run_dir
-    from launcher.transports import Local
-    from test_launch import _job
-
-    hosts = [Host("host-a", "127.0.0.1"), Host("host-b", "127.0.0.1")]
-    job = _job(hosts=hosts, transport=Local(), workdir=str(ROOT), run_dir=str(tmp_path / "run"))
-    seen, unseen = probe_shared_run_dir(job, 60)
-    assert (seen, unseen) == (["host-a", "host-b"], [])
-    assert list((tmp_path / "run").iterdir()) == []  # the token is removed
-    assert "is shared by all 2 host(s)" in describe_run_dir(job, seen, unseen)
-    text = describe_run_dir(job, ["host-a"], ["host-b"])
-    assert "is NOT shared (host-b did not see a token written on host-a)" in text and "rank 0" in text
-    assert job.commands()[0][1].count(f"DAWNBENCH_RDZV_ENDPOINT={job.endpoint}") == 1

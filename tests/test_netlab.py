@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT
+from support import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import netlab  # noqa: E402

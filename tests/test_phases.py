@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from conftest import ROOT, tiny_config, torchrun
+from support import ROOT, tiny_config, torchrun
 
 from data import create_input
 from recipes.config import load_config

@@ -7,7 +7,7 @@ import json
 import sys
 
 import pytest
-from conftest import ROOT
+from support import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import bench_allreduce  # noqa: E402

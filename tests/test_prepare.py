@@ -7,8 +7,8 @@ import os
 
 import pytest
 import torch
-from conftest import tiny_config
 from PIL import Image
+from support import tiny_config
 
 from data import create_input
 from data.check import OK, inspect_file, quick_problem

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, tiny_config
+from support import ROOT, tiny_config
 
 from recipes.errors import NonFiniteError
 from recipes.trainer import train

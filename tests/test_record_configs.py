@@ -11,7 +11,7 @@ import re
 
 import pytest
 import yaml
-from conftest import ROOT
+from support import ROOT
 
 from recipes.config import load_config
 

@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 import yaml
-from conftest import ROOT, tiny_config
+from support import ROOT, tiny_config
 
 from recipes.config import load_config
 from recipes.errors import RunDirError

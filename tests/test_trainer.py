@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 import yaml
-from conftest import ROOT, tiny_config
+from support import ROOT, tiny_config
 
 from recipes.errors import CheckpointError, DataError
 from recipes.run import checkpoint_files as ckpt
