@@ -85,7 +85,7 @@ def imports(path, modules: dict) -> list[tuple[int, str]]:
 
 def test_every_module_has_a_layer():
     unplaced = [m for m in project_modules() if layer_of(m) is None]
-    assert not unplaced, f"add these modules to a layer in tests/test_layers.py::LAYERS: {unplaced}"
+    assert not unplaced, f"add these modules to a layer in tests/meta/test_layers.py::LAYERS: {unplaced}"
 
 
 def test_imports_only_run_downwards():

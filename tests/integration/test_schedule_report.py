@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from PIL import Image
+from support import ROOT
 
 import train
 from recipes.config import load_config
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_158s_plan_prints_1159_iterations_and_writes_the_plot(tmp_path, capsys):

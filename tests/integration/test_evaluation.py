@@ -83,7 +83,7 @@ def test_rect_flag_reaches_the_phase(tiny_checkpoint, tiny_root, tmp_path):
 @pytest.mark.slow
 def test_counts_every_image_once_for_any_world_size(tiny_checkpoint, tiny_root, tmp_path):
     single = evaluate_checkpoint(str(tiny_checkpoint), str(tiny_root), batch_size=3, tta="flip")
-    for nproc in (2,):  # world size 3 (7, 7 and 6 images) without TTA: tests/test_distributed.py
+    for nproc in (2,):  # world size 3 (7, 7 and 6 images) without TTA: tests/e2e/test_distributed.py
         out = tmp_path / f"eval{nproc}.json"
         p = torchrun(
             nproc,

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from support import ROOT
 
 from recipes.config import load_config
 from recipes.errors import ConfigError
 from recipes.schedule import Schedule, steps_per_epoch
 
-ROOT = Path(__file__).resolve().parent.parent
 IMAGENET = 1_281_167
 
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from support import ROOT
 from torch import nn
 
 from models import create_model
@@ -15,8 +15,6 @@ from recipes.config import load_config
 from recipes.errors import ConfigError
 from recipes.lars import LayerAdaptiveSGD
 from recipes.optim import OPTIMIZERS, create_optimizer, describe_groups, param_groups, set_lr_momentum
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _cfg(*overrides):
