@@ -10,6 +10,7 @@ import dataclasses
 import difflib
 import math
 import re
+import reprlib
 import types
 import typing
 from pathlib import Path
@@ -17,11 +18,20 @@ from typing import Any, Literal
 
 import yaml
 
-from recipes.config.schema import DOMAINS, Config, _is_name, _plain, _type_name, domain_text
+from recipes.config.schema import Config, _is_name, _plain, _type_name, domain_rule, domain_text
 from recipes.errors import ConfigError
 
 # ---------------------------------------------------------------------------------------------------------
 # Conversion of plain YAML data into the typed schema.
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 2, 4, 4, 60, 60
+
+
+def show(value: Any) -> str:
+    """repr() of a value for an error message, bounded: a huge or deeply nested value is abbreviated, never built."""
+    return _REPR.repr(value)
 
 
 def _closest(full: str, valid: list[str]) -> str:
@@ -33,7 +43,7 @@ def _closest(full: str, valid: list[str]) -> str:
 
 def _convert(value: Any, tp: Any, path: str) -> Any:
     origin = typing.get_origin(tp)
-    bad = ConfigError(f"{path}: expected {_type_name(tp)}, got {value!r}")
+    bad = ConfigError(f"{path}: expected {_type_name(tp)}, got {show(value)}")
     if origin is Literal:
         if value not in typing.get_args(tp):
             choices = [a for a in typing.get_args(tp) if isinstance(a, str)]
@@ -106,12 +116,12 @@ def _check_domain(value: Any, tp: Any, domain: str, path: str) -> None:
         return
     if isinstance(value, float) and not math.isfinite(value):
         extra = f" {domain_text(domain)}" if domain else ""
-        raise ConfigError(f"{path}: expected a finite number{extra}, got {value!r}")
+        raise ConfigError(f"{path}: expected a finite number{extra}, got {show(value)}")
     for d in parts:
-        test, text = DOMAINS[d]
+        test, text = domain_rule(d)
         if not test(value):
             what = _type_name(_plain(tp))
-            raise ConfigError(f"{path}: expected {what} {text}, got {value!r}")
+            raise ConfigError(f"{path}: expected {what} {text}, got {show(value)}")
 
 
 def _build(cls: type, data: dict, path: str) -> Any:
@@ -151,26 +161,86 @@ def _validate(cfg: Config) -> None:
         )
     for name, root in cfg.data.roots.items():
         if not _is_name(name) or not root.strip():
-            raise ConfigError(f"data.roots: expected names mapped to non-empty paths, got {name!r}: {root!r}")
+            raise ConfigError(f"data.roots: expected names mapped to non-empty paths, got {show(name)}: {show(root)}")
 
 
 # ---------------------------------------------------------------------------------------------------------
 # Files, inheritance and overrides.
 
 
+# A config has a few hundred values; aliases that repeat aliases ("billion laughs") expand a small file into
+# billions. The composed node graph is small (an alias is one shared node), so its expanded size is counted
+# there, before anything is constructed.
+MAX_YAML_VALUES = 100_000
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
 class _StrictLoader(yaml.SafeLoader):
-    """YAML's safe loader, except that a key given twice in one mapping is an error (not: the last one wins)."""
+    """YAML's safe loader, except that a key given twice in one mapping is an error (not: the last one wins) and
+    a key must be a scalar. The standard merge key (`<<: *defaults`) works: the mapping's own keys override the
+    merged ones, as YAML specifies."""
 
     def construct_mapping(self, node, deep=False):
         seen: dict = {}
         for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            if isinstance(key, typing.Hashable) and key in seen:
+            if key_node.tag == _MERGE_TAG:
+                continue
+            if not isinstance(key_node, yaml.ScalarNode):
+                kind = "list" if isinstance(key_node, yaml.SequenceNode) else "mapping"
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key '{key}' (first at line {seen[key].line + 1})", key_node.start_mark
+                    None, None, f"a key must be a name, got a {kind}", key_node.start_mark
+                )
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key '{show(key)}' (first at line {seen[key].line + 1})", key_node.start_mark
                 )
             seen[key] = key_node.start_mark
         return super().construct_mapping(node, deep)
+
+
+def _expanded_size(root) -> int:
+    """Values a composed YAML node graph expands to (aliases counted every time they are used)."""
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in active:
+            raise yaml.constructor.ConstructorError(None, None, "an alias refers to itself", node.start_mark)
+        active.add(key)
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            total += sum(size(n) for n in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            total += sum(size(k) + size(v) for k, v in node.value)
+        active.discard(key)
+        sizes[key] = min(total, MAX_YAML_VALUES + 1)
+        return sizes[key]
+
+    return size(root)
+
+
+def parse_yaml(text: str):
+    """YAML text -> plain data, strictly (see _StrictLoader), refusing a document that expands to more than
+    MAX_YAML_VALUES values. Raises yaml.YAMLError, or ConfigError for the size."""
+    loader = _StrictLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if _expanded_size(node) > MAX_YAML_VALUES:
+            raise ConfigError(
+                f"the YAML expands to more than {MAX_YAML_VALUES:,} values (aliases that repeat aliases); "
+                "a config has a few hundred"
+            )
+        return loader.construct_document(node)
+    except RecursionError:
+        raise ConfigError("the YAML is nested too deeply") from None
+    finally:
+        loader.dispose()
 
 
 def _read_yaml(path: Path) -> dict:
@@ -183,7 +253,9 @@ def _read_yaml(path: Path) -> dict:
     except OSError as e:
         raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from None
     try:
-        data = yaml.load(text, Loader=_StrictLoader)
+        data = parse_yaml(text)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -215,7 +287,7 @@ def load_yaml_tree(path: str | Path, _seen: tuple = ()) -> dict:
     if isinstance(parents, str):
         parents = [parents]
     if not isinstance(parents, list) or not all(isinstance(p, str) and p for p in parents):
-        raise ConfigError(f"{path}: extends: expected a YAML file name or a list of them, got {parents!r}")
+        raise ConfigError(f"{path}: extends: expected a YAML file name or a list of them, got {show(parents)}")
     merged: dict = {}
     for parent in parents:
         if Path(parent).suffix.lower() not in (".yaml", ".yml"):
@@ -227,7 +299,9 @@ def load_yaml_tree(path: str | Path, _seen: tuple = ()) -> dict:
 
 def _set_dotted(tree: dict, dotted: str, raw: str) -> None:
     try:
-        value = yaml.safe_load(raw) if raw != "" else ""
+        value = parse_yaml(raw) if raw != "" else ""
+    except ConfigError as e:
+        raise ConfigError(f"{dotted}: {e}") from None
     except yaml.YAMLError:
         value = raw
     keys = dotted.split(".")
@@ -235,17 +309,27 @@ def _set_dotted(tree: dict, dotted: str, raw: str) -> None:
     schema: Any = Config
     for i, key in enumerate(keys):
         here = ".".join(keys[: i + 1])
+        above = ".".join(keys[:i]) or "the config"
         last = i == len(keys) - 1
         if isinstance(node, list):
+            if typing.get_origin(_plain(schema)) is not list:
+                raise ConfigError(f"{above}: expected {_type_name(_plain(schema))}, got a list")
             if not key.isdigit() or int(key) >= len(node):
                 raise ConfigError(f"{here}: expected a list index below {len(node)}")
             idx = int(key)
-            schema = typing.get_args(schema)[0]
+            schema = typing.get_args(_plain(schema))[0]
             if last:
                 node[idx] = value
-            else:
+            elif isinstance(node[idx], (dict, list)):
                 node = node[idx]
+            elif node[idx] is None:
+                node[idx] = {} if dataclasses.is_dataclass(schema) else []
+                node = node[idx]
+            else:
+                raise ConfigError(f"{here}: expected {_type_name(_plain(schema))}, got {show(node[idx])}")
             continue
+        if not isinstance(node, dict):
+            raise ConfigError(f"{above}: expected {_type_name(_plain(schema))}, got {show(node)}")
         if dataclasses.is_dataclass(schema):
             names = [f.name for f in dataclasses.fields(schema)]
             if key not in names:
@@ -253,10 +337,16 @@ def _set_dotted(tree: dict, dotted: str, raw: str) -> None:
             schema = typing.get_type_hints(schema)[key]
             if _plain(schema) is str and last and not isinstance(value, str) and value is not None:
                 value = raw  # data.root=123 means the folder "123"
+        elif typing.get_origin(_plain(schema)) is dict:
+            schema = typing.get_args(_plain(schema))[1]
+        else:
+            raise ConfigError(f"{above}: expected {_type_name(_plain(schema))}, cannot set '{dotted}'")
         if last:
             node[key] = value
         else:
             if not isinstance(node.get(key), (dict, list)):
+                if node.get(key) is not None:
+                    raise ConfigError(f"{here}: expected {_type_name(_plain(schema))}, got {show(node[key])}")
                 node[key] = {} if dataclasses.is_dataclass(schema) or typing.get_origin(schema) is dict else []
             node = node[key]
 
