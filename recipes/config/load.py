@@ -141,6 +141,11 @@ def _build(cls: type, data: dict, path: str) -> Any:
     return cls(**kwargs)
 
 
+# Validation resizes the shorter side to size / val_crop_ratio before the center crop; beyond this the resized
+# image alone is gigabytes.
+MAX_VAL_RESIZE = 8192
+
+
 def _validate(cfg: Config) -> None:
     """Checks that involve several keys (one key's own range is its domain, checked in _build)."""
     if cfg.data.aug_splits == 1:
@@ -159,6 +164,14 @@ def _validate(cfg: Config) -> None:
             f"optim.trust_clip_min: {cfg.optim.trust_clip_min} is above optim.trust_clip_max "
             f"({cfg.optim.trust_clip_max})"
         )
+    for i, phase in enumerate(cfg.phases):
+        size = phase.val_image_size or phase.image_size
+        if round(size / cfg.data.val_crop_ratio) > MAX_VAL_RESIZE:
+            raise ConfigError(
+                f"data.val_crop_ratio: {cfg.data.val_crop_ratio} makes phase {i}'s validation resize the shorter "
+                f"side to {round(size / cfg.data.val_crop_ratio):,} px for a {size} px crop (at most "
+                f"{MAX_VAL_RESIZE:,})"
+            )
     for name, root in cfg.data.roots.items():
         if not _is_name(name) or not root.strip():
             raise ConfigError(f"data.roots: expected names mapped to non-empty paths, got {show(name)}: {show(root)}")
@@ -193,7 +206,10 @@ class _StrictLoader(yaml.SafeLoader):
             key = self.construct_object(key_node, deep=True)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key '{show(key)}' (first at line {seen[key].line + 1})", key_node.start_mark
+                    None,
+                    None,
+                    f"duplicate key '{key if isinstance(key, str) and len(key) < 60 else show(key)}' (first at line {seen[key].line + 1})",
+                    key_node.start_mark,
                 )
             seen[key] = key_node.start_mark
         return super().construct_mapping(node, deep)

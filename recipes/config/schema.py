@@ -117,7 +117,9 @@ class DataConfig:
         help="named dataset copies (e.g. pre-resized '160'); 'full' defaults to data.root", factory=dict
     )
     workers: int = _f(1, help="decoding workers (threads for DALI, processes for torch) per rank", domain=">=0 <=256")
-    val_crop_ratio: float = _f(0.875, help="validation: resize shorter side to size/ratio, center crop", domain="(0,1] >=0.05")
+    val_crop_ratio: float = _f(
+        0.875, help="validation: resize shorter side to size/ratio, center crop", domain="(0,1] >=0.05"
+    )
     val_batch_size: int = _f(64, help="per-rank validation batch size", domain=">0 <=4096")
     skip_corrupt: bool = _f(False, help="skip undecodable files (and report them) instead of failing")
     synthetic_size: int = _f(1281167, help="synthetic backend: training images per epoch", domain=">0 <=1000000000")
@@ -206,7 +208,9 @@ class CommConfig:
         4, help="multistream: communicators K (process groups; NCCL streams / gloo TCP connections)", domain=">0 <=64"
     )
     slices: int = _f(
-        2, help="multistream: slices S per bucket; slice j of bucket b goes to communicator (b*S+j) mod K", domain=">0 <=64"
+        2,
+        help="multistream: slices S per bucket; slice j of bucket b goes to communicator (b*S+j) mod K",
+        domain=">0 <=64",
     )
     compression: Literal["none", "fp16", "bf16"] = _f(
         "none", help="multistream/horovod: gradient wire format (averaged in fp32 before the cast)"
@@ -221,7 +225,9 @@ class CommConfig:
     )
     tune_method: Literal["bayes", "grid"] = _f("bayes", help="autotune search: Gaussian-process EI or a grid")
     tune_bucket_mb: list[float] = _f(
-        help="autotune: bucket sizes to search (MB)", factory=lambda: [2.0, 4.0, 8.0, 16.0, 32.0], domain="nonempty >0 <=65536"
+        help="autotune: bucket sizes to search (MB)",
+        factory=lambda: [2.0, 4.0, 8.0, 16.0, 32.0],
+        domain="nonempty >0 <=65536",
     )
     tune_streams: list[int] = _f(
         help="autotune: communicator counts to search", factory=lambda: [1, 2, 3, 4], domain="nonempty >0 <=64"
@@ -260,7 +266,9 @@ class CommConfig:
 @dataclass
 class DistConfig:
     backend: Literal["auto", "gloo", "nccl"] = _f("auto", help="process group backend; auto: nccl on GPU")
-    timeout_s: float = _f(300.0, help="collective timeout; a dead or hung peer fails within this time", domain=">0 <=604800")
+    timeout_s: float = _f(
+        300.0, help="collective timeout; a dead or hung peer fails within this time", domain=">0 <=604800"
+    )
 
 
 @dataclass
