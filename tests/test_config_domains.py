@@ -250,7 +250,7 @@ def test_strict_yaml_extends_and_plan_errors(tmp_path):
         with pytest.raises(ConfigError) as e:
             load_config(ext)
         assert str(e.value) == f"{ext}: {message}" and "hunter2" not in str(e.value)
-    for flags in (["--world-size", "0"], ["--num-images", "-3"]):
+    for flags, limit in ((["--world-size", "0"], "1,048,576"), (["--num-images", "-3"], "1,000,000,000")):
         p = subprocess.run(
             [sys.executable, "train.py", "-c", "configs/quickstart.yaml", "--plan", *flags],
             cwd=ROOT,
@@ -259,5 +259,5 @@ def test_strict_yaml_extends_and_plan_errors(tmp_path):
             timeout=120,
         )
         assert p.returncode == 2 and p.stderr.strip().splitlines() == [
-            f"error: ConfigError: {flags[0]}: expected a positive integer, got {flags[1]}"
+            f"error: ConfigError: {flags[0]}: expected an integer in [1, {limit}], got {flags[1]}"
         ]

@@ -205,11 +205,10 @@ class _StrictLoader(yaml.SafeLoader):
                 )
             key = self.construct_object(key_node, deep=True)
             if key in seen:
+                name = key if isinstance(key, str) and len(key) < 60 else show(key)
+                first = seen[key].line + 1
                 raise yaml.constructor.ConstructorError(
-                    None,
-                    None,
-                    f"duplicate key '{key if isinstance(key, str) and len(key) < 60 else show(key)}' (first at line {seen[key].line + 1})",
-                    key_node.start_mark,
+                    None, None, f"duplicate key '{name}' (first at line {first})", key_node.start_mark
                 )
             seen[key] = key_node.start_mark
         return super().construct_mapping(node, deep)
