@@ -179,14 +179,14 @@ def _header_problem(path: str, limit: int) -> str | None:
         return f"file name {path.encode('utf-8', 'surrogateescape')!r} is not valid UTF-8 (DALI reads UTF-8 names only)"
     problem = quick_problem(path)
     if problem:
-        return f"'{path}': {problem}"
+        return f"cannot decode '{path}': {problem}"
     try:
         with open_image(path) as img:
             fmt, (w, h) = img.format, img.size
     except OSError as e:
-        return f"'{path}': not a readable image ({e.strerror or type(e).__name__})"
+        return f"cannot decode '{path}': not a readable image ({e.strerror or type(e).__name__})"
     if fmt not in DALI_FORMATS:
-        return f"'{path}': a {fmt} image, which DALI cannot decode (data.backend=torch reads it)"
+        return f"cannot decode '{path}': a {fmt} image, which DALI does not read (data.backend=torch does)"
     return too_many_pixels(path, w, h, limit) if w * h > limit else None
 
 

@@ -28,6 +28,7 @@ import csv
 import json
 import os
 import re
+import struct
 import sys
 import tarfile
 from collections import Counter
@@ -90,7 +91,7 @@ def _resize_one(task: tuple) -> dict:
             out = img.convert("RGB")
         if out.size != (tw, th):
             out = out.resize((tw, th), Image.Resampling.LANCZOS)
-    except (OSError, ValueError, SyntaxError, EOFError) as e:
+    except (OSError, ValueError, SyntaxError, EOFError, struct.error) as e:
         report = inspect_file(src)
         return {**entry, "status": "undecodable", "kind": report.kind, "error": report.detail or str(e)}
     Path(dst).parent.mkdir(parents=True, exist_ok=True)
