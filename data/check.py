@@ -78,12 +78,11 @@ def open_image(path: str) -> Iterator[Image.Image]:
         img = None
         for fmt in Image.ID:
             factory, accept = Image.OPEN[fmt]
-            if accept is not None:
-                verdict = accept(prefix)
+            try:
+                verdict = accept(prefix) if accept is not None else True
                 if not verdict or isinstance(verdict, str):
                     continue
-            fp.seek(0)
-            try:
+                fp.seek(0)
                 img = factory(fp, path)
             except _NOT_THIS_FORMAT:
                 continue
