@@ -243,7 +243,10 @@ def solution_labels(csv_path: Path) -> dict[int, str]:
         raise DataError(f"--val-solution: '{csv_path}' not found (LOC_val_solution.csv of Kaggle's ImageNet)")
     out = {}
     text = _read_text(csv_path, "--val-solution")
-    for n, row in enumerate(csv.DictReader(text.splitlines()), 2):
+    reader = csv.DictReader(text.splitlines())
+    if not {"ImageId", "PredictionString"} <= set(reader.fieldnames or ()):
+        raise DataError(f"{csv_path}:1: expected the header 'ImageId,PredictionString' (Kaggle's LOC_val_solution.csv)")
+    for n, row in enumerate(reader, 2):
         m = VAL_NAME.match(f"{row.get('ImageId') or ''}.JPEG")
         parts = (row.get("PredictionString") or "").split()
         if not m or not parts:
