@@ -39,7 +39,16 @@ def scan_split(root: str | Path, split: str, classes: list[str] | None = None) -
     folder = base / split
     if not folder.is_dir():
         raise DataError(f"'{folder}' not found: expected '{split}/<class>/*.JPEG' under data.root '{base}'")
-    found = sorted(d.name for d in _list(folder) if d.is_dir())
+    entries = _list(folder)
+    found = sorted(d.name for d in entries if d.is_dir())
+    loose = sorted(p.name for p in entries if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
+    if loose:
+        # Never left out silently: an unsorted (flat) validation folder would be evaluated on nothing, or a part.
+        hint = " (sort them: python data/prepare.py --sort-val ROOT ...)" if split == "val" else ""
+        raise DataError(
+            f"'{folder}' has {len(loose)} image file(s) outside class folders, e.g. '{loose[0]}'; images must be in "
+            f"'{split}/<class>/'{hint}"
+        )
     if not found:
         raise DataError(f"'{folder}' has no class folders")
     if classes is None:
@@ -101,6 +110,11 @@ def drop_blacklisted(split: Split, path: str | Path) -> tuple[Split, int]:
         )
     drop = {order[i - 1] for i in indices}
     keep = [j for j in range(len(split)) if j not in drop]
+    if not keep:
+        raise DataError(
+            f"data.val_blacklist: '{path}' excludes every one of the {len(split)} images of '{split.root}': no "
+            "accuracy can be computed (use the devkit's list with the full validation set, or '' to count every image)"
+        )
     kept = Split(split.root, split.classes, [split.files[j] for j in keep], [split.labels[j] for j in keep], len(drop))
     return kept, len(drop)
 
