@@ -170,7 +170,8 @@ def test_skip_corrupt_skips_and_reports_every_bad_file(tiny_root, tmp_path, caps
     assert "empty" in reasons[str(bad["empty"])] and "not an image" in reasons[str(bad["text"])]
     assert "truncated" in reasons[str(bad["truncated"])]
     err = capsys.readouterr().err
-    assert all(f"skipping training file: cannot decode '{p}'" in err for p in bad.values())  # found by the scan, before decoding
+    # Found by the header scan, before anything is decoded.
+    assert all(f"skipping training file: cannot decode '{p}'" in err for p in bad.values())
     pipe.close()
 
 
