@@ -1,4 +1,19 @@
 # Entry points. Every target installs what it needs into .venv first (Python 3.11).
+
+# Values are text, never make code. make expands '$' in a variable given on its command line (and in one it takes
+# from the environment under its own name, such as SAMPLE) whenever it reads or exports it, even under `make -n`:
+# '$(shell CMD)' would run CMD and '$x' would vanish. Nothing in a Makefile can quote that, so such values are
+# refused here, before anything is expanded. A value that needs '$' goes in the environment as DAWNBENCH_<NAME>
+# (read with $(value), passed as text). `make 'VAR:=...'` and `make 'VAR!=...'` are expanded or run by make itself
+# while it reads its command line, before this file: never use them with a value from elsewhere (docs/security.md).
+USER_VARS := PYTHON_SYS VENV NPROC SAMPLE RUN_DIR PYTEST_ARGS GPU_CHECK_OUT RUNS PY
+ENV_ROUTE := HOSTS DATA GPUS PORT TRANSPORT IFACE OVERRIDES LAUNCH_ARGS CUDA
+dollar_fix = $(if $(filter $(1),$(ENV_ROUTE)),export DAWNBENCH_$(1)=... instead,$(if $(filter DAWNBENCH_%,$(1)),export $(1)=... instead of giving it on the command line,give it without '$$'))
+$(foreach v,$(.VARIABLES),$(if $(and $(filter command line,$(origin $(v))),$(findstring $$,$(value $(v)))),\
+  $(error $(v): a value with '$$' on the make command line is expanded by make (a $$(shell ...) in it would run); \
+  $(call dollar_fix,$(v)))))
+$(foreach v,$(USER_VARS),$(if $(and $(filter environment%,$(origin $(v))),$(findstring $$,$(value $(v)))),\
+  $(error $(v): a value with '$$' in the environment is expanded by make; unset $(v), or set it without '$$')))
 PYTHON_SYS ?= $(shell command -v python3.11 || command -v python3)
 VENV       ?= .venv
 PY         := $(VENV)/bin/python

@@ -10,10 +10,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from data.folder import blacklist_path, drop_blacklisted, scan_split
+from data.folder import Split, blacklist_path, drop_blacklisted, scan_split
 from data.pipeline import BasePipeline, InputPipeline
 from recipes import registry
 from recipes.errors import DataError
+
+
+def _val(cfg, classes: list[str]):
+    val = scan_split(cfg.data.root, "val", classes=classes)
+    if cfg.data.val_blacklist:
+        val, _ = drop_blacklisted(val, blacklist_path(cfg.data.root, cfg.data.val_blacklist))
+    return val
 
 
 def copy_beside(root: str, name: str) -> Path:
@@ -21,11 +28,13 @@ def copy_beside(root: str, name: str) -> Path:
     return Path(str(root).rstrip("/") + f"-{name}")
 
 
-def _scan(cfg):
+def _scan(cfg, classes: list[str] | None = None):
+    if classes is not None:  # evaluation: the checkpoint's class list labels val/, and train/ is not read
+        val = _val(cfg, classes)
+        train = Split(Path(cfg.data.root) / "train", list(classes), [], [])
+        return train, val, {"full": (train, val)}
     train = scan_split(cfg.data.root, "train")
-    val = scan_split(cfg.data.root, "val", classes=train.classes)
-    if cfg.data.val_blacklist:
-        val, _ = drop_blacklisted(val, blacklist_path(cfg.data.root, cfg.data.val_blacklist))
+    val = _val(cfg, train.classes)
     roots = {"full": (train, val)}
     for name, path in cfg.data.roots.items():
         if name == "full" and path == cfg.data.root:
@@ -47,13 +56,14 @@ def _scan(cfg):
     return train, val, roots
 
 
-def create_input(cfg, dist) -> InputPipeline:
-    """Build the input pipeline named by `data.backend`."""
+def create_input(cfg, dist, val_classes: list[str] | None = None) -> InputPipeline:
+    """Build the input pipeline named by `data.backend`. `val_classes` (evaluation: the checkpoint's classes): read
+    only `<data.root>/val`, labelled by that list, so a dataset of val/ alone is enough."""
     backend = cfg.data.backend
     pipeline = registry.load(registry.INPUT_PIPELINES, backend, "data.backend", "backend")
     if not pipeline.reads_folders:
         return pipeline(cfg, dist)
-    return pipeline(cfg, dist, *_scan(cfg))  # Pipeline(cfg, dist, train split, val split, roots by name)
+    return pipeline(cfg, dist, *_scan(cfg, val_classes))  # Pipeline(cfg, dist, train split, val split, roots)
 
 
 __all__ = ["BasePipeline", "InputPipeline", "create_input"]

@@ -191,12 +191,26 @@ class DaliPipeline(BasePipeline):
         self._checked.add(str(split.root))
         limit, rank, world = self.cfg.data.max_image_pixels, self.dist.rank, self.dist.world_size
         bad = _gather_problems(check_headers(split.files, limit, self.threads * 2, rank, world), self.dist)
-        if bad and (is_val or not self.cfg.data.skip_corrupt):
-            raise DataError(bad[0][1] + (f" (and {len(bad) - 1} more file(s))" if len(bad) > 1 else ""))
+        # One rule for both splits: refuse, or with data.skip_corrupt leave the files out and say so (DALI must
+        # never be handed them: in validation a text or GIF file named .JPEG crashes the process).
+        if bad and not self.cfg.data.skip_corrupt:
+            more = f" (and {len(bad) - 1} more file(s))" if len(bad) > 1 else ""
+            raise DataError(f"{bad[0][1]}{more} (set data.skip_corrupt: true to skip such files)")
+        what = "validation" if is_val else "training"
         for _, why in bad:
-            print(f"warning: skipping training file: {why}", file=sys.stderr)
+            print(f"warning: skipping {what} file: {why}", file=sys.stderr)
         self.skipped.extend(bad)
         self._excluded.update(f for f, _ in bad)
+        if is_val and bad:
+            drop = {f for f, _ in bad}
+            keep = [i for i, f in enumerate(split.files) if f not in drop]
+            if not keep:
+                raise DataError(f"no decodable validation image left in '{split.root}'")
+            self.val = dataclasses.replace(
+                split, files=[split.files[i] for i in keep], labels=[split.labels[i] for i in keep]
+            )
+            self.num_val = len(self.val)
+            self._checked.add(str(self.val.root))
 
     # -- pipelines --------------------------------------------------------------------------------------
     def _pipeline(self, graph, batch_size: int, seed: int, **graph_args):
@@ -363,14 +377,18 @@ class DaliPipeline(BasePipeline):
         if real == 0:
             self._val = (key, None, 0, counts)
             return
+        shard, shards = rank, world
+        if n < world:  # DALI asserts on more shards than files: each rank that has an image reads it alone
+            lo = n * rank // world
+            files, labels, shard, shards = files[lo : lo + real], labels[lo : lo + real], 0, 1
         pipe = self._pipeline(
             _val_graph,
             batch,
             _seed(self.cfg.run.seed, 1),
             files=files,
             labels=labels,
-            shard_id=rank,
-            num_shards=world,
+            shard_id=shard,
+            num_shards=shards,
             size=size,
             resize_to=int(round(size / self.cfg.data.val_crop_ratio)),
         )

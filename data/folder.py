@@ -39,7 +39,16 @@ def scan_split(root: str | Path, split: str, classes: list[str] | None = None) -
     folder = base / split
     if not folder.is_dir():
         raise DataError(f"'{folder}' not found: expected '{split}/<class>/*.JPEG' under data.root '{base}'")
-    found = sorted(d.name for d in _list(folder) if d.is_dir())
+    entries = _list(folder)
+    found = sorted(d.name for d in entries if d.is_dir())
+    loose = sorted(p.name for p in entries if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
+    if loose:
+        # Never left out silently: an unsorted (flat) validation folder would be evaluated on nothing, or a part.
+        hint = " (sort them: python data/prepare.py --sort-val ROOT ...)" if split == "val" else ""
+        raise DataError(
+            f"'{folder}' has {len(loose)} image file(s) outside class folders, e.g. '{loose[0]}'; images must be in "
+            f"'{split}/<class>/'{hint}"
+        )
     if not found:
         raise DataError(f"'{folder}' has no class folders")
     if classes is None:
@@ -59,18 +68,30 @@ def scan_split(root: str | Path, split: str, classes: list[str] | None = None) -
     return Split(folder, list(classes), files, labels)
 
 
+_MAX_BLACKLIST_BYTES = 1 << 20  # the devkit's list is 9 kB (1,762 indices of 50,000)
+
+
 def read_blacklist(path: str | Path) -> list[int]:
     """The devkit's ILSVRC2012_validation_blacklist.txt: one 1-based index into the sorted val file names a line."""
     p = Path(path)
     if not p.is_file():
         raise DataError(f"data.val_blacklist: '{p}' not found (the devkit's data/ILSVRC2012_validation_blacklist.txt)")
+    # Errors say what is wrong with the file, never what it holds: data.val_blacklist may name any readable file.
+    expected = "one 1-based image index a line (the devkit's data/ILSVRC2012_validation_blacklist.txt)"
+    try:
+        if p.stat().st_size > _MAX_BLACKLIST_BYTES:
+            raise DataError(f"data.val_blacklist: '{p}' is {p.stat().st_size:,} bytes, too large for {expected}")
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"data.val_blacklist: '{p}' is not UTF-8 text (byte {e.start}); expected {expected}") from None
+    except OSError as e:
+        raise DataError(f"data.val_blacklist: cannot read '{p}': {e.strerror or e}") from None
     out = []
-    for n, line in enumerate(p.read_text().splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         if line.strip():
-            try:
-                out.append(int(line))
-            except ValueError:
-                raise DataError(f"{p}:{n}: expected a 1-based image index, got {line.strip()!r}") from None
+            if not line.strip().isdigit():
+                raise DataError(f"data.val_blacklist: '{p}' line {n} is not an image index; expected {expected}")
+            out.append(int(line))
     return out
 
 
@@ -89,6 +110,11 @@ def drop_blacklisted(split: Split, path: str | Path) -> tuple[Split, int]:
         )
     drop = {order[i - 1] for i in indices}
     keep = [j for j in range(len(split)) if j not in drop]
+    if not keep:
+        raise DataError(
+            f"data.val_blacklist: '{path}' excludes every one of the {len(split)} images of '{split.root}': no "
+            "accuracy can be computed (use the devkit's list with the full validation set, or '' to count every image)"
+        )
     kept = Split(split.root, split.classes, [split.files[j] for j in keep], [split.labels[j] for j in keep], len(drop))
     return kept, len(drop)
 

@@ -28,6 +28,7 @@ import csv
 import json
 import os
 import re
+import struct
 import sys
 import tarfile
 from collections import Counter
@@ -38,12 +39,34 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from PIL import Image  # noqa: E402
 
-from data.check import OK, inspect_file  # noqa: E402
+from data.check import OK, inspect_file, open_image, too_many_pixels  # noqa: E402
 from data.folder import IMAGE_EXTENSIONS, scan_split  # noqa: E402
 from recipes.errors import DataError  # noqa: E402
 
 MANIFEST = "manifest.jsonl"
 SETTINGS = "prepare.json"
+
+
+def _read_text(path: Path, what: str) -> str:
+    """A text file the tool reads back, or one DataError line saying what is wrong with it (never its content)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{what} '{path}' is not UTF-8 text (byte {e.start}); delete or replace it") from None
+    except OSError as e:
+        raise DataError(f"cannot read {what} '{path}': {e.strerror or e}") from None
+
+
+def _read_settings(path: Path) -> dict:
+    try:
+        data = json.loads(_read_text(path, "settings file"))
+    except json.JSONDecodeError as e:
+        raise DataError(
+            f"settings file '{path}' is not valid JSON (line {e.lineno}); delete it to start over"
+        ) from None
+    if not isinstance(data, dict):
+        raise DataError(f"settings file '{path}' does not hold a JSON object; delete it to start over")
+    return data
 
 
 def target_size(width: int, height: int, short_side: int) -> tuple[int, int]:
@@ -58,15 +81,18 @@ def _resize_one(task: tuple) -> dict:
     src, dst, rel, short_side, quality = task
     entry = {"file": rel}
     try:
-        with Image.open(src) as img:
+        with open_image(src) as img:  # the size from the header, compared here: a bomb is never decoded
             fmt, mode, (w, h) = img.format, img.mode, img.size
+            if w * h > Image.MAX_IMAGE_PIXELS:
+                why = too_many_pixels(src, w, h, Image.MAX_IMAGE_PIXELS)
+                return {**entry, "status": "undecodable", "kind": "too-large", "error": why}
             tw, th = target_size(w, h, short_side)
             if fmt == "JPEG":
                 img.draft("RGB", (tw, th))  # decode at a reduced DCT scale when that is still >= the target
             out = img.convert("RGB")
         if out.size != (tw, th):
             out = out.resize((tw, th), Image.Resampling.LANCZOS)
-    except (OSError, ValueError, Image.DecompressionBombError) as e:
+    except (OSError, ValueError, SyntaxError, EOFError, struct.error) as e:
         report = inspect_file(src)
         return {**entry, "status": "undecodable", "kind": report.kind, "error": report.detail or str(e)}
     Path(dst).parent.mkdir(parents=True, exist_ok=True)
@@ -94,12 +120,13 @@ def _read_manifest(path: Path) -> dict[str, dict]:
     done = {}
     if not path.is_file():
         return done
-    for line in path.read_text().splitlines():
+    for line in _read_text(path, "manifest").splitlines():
         try:
             entry = json.loads(line)
         except json.JSONDecodeError:
             continue  # a line cut short by an interruption: that file is simply redone
-        done[entry["file"]] = entry
+        if isinstance(entry, dict) and isinstance(entry.get("file"), str) and isinstance(entry.get("status"), str):
+            done[entry["file"]] = entry  # anything else is not one of ours: that file is redone
     return done
 
 
@@ -117,7 +144,7 @@ def prepare(src: Path, dst: Path, short_side: int, splits: list[str], quality: i
     dst.mkdir(parents=True, exist_ok=True)
     settings_path = dst / SETTINGS
     if settings_path.is_file():
-        old = json.loads(settings_path.read_text())
+        old = _read_settings(settings_path)
         old_settings = {k: old.get(k) for k in settings}
         if old_settings != settings:
             raise DataError(
@@ -177,11 +204,38 @@ def devkit_labels(devkit: Path, out_dir: Path) -> list[str]:
         wnids = load_meta_file(str(devkit.parent))[1]
     except (RuntimeError, OSError, KeyError) as e:
         raise DataError(f"--devkit: cannot read '{devkit}': {e}") from None
-    with tarfile.open(devkit) as tar:
-        member = next((m for m in tar.getmembers() if m.name.endswith("/data/" + BLACKLIST)), None)
-        if member is not None:
-            (out_dir / BLACKLIST).write_bytes(tar.extractfile(member).read())
+    devkit_blacklist(devkit, out_dir)
     return list(wnids)
+
+
+def devkit_blacklist(devkit: Path, out_dir: Path) -> Path:
+    """The devkit's data/ILSVRC2012_validation_blacklist.txt, checked and written to `out_dir`."""
+    try:
+        with tarfile.open(devkit) as tar:
+            member = next((m for m in tar.getmembers() if m.name.endswith("/data/" + BLACKLIST)), None)
+            if member is None or not member.isfile():
+                raise DataError(f"--devkit: '{devkit}' has no data/{BLACKLIST}")
+            data = tar.extractfile(member).read(1 << 20)
+    except (tarfile.TarError, OSError) as e:
+        raise DataError(f"--devkit: cannot read '{devkit}': {e}") from None
+    return write_blacklist(data, f"data/{BLACKLIST} of '{devkit}'", out_dir)
+
+
+def write_blacklist(data: bytes, source: str, out_dir: Path) -> Path:
+    """Check a blacklist (one image number in 1..50000 a line) and write it to `out_dir` as data.val_blacklist
+    reads it; the same file whichever route sorted the validation set."""
+    try:
+        lines = data.decode("utf-8").split()
+        numbers = [int(x) for x in lines]
+    except (UnicodeDecodeError, ValueError):
+        raise DataError(f"{source}: expected one image number (1..50000) a line") from None
+    if not numbers or not all(1 <= n <= 50_000 for n in numbers) or len(set(numbers)) != len(numbers):
+        raise DataError(f"{source}: expected distinct image numbers in 1..50000, one a line")
+    out = out_dir / BLACKLIST
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text("".join(f"{n}\n" for n in numbers))
+    os.replace(tmp, out)
+    return out
 
 
 def solution_labels(csv_path: Path) -> dict[int, str]:
@@ -189,14 +243,28 @@ def solution_labels(csv_path: Path) -> dict[int, str]:
     if not csv_path.is_file():
         raise DataError(f"--val-solution: '{csv_path}' not found (LOC_val_solution.csv of Kaggle's ImageNet)")
     out = {}
-    with open(csv_path, newline="") as f:
-        for n, row in enumerate(csv.DictReader(f), 2):
-            m = VAL_NAME.match(f"{row.get('ImageId', '')}.JPEG")
-            parts = (row.get("PredictionString") or "").split()
-            if not m or not parts:
-                raise DataError(f"{csv_path}:{n}: expected 'ILSVRC2012_val_NNNNNNNN,<wnid> ...', got {row}")
-            out[int(m.group(1))] = parts[0]
+    text = _read_text(csv_path, "--val-solution")
+    reader = csv.DictReader(text.splitlines())
+    if not {"ImageId", "PredictionString"} <= set(reader.fieldnames or ()):
+        raise DataError(f"{csv_path}:1: expected the header 'ImageId,PredictionString' (Kaggle's LOC_val_solution.csv)")
+    for n, row in enumerate(reader, 2):
+        m = VAL_NAME.match(f"{row.get('ImageId') or ''}.JPEG")
+        parts = (row.get("PredictionString") or "").split()
+        if not m or not parts:
+            # What is wrong, not the row: the file may be anything the user pointed at.
+            raise DataError(
+                f"{csv_path}:{n}: expected columns ImageId (ILSVRC2012_val_NNNNNNNN) and PredictionString "
+                "('<wnid> x y x y ...')"
+            )
+        out[int(m.group(1))] = parts[0]
     return out
+
+
+_CLASS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,99}")
+
+
+def _is_class_name(name) -> bool:
+    return isinstance(name, str) and _CLASS_NAME.fullmatch(name) is not None
 
 
 def sort_val(root: Path, labels: list[str] | dict[int, str], log=print) -> int:
@@ -208,12 +276,20 @@ def sort_val(root: Path, labels: list[str] | dict[int, str], log=print) -> int:
     flat = sorted(p for p in val.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
     lookup = (lambda n: labels[n - 1] if n <= len(labels) else None) if isinstance(labels, list) else labels.get
     moves = []
+    inside = val.resolve()
     for p in flat:
         m = VAL_NAME.match(p.name)
         wnid = lookup(int(m.group(1))) if m else None
         if wnid is None:
             raise DataError(f"--sort-val: no label for '{p}' (expected ILSVRC2012_val_NNNNNNNN.JPEG of the labels)")
-        moves.append((p, val / wnid / p.name))
+        # The class name comes from a file: it must name one folder inside val/, never a path out of it.
+        dst = val / str(wnid) / p.name
+        if not _is_class_name(wnid) or dst.parent.resolve().parent != inside:
+            raise DataError(
+                f"--sort-val: the label of '{p.name}' is not a class folder name (expected a WordNet id such as "
+                "n01440764: letters, digits, '_' or '-'); nothing was moved"
+            )
+        moves.append((p, dst))
     for src, dst in moves:
         dst.parent.mkdir(exist_ok=True)
         os.replace(src, dst)
@@ -262,21 +338,42 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", type=Path, metavar="ROOT", help="inspect every image under ROOT instead of copying")
     ap.add_argument("--out", type=Path, help="--check: also write the list as TSV to this file")
     ap.add_argument("--sort-val", type=Path, metavar="ROOT", help="move ROOT/val's flat images into class folders")
-    labels = ap.add_mutually_exclusive_group()
-    labels.add_argument("--devkit", type=Path, help="--sort-val: ILSVRC2012_devkit_t12.tar.gz (labels, blacklist)")
-    labels.add_argument("--val-solution", type=Path, help="--sort-val: Kaggle's LOC_val_solution.csv (labels)")
+    ap.add_argument("--devkit", type=Path, help="--sort-val: ILSVRC2012_devkit_t12.tar.gz (labels, blacklist)")
+    ap.add_argument("--val-solution", type=Path, help="--sort-val: Kaggle's LOC_val_solution.csv (labels)")
+    ap.add_argument(
+        "--blacklist",
+        type=Path,
+        help="--sort-val --val-solution: the devkit's ILSVRC2012_validation_blacklist.txt (or give --devkit too): "
+        "written beside the sorted set, as the devkit route writes it",
+    )
     args = ap.parse_args(argv)
     try:
         if args.sort_val is not None:
             if args.devkit is None and args.val_solution is None:
                 ap.error("--sort-val needs --devkit or --val-solution")
-            if args.devkit is not None:
-                found = devkit_labels(args.devkit, args.sort_val)
-            else:
+            if args.blacklist is not None and args.devkit is not None:
+                ap.error("--blacklist: the devkit already holds the blacklist (give one of the two)")
+            if args.val_solution is not None:
                 found = solution_labels(args.val_solution)
+                if args.devkit is not None:
+                    devkit_blacklist(args.devkit, args.sort_val)
+                elif args.blacklist is not None:
+                    if not args.blacklist.is_file():
+                        raise DataError(f"--blacklist: '{args.blacklist}' not found")
+                    write_blacklist(
+                        args.blacklist.read_bytes()[: 1 << 20], f"--blacklist '{args.blacklist}'", args.sort_val
+                    )
+            else:
+                found = devkit_labels(args.devkit, args.sort_val)
             sort_val(args.sort_val, found)
             if (args.sort_val / BLACKLIST).is_file():
                 print(f"wrote {args.sort_val / BLACKLIST} (data.val_blacklist: {BLACKLIST})")
+            else:
+                print(
+                    f"warning: no {BLACKLIST} written: the record configs count accuracy without the devkit's "
+                    "blacklisted images (data.val_blacklist); rerun with --blacklist FILE or --devkit ARCHIVE",
+                    file=sys.stderr,
+                )
             return 0
         if args.check is not None:
             odd = check(args.check, args.workers, args.out)

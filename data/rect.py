@@ -13,8 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import UnidentifiedImageError
 
+from data.check import header_size
 from recipes.errors import DataError
 
 MULTIPLE = 8  # the longer side is a multiple of this (friendlier to convolution kernels)
@@ -29,8 +30,7 @@ class RectBatch:
 
 def _size(path: str) -> tuple[int, int]:
     try:
-        with Image.open(path) as img:  # reads the header only
-            return img.size
+        return header_size(path)  # the header only, however large the image says it is
     except (OSError, UnidentifiedImageError, ValueError) as e:
         raise DataError(f"cannot read the size of '{path}' for rectangular validation: {e}") from None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 import numpy as np
@@ -83,6 +84,15 @@ class _RectValSet(Dataset):
         return rect_transform(load_rgb(self.split.files[j], self.max_pixels), h, w), self.split.labels[j]
 
 
+def _worker_message(err: DataError) -> str:
+    """The error's own line: a DataLoader worker's error arrives as 'Caught DataError in DataLoader worker process
+    0.' followed by the worker's whole traceback, whose last line is the original 'module.DataError: message'."""
+    lines = [ln for ln in str(err).splitlines() if ln.strip()]
+    if len(lines) > 1 and lines[0].startswith("Caught "):
+        return re.sub(r"^[\w.]*Error: ", "", lines[-1])
+    return str(err)
+
+
 class _DeviceBatches:
     """Iterates a DataLoader, moving each uint8 batch to the device and normalizing it there."""
 
@@ -93,6 +103,12 @@ class _DeviceBatches:
         return self.steps
 
     def __iter__(self):
+        try:
+            yield from self._batches()
+        except DataError as e:
+            raise DataError(_worker_message(e)) from None
+
+    def _batches(self):
         for images, labels in self.loader:
             if isinstance(images, (list, tuple)):  # AugMix views: [clean; aug 1; ...], as timm's JsdCrossEntropy reads
                 images, labels = torch.cat(images), labels.repeat(len(images))

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+import struct
 
 import numpy as np
 import torch
 import torchvision.transforms.functional as TF
 from PIL import Image
 
-from data.check import too_many_pixels
+from data.check import open_image, too_many_pixels
 from recipes.errors import DataError
 
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
@@ -19,13 +20,14 @@ IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 def load_rgb(path: str, max_pixels: int | None = None) -> Image.Image:
     """Decode any image PIL reads (CMYK and grayscale JPEG, PNG content named .JPEG) as RGB; an image with more
     than `max_pixels` pixels (data.max_image_pixels) is refused before it is decoded."""
+    limit = Image.MAX_IMAGE_PIXELS if max_pixels is None else max_pixels
     try:
-        with Image.open(path) as img:
-            if max_pixels is not None and img.width * img.height > max_pixels:
-                raise DataError(too_many_pixels(path, img.width, img.height, max_pixels))
+        with open_image(path) as img:  # the size from the header, compared here (not PIL's bomb check)
+            if img.width * img.height > limit:
+                raise DataError(too_many_pixels(path, img.width, img.height, limit))
             img.load()
             return img.convert("RGB")
-    except (OSError, ValueError, Image.DecompressionBombError) as e:
+    except (OSError, ValueError, SyntaxError, struct.error, EOFError) as e:
         raise DataError(f"cannot decode image '{path}': {e}") from None
 
 

@@ -24,9 +24,12 @@ def run_cli(args) -> int:
         if args.plan:
             from recipes.schedule_report import print_plan
 
-            for flag, value in (("--world-size", args.world_size), ("--num-images", args.num_images)):
-                if value is not None and value < 1:
-                    raise ConfigError(f"{flag}: expected a positive integer, got {value}")
+            for flag, value, limit in (
+                ("--world-size", args.world_size, 2**20),
+                ("--num-images", args.num_images, 10**9),
+            ):
+                if value is not None and not 1 <= value <= limit:
+                    raise ConfigError(f"{flag}: expected an integer in [1, {limit:,}], got {value}")
 
             return print_plan(cfg, args.num_images, args.world_size)
         from recipes.trainer import run_dir_for, train

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from recipes.schedule import Schedule
 
 IMAGENET_TRAIN_IMAGES = 1_281_167
@@ -25,7 +27,10 @@ def plot_plan(plan: Schedule, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = list(range(plan.total_steps))
+    # The schedules are piecewise linear between epoch boundaries: those and 2,000 evenly spaced steps draw them
+    # exactly, whatever the plan's length (a plan of 10^13 steps must not take 10^13 evaluations).
+    bounds = {e.first_step for e in plan.epochs} | {plan.last_step, int(plan.warmup_steps())}
+    steps = sorted(bounds | {int(s) for s in np.linspace(0, plan.last_step, 2000)})
     series = [
         ("learning rate", plan.lr),
         ("momentum", plan.momentum),

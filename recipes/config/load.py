@@ -10,6 +10,7 @@ import dataclasses
 import difflib
 import math
 import re
+import reprlib
 import types
 import typing
 from pathlib import Path
@@ -17,11 +18,20 @@ from typing import Any, Literal
 
 import yaml
 
-from recipes.config.schema import DOMAINS, Config, _is_name, _plain, _type_name, domain_text
+from recipes.config.schema import Config, _is_name, _plain, _type_name, domain_rule, domain_text
 from recipes.errors import ConfigError
 
 # ---------------------------------------------------------------------------------------------------------
 # Conversion of plain YAML data into the typed schema.
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 2, 4, 4, 60, 60
+
+
+def show(value: Any) -> str:
+    """repr() of a value for an error message, bounded: a huge or deeply nested value is abbreviated, never built."""
+    return _REPR.repr(value)
 
 
 def _closest(full: str, valid: list[str]) -> str:
@@ -33,7 +43,7 @@ def _closest(full: str, valid: list[str]) -> str:
 
 def _convert(value: Any, tp: Any, path: str) -> Any:
     origin = typing.get_origin(tp)
-    bad = ConfigError(f"{path}: expected {_type_name(tp)}, got {value!r}")
+    bad = ConfigError(f"{path}: expected {_type_name(tp)}, got {show(value)}")
     if origin is Literal:
         if value not in typing.get_args(tp):
             choices = [a for a in typing.get_args(tp) if isinstance(a, str)]
@@ -106,12 +116,12 @@ def _check_domain(value: Any, tp: Any, domain: str, path: str) -> None:
         return
     if isinstance(value, float) and not math.isfinite(value):
         extra = f" {domain_text(domain)}" if domain else ""
-        raise ConfigError(f"{path}: expected a finite number{extra}, got {value!r}")
+        raise ConfigError(f"{path}: expected a finite number{extra}, got {show(value)}")
     for d in parts:
-        test, text = DOMAINS[d]
+        test, text = domain_rule(d)
         if not test(value):
             what = _type_name(_plain(tp))
-            raise ConfigError(f"{path}: expected {what} {text}, got {value!r}")
+            raise ConfigError(f"{path}: expected {what} {text}, got {show(value)}")
 
 
 def _build(cls: type, data: dict, path: str) -> Any:
@@ -129,6 +139,11 @@ def _build(cls: type, data: dict, path: str) -> Any:
             full = f"{path}.{name}" if path else name
             raise ConfigError(f"{full}: required key is missing ({f.metadata.get('help', '')})")
     return cls(**kwargs)
+
+
+# Validation resizes the shorter side to size / val_crop_ratio before the center crop; beyond this the resized
+# image alone is gigabytes.
+MAX_VAL_RESIZE = 8192
 
 
 def _validate(cfg: Config) -> None:
@@ -149,28 +164,98 @@ def _validate(cfg: Config) -> None:
             f"optim.trust_clip_min: {cfg.optim.trust_clip_min} is above optim.trust_clip_max "
             f"({cfg.optim.trust_clip_max})"
         )
+    for i, phase in enumerate(cfg.phases):
+        size = phase.val_image_size or phase.image_size
+        if round(size / cfg.data.val_crop_ratio) > MAX_VAL_RESIZE:
+            raise ConfigError(
+                f"data.val_crop_ratio: {cfg.data.val_crop_ratio} makes phase {i}'s validation resize the shorter "
+                f"side to {round(size / cfg.data.val_crop_ratio):,} px for a {size} px crop (at most "
+                f"{MAX_VAL_RESIZE:,})"
+            )
     for name, root in cfg.data.roots.items():
         if not _is_name(name) or not root.strip():
-            raise ConfigError(f"data.roots: expected names mapped to non-empty paths, got {name!r}: {root!r}")
+            raise ConfigError(f"data.roots: expected names mapped to non-empty paths, got {show(name)}: {show(root)}")
 
 
 # ---------------------------------------------------------------------------------------------------------
 # Files, inheritance and overrides.
 
 
+# A config has a few hundred values; aliases that repeat aliases ("billion laughs") expand a small file into
+# billions. The composed node graph is small (an alias is one shared node), so its expanded size is counted
+# there, before anything is constructed.
+MAX_YAML_VALUES = 100_000
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
 class _StrictLoader(yaml.SafeLoader):
-    """YAML's safe loader, except that a key given twice in one mapping is an error (not: the last one wins)."""
+    """YAML's safe loader, except that a key given twice in one mapping is an error (not: the last one wins) and
+    a key must be a scalar. The standard merge key (`<<: *defaults`) works: the mapping's own keys override the
+    merged ones, as YAML specifies."""
 
     def construct_mapping(self, node, deep=False):
         seen: dict = {}
         for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            if isinstance(key, typing.Hashable) and key in seen:
+            if key_node.tag == _MERGE_TAG:
+                continue
+            if not isinstance(key_node, yaml.ScalarNode):
+                kind = "list" if isinstance(key_node, yaml.SequenceNode) else "mapping"
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key '{key}' (first at line {seen[key].line + 1})", key_node.start_mark
+                    None, None, f"a key must be a name, got a {kind}", key_node.start_mark
+                )
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                name = key if isinstance(key, str) and len(key) < 60 else show(key)
+                first = seen[key].line + 1
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key '{name}' (first at line {first})", key_node.start_mark
                 )
             seen[key] = key_node.start_mark
         return super().construct_mapping(node, deep)
+
+
+def _expanded_size(root) -> int:
+    """Values a composed YAML node graph expands to (aliases counted every time they are used)."""
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in active:
+            raise yaml.constructor.ConstructorError(None, None, "an alias refers to itself", node.start_mark)
+        active.add(key)
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            total += sum(size(n) for n in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            total += sum(size(k) + size(v) for k, v in node.value)
+        active.discard(key)
+        sizes[key] = min(total, MAX_YAML_VALUES + 1)
+        return sizes[key]
+
+    return size(root)
+
+
+def parse_yaml(text: str):
+    """YAML text -> plain data, strictly (see _StrictLoader), refusing a document that expands to more than
+    MAX_YAML_VALUES values. Raises yaml.YAMLError, or ConfigError for the size."""
+    loader = _StrictLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if _expanded_size(node) > MAX_YAML_VALUES:
+            raise ConfigError(
+                f"the YAML expands to more than {MAX_YAML_VALUES:,} values (aliases that repeat aliases); "
+                "a config has a few hundred"
+            )
+        return loader.construct_document(node)
+    except RecursionError:
+        raise ConfigError("the YAML is nested too deeply") from None
+    finally:
+        loader.dispose()
 
 
 def _read_yaml(path: Path) -> dict:
@@ -183,7 +268,9 @@ def _read_yaml(path: Path) -> dict:
     except OSError as e:
         raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from None
     try:
-        data = yaml.load(text, Loader=_StrictLoader)
+        data = parse_yaml(text)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -215,7 +302,7 @@ def load_yaml_tree(path: str | Path, _seen: tuple = ()) -> dict:
     if isinstance(parents, str):
         parents = [parents]
     if not isinstance(parents, list) or not all(isinstance(p, str) and p for p in parents):
-        raise ConfigError(f"{path}: extends: expected a YAML file name or a list of them, got {parents!r}")
+        raise ConfigError(f"{path}: extends: expected a YAML file name or a list of them, got {show(parents)}")
     merged: dict = {}
     for parent in parents:
         if Path(parent).suffix.lower() not in (".yaml", ".yml"):
@@ -227,7 +314,9 @@ def load_yaml_tree(path: str | Path, _seen: tuple = ()) -> dict:
 
 def _set_dotted(tree: dict, dotted: str, raw: str) -> None:
     try:
-        value = yaml.safe_load(raw) if raw != "" else ""
+        value = parse_yaml(raw) if raw != "" else ""
+    except ConfigError as e:
+        raise ConfigError(f"{dotted}: {e}") from None
     except yaml.YAMLError:
         value = raw
     keys = dotted.split(".")
@@ -235,17 +324,27 @@ def _set_dotted(tree: dict, dotted: str, raw: str) -> None:
     schema: Any = Config
     for i, key in enumerate(keys):
         here = ".".join(keys[: i + 1])
+        above = ".".join(keys[:i]) or "the config"
         last = i == len(keys) - 1
         if isinstance(node, list):
+            if typing.get_origin(_plain(schema)) is not list:
+                raise ConfigError(f"{above}: expected {_type_name(_plain(schema))}, got a list")
             if not key.isdigit() or int(key) >= len(node):
                 raise ConfigError(f"{here}: expected a list index below {len(node)}")
             idx = int(key)
-            schema = typing.get_args(schema)[0]
+            schema = typing.get_args(_plain(schema))[0]
             if last:
                 node[idx] = value
-            else:
+            elif isinstance(node[idx], (dict, list)):
                 node = node[idx]
+            elif node[idx] is None:
+                node[idx] = {} if dataclasses.is_dataclass(schema) else []
+                node = node[idx]
+            else:
+                raise ConfigError(f"{here}: expected {_type_name(_plain(schema))}, got {show(node[idx])}")
             continue
+        if not isinstance(node, dict):
+            raise ConfigError(f"{above}: expected {_type_name(_plain(schema))}, got {show(node)}")
         if dataclasses.is_dataclass(schema):
             names = [f.name for f in dataclasses.fields(schema)]
             if key not in names:
@@ -253,10 +352,16 @@ def _set_dotted(tree: dict, dotted: str, raw: str) -> None:
             schema = typing.get_type_hints(schema)[key]
             if _plain(schema) is str and last and not isinstance(value, str) and value is not None:
                 value = raw  # data.root=123 means the folder "123"
+        elif typing.get_origin(_plain(schema)) is dict:
+            schema = typing.get_args(_plain(schema))[1]
+        else:
+            raise ConfigError(f"{above}: expected {_type_name(_plain(schema))}, cannot set '{dotted}'")
         if last:
             node[key] = value
         else:
             if not isinstance(node.get(key), (dict, list)):
+                if node.get(key) is not None:
+                    raise ConfigError(f"{here}: expected {_type_name(_plain(schema))}, got {show(node[key])}")
                 node[key] = {} if dataclasses.is_dataclass(schema) or typing.get_origin(schema) is dict else []
             node = node[key]
 

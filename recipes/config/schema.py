@@ -7,6 +7,7 @@ Loading YAML into it is recipes/config/load.py; the reference table of docs/conf
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -51,18 +52,37 @@ DOMAINS: dict[str, tuple[Any, str]] = {
 }
 
 
+_BOUND = re.compile(r"(<=|>=)(-?[0-9][0-9_.e+]*)")
+
+
+def domain_rule(d: str) -> tuple[Any, str]:
+    """(test, text) of one domain word: a key of DOMAINS, or a bound such as `<=4096` or `>=0.05` (a limit of what
+    the code can do with the value: a thread count, an image size, a seed NumPy accepts)."""
+    if d in DOMAINS:
+        return DOMAINS[d]
+    m = _BOUND.fullmatch(d)
+    if not m:
+        raise KeyError(f"unknown domain {d!r}")
+    op, text = m.groups()
+    limit = float(text) if any(c in text for c in ".e") else int(text)
+    shown = f"{limit:,}" if isinstance(limit, int) else f"{limit:g}"
+    if op == "<=":
+        return (lambda v: v <= limit), f"<= {shown}"
+    return (lambda v: v >= limit), f">= {shown}"
+
+
 def domain_text(domain: str) -> str:
     """The allowed values of a domain, as the reference and the errors say them ('' = any value of the type)."""
-    return ", ".join(DOMAINS[d][1].removeprefix("that is ") for d in domain.split())
+    return ", ".join(domain_rule(d)[1].removeprefix("that is ") for d in domain.split())
 
 
 @dataclass
 class Phase:
     """One block of epochs of the progressive-resizing schedule."""
 
-    epochs: int = _f(help="number of epochs in this phase", domain=">0")
-    image_size: int = _f(help="training crop size in pixels (square)", domain=">0")
-    batch_size: int = _f(help="GLOBAL batch size (summed over all ranks)", domain=">0")
+    epochs: int = _f(help="number of epochs in this phase", domain=">0 <=10000")
+    image_size: int = _f(help="training crop size in pixels (square)", domain=">0 <=4096")
+    batch_size: int = _f(help="GLOBAL batch size (summed over all ranks)", domain=">0 <=1048576")
     min_scale: float = _f(0.35, help="smallest area fraction of RandomResizedCrop", domain="(0,1]")
     min_object_area: float = _f(
         0.0,
@@ -70,7 +90,7 @@ class Phase:
         "of the image, so the crop area's lower bound is max(min_scale, min_object_area) (docs/input.md)",
         domain="[0,1]",
     )
-    val_image_size: int | None = _f(None, help="validation crop size; default: image_size", domain=">0")
+    val_image_size: int | None = _f(None, help="validation crop size; default: image_size", domain=">0 <=4096")
     rect_val: bool = _f(False, help="rectangular validation (aspect-ratio batches, no crop)")
     root: str = _f("full", help="which entry of data.roots this phase reads (pre-resized copies)", domain="nonempty")
 
@@ -79,11 +99,11 @@ class Phase:
 class RunConfig:
     name: str = _f("run", help="run name; the run directory is <out_dir>/<name>", domain="name", trains=False)
     out_dir: str = _f("runs", help="parent directory of run directories", domain="nonempty", trains=False)
-    seed: int = _f(0, help="global seed; rank r uses seed + r for its own randomness", domain=">=0")
+    seed: int = _f(0, help="global seed; rank r uses seed + r for its own randomness", domain=">=0 <=2147483647")
     deterministic: bool = _f(False, help="use deterministic algorithms (slower; for exact resume tests)")
     device: Literal["auto", "cpu", "cuda"] = _f("auto", help="auto = cuda if available else cpu")
     threads: int = _f(
-        0, help="torch intra-op threads per process; 0 = cores / local processes", domain=">=0", trains=False
+        0, help="torch intra-op threads per process; 0 = cores / local processes", domain=">=0 <=1024", trains=False
     )
     target_top1: float | None = _f(
         None, help="top-1 accuracy (%) whose first crossing is reported", domain="[0,100]", trains=False
@@ -92,9 +112,11 @@ class RunConfig:
         None, help="top-5 accuracy (%) whose first crossing is reported", domain="[0,100]", trains=False
     )
     stop_at_target: bool = _f(False, help="stop training once every given target is reached", trains=False)
-    nodes: int = _f(1, help="machines the config is written for (launcher and --plan)", domain=">0", trains=False)
+    nodes: int = _f(
+        1, help="machines the config is written for (launcher and --plan)", domain=">0 <=65536", trains=False
+    )
     procs_per_node: int = _f(
-        1, help="processes (GPUs) per machine the config is written for", domain=">0", trains=False
+        1, help="processes (GPUs) per machine the config is written for", domain=">0 <=1024", trains=False
     )
     amp: Literal["none", "bf16", "fp16"] = _f("none", help="mixed precision dtype")
     channels_last: bool = _f(False, help="NHWC memory format for model and inputs")
@@ -114,23 +136,28 @@ class DataConfig:
         help="named dataset copies (e.g. pre-resized '160'); 'full' defaults to data.root", factory=dict, trains=False
     )
     workers: int = _f(
-        1, help="decoding workers (threads for DALI, processes for torch) per rank", domain=">=0", trains=False
+        1, help="decoding workers (threads for DALI, processes for torch) per rank", domain=">=0 <=256", trains=False
     )
-    val_crop_ratio: float = _f(0.875, help="validation: resize shorter side to size/ratio, center crop", domain="(0,1]")
-    val_batch_size: int = _f(64, help="per-rank validation batch size", domain=">0", trains=False)
+    val_crop_ratio: float = _f(
+        0.875, help="validation: resize shorter side to size/ratio, center crop", domain="(0,1] >=0.05"
+    )
+    val_batch_size: int = _f(64, help="per-rank validation batch size", domain=">0 <=4096", trains=False)
     skip_corrupt: bool = _f(False, help="skip undecodable files (and report them) instead of failing")
-    synthetic_size: int = _f(1281167, help="synthetic backend: training images per epoch", domain=">0")
-    synthetic_classes: int = _f(1000, help="synthetic backend: number of classes", domain=">0")
+    synthetic_size: int = _f(1281167, help="synthetic backend: training images per epoch", domain=">0 <=1000000000")
+    synthetic_classes: int = _f(1000, help="synthetic backend: number of classes", domain=">0 <=100000")
     dali_dtype: Literal["auto", "float32", "float16"] = _f(
         "auto", help="dali: output dtype; auto = float16 on CUDA with run.amp=fp16, else float32"
     )
     max_image_pixels: int = _f(
         89_478_485,
         help="refuse an image with more pixels (a decompression bomb) in every backend; default: PIL's limit",
-        domain=">0",
+        domain=">0 <=2147483647",
     )
     dali_prefetch: int = _f(
-        2, help="dali: batches prepared ahead of the training loop (prefetch_queue_depth)", domain=">0", trains=False
+        2,
+        help="dali: batches prepared ahead of the training loop (prefetch_queue_depth)",
+        domain=">0 <=64",
+        trains=False,
     )
     val_blacklist: str = _f(
         "",
@@ -146,7 +173,7 @@ class DataConfig:
         0,
         help="torch backend: AugMix splits (timm AugMixDataset: one clean view + aug_splits-1 augmented views) "
         "trained with timm's JsdCrossEntropy; 0 = off, else >= 2",
-        domain=">=0",
+        domain=">=0 <=16",
     )
 
 
@@ -194,18 +221,20 @@ class OptimConfig:
 @dataclass
 class CommConfig:
     backend: AllreduceName = _f("ddp", help="gradient allreduce backend (recipes/registry.py; see recipes/comm)")
-    bucket_cap_mb: float = _f(25.0, help="ddp: bucket size in MB", domain=">0")
+    bucket_cap_mb: float = _f(25.0, help="ddp: bucket size in MB", domain=">0 <=65536")
     static_graph: bool = _f(False, help="ddp: static_graph=True")
     bucket_mb: float = _f(
         8.0,
         help="multistream: target bucket size in MB (buckets are balanced around it); horovod: fusion threshold",
-        domain=">0",
+        domain=">0 <=65536",
     )
     streams: int = _f(
-        4, help="multistream: communicators K (process groups; NCCL streams / gloo TCP connections)", domain=">0"
+        4, help="multistream: communicators K (process groups; NCCL streams / gloo TCP connections)", domain=">0 <=64"
     )
     slices: int = _f(
-        2, help="multistream: slices S per bucket; slice j of bucket b goes to communicator (b*S+j) mod K", domain=">0"
+        2,
+        help="multistream: slices S per bucket; slice j of bucket b goes to communicator (b*S+j) mod K",
+        domain=">0 <=64",
     )
     compression: Literal["none", "fp16", "bf16"] = _f(
         "none", help="multistream/horovod: gradient wire format (averaged in fp32 before the cast)"
@@ -220,13 +249,15 @@ class CommConfig:
     )
     tune_method: Literal["bayes", "grid"] = _f("bayes", help="autotune search: Gaussian-process EI or a grid")
     tune_bucket_mb: list[float] = _f(
-        help="autotune: bucket sizes to search (MB)", factory=lambda: [2.0, 4.0, 8.0, 16.0, 32.0], domain="nonempty >0"
+        help="autotune: bucket sizes to search (MB)",
+        factory=lambda: [2.0, 4.0, 8.0, 16.0, 32.0],
+        domain="nonempty >0 <=65536",
     )
     tune_streams: list[int] = _f(
-        help="autotune: communicator counts to search", factory=lambda: [1, 2, 3, 4], domain="nonempty >0"
+        help="autotune: communicator counts to search", factory=lambda: [1, 2, 3, 4], domain="nonempty >0 <=64"
     )
     tune_slices: list[int] = _f(
-        help="autotune: slice counts to search", factory=lambda: [1, 2, 4], domain="nonempty >0"
+        help="autotune: slice counts to search", factory=lambda: [1, 2, 4], domain="nonempty >0 <=64"
     )
     tune_start: Literal["config", "model"] = _f(
         "config",
@@ -242,10 +273,10 @@ class CommConfig:
     latency_us: float = _f(
         50.0, help="tune_start model: per-message latency of one ring step (microseconds)", domain=">=0"
     )
-    tune_max_candidates: int = _f(10, help="autotune: candidates measured before the best is kept", domain=">0")
-    tune_warmup_steps: int = _f(3, help="autotune: steps discarded before the first measurement", domain=">=0")
-    tune_steps_per_window: int = _f(2, help="autotune: steps averaged into one window", domain=">0")
-    tune_windows: int = _f(3, help="autotune: windows per candidate; its score is their median", domain=">0")
+    tune_max_candidates: int = _f(10, help="autotune: candidates measured before the best is kept", domain=">0 <=1000")
+    tune_warmup_steps: int = _f(3, help="autotune: steps discarded before the first measurement", domain=">=0 <=10000")
+    tune_steps_per_window: int = _f(2, help="autotune: steps averaged into one window", domain=">0 <=1000")
+    tune_windows: int = _f(3, help="autotune: windows per candidate; its score is their median", domain=">0 <=1000")
     tune_cache: str | None = _f(
         "",
         help="autotune: JSON file of winners ('' = ~/.cache/dawnbench/allreduce_tuning.json, null = no cache)",
@@ -261,7 +292,9 @@ class CommConfig:
 @dataclass
 class DistConfig:
     backend: Literal["auto", "gloo", "nccl"] = _f("auto", help="process group backend; auto: nccl on GPU")
-    timeout_s: float = _f(300.0, help="collective timeout; a dead or hung peer fails within this time", domain=">0")
+    timeout_s: float = _f(
+        300.0, help="collective timeout; a dead or hung peer fails within this time", domain=">0 <=604800"
+    )
 
 
 @dataclass

@@ -25,6 +25,19 @@ def _accuracy_counts(logits: torch.Tensor, labels: torch.Tensor) -> tuple[int, i
     return int(hit[:, :1].sum()), int(hit.any(dim=1).sum())
 
 
+def check_logits(bad: int, n: int, what: str = "validation") -> None:
+    """The one rule for every accuracy this repository reports (validation, evaluate.py, --latency): no image may
+    have non-finite logits, and there must be images. top-k of NaN or inf logits picks arbitrary classes, so an
+    accuracy computed from them means nothing."""
+    if bad:
+        raise NonFiniteError(
+            f"{what}: {bad} of {n} images got non-finite logits (NaN/inf weights or activations); "
+            "no accuracy is reported"
+        )
+    if n == 0:
+        raise NonFiniteError(f"{what}: no image was classified; no accuracy is reported")
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, batches, dist: DistInfo, amp_ctx=nullcontext) -> dict:
     """Top-1/top-5 over every validation image exactly once: each rank counts its disjoint share, then sum."""
@@ -41,12 +54,7 @@ def evaluate(model: nn.Module, batches, dist: DistInfo, amp_ctx=nullcontext) -> 
         c1, c5, n = c1 + a, c5 + b, n + labels.numel()
     c1, c5, n, loss_sum, bad = all_reduce_sum([c1, c5, n, loss_sum, bad], dist)
     n = int(n)
-    if bad:
-        # top-k of NaN logits picks arbitrary classes: an accuracy computed from them means nothing.
-        raise NonFiniteError(
-            f"validation: {int(bad)} of {n} images got non-finite logits (NaN/inf weights or activations); "
-            "no accuracy is reported"
-        )
+    check_logits(int(bad), n)
     return {"top1": 100.0 * c1 / max(n, 1), "top5": 100.0 * c5 / max(n, 1), "count": n, "loss": loss_sum / max(n, 1)}
 
 
@@ -170,7 +178,7 @@ def evaluate_checkpoint(
     )
     dist = setup(cfg)
     try:
-        pipe = create_input(cfg, dist)
+        pipe = create_input(cfg, dist, val_classes=ck.require_model_info().classes)  # val/ alone is enough
         _check_classes(pipe.classes, ck, cfg.data.root)
         model = TTA[tta](load_model(ck, cfg)).to(dist.device)
         if cfg.run.channels_last:

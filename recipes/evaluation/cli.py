@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 from recipes.errors import CheckpointError, ConfigError, NonFiniteError
@@ -31,11 +33,62 @@ def _write_json(path: str | None, data: dict) -> None:
         Path(path).write_text(json.dumps(data, indent=1) + "\n")
 
 
+# (flag, attribute, lowest, highest): what each number can be; None = no bound on that side.
+_NUMBERS = [
+    ("--batch-size", "batch_size", 1, 4096),
+    ("--image-size", "image_size", 1, 4096),
+    ("--threads", "threads", 1, 1024),
+    ("--seed", "seed", 0, 2**31 - 1),
+    ("--images", "images", 0, None),
+    ("--warmup", "warmup", 0, 10**6),
+    ("--calib-images", "calib_images", 1, 10**6),
+    ("--price-per-hour", "price_per_hour", 0, None),
+]
+
+
+def check_args(args) -> None:
+    """Every number in its range and every output writable, before anything is loaded or measured."""
+    for flag, name, low, high in _NUMBERS:
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        finite = isinstance(value, int) or math.isfinite(value)
+        if not finite or (low is not None and value < low) or (high is not None and value > high):
+            allowed = f"in [{low}, {high:,}]" if high is not None else f">= {low}"
+            kind = "an integer" if isinstance(value, int) else "a finite number"
+            raise ConfigError(f"{flag}: expected {kind} {allowed}, got {value}")
+    for flag, name in (("--out", "out"), ("--entry", "entry"), ("--export-file", "export_file")):
+        path = getattr(args, name, None)
+        if path is not None:
+            check_writable(flag, path)
+
+
+def check_writable(flag: str, path: str) -> None:
+    """Refuse an output path that is a directory or that cannot be written, before the work that fills it."""
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{flag}: '{p}' is a directory; expected a file name")
+    parent = p.parent
+    while not parent.exists():  # created when written: the nearest existing folder must take it
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{flag}: cannot write '{p}': '{parent}' is not a directory")
+    try:  # a real probe: os.access says yes to root on a read-only mount
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".evaluate-probe-"):
+            pass
+        if p.exists():
+            with open(p, "ab"):
+                pass
+    except OSError as e:
+        raise ConfigError(f"{flag}: cannot write '{p}': {e.strerror or e}") from None
+
+
 def run_evaluate_cli(args) -> int:
     from recipes.errors import DataError
 
     main = int(os.environ.get("RANK", "0")) == 0
     try:
+        check_args(args)
         if args.export:
             if int(os.environ.get("WORLD_SIZE", "1")) > 1:
                 raise ConfigError("--export: run it without torchrun")

@@ -23,7 +23,7 @@ import torch
 from data.transforms import load_rgb, val_transform
 from recipes.config import Config
 from recipes.errors import ConfigError
-from recipes.evaluation.accuracy import eval_config, load_model
+from recipes.evaluation.accuracy import check_logits, eval_config, load_model
 from recipes.evaluation.inference import Runner, build_runner, check_mode
 from recipes.run.checkpoint_files import load_checkpoint
 from recipes.run.outputs import git_commit
@@ -106,6 +106,7 @@ def run_protocol(
     pre_ms = np.zeros(n)
     model_ms = {r.mode: np.zeros(n) for r in runners}
     top = {r.mode: [] for r in runners}
+    nonfinite = {r.mode: 0 for r in runners}
     warmed = set()
     for c, start in enumerate(range(0, n, chunk)):
         host = []
@@ -128,8 +129,11 @@ def run_protocol(
                 logits = r.fn(image)
                 preds.append(logits.topk(min(5, logits.shape[-1]), dim=-1).indices.cpu().view(-1))
                 times[i] = (time.perf_counter() - t0) * 1e3
+                nonfinite[r.mode] += int(not torch.isfinite(logits).all())  # after the timing: not part of it
         if log and (c + 1) % 10 == 0:
             log(f"  {min(start + chunk, n)}/{n} images")
+    for r in runners:  # accuracy mode's rule, for every mode measured
+        check_logits(nonfinite[r.mode], n, f"--latency ({r.mode})")
     y = torch.as_tensor(list(labels)).view(-1, 1)
     ref = torch.stack(top[runners[0].mode])[:, :1]
     results = {}

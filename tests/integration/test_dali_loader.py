@@ -171,7 +171,8 @@ def test_skip_corrupt_skips_and_reports_every_bad_file(tiny_root, tmp_path, caps
     assert "empty" in reasons[str(bad["empty"])] and "not an image" in reasons[str(bad["text"])]
     assert "truncated" in reasons[str(bad["truncated"])]
     err = capsys.readouterr().err
-    assert all(f"skipping corrupt file '{p}'" in err for p in bad.values())
+    # Found by the header scan, before anything is decoded.
+    assert all(f"skipping training file: cannot decode '{p}'" in err for p in bad.values())
     pipe.close()
 
 
@@ -186,7 +187,7 @@ def test_undecodable_validation_image_is_named(tiny_root, tmp_path):
     )
     train, val = scan_split(tmp_path / "data", "train"), scan_split(tmp_path / "data", "val")
     pipe = _pipe(cfg, 0, 1, train, val)
-    with pytest.raises(DataError, match=f"cannot decode validation image '{victim}'"):
+    with pytest.raises(DataError, match=f"'{victim}': truncated JPEG"):
         list(pipe.val_batches(cfg.phases[0]))
 
 

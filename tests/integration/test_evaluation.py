@@ -121,7 +121,7 @@ def test_bad_checkpoints_and_options_exit_2(tiny_checkpoint, tiny_root, tmp_path
     assert "checkpoint was made for a different model" in capsys.readouterr().err
     cases = [
         (["--latency", "--optimize", "fast"], "unknown mode 'fast' (expected one of none, fuse"),
-        (["--image-size", "-4"], "--image-size: expected a positive integer"),
+        (["--image-size", "-4"], "--image-size: expected an integer in [1, 4,096], got -4"),
         (["--entry", str(tmp_path / "e.json")], "--entry: the DAWNBench inference entry comes from"),
     ]
     for opts, msg in cases:

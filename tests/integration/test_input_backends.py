@@ -167,7 +167,7 @@ def test_dali_refuses_images_above_the_pixel_limit_and_non_utf8_names(tiny_root,
     pipe.close()
     assert str(e.value) == (
         f"image '{bomb}' has 3000x2000 = 6,000,000 pixels, above data.max_image_pixels (5,000,000): refused "
-        "before decoding (a decompression bomb, or raise the limit)"
+        "before decoding (a decompression bomb, or raise the limit) (set data.skip_corrupt: true to skip such files)"
     )
     with pytest.raises(DataError, match="above data.max_image_pixels"):
         load_rgb(str(bomb), 5_000_000)
@@ -186,7 +186,10 @@ def test_dali_refuses_images_above_the_pixel_limit_and_non_utf8_names(tiny_root,
     pipe = create_input(tiny_config(root, tmp_path, "data.backend=dali"), CPU)
     with pytest.raises(DataError) as e:
         pipe.val_batches(cfg.phases[0])
-    assert str(e.value) == (f"file name {odd!r} is not valid UTF-8 (DALI reads UTF-8 names only)")
+    assert str(e.value) == (
+        f"file name {odd!r} is not valid UTF-8 (DALI reads UTF-8 names only) (set data.skip_corrupt: true to skip "
+        "such files)"
+    )
     pipe.close()
     torch_pipe = create_input(tiny_config(root, tmp_path, "data.backend=torch"), CPU)  # PIL opens it
     assert sum(len(y) for _, y in torch_pipe.val_batches(cfg.phases[0])) == 21

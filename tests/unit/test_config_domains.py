@@ -39,6 +39,33 @@ OUTSIDE = {  # override texts outside each domain
     "nonempty": ["''", "[]", "'   '"],
     "name": ["''", "a/b", "..", ".", "../x"],
 }
+
+
+def _bound(d: str):
+    """(op, limit) of a bound domain word such as `<=4096` or `>=0.05`, else None."""
+    for op in ("<=", ">="):
+        if d.startswith(op) and d not in ORACLE:
+            text = d[2:]
+            return op, float(text) if any(c in text for c in ".e") else int(text)
+    return None
+
+
+def oracle(d: str):
+    if d in ORACLE:
+        return ORACLE[d]
+    op, limit = _bound(d)
+    return (lambda v: v <= limit) if op == "<=" else (lambda v: v >= limit)
+
+
+def outside(d: str) -> list[str]:
+    if d in OUTSIDE:
+        return OUTSIDE[d]
+    op, limit = _bound(d)
+    if op == "<=":
+        return [str(limit + 1), str(limit * 10)]
+    return [repr(limit / 2), repr(limit * 0.999)]
+
+
 CROSS_KEY = {"optim.warmup_epochs", "optim.trust_clip_min", "optim.trust_clip_max"}  # also checked against others
 
 
@@ -94,7 +121,7 @@ def bad_values(tp, domain: str) -> list[str]:
     values = wrong_typed(tp)
     for d in domain.split():
         values += (
-            OUTSIDE[d] if not (typing.get_origin(p) is list and d != "nonempty") else [f"[{v}]" for v in OUTSIDE[d]]
+            outside(d) if not (typing.get_origin(p) is list and d != "nonempty") else [f"[{v}]" for v in outside(d)]
         )
     if typing.get_origin(p) is list and p is not list and typing.get_args(p)[0] is float:
         values += ["[.nan]", "[.inf]"]
@@ -108,7 +135,7 @@ def test_every_key_declares_its_domain_or_needs_none():
         if p in (int, float) or typing.get_origin(p) is list:
             assert domain, f"{key}: a number or list without a domain"
         for d in domain.split():
-            assert d in OUTSIDE, f"{key}: domain {d!r} has no test values"
+            assert d in OUTSIDE or _bound(d), f"{key}: domain {d!r} has no test values"
 
 
 CASES = [(key, value) for key, tp, domain in KEYS for value in bad_values(tp, domain)]
@@ -153,6 +180,8 @@ def test_out_of_domain_value_exits_2_with_one_line(key, value, capsys, tmp_path)
 def test_messages_name_the_allowed_range():
     cases = {
         "data.val_batch_size=0": "data.val_batch_size: expected an integer > 0, got 0",
+        "run.seed=100000000000000000000000": "run.seed: expected an integer <= 2,147,483,647, got "
+        "100000000000000000000000",
         "optim.label_smoothing=2": "optim.label_smoothing: expected a number in [0, 1), got 2.0",
         "optim.momentum=nan": "optim.momentum: expected a finite number in [0, 1), got nan",
         "run.target_top5=101": "run.target_top5: expected a number in [0, 100], got 101.0",
@@ -179,7 +208,7 @@ def test_numbers_are_accepted_exactly_inside_their_domain(key, tp, domain, data)
     value = data.draw(st.one_of(st.integers(-(10**6), 10**6), st.floats(allow_nan=True, allow_infinity=True)))
     is_int = isinstance(value, int)
     valid = (is_int or _plain(tp) is float) and math.isfinite(value)
-    valid = valid and all(ORACLE[d](value) for d in domain.split())
+    valid = valid and all(oracle(d)(value) for d in domain.split())
     base = [f"phases=[{PHASE}]"] if key.startswith("phases.") else []
     try:
         cfg = load_config(None, [*base, f"{key}={value!r}"])
@@ -198,8 +227,9 @@ def test_reference_shows_each_domain():
     table = reference_table()
     assert "| `optim.momentum` | a number | finite, in [0, 1) |" in table
     assert "| `run.name` | a string | a single path component (not empty, no '/', not '.' or '..') |" in table
-    assert "| `comm.tune_streams` | a list of an integer | not empty, > 0 |" in table
-    assert "| `data.max_image_pixels` | an integer | > 0 | `89478485` |" in table
+    assert "| `comm.tune_streams` | a list of an integer | not empty, > 0, <= 64 |" in table
+    assert "| `data.val_crop_ratio` | a number | finite, in (0, 1], >= 0.05 | `0.875`" in table
+    assert "| `data.max_image_pixels` | an integer | > 0, <= 2,147,483,647 | `89478485` |" in table
 
 
 def test_strict_yaml_extends_and_plan_errors(tmp_path):
@@ -221,7 +251,7 @@ def test_strict_yaml_extends_and_plan_errors(tmp_path):
         with pytest.raises(ConfigError) as e:
             load_config(ext)
         assert str(e.value) == f"{ext}: {message}" and "hunter2" not in str(e.value)
-    for flags in (["--world-size", "0"], ["--num-images", "-3"]):
+    for flags, limit in ((["--world-size", "0"], "1,048,576"), (["--num-images", "-3"], "1,000,000,000")):
         p = subprocess.run(
             [sys.executable, "train.py", "-c", "configs/quickstart.yaml", "--plan", *flags],
             cwd=ROOT,
@@ -230,5 +260,5 @@ def test_strict_yaml_extends_and_plan_errors(tmp_path):
             timeout=120,
         )
         assert p.returncode == 2 and p.stderr.strip().splitlines() == [
-            f"error: ConfigError: {flags[0]}: expected a positive integer, got {flags[1]}"
+            f"error: ConfigError: {flags[0]}: expected an integer in [1, {limit}], got {flags[1]}"
         ]

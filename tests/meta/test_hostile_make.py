@@ -1,0 +1,93 @@
+"""make variables that hold make code: what docs/security.md promises, checked over generated values. A value with
+'$' on the make command line (or, for the plain names, in the environment) is refused before make expands it;
+the same value as DAWNBENCH_<NAME> in the environment reaches the command as text."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from support import ROOT
+
+MAKEFILE = (ROOT / "Makefile").read_text()
+USER_VARS = re.search(r"^USER_VARS := (.*)$", MAKEFILE, re.M).group(1).split()
+ENV_ROUTE = re.search(r"^ENV_ROUTE := (.*)$", MAKEFILE, re.M).group(1).split()
+TARGETS = ["quickstart", "reproduce-158s", "reproduce-8gpu", "baseline-horovod", "compare", "test", "gpu-check"]
+SETTINGS = settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
+
+
+def _payloads(marker: str):
+    """make code in a value: each would run a command or write a file if make expanded it."""
+    return st.sampled_from(
+        [
+            f"$(shell touch {marker})",
+            f"${{shell touch {marker}}}",
+            f"x$(file >{marker},pwned)y",
+            f"/d/$(shell touch {marker})/data",
+            f"$(eval $$(shell touch {marker}))",
+        ]
+    )
+
+
+def _make(args: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["make", "-n", "--no-print-directory", "-o", ".venv/.installed", *args],
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@SETTINGS
+@given(data=st.data(), var=st.sampled_from(USER_VARS + ENV_ROUTE + [f"DAWNBENCH_{v}" for v in ENV_ROUTE]))
+def test_make_code_on_the_command_line_is_refused_before_it_runs(data, var, tmp_path_factory):
+    marker = tmp_path_factory.mktemp("make") / "ran"
+    value = data.draw(_payloads(str(marker)))
+    target = data.draw(st.sampled_from(TARGETS))
+    p = _make([target, f"{var}={value}"])
+    assert not marker.exists(), f"{var}={value}: make ran it"
+    assert p.returncode == 2
+    errors = [ln for ln in p.stderr.splitlines() if "***" in ln]
+    assert len(errors) == 1 and f"{var}: a value with '$' on the make command line" in errors[0], p.stderr
+
+
+@SETTINGS
+@given(data=st.data(), var=st.sampled_from(ENV_ROUTE))
+def test_the_environment_route_passes_make_code_as_text(data, var, tmp_path_factory):
+    """DAWNBENCH_<NAME> is read with $(value) and quoted: the value reaches the launcher's command line as it is."""
+    marker = tmp_path_factory.mktemp("make") / "ran"
+    value = data.draw(_payloads(str(marker))) + " $x 'q'"
+    if var == "CUDA":
+        p = _make(["install"], {f"DAWNBENCH_{var}": value})
+        assert not marker.exists() and p.returncode == 2 and "expected cu130" in p.stderr  # refused, not run
+        return
+    p = _make(["reproduce-158s"], {f"DAWNBENCH_{var}": value})
+    assert p.returncode == 0, p.stderr
+    assert not marker.exists()
+    words = shlex.split(" ".join(p.stdout.replace("\\\n", " ").split("\n")))
+    if var == "DATA":
+        value = f"data.root={value}"
+    assert value in words
+
+
+@pytest.mark.parametrize("var", USER_VARS)
+def test_plain_names_with_make_code_in_the_environment_are_refused(var, tmp_path):
+    marker = tmp_path / "ran"
+    p = _make(["quickstart"], {var: f"$(shell touch {marker})"})
+    assert not marker.exists() and p.returncode == 2
+    assert f"{var}: a value with '$' in the environment is expanded by make" in p.stderr
+
+
+def test_ordinary_values_still_work():
+    p = _make(["reproduce-8gpu", "DATA=/data/my imagenet;x", "RUN_DIR=runs/a b"])
+    assert p.returncode == 0, p.stderr
+    assert "'data.root=/data/my imagenet;x'" in p.stdout and "--run-dir 'runs/a b'" in p.stdout
