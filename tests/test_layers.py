@@ -26,7 +26,7 @@ BOTTOM = ["recipes", "recipes.errors", "recipes.registry", "recipes.run_files", 
 RECIPE_PARTS = ["recipes.lars", "recipes.optim", "recipes.schedule", "recipes.plan", "recipes.distributed"]
 RECIPE_PARTS += ["recipes.checkpoint", "recipes.logger", "recipes.dawnbench", "recipes.comm"]
 RECIPE_PARTS += ["recipes.rundir", "recipes.resume", "recipes.steps", "recipes.progress", "recipes.outputs"]
-RECIPE_PARTS += ["recipes.report"]
+RECIPE_PARTS += ["recipes.report", "recipes.timemodel"]
 LAYERS: list[tuple[str, list[str]]] = [
     ("bottom", BOTTOM),
     ("data and models", ["data", "models"]),
