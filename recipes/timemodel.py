@@ -714,7 +714,7 @@ def predict(
     be = {b.name: b for b in backends(cfg)}
     if backend not in be:
         raise ValueError(f"backend: expected one of {', '.join(be)}, got {backend!r}")
-    prof = profile_model(cfg.model.name)
+    prof = profile_model(cfg.model.name, 64)  # the same key as predict.py's default: one profile per process
     est = estimate(schedule_phases(cfg, cluster.world), cluster, rates, be[backend], prof)
     return est.range(clock)
 
