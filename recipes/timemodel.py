@@ -242,7 +242,7 @@ def load_gpu_profile(path: str | Path, host_efficiency: float | None = None) -> 
         tuple(sorted(out, key=lambda r: r.image_size)),
         f"{path} ({doc['model']}, {doc['dtype']}, channels_last {doc['channels_last']})",
         eff,
-        base.host_source + " (one GPU measured; the host's share is published)",
+        f"one GPU measured; the 8-GPU host's share borrowed from {base.name}: {base.host_source}",
     )
 
 
