@@ -15,9 +15,34 @@ import netlab  # noqa: E402
 import predict  # noqa: E402
 
 
-def test_bad_input_exits_2(capsys):
+def test_bad_input_exits_2(capsys, tmp_path):
     assert predict.main(["--link-gbit", "-1"]) == 2
     assert "error: --link-gbit" in capsys.readouterr().err
+    bad = tmp_path / "gpu.json"
+    bad.write_text('{"gpu": "x"}')
+    assert predict.main(["--gpu-profile", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(bad) in err and "torch" in err
+    assert predict.main(["--gpu", "h100"]) == 2
+    assert "--gpu-profile" in capsys.readouterr().err
+
+
+def test_json_has_every_backend_phase_and_term(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    argv = ["-c", str(ROOT / "configs" / "dawnbench_8gpu.yaml"), "--gpu", "v100", "--json", str(out)]
+    assert predict.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "Calibration (fitted, not predicted)" in text and "residual" in text
+    doc = json.loads(out.read_text())
+    assert [b["backend"] for b in doc["backends"]] == ["ddp", "horovod", "multistream"]  # one host: no tuning row
+    for b in doc["backends"]:
+        assert b["train_s"]["low"] < b["train_s"]["mid"] < b["train_s"]["high"] <= b["wall_s"]["high"]
+        assert [p["image_size"] for p in b["phases"]] == [96, 128, 224, 288]
+        for p in b["phases"]:
+            names = [t["name"] for t in p["terms"]]
+            assert names[:4] == ["compute", "intra-host", "exposed comm", "sync"]
+            assert sum(t["mid"] for t in p["terms"] if t["clock"] == "train") == pytest.approx(p["train_s"])
+        assert b["phases"][0]["step_ms"]["exposed comm"] == 0.0  # one host: no inter-host communication
 
 
 def _lab_run(tmp_path, flow_ratio: int, contenders: str) -> dict:
