@@ -118,7 +118,7 @@ LAUNCH = $(PY) scripts/launch.py --python $(PY) --port $(call q,$(PORT)) $(if $(
 DATA_ARG = $(if $(DATA),$(call q,data.root=$(DATA)))
 HOSTFILE_ARG = $(if $(HOSTS),--hostfile $(call q,$(HOSTS)))
 
-.PHONY: reproduce-158s reproduce-8gpu baseline-horovod compare
+.PHONY: reproduce-158s reproduce-8gpu baseline-horovod baseline-ddp-flows compare
 
 # 16 machines x 8 GPUs: one torchrun agent per host, c10d rendezvous on the first, NCCL, multistream + auto-tuning.
 reproduce-158s: RUN_DIR = runs/dawnbench_158s-multistream
@@ -139,7 +139,16 @@ baseline-horovod: install
 	$(LAUNCH) --engine horovod $(HOSTFILE_ARG) --run-dir $(call q,$(RUN_DIR)) -c configs/dawnbench_158s.yaml \
 		$(DATA_ARG) comm.backend=horovod
 
-# Side-by-side table and plot of the two runs above (RUNS= to compare others).
-RUNS ?= runs/dawnbench_158s-multistream runs/dawnbench_158s-horovod
+# The strongest plain-DDP baseline: the same recipe on DDP with NCCL's multi-flow sockets (NCCL_PRESET=aws-ena
+# is NCCL's own choice on AWS; recipes/registry.py NCCL_PRESETS lists the others).
+NCCL_PRESET ?= flows-16-ch4
+baseline-ddp-flows: RUN_DIR = runs/dawnbench_158s-ddp-flows
+baseline-ddp-flows: install
+	$(LAUNCH) $(HOSTFILE_ARG) --run-dir $(call q,$(RUN_DIR)) -c configs/dawnbench_158s.yaml $(DATA_ARG) \
+		comm.backend=ddp $(call q,comm.nccl_preset=$(NCCL_PRESET))
+
+# Side-by-side table and plot of the runs above (the multi-flow DDP run as a third column when it exists; RUNS= to
+# compare others).
+RUNS ?= runs/dawnbench_158s-multistream $(wildcard runs/dawnbench_158s-ddp-flows) runs/dawnbench_158s-horovod
 compare: install
 	$(PY) scripts/compare_runs.py $(call qw,$(RUNS)) --plot runs/compare.png --markdown runs/compare.md

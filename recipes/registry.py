@@ -21,6 +21,18 @@ ALLREDUCE_BACKENDS = {
     "horovod": "recipes.comm.horovod_backend:HorovodBackend",
 }
 
+# comm.nccl_preset -> (NCCL_SOCKET_NTHREADS, NCCL_NSOCKS_PERTHREAD, NCCL_MIN_NCHANNELS); None leaves NCCL's
+# default. Threads x sockets = TCP flows per channel connection (recipes/comm/ncclenv.py).
+NCCL_PRESETS: dict[str, tuple[int | None, int | None, int | None]] = {
+    "nccl-default": (None, None, None),  # whatever NCCL picks for the NIC (1 x 1 on a generic NIC)
+    "single-flow": (1, 1, None),  # one connection per channel: the one-flow baseline
+    "flows-4": (2, 2, None),
+    "flows-8": (2, 4, None),
+    "aws-ena": (2, 8, None),  # NCCL's own choice on AWS ENA NICs
+    "gcp-gvnic": (4, 1, None),  # NCCL's own choice on GCP gVNIC
+    "flows-16-ch4": (4, 4, 4),
+}
+
 # data.backend -> a class implementing data.pipeline.InputPipeline
 INPUT_PIPELINES = {
     "torch": "data.torch_loader:TorchPipeline",

@@ -5,7 +5,9 @@ For 2 and 4 ranks (gloo, CPU), on loopback and inside the network lab (scripts/n
 rank, link cap per host, per-flow cap of 1/3 of the link), it measures per-step communication time and bus
 bandwidth, 2(n-1)/n x bytes / time, for:
     per-tensor   one blocking allreduce per gradient after backward (the naive baseline)
-    ddp          PyTorch DistributedDataParallel, bucket_cap_mb 25 (its default)
+    ddp          PyTorch DistributedDataParallel, bucket_cap_mb 25 (its default), one gloo device: one flow
+    ddp-flows    the same DDP on a gloo group of --flows devices (comm.gloo_devices): its buckets spread over
+                 --flows TCP connections per peer, as many flows as multistream's K communicators
     multistream  our backend at the config defaults (comm.bucket_mb/streams/slices)
     tuned        our backend after its auto-tuner ran in the same process (the winner's settings are shown)
     horovod      real horovod.torch DistributedOptimizer, Horovod's defaults (gloo)
@@ -43,7 +45,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import netlab  # noqa: E402
 
-METHODS = ["per-tensor", "ddp", "multistream", "tuned", "tuned-model"]
+METHODS = ["per-tensor", "ddp", "ddp-flows", "multistream", "tuned", "tuned-model"]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -122,6 +124,7 @@ def worker(args) -> None:
     import torch.distributed as td
     from torch.nn.parallel import DistributedDataParallel
 
+    from recipes.comm.ddp import gloo_group
     from recipes.comm.multistream import MultiStreamBackend
     from recipes.config import load_config
     from recipes.distributed import DistInfo
@@ -168,6 +171,16 @@ def worker(args) -> None:
                 ddp(one).backward()
 
             contenders[method], settings[method] = step, f"bucket_cap_mb {25 * f:g}"
+        elif method == "ddp-flows":
+            m, ps = fresh()
+            group = gloo_group(args.flows, args.timeout)
+            ddp_n = DistributedDataParallel(m, bucket_cap_mb=25 * f, broadcast_buffers=False, process_group=group)
+
+            def step(ddp=ddp_n, ps=ps):
+                zero(ps)
+                ddp(one).backward()
+
+            contenders[method], settings[method] = step, f"bucket_cap_mb {25 * f:g}, {args.flows} flows"
         elif method in ("multistream", "tuned", "tuned-model"):
             over = [
                 "run.device=cpu",
@@ -317,6 +330,8 @@ def _worker_cmd(kind: str, out: Path, args, lab) -> list[str]:
         str(args.flow_ratio),
         "--latency-us",
         str(args.latency_us),
+        "--flows",
+        str(args.flows),
     ]
     if kind == "--worker":
         cmd += ["--methods", ",".join(m for m in args.contenders if m != "horovod")]
@@ -461,8 +476,8 @@ def _table(title: str, n: int, res: dict, hvd, link_mbit: float | None) -> list[
         f"compute-only step {res['compute_s'] * 1000:.0f} ms; medians of {res.get('rounds', 1)} x "
         f"{len(res['compute_times']) // res.get('rounds', 1)} steps)\n",
         "| hosts | method | settings | step ms | comm ms | bus bw Gbit/s | % of link cap | speed vs ddp "
-        "| CPU ms/step (busiest rank) | CPU load |",
-        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| vs ddp (N flows) | CPU ms/step (busiest rank) | CPU load |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     entries = [(m, res[m]) for m in METHODS if m in res] + [("horovod", hvd)]
     comm, ref = {}, float("nan")
@@ -470,16 +485,17 @@ def _table(title: str, n: int, res: dict, hvd, link_mbit: float | None) -> list[
         if isinstance(r, dict):
             comm[m] = max(r["step_s"] - res["compute_s"], 1e-6)
     ref = comm.get("ddp", float("nan"))
+    ref_n = comm.get("ddp-flows", float("nan"))
     for m, r in entries:
         if not isinstance(r, dict):
-            rows.append(f"| {n} | {m} | {r} | | | | | | | |")
+            rows.append(f"| {n} | {m} | {r} | | | | | | | | |")
             continue
         bus = 2 * (n - 1) / n * res["bytes"] * 8 / comm[m] / 1e9
         pct = f"{100 * bus * 1000 / link_mbit:.0f}%" if link_mbit else "-"
         load = sum(r["cpu_s"]) / ((os.cpu_count() or 1) * r["step_s"])
         rows.append(
             f"| {n} | {m} | {r['settings']} | {r['step_s'] * 1000:.0f} | {comm[m] * 1000:.0f} | "
-            f"{bus:.2f} | {pct} | {ref / comm[m]:.2f}x | {max(r['cpu_s']) * 1000:.0f} | "
+            f"{bus:.2f} | {pct} | {ref / comm[m]:.2f}x | {ref_n / comm[m]:.2f}x | {max(r['cpu_s']) * 1000:.0f} | "
             f"{100 * load:.0f}% |"
         )
     for m in ("tuned", "tuned-model"):
@@ -505,6 +521,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--link-mbit", type=float, default=1000.0, help="lab: link cap per host (Mbit/s)")
     ap.add_argument("--flow-ratio", type=float, default=3.0, help="lab: per-flow cap = link / this")
     ap.add_argument("--latency-us", type=float, default=50.0, help="tuned-model: per-message latency it assumes")
+    ap.add_argument("--flows", type=int, default=4, help="ddp-flows: gloo devices (TCP flows per peer) of DDP's group")
     ap.add_argument("--no-lab", action="store_true", help="loopback only")
     ap.add_argument("--no-loopback", action="store_true", help="lab only")
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps before each contender's timed steps")
@@ -526,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hvd-rendezvous", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument(
         "--contenders",
-        default="per-tensor,ddp,multistream,tuned,horovod",
+        default="per-tensor,ddp,ddp-flows,multistream,tuned,horovod",
         help=f"comma-separated, some of {','.join([*METHODS, 'horovod'])} (ddp: the speed column's reference)",
     )
     ap.add_argument("--methods", default="", help=argparse.SUPPRESS)

@@ -2,6 +2,7 @@
 """Side-by-side report of training runs: time to accuracy, throughput, communication time, scaling efficiency.
 
     python scripts/compare_runs.py runs/dawnbench_158s-multistream runs/dawnbench_158s-horovod
+    python scripts/compare_runs.py runs/dawnbench_158s-{multistream,ddp-flows,horovod}   # multi-flow DDP as a third
     python scripts/compare_runs.py RUN_1GPU RUN_8GPU RUN_128GPU --target top5=93 --plot scaling.png
 
 Reads what train.py leaves in each run directory (summary.json with the per-epoch history, config.yaml; the
@@ -154,6 +155,15 @@ def _cell(value: float | None, fmt: str, unit: str = "") -> str:
     return "n/a" if value is None else f"{value:{fmt}}{unit}"
 
 
+def backend_label(run: Run) -> str:
+    """The backend, with the TCP flows per peer when a ddp run asked for several (comm.gloo_devices or NCCL's
+    multi-flow settings): the strongest plain-DDP baseline reads "ddp (16 flows)" beside "ddp"."""
+    name = run.summary.get("comm_backend") or run.config.get("comm", {}).get("backend", "?")
+    stats = run.comm
+    flows = stats.settings.get("flows") if stats is not None else None
+    return f"{name} ({flows} flows)" if name == "ddp" and isinstance(flows, int) and flows > 1 else name
+
+
 def compare(runs: list[Run], target: dict[str, float] | None = None) -> list[dict]:
     """One row of numbers per run (None where not available)."""
     single = next((r for r in runs if r.world == 1), None)
@@ -168,7 +178,7 @@ def compare(runs: list[Run], target: dict[str, float] | None = None) -> list[dic
         rows.append(
             {
                 "run": run.name,
-                "backend": s.get("comm_backend") or run.config.get("comm", {}).get("backend", "?"),
+                "backend": backend_label(run),
                 "processes": run.world,
                 "target": _fmt_target(t),
                 "time_to_target_s": hit["train_seconds"] if hit else None,

@@ -324,6 +324,9 @@ def main(argv: list[str] | None = None) -> int:
         removed = cleanup_stale()
         print(f"removed {len(removed)} stale namespace(s){': ' + ', '.join(removed) if removed else ''}")
         return 0
+    if args.hosts < 1:
+        print(f"netlab: error: --hosts: expected 1 or more, got {args.hosts}", file=sys.stderr)
+        return 2
     cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not args.check and not cmd:
         ap.error("give a command after --, or --check, or --cleanup")

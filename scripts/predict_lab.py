@@ -1,8 +1,8 @@
 """The step-time model against the network lab: `scripts/predict.py --validate` (recipes/comm/stepmodel.py).
 
 The lab file is what `scripts/bench_allreduce.py --json` writes: per host count, the compute-only time and each
-contender's measured step (`torch`: per-tensor, ddp, multistream, tuned; `horovod`). `load_lab` merges several
-such files by host count; `lab_predict` is the model's step time for one contender of one record (the gradient
+contender's measured step (`torch`: per-tensor, ddp, ddp-flows, multistream, tuned; `horovod`). `load_lab` merges
+several such files by host count; `lab_predict` is the model's step time for one contender of one record (the gradient
 list of bench_allreduce at its `fraction`, compute not overlapped, `LabFit`'s goodput and per-message latency) and
 `measured` what the lab measured; `fit_lab` fits goodput and latency (then Horovod's negotiation cost per rank) by
 least squares of the log error on some host counts, and `validate` reports every record against that fit.
@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 from recipes.comm import stepmodel as sm  # noqa: E402
 from recipes.comm.plan import Settings, TensorSpec  # noqa: E402
 
-LAB_METHODS = ("per-tensor", "ddp", "multistream", "tuned", "horovod")
+LAB_METHODS = ("per-tensor", "ddp", "ddp-flows", "multistream", "tuned", "horovod")
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,9 @@ def lab_predict(rec: dict, method: str, fit: LabFit, specs: list[TensorSpec] | N
         return sm.predict_step("multistream", specs, comp, net, _settings(r["settings"])).step_s
     if method == "ddp":
         return sm.predict_step("ddp", specs, comp, net, bucket_cap_mb=25 * f).step_s
+    if method == "ddp-flows":  # 'bucket_cap_mb 1.25, 4 flows': DDP on a gloo group of 4 devices
+        flows = int(r["settings"].rsplit(",", 1)[1].split()[0])
+        return sm.predict_step("ddp", specs, comp, net, bucket_cap_mb=25 * f, flows=flows).step_s
     if method == "horovod":
         hv = sm.Horovod(fusion_mb=128 * f, negotiation_s_per_rank=fit.negotiation_s_per_rank)
         return sm.predict_step("horovod", specs, comp, net, horovod=hv).step_s

@@ -3,14 +3,25 @@
 DDP's own allreduce runs through a comm hook (the default one: average, then allreduce of each bucket) wrapped
 to time the step's communication window: from the first bucket handed over to the last bucket's average being
 ready (the future's callback). `wait_seconds` is not measured here: DDP waits for its buckets inside backward.
+
+The strongest plain-DDP baseline: with NCCL, `comm.nccl_preset` and the `comm.nccl_*` keys set NCCL's multi-flow
+variables on every rank before the process group exists (recipes/comm/ncclenv.py); with gloo, `comm.gloo_devices`
+N > 1 gives DDP a process group of its own with N TCP devices on the same interface (GLOO_SOCKET_IFNAME listed N
+times): ProcessGroupGloo then runs successive collectives on successive devices, each with its own connections,
+so DDP's buckets travel on N flows.
 """
 
 from __future__ import annotations
 
+import datetime
+import os
+
+import torch.distributed as td
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
+from recipes.comm import ncclenv
 from recipes.comm.base import BackendDefaults, StepWindow
 from recipes.comm.stats import CommStats
 
@@ -23,18 +34,26 @@ class DDPBackend(BackendDefaults):
         self.window = StepWindow(dist.device)
         self._bytes = 0
 
+    @classmethod
+    def process_env(cls, cfg) -> dict[str, str]:
+        return {**super().process_env(cfg), **ncclenv.process_env(cfg.comm, log=ncclenv.rank0_print)}
+
     def prepare(self, model: nn.Module, optimizer):
         if self.dist.world_size == 1:
             return model, optimizer  # nothing to reduce; DDP would only add hooks
         device_ids = [self.dist.device.index] if self.dist.device.type == "cuda" else None
+        group = None
+        if self.cfg.comm.gloo_devices > 1 and td.get_backend() == "gloo":
+            group = gloo_group(self.cfg.comm.gloo_devices, self.cfg.dist.timeout_s)
         ddp = DistributedDataParallel(
             model,
+            process_group=group,
             device_ids=device_ids,
             bucket_cap_mb=self.cfg.comm.bucket_cap_mb,
             static_graph=self.cfg.comm.static_graph,
             broadcast_buffers=False,  # BN running stats stay per rank and are averaged before validation
         )
-        ddp.register_comm_hook(None, self._allreduce)
+        ddp.register_comm_hook(group, self._allreduce)  # the hook reduces on `group` (None: the default group)
         return ddp, optimizer
 
     def _allreduce(self, state, bucket):  # no annotations: DDP checks them against its own types
@@ -53,5 +72,45 @@ class DDPBackend(BackendDefaults):
 
     def stats(self) -> CommStats:
         c = self.cfg.comm
-        settings = {"bucket_cap_mb": c.bucket_cap_mb, "static_graph": c.static_graph}
+        settings = {"bucket_cap_mb": c.bucket_cap_mb, "static_graph": c.static_graph, "flows": self.flows()}
         return CommStats(self.name, self.window.steps, self.window.seconds, None, self._bytes, settings)
+
+    def flows(self) -> int:
+        """TCP flows per peer connection this backend asked for (gloo devices, or NCCL threads x sockets)."""
+        if self.dist.world_size > 1 and td.is_initialized() and td.get_backend() == "gloo":
+            return self.cfg.comm.gloo_devices
+        return ncclenv.flows_per_connection(self.cfg.comm)
+
+
+def gloo_group(devices: int, timeout_s: float):
+    """A gloo process group over every rank with `devices` TCP devices on this process's interface (the first of
+    GLOO_SOCKET_IFNAME, else the one the hostname resolves to): ProcessGroupGloo builds one device per listed
+    interface and spreads its collectives over them, so its traffic takes `devices` connections per peer."""
+    old = os.environ.get("GLOO_SOCKET_IFNAME")
+    name = next((n for n in (old or "").split(",") if n), None) or _default_ifname()
+    os.environ["GLOO_SOCKET_IFNAME"] = ",".join([name] * devices)
+    try:
+        return td.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    finally:
+        if old is None:
+            os.environ.pop("GLOO_SOCKET_IFNAME", None)
+        else:
+            os.environ["GLOO_SOCKET_IFNAME"] = old
+
+
+def _default_ifname() -> str:
+    """The interface of the address this machine's hostname resolves to (what gloo picks without a name)."""
+    import fcntl
+    import socket
+    import struct
+
+    addr = socket.gethostbyname(socket.gethostname())
+    for _, name in socket.if_nameindex():
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
+        except OSError:
+            continue
+        if socket.inet_ntoa(packed[20:24]) == addr:
+            return name
+    return "lo"

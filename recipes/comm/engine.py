@@ -9,9 +9,12 @@ How a step goes (see plan.py for the plan itself):
   (unused parameters count as zeros), waits for every slice, and writes the averages back into `.grad`, so
   `loss.backward()` returns with averaged gradients exactly as with DDP and the optimizer step needs nothing.
 
-`comm.concurrency: serialize` issues the slices from one helper thread, each only after the previous one
-completed, following PyTorch's rule for several NCCL process groups (no two in flight at once); `overlap` lets
-them all run concurrently.
+Concurrency (recipes/comm/concurrency.py decides which, docs/allreduce.md states the rule): `overlap` issues
+every slice at once from the thread that runs the hooks, in plan order on every rank; `serialize` hands them to
+one helper thread that issues each only after the previous one completed on the device (at most one collective
+in flight over all communicators, NCCL's rule without implicit launch ordering). On a GPU the helper works on a
+side stream of its own: the slice waits there for the bucket's copy (an event, not the host), and the helper
+blocks on that side stream only, so backward's stream never waits for communication before the end of backward.
 """
 
 from __future__ import annotations
@@ -60,6 +63,8 @@ class _Engine:
         self.serialize = serialize
         self._queue: queue.Queue | None = None
         self._error: BaseException | None = None
+        # serialize on a GPU: the helper thread's stream (never backward's, so backward keeps running)
+        self._side = torch.cuda.Stream(self.device) if serialize and self.device.type == "cuda" else None
         if serialize:
             self._queue = queue.Queue()
             self._thread = threading.Thread(target=self._serial_loop, name="multistream-serial", daemon=True)
@@ -115,16 +120,30 @@ class _Engine:
                 b, j, k, tensor, event = item
                 if self._error is not None:
                     continue  # drain after a failure; finalize raises it
-                if event is not None:
-                    event.synchronize()
-                work = td.all_reduce(tensor, group=self.groups[k], async_op=True)
-                work.wait()
-                if tensor.is_cuda:
-                    torch.cuda.current_stream().synchronize()  # completed on the device, not only enqueued
+                self._serial_one(k, tensor, event)
             except BaseException as e:  # noqa: BLE001 - handed to the training thread
                 self._error = self._comm_error(b, j, k, e)
             finally:
                 self._queue.task_done()
+
+    def _serial_one(self, k: int, tensor: torch.Tensor, event) -> None:
+        """One slice, returning only once it completed on the device (the helper thread's only blocking point).
+
+        On a GPU everything happens on the side stream: it waits for the bucket's copy (`event`, recorded on
+        backward's stream), the collective is issued from it (ProcessGroupNCCL makes its own stream wait for the
+        issuing one), `work.wait()` makes the side stream wait for the collective, and only the side stream is
+        synchronised. Backward's stream is never made to wait, and the host thread that runs backward never blocks.
+        """
+        side = self._side
+        if side is None:  # gloo: wait() returns when the collective is done
+            td.all_reduce(tensor, group=self.groups[k], async_op=True).wait()
+            return
+        with torch.cuda.stream(side):
+            if event is not None:
+                side.wait_event(event)
+            work = td.all_reduce(tensor, group=self.groups[k], async_op=True)
+            work.wait()
+        side.synchronize()
 
     def _comm_error(self, b: int, j: int, k: int, e: BaseException) -> CommError:
         return CommError(
@@ -144,6 +163,8 @@ class _Engine:
                 if self._error is not None:
                     err, self._error = self._error, None
                     raise err
+                if self._side is not None:  # done on the device already; this orders the copy-back after it
+                    torch.cuda.current_stream(self.device).wait_stream(self._side)
             else:
                 for b, j, k, work in self.works:
                     try:
@@ -155,8 +176,9 @@ class _Engine:
                 for i in idxs:
                     p, n = self.params[i], self.plan.tensors[i].numel
                     avg = src[self.offset[i] : self.offset[i] + n].view(p.shape)
-                    if p.grad is None:
-                        p.grad = avg.to(p.dtype, copy=True)
+                    if p.grad is None:  # an unused parameter: a gradient with its memory format (channels_last)
+                        p.grad = torch.empty_like(p, memory_format=torch.preserve_format)
+                        p.grad.copy_(avg)
                     else:
                         p.grad.copy_(avg)
             # after the copy-back, which the current stream runs only once it waited for every communicator

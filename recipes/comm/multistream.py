@@ -6,7 +6,8 @@ docstring for how a step goes, plan.py for the plan itself).
 
 K communicators are process groups created once, in the same order on every rank: with NCCL each has its own
 CUDA stream, with gloo its own TCP connections (so K flows on the wire); how the engine issues slices on them
-is `comm.concurrency` (engine.py: `serialize`, one in flight at a time, or `overlap`).
+is `comm.concurrency` (engine.py: `serialize`, one in flight at a time, or `overlap`), decided at start-up by
+recipes/comm/concurrency.py from the transport and the settings that would break the rule overlap relies on.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch.distributed as td
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from recipes.comm import concurrency, ncclenv
 from recipes.comm import tuner as tuning
 from recipes.comm.base import BackendDefaults
 from recipes.comm.engine import _Engine
@@ -55,6 +57,13 @@ class MultiStreamBackend(BackendDefaults):
         self._sync_seconds = 0.0
         self._wait_seconds = 0.0
         self._bytes = 0
+        self.concurrency: concurrency.Decision | None = None
+
+    @classmethod
+    def process_env(cls, cfg) -> dict[str, str]:
+        """NCCL's implicit launch order (the rule of `overlap`) and the multi-flow settings, unless already set."""
+        env = {**super().process_env(cfg), **ncclenv.process_env(cfg.comm, log=ncclenv.rank0_print)}
+        return {**env, **concurrency.process_env(cfg.comm.concurrency)}
 
     # -- set-up -----------------------------------------------------------------------------------------
     def prepare(self, model: nn.Module, optimizer):
@@ -96,6 +105,8 @@ class MultiStreamBackend(BackendDefaults):
                     f"multistream autotune: up to {self.tuner.max_candidates} candidates ({c.tune_method}), "
                     f"{c.tune_warmup_steps} warm-up steps, then {self.tuner.steps_per_trial} steps each"
                 )
+        self.concurrency = concurrency.decide(c.concurrency, concurrency.probe(td.get_backend()))
+        self._note(f"multistream concurrency: {self.concurrency.why}")
         plan = self._verified_plan(start)  # before anything else, so a mismatch fails fast
         _broadcast_states(model)
         streams = [start.streams] + ([s.streams for s in self.tuner.space] if self.tuner is not None else [])
@@ -117,13 +128,17 @@ class MultiStreamBackend(BackendDefaults):
     def _create_groups(self, k: int) -> None:
         timeout = datetime.timedelta(seconds=self.cfg.dist.timeout_s)
         self.groups = [td.new_group(timeout=timeout) for _ in range(k)]
-        probe = torch.ones(1, device=self.dist.device)
-        for g in self.groups:  # connect every communicator now, one at a time, instead of lazily mid-backward
-            td.all_reduce(probe, group=g)
-        if probe.item() != self.dist.world_size ** len(self.groups):
+        # Connect every communicator now, one at a time, instead of lazily mid-backward. Each sums its own ones
+        # (int32, so the check is exact: every entry must be the world size, whatever W and K are).
+        probe = torch.ones(k, dtype=torch.int32, device=self.dist.device)
+        for i, g in enumerate(self.groups):
+            td.all_reduce(probe[i : i + 1], group=g)
+        got = probe.tolist()
+        bad = [i for i, v in enumerate(got) if v != self.dist.world_size]
+        if bad:
             raise CommError(
-                f"multistream: communicator check gave {probe.item()}, expected "
-                f"{self.dist.world_size ** len(self.groups)}"
+                f"multistream: communicator check: communicator {bad[0]} summed {got[bad[0]]} ones, expected "
+                f"the world size {self.dist.world_size}"
             )
 
     def _verified_plan(self, settings: Settings) -> FusionPlan:
@@ -150,11 +165,11 @@ class MultiStreamBackend(BackendDefaults):
             self.params,
             self.groups[: plan.streams],
             self.dist.world_size,
-            self.cfg.comm.concurrency == "serialize",
+            self.concurrency.mode == "serialize",
             self.cfg.dist.timeout_s,
         )
         self.settings = plan.settings
-        self._note(f"multistream plan {plan.digest()[:12]}: {plan.describe()}, concurrency {self.cfg.comm.concurrency}")
+        self._note(f"multistream plan {plan.digest()[:12]}: {plan.describe()}, concurrency {self.concurrency.mode}")
 
     def _grad_ready(self, i: int, param: torch.Tensor) -> None:
         self.engine.grad_ready(i)
@@ -278,7 +293,7 @@ class MultiStreamBackend(BackendDefaults):
             "slices": s.slices,
             "buckets": len(self.engine.plan.buckets),
             "compression": c.compression,
-            "concurrency": c.concurrency,
+            "concurrency": self.concurrency.mode if self.concurrency else c.concurrency,
         }
         return CommStats(self.name, self._steps, self._sync_seconds, self._wait_seconds, self._bytes, settings)
 

@@ -8,13 +8,17 @@ turns them into messages (allreduces) with a ready time and a communicator:
     horovod      a negotiation cycle: tensors ready within a cycle are fused up to the fusion threshold, after a
                  coordination round through rank 0 that grows with the number of ranks; one communicator
     per-tensor   one blocking allreduce per gradient after backward
-A communicator runs its messages one at a time, in order, each starting when it is ready and the previous one is
-done. A message of m bytes costs a latency part, 2(H-1) ring steps of `latency_s` plus the intra-host stage
-(reduce-scatter and all-gather over G GPUs at `intra_gbyte` GB/s, 2(G-1)/G m), and a data part, 2(H-1)/H m bytes
-over the host's link. Data parts in flight at the same time share the link fairly, each communicator's flows
-held to the per-flow cap: a fluid simulation, so K streams on a capped link, a per-flow cap that does not bind
-and the overlap with backward all come out of the same arithmetic. The step ends when backward and every
-message are done, plus the optimizer step; communication after backward's end is exposed, the rest hidden.
+A communicator opens `flows` TCP flows to its ring neighbour (Network.flows_per_comm, or predict_step's `flows` per
+backend): NCCL's socket transport splits every message over NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD sockets
+per channel (NCCL_DEFAULT_FLOWS: NCCL's own choice per NIC), gloo over its devices; so a communicator's data part
+is held to `flows` x the per-flow cap. A communicator runs its messages one at a time, in order, each starting when
+it is ready and the previous one is done. A message of m bytes costs a latency part, 2(H-1) ring steps of
+`latency_s` plus the intra-host stage (reduce-scatter and all-gather over G GPUs at `intra_gbyte` GB/s, 2(G-1)/G
+m), and a data part, 2(H-1)/H m bytes over the host's link. Data parts in flight at the same time share the link
+fairly, each communicator's flows held to the per-flow cap: a fluid simulation, so K streams on a capped link, a
+per-flow cap that does not bind and the overlap with backward all come out of the same arithmetic. The step ends
+when backward and every message are done, plus the optimizer step; communication after backward's end is exposed,
+the rest hidden.
 """
 
 from __future__ import annotations
@@ -28,6 +32,10 @@ from recipes.comm.plan import Settings, TensorSpec, build_plan
 WIRE_BYTES = {"none": None, "fp16": 2, "bf16": 2}
 DDP_FIRST_BUCKET_MB = 1.0  # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES
 BACKENDS = ("ddp", "horovod", "multistream", "per-tensor")
+# TCP flows per peer that one NCCL communicator opens by default (NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD,
+# per channel), by NIC: NCCL's src/transport/net_socket.cc picks 2 x 8 on AWS ENA and 4 x 1 on GCP gVNIC, 1 x 1
+# elsewhere. Pass one of these (or a preset's product, recipes/registry.py NCCL_PRESETS) as `flows`.
+NCCL_DEFAULT_FLOWS = {"generic": 1, "aws-ena": 16, "gcp-gvnic": 4}
 
 
 @dataclass(frozen=True)
@@ -251,8 +259,16 @@ def predict_step(
     compression: str = "none",
     bucket_cap_mb: float = 25.0,
     horovod: Horovod = Horovod(),
+    flows: int | None = None,
 ) -> StepPrediction:
-    """Step time of `backend` for one GPU's share of the work on `net`, by phase."""
+    """Step time of `backend` for one GPU's share of the work on `net`, by phase.
+
+    flows: TCP flows each of the backend's communicators opens per peer (None: net.flows_per_comm, 1 unless set).
+    """
+    if flows is not None:
+        if flows < 1:
+            raise ValueError(f"flows: expected a positive integer, got {flows}")
+        net = replace(net, flows_per_comm=flows)
     ranks = net.hosts * net.gpus_per_host
     msgs = _messages(backend, tuple(specs), compute, settings, compression, bucket_cap_mb, horovod, ranks)
     end, busy, spans = simulate(msgs, net)
@@ -265,6 +281,8 @@ def predict_step(
     }[backend]
     if compression != "none":
         label += f", wire {compression}"
+    if net.flows_per_comm != 1:
+        label += f", {net.flows_per_comm} flows per communicator"
     return StepPrediction(
         backend,
         label,

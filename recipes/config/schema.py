@@ -20,6 +20,7 @@ AllreduceName = Literal[tuple(registry.ALLREDUCE_BACKENDS)]
 InputName = Literal[tuple(registry.INPUT_PIPELINES)]
 ModelName = Literal[tuple(registry.MODELS)]
 OptimizerName = Literal[tuple(registry.OPTIMIZERS)]
+NcclPreset = Literal[tuple(registry.NCCL_PRESETS)]
 
 
 def _f(
@@ -223,6 +224,19 @@ class CommConfig:
     backend: AllreduceName = _f("ddp", help="gradient allreduce backend (recipes/registry.py; see recipes/comm)")
     bucket_cap_mb: float = _f(25.0, help="ddp: bucket size in MB", domain=">0 <=65536")
     static_graph: bool = _f(False, help="ddp: static_graph=True")
+    nccl_preset: NcclPreset = _f(
+        "nccl-default",
+        help="NCCL multi-flow preset (recipes/registry.py: socket threads x sockets per thread, min channels); set "
+        "on every rank before the process group (ddp, multistream); an explicit environment variable wins",
+    )
+    nccl_socket_nthreads: int | None = _f(None, help="NCCL_SOCKET_NTHREADS (overrides the preset)", domain=">0")
+    nccl_nsocks_perthread: int | None = _f(None, help="NCCL_NSOCKS_PERTHREAD (overrides the preset)", domain=">0")
+    nccl_min_nchannels: int | None = _f(None, help="NCCL_MIN_NCHANNELS (overrides the preset)", domain=">0")
+    gloo_devices: int = _f(
+        1,
+        help="ddp on gloo: TCP devices of DDP's process group (its collectives are spread over them: N flows)",
+        domain=">0",
+    )
     bucket_mb: float = _f(
         8.0,
         help="multistream: target bucket size in MB (buckets are balanced around it); horovod: fusion threshold",
@@ -239,10 +253,10 @@ class CommConfig:
     compression: Literal["none", "fp16", "bf16"] = _f(
         "none", help="multistream/horovod: gradient wire format (averaged in fp32 before the cast)"
     )
-    concurrency: Literal["overlap", "serialize"] = _f(
-        "overlap",
-        help="multistream: overlap = communicators run at once; serialize = one collective in flight "
-        "(PyTorch's rule for several NCCL process groups)",
+    concurrency: Literal["auto", "overlap", "serialize"] = _f(
+        "auto",
+        help="multistream: overlap = communicators run at once (refused where unsafe, recipes/comm/concurrency.py); "
+        "serialize = one collective in flight; auto = overlap where its rule holds, else serialize, saying why",
     )
     autotune: bool = _f(
         False, help="multistream: tune (bucket_mb, streams, slices) in the first steps; horovod: HOROVOD_AUTOTUNE"

@@ -40,4 +40,6 @@ def test_only_the_horovod_backend_reads_horovodrun_environment(monkeypatch):
     with pytest.raises(ConfigError, match=expected):
         backend_class("ddp").process_env(cfg)
     monkeypatch.delenv("HOROVOD_RANK")
-    assert backend_class("multistream").process_env(cfg) == {} == backend_class("horovod").process_env(cfg)
+    assert backend_class("horovod").process_env(cfg) == {} == backend_class("ddp").process_env(cfg)
+    # multistream: only NCCL's implicit launch order (its overlap rule, tests/unit/test_comm_concurrency.py)
+    assert backend_class("multistream").process_env(cfg) == {"NCCL_LAUNCH_ORDER_IMPLICIT": "1"}

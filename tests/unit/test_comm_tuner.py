@@ -109,5 +109,5 @@ def test_bad_settings_name_the_key(override, message):
 
 
 def test_bad_enum_is_a_config_error():
-    with pytest.raises(ConfigError, match="comm.concurrency: expected one of 'overlap', 'serialize'"):
+    with pytest.raises(ConfigError, match="comm.concurrency: expected one of 'auto', 'overlap', 'serialize'"):
         load_config(None, ["comm.concurrency=parallel"])

@@ -1,0 +1,124 @@
+"""`comm.concurrency`: whether multistream's K communicators may have collectives in flight at the same time.
+
+The rule (docs/allreduce.md, "Concurrency", with its sources): collectives on several communicators may overlap
+only if (1) every rank issues them in the same order, and (2) nothing can make one rank wait for a collective
+that another rank has not started. (1) holds by construction: one thread issues every slice in plan order on
+every rank. (2) is where transports differ:
+- gloo: a collective runs on its group's own threads and TCP connections and blocks no other group, so (2) holds.
+- NCCL: a collective is a kernel that spins until its peers arrive; two communicators' kernels can deadlock when
+  they become resident in different orders on different ranks. NCCL >= 2.26 orders the kernels of all
+  communicators of one device by host launch order when NCCL_LAUNCH_ORDER_IMPLICIT=1 (with CUDA >= 12.3 they
+  still run concurrently: each starts once the previous one has started, so every rank starts them in the same
+  order). The settings below take that guarantee away (or are not covered by it), so `overlap` refuses them
+  and `auto` falls back to `serialize`, saying why.
+
+`decide` is a pure function of what it is given (tests pass fake environments and versions); `probe` reads the
+real process.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from recipes.errors import ConfigError
+
+MIN_NCCL = (2, 26, 0)  # first NCCL with NCCL_LAUNCH_ORDER_IMPLICIT
+MIN_LAUNCH_ORDER_CUDA = 12030  # below it (driver or runtime) NCCL's implicit order waits for completion: serial
+ORDER_ENV = "NCCL_LAUNCH_ORDER_IMPLICIT"
+MPS_PIPE_DEFAULT = "/tmp/nvidia-mps"
+CONCURRENCY = ("auto", "overlap", "serialize")
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the decision depends on, read once at start-up (`probe`)."""
+
+    transport: str  # the process group's backend: nccl or gloo
+    env: dict  # the environment variables that matter (os.environ at the time)
+    nccl_version: tuple[int, int, int] | None = None
+    cuda_driver: int | None = None  # e.g. 12080
+    cuda_runtime: int | None = None
+    mps: bool = False  # an MPS control daemon's pipe directory exists
+
+
+@dataclass(frozen=True)
+class Decision:
+    mode: str  # overlap | serialize
+    why: str  # one line for the log
+
+
+def unsafe_reasons(f: Facts) -> list[str]:
+    """Why overlapping NCCL communicators would not be safe under `f` (empty: the rule holds)."""
+    if f.transport != "nccl":
+        return []
+    out = []
+    if f.nccl_version is not None and tuple(f.nccl_version) < MIN_NCCL:
+        out.append(f"NCCL {'.'.join(map(str, f.nccl_version))} has no {ORDER_ENV} (needs >= 2.26)")
+    if f.env.get(ORDER_ENV, "") != "1":
+        out.append(f"{ORDER_ENV}={f.env.get(ORDER_ENV, '(unset)')} (must be 1: the backend sets it unless you did)")
+    if f.env.get("CUDA_DEVICE_MAX_CONNECTIONS", "").strip() == "1":
+        out.append(
+            "CUDA_DEVICE_MAX_CONNECTIONS=1 (every stream shares one hardware queue, so a waiting kernel stalls the "
+            "communicators queued behind it)"
+        )
+    if f.mps:
+        out.append("CUDA MPS is active (kernels of other processes share the SMs, outside NCCL's launch order)")
+    mode = f.env.get("NCCL_LAUNCH_MODE", "").strip().upper()
+    if mode and mode != "PARALLEL":
+        out.append(f"NCCL_LAUNCH_MODE={mode} (implicit launch ordering is documented for PARALLEL only)")
+    if f.cuda_driver is not None and f.cuda_runtime is not None:
+        if min(f.cuda_driver, f.cuda_runtime) < MIN_LAUNCH_ORDER_CUDA:
+            out.append(
+                f"CUDA {min(f.cuda_driver, f.cuda_runtime)} < 12030: NCCL orders communicators by completion "
+                "there, so they would not overlap anyway"
+            )
+    return out
+
+
+def decide(requested: str, f: Facts) -> Decision:
+    """The mode to run: `overlap` only where the rule holds; `overlap` asked for where it does not is a
+    ConfigError (one line), `auto` falls back to `serialize` and says why."""
+    if requested not in CONCURRENCY:
+        raise ConfigError(f"comm.concurrency: expected one of {', '.join(CONCURRENCY)}, got {requested!r}")
+    if requested == "serialize":
+        return Decision("serialize", "serialize (asked for): one collective in flight over all communicators")
+    reasons = unsafe_reasons(f)
+    if not reasons:
+        why = (
+            "gloo groups run on their own threads and connections"
+            if f.transport != "nccl"
+            else f"NCCL orders the communicators' kernels by launch ({ORDER_ENV}=1)"
+        )
+        return Decision("overlap", f"overlap ({requested}): {why}")
+    if requested == "overlap":
+        raise ConfigError(
+            f"comm.concurrency=overlap: concurrent NCCL communicators are not safe here: {'; '.join(reasons)}. "
+            "Use comm.concurrency=serialize (or auto, which falls back to it)"
+        )
+    return Decision("serialize", f"serialize (auto fell back): {'; '.join(reasons)}")
+
+
+def process_env(requested: str, environ=os.environ) -> dict[str, str]:
+    """What multistream sets before the process group exists: NCCL's implicit launch order, unless the user
+    set the variable (their value wins; `decide` then judges it)."""
+    if requested == "serialize" or ORDER_ENV in environ:
+        return {}
+    return {ORDER_ENV: "1"}
+
+
+def probe(transport: str) -> Facts:
+    """The facts of this process (call after the process group exists)."""
+    import torch
+
+    keys = (ORDER_ENV, "CUDA_DEVICE_MAX_CONNECTIONS", "NCCL_LAUNCH_MODE", "CUDA_MPS_PIPE_DIRECTORY")
+    env = {k: os.environ[k] for k in keys if k in os.environ}
+    if transport != "nccl":
+        return Facts(transport, env)
+    nccl = tuple(torch.cuda.nccl.version())
+    driver = torch._C._cuda_getDriverVersion() if torch.cuda.is_available() else None
+    major, minor = (int(x) for x in (torch.version.cuda or "0.0").split(".")[:2])
+    pipe = Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", MPS_PIPE_DEFAULT))
+    mps = (pipe / "control").exists() or "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" in os.environ
+    return Facts(transport, env, nccl, driver, major * 1000 + minor * 10, mps)
