@@ -431,6 +431,12 @@ def backends(cfg=None) -> list[Backend]:
     comp = c.compression if c is not None else "none"
     return [
         Backend("ddp", "ddp", {"bucket_cap_mb": c.bucket_cap_mb if c is not None else 25.0, "compression": "none"}),
+        # The strongest plain DDP: NCCL told to open several sockets per connection (comm.nccl_preset: flows-4).
+        Backend(
+            "ddp (4 flows)",
+            "ddp",
+            {"bucket_cap_mb": c.bucket_cap_mb if c is not None else 25.0, "compression": "none", "flows": 4},
+        ),
         Backend("horovod", "horovod", {"horovod": sm.Horovod(fusion_mb=128.0), "compression": "none"}),
         Backend("multistream", "multistream", {"settings": ms, "compression": comp}),
     ]
