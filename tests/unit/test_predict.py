@@ -34,7 +34,12 @@ def test_json_has_every_backend_phase_and_term(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "Calibration (fitted, not predicted)" in text and "residual" in text
     doc = json.loads(out.read_text())
-    assert [b["backend"] for b in doc["backends"]] == ["ddp", "horovod", "multistream"]  # one host: no tuning row
+    assert [b["backend"] for b in doc["backends"]] == [
+        "ddp",
+        "ddp (4 flows)",
+        "horovod",
+        "multistream",
+    ]  # one host: no tuning row
     for b in doc["backends"]:
         assert b["train_s"]["low"] < b["train_s"]["mid"] < b["train_s"]["high"] <= b["wall_s"]["high"]
         assert [p["image_size"] for p in b["phases"]] == [96, 128, 224, 288]
