@@ -24,11 +24,14 @@ endif
 PIP_INSTALL = $(PY) -m pip install -q --disable-pip-version-check
 REQS_cu130 = -r requirements.txt
 REQS_cu126 = -r requirements-cu126.txt -r $(VENV)/requirements-common.txt
-# The installed variant is written in the stamp: asking for the other one reinstalls.
+# The installed variant is written in the stamp: asking for the other one makes a new venv from nothing (pip
+# would leave the other variant's DALI and nvidia-* wheels beside the new ones; Horovod is rebuilt too).
 INSTALLED_CUDA := $(shell cat $(VENV)/.installed 2>/dev/null)
+SWITCHING := $(filter-out $(CUDA),$(or $(INSTALLED_CUDA),$(CUDA)))
 .PHONY: FORCE
 
-$(VENV)/.installed: requirements.txt requirements-dev.txt requirements-cu126.txt $(if $(filter-out $(CUDA),$(or $(INSTALLED_CUDA),cu130)),FORCE)
+$(VENV)/.installed: requirements.txt requirements-dev.txt requirements-cu126.txt $(if $(SWITCHING),FORCE)
+	$(if $(SWITCHING),rm -rf $(call q,$(VENV)))
 	test -x $(PY) || $(PYTHON_SYS) -m venv $(VENV)
 	grep -v -E '^(torch|torchvision|nvidia-dali-cuda130)==' requirements.txt > $(VENV)/requirements-common.txt
 	$(PIP_INSTALL) $(REQS_$(CUDA)) -r requirements-dev.txt 2>&1 | grep -v "is ignored: it is neither" || true

@@ -24,7 +24,7 @@ class DDPBackend(BackendDefaults):
         self._bytes = 0
 
     def prepare(self, model: nn.Module, optimizer):
-        if self.dist.world_size == 1:
+        if self.dist.world_size == 1 and not self.cfg.comm.engage_single_rank:
             return model, optimizer  # nothing to reduce; DDP would only add hooks
         device_ids = [self.dist.device.index] if self.dist.device.type == "cuda" else None
         ddp = DistributedDataParallel(
