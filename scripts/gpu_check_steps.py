@@ -22,6 +22,7 @@ SIZES = (96, 128, 224, 288)
 BATCH = {96: 256, 128: 256, 224: 256, 288: 128}
 OVERHEAD_MAX = 3.0  # % the trainer may lose against the bare loop
 PROFILE_MODEL = "resnet50_tweaked"
+DALI_WORKERS = 8  # DALI CPU threads per GPU in the record's config (configs/dawnbench_158s.yaml data.workers)
 
 
 def step_config(model: str, optim: str, amp: str, size: int, batch: int, steps: int, rounds: int, out: Path):
@@ -202,7 +203,7 @@ def check_dali(rows: list[dict], sample: Path, rates: dict[int, float]) -> None:
             phase = f"{{epochs: 2, image_size: {size}, batch_size: {batch}}}"
             cfg = load_config(
                 ROOT / "configs" / "base.yaml",
-                ["data.backend=dali", f"data.root={sample}", "data.workers=4", f"phases=[{phase}]"],
+                ["data.backend=dali", f"data.root={sample}", f"data.workers={DALI_WORKERS}", f"phases=[{phase}]"],
             )
             pipe = create_input(cfg, DistInfo(0, 1, 0, 1, dev))
             first = EpochInfo(0, 0, cfg.phases[0], 0, math.ceil(pipe.num_train / batch))
@@ -228,7 +229,7 @@ def check_dali(rows: list[dict], sample: Path, rates: dict[int, float]) -> None:
                     n / dt,
                     "images/s",
                     at_least=need if need else 1.0,
-                    reference=f"{n} images on cuda:0, epoch 2 of one prebuilt pipeline; "
+                    reference=f"{n} images on cuda:0, epoch 2 of one prebuilt pipeline, {DALI_WORKERS} CPU threads; "
                     + (f"threshold: the training step's {need:,.0f} img/s" if need else "no step rate at this size"),
                     why=why,
                 )

@@ -4,9 +4,10 @@ moved (CommStats) and how far apart their weights ended.
 
     torchrun --nproc-per-node W scripts/gpu_check_worker.py OUT.json TRANSPORT STEPS
 
-TRANSPORT gloo: every rank on cuda:0 (gloo reduces CUDA tensors; NCCL refuses two ranks on one device), so the
-multistream engine's streams and events run with W > 1 on one GPU. TRANSPORT nccl: rank r on cuda:r; with one GPU a
-world of one, engaged by comm.engage_single_rank (a one-rank communicator still launches its kernels).
+TRANSPORT cpu: the same on the CPU over gloo (the tests). TRANSPORT gloo: every rank on cuda:0 (gloo reduces CUDA
+tensors; NCCL refuses two ranks on one device), so the multistream engine's streams and events run with W > 1 on one
+GPU. TRANSPORT nccl: rank r on cuda:r; with one GPU a world of one, engaged by comm.engage_single_rank (a one-rank
+communicator still launches its kernels).
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def train(cfg, dist, model: nn.Module, steps: int):
         nn.functional.cross_entropy(tm(x), y).backward()
         opt.step()
         comm.on_step_end(step + 1)
-    torch.cuda.synchronize()
+    if dist.device.type == "cuda":
+        torch.cuda.synchronize()
     flat = torch.cat([p.detach().double().reshape(-1) for p in m.parameters()])
     return flat, comm.stats()
 
@@ -68,13 +70,17 @@ def main() -> int:
     out, transport, steps = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
     local, local_world = _env_int("LOCAL_RANK", 0), _env_int("LOCAL_WORLD_SIZE", 1)
-    dev = torch.device("cuda", 0 if transport == "gloo" else local)
-    torch.cuda.set_device(dev)
-    result: dict = {"world": world, "transport": transport, "device": torch.cuda.get_device_name(dev)}
+    if transport == "cpu":  # the same code on the CPU (the tests run it there)
+        dev, pg = torch.device("cpu"), "gloo"
+    else:
+        dev, pg = torch.device("cuda", 0 if transport == "gloo" else local), transport
+        torch.cuda.set_device(dev)
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    result: dict = {"world": world, "transport": pg, "device": name}
     try:
-        td.init_process_group(transport, device_id=dev if transport == "nccl" else None)
+        td.init_process_group(pg, device_id=dev if pg == "nccl" else None)
         dist = DistInfo(rank, world, local, local_world, dev)
-        common = [f"dist.backend={transport}", "run.device=cuda", "comm.engage_single_rank=true", "dist.timeout_s=120"]
+        common = [f"dist.backend={pg}", f"run.device={dev.type}", "comm.engage_single_rank=true", "dist.timeout_s=120"]
         torch.manual_seed(0)
         model = net().to(dev).to(memory_format=torch.channels_last)
         weights = {}

@@ -302,3 +302,17 @@ def test_guard_turns_an_exception_into_a_failed_timed_row():
         rows.append(judged("check y2", 1.0, "", at_least=0.5))
     assert rows[1]["seconds"] is not None and rows[2]["seconds"] is None
     assert failed(rows) == ["check x"]
+
+
+def test_allreduce_worker_on_the_cpu(tmp_path):
+    """The worker behind the multistream-vs-DDP rows, on 2 CPU ranks: same weights, bytes moved by both."""
+    out = tmp_path / "w.json"
+    cmd, _ = runs.torchrun(2, "gpu-check-test")
+    cmd += [str(SCRIPTS / "gpu_check_worker.py"), str(out), "cpu", "3"]
+    rc = env.run_logged(cmd, tmp_path / "log", 240, ROOT, {**os.environ, "OMP_NUM_THREADS": "1"})
+    assert rc == 0, (tmp_path / "log").read_text()[-3000:]
+    r = json.loads(out.read_text())
+    assert r["world"] == 2 and "error" not in r
+    assert r["ddp"]["steps"] == r["multistream"]["steps"] == 3
+    assert r["ddp"]["bytes"] > 0 and r["multistream"]["bytes"] > 0
+    assert r["max_diff"] <= runs.WEIGHTS_ATOL and r["rank_spread"] == 0.0
