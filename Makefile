@@ -68,11 +68,15 @@ test-fast: install horovod
 bench: install
 	$(PY) scripts/bench.py --out bench_report.md
 
-# Every GPU path in one command on one machine (docs/gpu.md); without CUDA it says so and runs nothing.
+# Every GPU path in one command on one machine (docs/gpu.md): exit 0 with one line where there is no GPU, exit 1
+# with one line where torch cannot use the GPU there is; else the table, gpu_check.json and gpu_profile.json. It builds
+# Horovod with NCCL first where the machine can (scripts/install_horovod.sh, as `make horovod` does).
+# GPU_CHECK_WORK=folder keeps the sample, run directories and logs (each run in a new folder inside it).
 GPU_CHECK_OUT ?= gpu_check.json
+GPU_CHECK_WORK ?=
 .PHONY: gpu-check
 gpu-check: install
-	$(PY) scripts/gpu_check.py --out $(call q,$(GPU_CHECK_OUT))
+	$(PY) scripts/gpu_check.py --out $(call q,$(GPU_CHECK_OUT)) $(if $(GPU_CHECK_WORK),--work $(call q,$(GPU_CHECK_WORK)))
 
 lint: install
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
