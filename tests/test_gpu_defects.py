@@ -236,3 +236,50 @@ def test_one_process_engages_the_backends_when_asked(engage):
             assert out[backend]["steps"] == 3 and out[backend]["bytes"] == 3 * params, out
         else:
             assert out[backend] == {"wrapped": False, "steps": 0, "bytes": 0}, out
+
+
+_HVD = """
+import json, sys, torch
+from torch import nn
+sys.path.insert(0, {root!r})
+from recipes.comm import create_allreduce
+from recipes.config import load_config
+from recipes.distributed import setup
+from recipes.lars import LayerAdaptiveSGD
+cfg = load_config(None, ["run.device=cpu", "dist.backend=gloo", "comm.backend=horovod", "run.threads=1", *sys.argv[2:]])
+dist = setup(cfg)
+torch.manual_seed(dist.rank)  # different weights per rank: the broadcast must make them rank 0's
+net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 4, 3))
+net = nn.Sequential(*net, nn.Flatten(), nn.Linear(64, 3))
+net = net.to(memory_format=torch.channels_last)
+opt = LayerAdaptiveSGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+comm = create_allreduce(cfg, dist)
+tm, opt = comm.prepare(net, opt)
+for step in range(2):
+    opt.zero_grad()
+    g = torch.Generator().manual_seed(100 * dist.rank + step)
+    x = torch.randn(4, 3, 8, 8, generator=g).contiguous(memory_format=torch.channels_last)
+    tm(x).sum().backward()
+    layouts = all(p.grad.stride() == p.stride() for p in net.parameters())
+    opt.step()
+    comm.on_step_end(step + 1)
+flat = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+json.dump({{"layouts": layouts, "w": flat.tolist(), "bytes": comm.stats().bytes,
+           "cl": not net[0].weight.is_contiguous()}}, open(sys.argv[1] + f"/rank{{dist.rank}}.json", "w"))
+"""
+
+
+def test_horovod_trains_a_channels_last_model(tmp_path):
+    """The real Horovod 0.28.1 under horovodrun: it crashed in broadcast_parameters before (non-contiguous weights)."""
+    from test_horovod import _horovod_missing, horovodrun
+
+    if _horovod_missing():
+        pytest.skip(_horovod_missing())
+    script = tmp_path / "hvd_cl.py"
+    script.write_text(_HVD.format(root=str(ROOT)))
+    p = horovodrun(2, [str(script), str(tmp_path), "comm.compression=fp16"], timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
+    assert r0["cl"] and r0["layouts"] and r1["layouts"]  # averaged gradients laid out as their parameters
+    assert r0["bytes"] > 0
+    assert max(abs(a - b) for a, b in zip(r0["w"], r1["w"], strict=True)) < 1e-6  # same start, same averages
