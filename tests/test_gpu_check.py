@@ -316,3 +316,23 @@ def test_allreduce_worker_on_the_cpu(tmp_path):
     assert r["ddp"]["steps"] == r["multistream"]["steps"] == 3
     assert r["ddp"]["bytes"] > 0 and r["multistream"]["bytes"] > 0
     assert r["max_diff"] <= runs.WEIGHTS_ATOL and r["rank_spread"] == 0.0
+
+
+@pytest.mark.slow
+def test_trainer_and_bare_loop_run_on_one_prebuilt_batch(monkeypatch, tmp_path):
+    """measure_step's glue on the CPU (autocast("cuda") is off there): the trainer's input is the prebuilt batch."""
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    made = []
+    from data import synthetic
+
+    real = synthetic.SyntheticPipeline.train_batches
+
+    def counting(self, info, start_step=0):
+        made.append(info.epoch)
+        return real(self, info, start_step)
+
+    monkeypatch.setattr(synthetic.SyntheticPipeline, "train_batches", counting)
+    with pytest.warns(UserWarning):  # CUDA autocast and GradScaler disabled on the CPU
+        ours, bare = steps.measure_step("resnet10t", "sgd", "bf16", 32, 8, 2, tmp_path)
+    assert ours > 0 and bare > 0
+    assert made == [0]  # one batch taken before the clock; the 4 timed epochs never asked the input for more
