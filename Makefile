@@ -39,11 +39,14 @@ endif
 PIP_INSTALL = $(PY) -m pip install -q --disable-pip-version-check
 REQS_cu130 = -r requirements.txt
 REQS_cu126 = -r requirements-cu126.txt -r $(VENV)/requirements-common.txt
-# The installed variant is written in the stamp: asking for the other one reinstalls.
+# The installed variant is written in the stamp: asking for the other one makes a new venv from nothing (pip
+# would leave the other variant's DALI and nvidia-* wheels beside the new ones; Horovod is rebuilt too).
 INSTALLED_CUDA := $(shell cat $(VENV)/.installed 2>/dev/null)
+SWITCHING := $(filter-out $(CUDA),$(or $(INSTALLED_CUDA),$(CUDA)))
 .PHONY: FORCE
 
-$(VENV)/.installed: requirements.txt requirements-dev.txt requirements-cu126.txt $(if $(filter-out $(CUDA),$(or $(INSTALLED_CUDA),cu130)),FORCE)
+$(VENV)/.installed: requirements.txt requirements-dev.txt requirements-cu126.txt $(if $(SWITCHING),FORCE)
+	$(if $(SWITCHING),rm -rf $(call q,$(VENV)))
 	test -x $(PY) || $(PYTHON_SYS) -m venv $(VENV)
 	grep -v -E '^(torch|torchvision|nvidia-dali-cuda130)==' requirements.txt > $(VENV)/requirements-common.txt
 	$(PIP_INSTALL) $(REQS_$(CUDA)) -r requirements-dev.txt 2>&1 | grep -v "is ignored: it is neither" || true
@@ -80,11 +83,15 @@ test-fast: install horovod
 bench: install
 	$(PY) scripts/bench.py --out bench_report.md
 
-# Every GPU path in one command on one machine (docs/gpu.md); without CUDA it says so and runs nothing.
+# Every GPU path in one command on one machine (docs/gpu.md): exit 0 with one line where there is no GPU, exit 1
+# with one line where torch cannot use the GPU there is; else the table, gpu_check.json and gpu_profile.json. It builds
+# Horovod with NCCL first where the machine can (scripts/install_horovod.sh, as `make horovod` does).
+# GPU_CHECK_WORK=folder keeps the sample, run directories and logs (each run in a new folder inside it).
 GPU_CHECK_OUT ?= gpu_check.json
+GPU_CHECK_WORK ?=
 .PHONY: gpu-check
 gpu-check: install
-	$(PY) scripts/gpu_check.py --out $(call q,$(GPU_CHECK_OUT))
+	$(PY) scripts/gpu_check.py --out $(call q,$(GPU_CHECK_OUT)) $(if $(GPU_CHECK_WORK),--work $(call q,$(GPU_CHECK_WORK)))
 
 lint: install
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 
@@ -108,9 +109,15 @@ def rect_transform(img: Image.Image, height: int, width: int) -> torch.Tensor:
     return TF.pil_to_tensor(TF.resize(img, [height, width], antialias=True))
 
 
+@functools.cache
+def _mean_std(device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ImageNet mean and std on `device`, made once: on a GPU, torch.tensor from a list is a blocking copy."""
+    mean = torch.tensor(IMAGENET_MEAN, device=device, dtype=dtype).view(1, 3, 1, 1)
+    return mean, torch.tensor(IMAGENET_STD, device=device, dtype=dtype).view(1, 3, 1, 1)
+
+
 def normalize(batch_u8: torch.Tensor, channels_last: bool, dtype=torch.float32) -> torch.Tensor:
     """uint8 NCHW batch -> normalized float on the batch's device."""
-    mean = torch.tensor(IMAGENET_MEAN, device=batch_u8.device, dtype=dtype).view(1, 3, 1, 1)
-    std = torch.tensor(IMAGENET_STD, device=batch_u8.device, dtype=dtype).view(1, 3, 1, 1)
+    mean, std = _mean_std(batch_u8.device, dtype)
     out = (batch_u8.to(dtype) - mean) / std
     return out.contiguous(memory_format=torch.channels_last) if channels_last else out

@@ -56,20 +56,28 @@ def setup(cfg) -> DistInfo:
     if use_cuda:
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
+        # Every phase trains at one fixed shape: cuDNN picks the fastest convolution algorithm once per shape.
+        torch.backends.cudnn.benchmark = True
     else:
         device = torch.device("cpu")
         threads = cfg.run.threads or max(1, (os.cpu_count() or 1) // local_world)
         torch.set_num_threads(threads)
-    if world > 1 and not td.is_initialized():
+    if (world > 1 or cfg.comm.engage_single_rank) and not td.is_initialized():
         backend = cfg.dist.backend
         if backend == "auto":
             backend = "nccl" if use_cuda else "gloo"
         timeout = datetime.timedelta(seconds=cfg.dist.timeout_s)
+        # comm.engage_single_rank without torchrun: one process needs no rendezvous, an in-process store does
+        alone = (
+            {"store": td.HashStore(), "rank": 0, "world_size": 1}
+            if world == 1 and "MASTER_ADDR" not in os.environ
+            else {}
+        )
         td.init_process_group(
             backend=backend,
             timeout=timeout,
             device_id=device if use_cuda else None,
-            **_elastic_store(rank, world, timeout),
+            **(alone or _elastic_store(rank, world, timeout)),
         )
     return DistInfo(rank, world, local_rank, local_world, device)
 

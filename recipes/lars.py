@@ -169,7 +169,8 @@ class LayerAdaptiveSGD(torch.optim.Optimizer):
         lr, m = group["lr"], group["momentum"]
         keep = None
         if found_inf is not None:
-            keep = 1.0 - found_inf.to(d[0].dtype)
+            # 0-dim: GradScaler and the trainer hand a flag of shape (1,), and _foreach_mul_ takes only a 0-dim tensor
+            keep = 1.0 - found_inf.to(d[0].dtype).reshape(())
             for x in d:
                 torch.nan_to_num_(x, nan=0.0, posinf=0.0, neginf=0.0)
             torch._foreach_mul_(d, keep)

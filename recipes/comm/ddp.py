@@ -39,7 +39,7 @@ class DDPBackend(BackendDefaults):
         return {**super().process_env(cfg), **ncclenv.process_env(cfg.comm, log=ncclenv.rank0_print)}
 
     def prepare(self, model: nn.Module, optimizer):
-        if self.dist.world_size == 1:
+        if self.dist.world_size == 1 and not self.cfg.comm.engage_single_rank:
             return model, optimizer  # nothing to reduce; DDP would only add hooks
         device_ids = [self.dist.device.index] if self.dist.device.type == "cuda" else None
         group = None

@@ -82,6 +82,57 @@ def _zero_grad(opt, set_to_none: bool = True) -> None:
     super(type(opt), opt).zero_grad(set_to_none=set_to_none)
 
 
+class Contiguous:
+    """A Horovod compressor on contiguous copies: Horovod 0.28.1 refuses a non-contiguous tensor, and a
+    channels_last model has some (its 3x3 and 7x7 convolution weights, and their gradients). The average goes
+    back in the gradient's own layout: the CUDA fused SGD kernel wants gradients laid out as their parameters."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def compress(self, tensor: torch.Tensor):
+        wire, ctx = self.inner.compress(tensor)
+        return wire.contiguous(), (ctx, tensor)
+
+    def decompress(self, tensor: torch.Tensor, ctx):
+        ctx, like = ctx
+        out = self.inner.decompress(tensor, ctx)
+        if out.stride() == like.stride():
+            return out
+        return torch.empty_like(like).copy_(out)  # empty_like keeps the strides of a dense tensor
+
+
+def broadcast_state(hvd, model: nn.Module, optimizer, root_rank: int = 0) -> None:
+    """Rank `root_rank`'s weights, buffers and optimizer state on every rank, as hvd.broadcast_parameters and
+    hvd.broadcast_optimizer_state, on contiguous copies (channels_last tensors; see `Contiguous`).
+
+    Unlike hvd.broadcast_optimizer_state, an empty optimizer state stays empty: Horovod fills it with one step on
+    zero gradients, which moves the weights wherever weight decay is set."""
+    tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
+    scalars = {}
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    for i, p in enumerate(params):
+        for k, v in optimizer.state.get(p, {}).items():
+            if torch.is_tensor(v):
+                tensors[f"optim.{i}.{k}"] = v
+            else:
+                scalars[f"optim.{i}.{k}"] = v
+    for i, g in enumerate(optimizer.param_groups):
+        scalars.update({f"group.{i}.{k}": v for k, v in g.items() if k != "params"})
+    copies = {k: v.contiguous() for k, v in tensors.items()}
+    hvd.broadcast_parameters(copies, root_rank=root_rank)
+    with torch.no_grad():
+        for k, v in tensors.items():
+            if copies[k] is not v:
+                v.copy_(copies[k])
+    for key, v in hvd.broadcast_object(scalars, root_rank=root_rank, name="dawnbench.optim_scalars").items():
+        kind, i, k = key.split(".", 2)
+        if kind == "group":
+            optimizer.param_groups[int(i)][k] = v
+        else:
+            optimizer.state[params[int(i)]][k] = v
+
+
 class HorovodBackend(BackendDefaults):
     """Timing: the step's window runs from the first gradient ready (Horovod's hooks start its allreduce then) to
     `synchronize()` returning with the averages; `wait_seconds` is the time spent inside `synchronize()`."""
@@ -103,7 +154,7 @@ class HorovodBackend(BackendDefaults):
         return torch_env_from_horovod(cfg) if launched_by_horovodrun() else {}
 
     def prepare(self, model: nn.Module, optimizer):
-        if self.dist.world_size == 1:
+        if self.dist.world_size == 1 and not self.cfg.comm.engage_single_rank:
             return model, optimizer  # nothing to reduce
         hvd = import_horovod()
         hvd.init()
@@ -112,14 +163,13 @@ class HorovodBackend(BackendDefaults):
                 f"comm.backend=horovod: Horovod sees rank {hvd.rank()} of {hvd.size()} but torch.distributed sees "
                 f"rank {self.dist.rank} of {self.dist.world_size}; launch with horovodrun, not torchrun"
             )
-        compression = hvd.Compression.fp16 if self.cfg.comm.compression == "fp16" else hvd.Compression.none
+        wire = hvd.Compression.fp16 if self.cfg.comm.compression == "fp16" else hvd.Compression.none
         state = optimizer.state_dict()  # a resume loaded it into the plain optimizer
         dist_opt = hvd.DistributedOptimizer(
-            optimizer, named_parameters=model.named_parameters(), compression=compression, op=hvd.Average
+            optimizer, named_parameters=model.named_parameters(), compression=Contiguous(wire), op=hvd.Average
         )
         dist_opt.load_state_dict(state)
-        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        hvd.broadcast_optimizer_state(dist_opt, root_rank=0)
+        broadcast_state(hvd, model, dist_opt)
         # Horovod averages in optimizer.step(); GradScaler reads the gradients before that (unscale_, inf check).
         # Finishing the allreduce when backward ends, as DDP does, keeps the trainer free of Horovod calls.
         dist_opt._should_synchronize = False  # what `with dist_opt.skip_synchronize():` sets, for every step

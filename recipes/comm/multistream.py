@@ -67,7 +67,7 @@ class MultiStreamBackend(BackendDefaults):
 
     # -- set-up -----------------------------------------------------------------------------------------
     def prepare(self, model: nn.Module, optimizer):
-        if self.dist.world_size == 1:
+        if self.dist.world_size == 1 and not self.cfg.comm.engage_single_rank:
             return model, optimizer  # nothing to reduce
         c = self.cfg.comm
         self.specs, self.params = grad_specs(model)

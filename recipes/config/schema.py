@@ -301,6 +301,11 @@ class CommConfig:
         help="autotune: network description in the cache key (auto: nodes, procs, socket interface)",
         domain="nonempty",
     )
+    engage_single_rank: bool = _f(
+        False,
+        help="with one process, still make a process group and run the backend's hooks and collectives (a one-rank "
+        "NCCL communicator launches the same kernels, streams and events; scripts/gpu_check.py on one GPU)",
+    )
 
 
 @dataclass

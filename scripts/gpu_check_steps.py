@@ -1,0 +1,248 @@
+"""Checks 1 and 2 of scripts/gpu_check.py, in its own process: training-step throughput (the trainer against a bare
+loop on identical prebuilt device batches; ResNet-50 v1.5 against NVIDIA's figure; the time model's GPU profile)
+and DALI's GPU decoding timed on a pipeline built before the clock starts."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from gpu_check_env import REFERENCE_FRACTION, native_bf16, rn50_reference
+from gpu_check_rows import guard, judged, row
+
+ROOT = Path(__file__).resolve().parent.parent
+SIZES = (96, 128, 224, 288)
+# Per-GPU batch of each size: the 158 s record's global batch over its 128 GPUs (32768, and 16384 at 288 px).
+BATCH = {96: 256, 128: 256, 224: 256, 288: 128}
+OVERHEAD_MAX = 3.0  # % the trainer may lose against the bare loop
+PROFILE_MODEL = "resnet50_tweaked"
+DALI_WORKERS = 8  # DALI CPU threads per GPU in the record's config (configs/dawnbench_158s.yaml data.workers)
+
+
+def step_config(model: str, optim: str, amp: str, size: int, batch: int, steps: int, rounds: int, out: Path):
+    from recipes.config import load_config
+
+    return load_config(
+        None,
+        [
+            "data.backend=synthetic",
+            f"data.synthetic_size={batch * steps}",
+            "data.synthetic_classes=1000",
+            f"model.name={model}",
+            f"run.amp={amp}",
+            "run.channels_last=true",
+            f"optim.name={optim}",
+            "log.tensorboard=false",
+            "checkpoint.enabled=false",
+            "checkpoint.resume=false",
+            f"log.every_steps={steps}",
+            f"run.out_dir={out}",
+            f"phases=[{{epochs: {rounds + 1}, image_size: {size}, batch_size: {batch}}}]",
+        ],
+    )
+
+
+def _synced(fn) -> float:
+    """Seconds `fn()` took on the GPU: synchronize before and after, nowhere inside."""
+    import torch
+
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t
+
+
+def bare_loop(model, optimizer, criterion, x, y, steps: int, amp_dtype, scaler) -> float:
+    """Images/s of a plain autocast forward/backward/step loop on one prebuilt device batch."""
+    import torch
+
+    def run():
+        for _ in range(steps):
+            with torch.autocast("cuda", dtype=amp_dtype):
+                loss = criterion(model(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                loss.backward()
+                optimizer.step()
+
+    model.train()
+    return steps * x.shape[0] / _synced(run)
+
+
+def measure_step(
+    model: str, optim: str, amp: str, size: int, batch: int, steps: int, work: Path
+) -> tuple[float, float]:
+    """(trainer images/s, bare loop images/s): medians of 3 alternating rounds, on the same prebuilt device batch.
+
+    The trainer's input is replaced by that batch, so neither side builds input inside its timed window."""
+    import torch
+
+    from models import create_model
+    from recipes.optim import create_optimizer
+    from recipes.steps import create_criterion
+    from recipes.trainer import Trainer
+
+    rounds = 3
+    cfg = step_config(model, optim, amp, size, batch, steps, rounds, work)
+    with contextlib.redirect_stdout(sys.stderr):
+        trainer = Trainer(cfg)
+    trainer.log.active = False
+    dev = trainer.dist.device
+    x, y = next(iter(trainer.data.train_batches(trainer.plan.epoch_info(0))))
+    x = x.to(dev).contiguous(memory_format=torch.channels_last)
+    y = y.to(dev)
+
+    def prebuilt(info, start_step: int = 0):
+        return [(x, y)] * (info.steps - start_step)
+
+    trainer.data.train_batches = prebuilt
+    assert trainer.plan.epoch_info(0).steps == steps
+    torch.manual_seed(0)
+    bare_model = create_model(cfg.model, 1000).to(dev).to(memory_format=torch.channels_last)
+    bare_opt = create_optimizer(cfg.optim, bare_model)
+    dtype = torch.float16 if amp == "fp16" else torch.bfloat16
+    scaler = torch.amp.GradScaler("cuda") if amp == "fp16" else None
+    criterion = create_criterion(cfg).to(dev)
+    bare_loop(bare_model, bare_opt, criterion, x, y, 3, dtype, scaler)  # warm-up: cuDNN's algorithm search
+    trainer.train_one_epoch(0)
+    bare, ours = [], []
+    for r in range(rounds):
+        bare.append(bare_loop(bare_model, bare_opt, criterion, x, y, steps, dtype, scaler))
+        ours.append(steps * batch / _synced(functools.partial(trainer.train_one_epoch, r + 1)))
+    trainer.close()
+    del trainer, bare_model, bare_opt
+    torch.cuda.empty_cache()
+    return statistics.median(ours), statistics.median(bare)
+
+
+def step_row(name: str, ours: float, bare: float) -> dict:
+    """The trainer's images/s, failing when it is more than OVERHEAD_MAX % below the bare loop's."""
+    r = judged(
+        name,
+        ours,
+        "img/s per GPU",
+        at_least=bare * (1 - OVERHEAD_MAX / 100),
+        reference=f"bare loop {bare:,.0f} img/s (same model, optimizer, prebuilt batch); trainer overhead "
+        f"{100 * (1 - ours / bare):.1f}%, at most {OVERHEAD_MAX:g}%",
+    )
+    return r
+
+
+def check_steps(rows: list[dict], steps: int, work: Path, profile: dict) -> None:
+    """Train-step rows; fills `profile['rates']` (the time model's GPU profile) with the resnet50_tweaked rates."""
+    import torch
+
+    name = torch.cuda.get_device_name(0)
+    cap = torch.cuda.get_device_capability(0)
+    bf16 = native_bf16(cap)
+    for size in SIZES:
+        b = BATCH[size]
+        label = f"train step {PROFILE_MODEL} {profile['dtype']} {size}px b{b} (channels_last, hybrid optimizer)"
+        with guard(rows, label):
+            ours, bare = measure_step(PROFILE_MODEL, "hybrid", profile["dtype"], size, b, steps, work / f"steps-{size}")
+            rows.append(step_row(label, ours, bare))
+            profile["rates"].append({"image_size": size, "batch_size": b, "images_per_s": round(ours, 1)})
+    for size in (128, 224):
+        label = f"train step {PROFILE_MODEL} bf16 {size}px b{BATCH[size]}"
+        if not bf16:
+            rows.append(row(label, f"skip: {name} (compute capability {cap[0]}.{cap[1]}) has no native bf16"))
+            continue
+        with guard(rows, label):
+            ours, bare = measure_step(PROFILE_MODEL, "hybrid", "bf16", size, BATCH[size], steps, work / f"bf16-{size}")
+            rows.append(step_row(label, ours, bare))
+    label = "train step resnet50 (v1.5) fp16 224px b256, SGD: NVIDIA's published model and setting"
+    with guard(rows, label):
+        ours, bare = measure_step("resnet50", "sgd", "fp16", 224, 256, steps, work / "rn50")
+        ref = rn50_reference(name)
+        if ref.images_per_s is None:
+            rows.append(row(label, f"n/a: {ref.text}", ours, "img/s per GPU", f"bare loop {bare:,.0f} img/s"))
+        else:
+            rows.append(
+                judged(
+                    label,
+                    ours,
+                    "img/s per GPU",
+                    at_least=REFERENCE_FRACTION * ref.images_per_s,
+                    reference=f"{ref.text}; threshold {REFERENCE_FRACTION:.0%} of it",
+                )
+            )
+
+
+def _drain(batches, seen: list) -> None:
+    """Iterate `batches`, keeping the image tensors (their shapes are checked after the clock stops)."""
+    for x, _ in batches:
+        seen.append(x)
+
+
+def check_dali(rows: list[dict], sample: Path, rates: dict[int, float]) -> None:
+    """DALI mixed (nvJPEG) decoding per size, timed over a second epoch of the same pipeline; it must feed at least
+    the training step's rate at that size (`rates`, from check_steps) where one was measured."""
+    import torch
+
+    from data import create_input
+    from recipes.config import load_config
+    from recipes.distributed import DistInfo
+    from recipes.schedule import EpochInfo
+
+    dev = torch.device("cuda", 0)
+    batch = 64
+    for size in SIZES:
+        label = f"DALI mixed decode + random-resized-crop {size}px (sample JPEGs)"
+        with guard(rows, label):
+            phase = f"{{epochs: 2, image_size: {size}, batch_size: {batch}}}"
+            cfg = load_config(
+                ROOT / "configs" / "base.yaml",
+                ["data.backend=dali", f"data.root={sample}", f"data.workers={DALI_WORKERS}", f"phases=[{phase}]"],
+            )
+            pipe = create_input(cfg, DistInfo(0, 1, 0, 1, dev))
+            first = EpochInfo(0, 0, cfg.phases[0], 0, math.ceil(pipe.num_train / batch))
+            for _ in pipe.train_batches(first):  # epoch 0: builds the pipeline and fills its queue
+                pass
+            built = pipe._train[1]
+            seen: list = []
+            second = dataclasses.replace(first, epoch=1, first_step=first.steps)
+            dt = _synced(functools.partial(_drain, pipe.train_batches(second), seen))
+            n = sum(x.shape[0] for x in seen)
+            shape_ok = all(x.is_cuda and x.shape.count(size) >= 2 for x in seen)  # NCHW or NHWC, square crops
+            same = pipe._train[1] is built
+            pipe.close()
+            need = rates.get(size)
+            why = ""
+            if not same:
+                why = "the pipeline was rebuilt inside the timed epoch"
+            elif not shape_ok or n == 0:
+                why = f"{n} images, shape not {size}x{size} on cuda"
+            rows.append(
+                judged(
+                    label,
+                    n / dt,
+                    "images/s",
+                    at_least=need if need else 1.0,
+                    reference=f"{n} images on cuda:0, epoch 2 of one prebuilt pipeline, {DALI_WORKERS} CPU threads; "
+                    + (f"threshold: the training step's {need:,.0f} img/s" if need else "no step rate at this size"),
+                    why=why,
+                )
+            )
+    label = "DALI mixed rect validation (each image once)"
+    with guard(rows, label):
+        phase = "{epochs: 1, image_size: 128, batch_size: 64, rect_val: true}"
+        cfg = load_config(
+            ROOT / "configs" / "base.yaml",
+            ["data.backend=dali", f"data.root={sample}", "data.workers=4", f"phases=[{phase}]"],
+        )
+        pipe = create_input(cfg, DistInfo(0, 1, 0, 1, dev))
+        n = sum(x.shape[0] for x, _ in pipe.val_batches(cfg.phases[0]))
+        expected = pipe.num_val
+        pipe.close()
+        rows.append(judged(label, n, "images", at_least=expected, at_most=expected, reference=f"{expected} val images"))

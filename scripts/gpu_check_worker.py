@@ -1,0 +1,108 @@
+"""One rank of scripts/gpu_check.py's allreduce check, under torchrun: DDP and multistream train the same small
+network from the same weights on the same per-rank batches for N steps, on CUDA tensors; rank 0 writes what they
+moved (CommStats) and how far apart their weights ended.
+
+    torchrun --nproc-per-node W scripts/gpu_check_worker.py OUT.json TRANSPORT STEPS
+
+TRANSPORT cpu: the same on the CPU over gloo (the tests). TRANSPORT gloo: every rank on cuda:0 (gloo reduces CUDA
+tensors; NCCL refuses two ranks on one device), so the multistream engine's streams and events run with W > 1 on one
+GPU. TRANSPORT nccl: rank r on cuda:r; with one GPU a world of one, engaged by comm.engage_single_rank (a one-rank
+communicator still launches its kernels).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+
+def net() -> nn.Module:
+    """Odd-sized tensors (unequal slices), BN, 3x3 convolutions that channels_last makes non-contiguous."""
+    return nn.Sequential(
+        nn.Conv2d(3, 24, 3, padding=1, bias=False),
+        nn.BatchNorm2d(24),
+        nn.ReLU(),
+        nn.Conv2d(24, 37, 3, stride=2, bias=False),
+        nn.BatchNorm2d(37),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(37, 10),
+    )
+
+
+def train(cfg, dist, model: nn.Module, steps: int):
+    from recipes.comm import create_allreduce
+
+    m = copy.deepcopy(model)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    comm = create_allreduce(cfg, dist)
+    tm, opt = comm.prepare(m, opt)
+    for step in range(steps):
+        g = torch.Generator().manual_seed(1000 * dist.rank + step)
+        x = torch.randn(16, 3, 32, 32, generator=g).to(dist.device).contiguous(memory_format=torch.channels_last)
+        y = torch.randint(0, 10, (16,), generator=g).to(dist.device)
+        opt.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(tm(x), y).backward()
+        opt.step()
+        comm.on_step_end(step + 1)
+    if dist.device.type == "cuda":
+        torch.cuda.synchronize()
+    flat = torch.cat([p.detach().double().reshape(-1) for p in m.parameters()])
+    return flat, comm.stats()
+
+
+def main() -> int:
+    import torch.distributed as td
+
+    from recipes.config import load_config
+    from recipes.distributed import DistInfo, _env_int
+
+    out, transport, steps = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
+    local, local_world = _env_int("LOCAL_RANK", 0), _env_int("LOCAL_WORLD_SIZE", 1)
+    if transport == "cpu":  # the same code on the CPU (the tests run it there)
+        dev, pg = torch.device("cpu"), "gloo"
+    else:
+        dev, pg = torch.device("cuda", 0 if transport == "gloo" else local), transport
+        torch.cuda.set_device(dev)
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    result: dict = {"world": world, "transport": pg, "device": name}
+    try:
+        td.init_process_group(pg, device_id=dev if pg == "nccl" else None)
+        dist = DistInfo(rank, world, local, local_world, dev)
+        common = [f"dist.backend={pg}", f"run.device={dev.type}", "comm.engage_single_rank=true", "dist.timeout_s=120"]
+        torch.manual_seed(0)
+        model = net().to(dev).to(memory_format=torch.channels_last)
+        weights = {}
+        for backend, extra in (("ddp", ["comm.bucket_cap_mb=0.01"]), ("multistream", ["comm.bucket_mb=0.01"])):
+            cfg = load_config(None, [*common, f"comm.backend={backend}", *extra])
+            weights[backend], stats = train(cfg, dist, model, steps)
+            result[backend] = {"steps": stats.steps, "bytes": stats.bytes, "settings": stats.settings}
+        result["max_diff"] = float((weights["ddp"] - weights["multistream"]).abs().max())
+        root = weights["multistream"].clone()
+        td.broadcast(root, src=0)  # every rank must hold rank 0's weights
+        spread = torch.tensor([float((weights["multistream"] - root).abs().max())], device=dev)
+        td.all_reduce(spread, op=td.ReduceOp.MAX)
+        result["rank_spread"] = float(spread)
+        result["scale"] = float(weights["ddp"].abs().max())
+        td.destroy_process_group()
+    except Exception as e:  # noqa: BLE001 - reported in the row, with the traceback in the log
+        traceback.print_exc()
+        result["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    if rank == 0:
+        out.write_text(json.dumps(result, indent=1) + "\n")
+    return 0 if "error" not in result else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
