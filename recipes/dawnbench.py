@@ -22,11 +22,16 @@ import torch
 from recipes.config import Config, ConfigError
 
 
+def missing_required(cfg: Config) -> list[str]:
+    """The dawnbench keys the entry needs but the config leaves empty (none unless dawnbench.require)."""
+    if not cfg.dawnbench.require:
+        return []
+    return [k for k in ("author", "author_email") if not getattr(cfg.dawnbench, k).strip()]
+
+
 def check_required(cfg: Config) -> None:
     """With dawnbench.require, refuse to start a run whose entry would lack a field the format requires."""
-    if not cfg.dawnbench.require:
-        return
-    missing = [k for k in ("author", "author_email") if not getattr(cfg.dawnbench, k).strip()]
+    missing = missing_required(cfg)
     if missing:
         raise ConfigError(
             f"dawnbench.{missing[0]}: the DAWNBench entries format requires it (dawnbench.require=true); set "
