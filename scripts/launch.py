@@ -203,14 +203,14 @@ def build_job(args) -> tuple[Job, object]:
         raise LaunchError(f"--gpus-per-host: expected a positive integer, got {procs}")
     world = len(hosts) * procs
     for i, p in enumerate(cfg.phases):
-        if p.batch_size % world:
+        if p.batch_size % world and not args.probe_network:
             raise LaunchError(
                 f"phases.{i}.batch_size: {p.batch_size} is not divisible by the world size {world} "
                 f"({len(hosts)} host(s) x {procs})"
             )
 
     data_paths = []
-    if cfg.data.backend != "synthetic":
+    if cfg.data.backend != "synthetic" and not args.probe_network:
         data_paths = [f"{cfg.data.root}/train", f"{cfg.data.root}/val"]
         data_paths += [f"{path}/train" for path in cfg.data.roots.values()]
         from data import copy_beside  # a phase's copy not in data.roots is read from <data.root>-<name>
@@ -299,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     except (LaunchError, HostError, ConfigError, ValueError) as e:
         print(f"launch: error: {e}", file=sys.stderr)
         return 2
+    if args.probe_network:
+        job = probe_job(job, args)  # the probe alone: its commands are what the checks and the dry run show
     for line in describe(job, cfg):
         print(f"launch: {line}", flush=True)
     run_dir = Path(job.run_dir) if Path(job.run_dir).is_absolute() else REPO / job.run_dir
@@ -308,9 +310,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"launch: dry run: nothing started (the checks would ask every host for {checks}; the pre-flight for")
         print("launch: its GPUs, driver, torch/CUDA/cuDNN/NCCL/DALI versions, image counts and free disk)")
         if probe:
-            print(
-                f"launch: dry run: the link probe would run first on every host: {shlex.join(probe_job(job, args).program)}"
-            )
+            program = shlex.join(probe_job(job, args).program)
+            print(f"launch: dry run: the link probe would run first on every host: {program}")
         return 0
     if not args.no_check:
         rc = preflight(job, cfg, args)

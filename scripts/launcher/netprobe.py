@@ -3,10 +3,11 @@
     python -m torch.distributed.run --nnodes H --nproc-per-node 1 ... scripts/launcher/netprobe.py --out F.json
 
 `scripts/launch.py --probe-network` starts it (one process per host). Gloo keeps one TCP connection per pair of
-ranks in a process group, so a transfer on one group is one flow, and N groups give N flows. The pairs are measured
-one at a time, both directions at once (each direction of a link has its own capacity), for about `--seconds` per
-flow count. Rank 0 prints the matrix, flags the slow pairs and writes the figures as JSON; `network_overrides()`
-turns them into the `comm.link_gbit`, `comm.flow_gbit` and `comm.latency_us` the auto-tuner's step-time model reads.
+ranks in a process group, so a transfer on one group is one flow, and N groups give N flows. The pairs are
+measured one at a time, one direction after the other (each direction of a link has its own capacity), for about
+`--seconds` per direction and flow count. Rank 0 prints the matrix, flags the slow pairs and writes the figures as
+JSON; `network_overrides()` turns them into the `comm.link_gbit`, `comm.flow_gbit` and `comm.latency_us` that the
+auto-tuner's step-time model reads.
 """
 
 from __future__ import annotations
@@ -24,37 +25,52 @@ MARK = "netprobe-json:"
 SLOW = 0.8  # a pair below this fraction of the median pair is flagged
 
 
-def _pair_transfer(dist, groups, me: int, peer: int, nbytes: int) -> float:
-    """Send `nbytes` to `peer` split over len(groups) flows while receiving as much from it; seconds until this
-    rank has received everything (both ranks start together after a barrier)."""
+def _transfer(dist, groups, me: int, peer: int, nbytes: int, sender: int) -> float | None:
+    """`sender` sends `nbytes` to the other rank of the pair, split over len(groups) flows; the receiver returns the
+    seconds until it has everything (the sender None). One direction at a time: the other direction's
+    acknowledgements then never queue behind data."""
     import torch
 
     k = len(groups)
-    chunk = max(1, nbytes // k)
-    send = [torch.zeros(chunk, dtype=torch.uint8) for _ in range(k)]
-    recv = [torch.empty(chunk, dtype=torch.uint8) for _ in range(k)]
+    bufs = [torch.zeros(max(1, nbytes // k), dtype=torch.uint8) for _ in range(k)]
     _latency(dist, groups[0], me, peer, first=me < peer, rounds=1)  # start together (within one latency)
     t0 = time.perf_counter()
-    works = [dist.irecv(r, src=peer, group=g) for r, g in zip(recv, groups, strict=True)]
-    sends = [dist.isend(s, dst=peer, group=g) for s, g in zip(send, groups, strict=True)]
+    if me == sender:
+        works = [dist.isend(b, dst=peer, group=g) for b, g in zip(bufs, groups, strict=True)]
+    else:
+        works = [dist.irecv(b, src=peer, group=g) for b, g in zip(bufs, groups, strict=True)]
     for w in works:
         w.wait()
-    elapsed = time.perf_counter() - t0
-    for w in sends:
-        w.wait()
-    return elapsed
+    return None if me == sender else time.perf_counter() - t0
 
 
-def _agree(dist, group, me: int, peer: int, value: int) -> int:
-    """The lower rank's `value` on both ranks of the pair (sizes must match on both sides of a transfer)."""
+def _share(dist, group, me: int, peer: int, value: float | None, src: int) -> float:
+    """`src`'s value on both ranks of the pair."""
     import torch
 
-    buf = torch.tensor([value], dtype=torch.int64)
-    if me < peer:
+    buf = torch.tensor([value if me == src else 0.0], dtype=torch.float64)
+    if me == src:
         dist.send(buf, dst=peer, group=group)
     else:
         dist.recv(buf, src=peer, group=group)
-    return int(buf.item())
+    return float(buf.item())
+
+
+def _direction(dist, groups, me: int, peer: int, sender: int, seconds: float) -> dict:
+    """Gbit/s from `sender` to the other rank with one flow and with len(groups) flows, known to both ranks."""
+    receiver = peer if me == sender else me
+
+    def rate(flows, nbytes: int) -> float:  # bytes/s seen by the receiver
+        t = _transfer(dist, flows, me, peer, nbytes, sender)
+        return _share(dist, groups[0], me, peer, None if t is None else nbytes / max(t, 1e-9), receiver)
+
+    def size(bytes_per_s: float) -> int:  # about `seconds` of traffic, 1 MiB to 4 GiB
+        return int(min(max(bytes_per_s * seconds, 1 << 20), 4 << 30))
+
+    first = rate(groups[:1], 4 << 20)  # a short transfer sizes the measured ones
+    one = rate(groups[:1], size(first))
+    many = rate(groups, size(max(first, one)))
+    return {"one_flow_gbit": one * 8 / 1e9, "n_flows_gbit": many * 8 / 1e9}
 
 
 def _latency(dist, group, me: int, peer: int, first: bool, rounds: int = 20) -> float:
@@ -92,27 +108,21 @@ def measure(seconds: float, flows: int) -> dict | None:
             row = {"a": names[a], "b": names[b], "ranks": [a, b]}
             if rank in (a, b):
                 peer = b if rank == a else a
-                # Size the transfer from a short first one, so each measurement lasts about `seconds`.
-                t = _pair_transfer(dist, groups[:1], rank, peer, 4 << 20)
-                rate = (4 << 20) / max(t, 1e-6)
-                nbytes = _agree(dist, groups[0], rank, peer, int(min(max(rate * seconds, 1 << 20), 4 << 30)))
-                one = nbytes * 8 / _pair_transfer(dist, groups[:1], rank, peer, nbytes) / 1e9
-                guess = int(min(max(max(rate, one * 1e9 / 8) * seconds, 1 << 20), 4 << 30))
-                nbytes_n = _agree(dist, groups[0], rank, peer, guess)
-                many = nbytes_n * 8 / _pair_transfer(dist, groups, rank, peer, nbytes_n) / 1e9
+                a_to_b = _direction(dist, groups, rank, peer, a, seconds)
+                b_to_a = _direction(dist, groups, rank, peer, b, seconds)
                 lat = _latency(dist, groups[0], rank, peer, first=rank == a)
-                mine = {"into": names[rank], "one_flow_gbit": one, "n_flows_gbit": many, "latency_us": lat * 1e6}
+                mine = {"a_to_b": a_to_b, "b_to_a": b_to_a, "latency_us": lat * 1e6} if rank == a else None
             else:
                 mine = None  # the others wait: one pair at a time, so no two measurements share a link
             both: list = [None] * world
             dist.all_gather_object(both, mine, group=groups[0])
-            a_in, b_in = both[b], both[a]  # what b received came from a
+            got = both[a]
+            keys = ("one_flow_gbit", "n_flows_gbit")
             row.update(
-                a_to_b={k: round(a_in[k], 4) for k in ("one_flow_gbit", "n_flows_gbit")},
-                b_to_a={k: round(b_in[k], 4) for k in ("one_flow_gbit", "n_flows_gbit")},
-                one_flow_gbit=round(min(a_in["one_flow_gbit"], b_in["one_flow_gbit"]), 4),
-                n_flows_gbit=round(min(a_in["n_flows_gbit"], b_in["n_flows_gbit"]), 4),
-                latency_us=round((a_in["latency_us"] + b_in["latency_us"]) / 2, 1),
+                a_to_b={k: round(got["a_to_b"][k], 4) for k in keys},
+                b_to_a={k: round(got["b_to_a"][k], 4) for k in keys},
+                **{k: round(min(got["a_to_b"][k], got["b_to_a"][k]), 4) for k in keys},
+                latency_us=round(got["latency_us"], 1),
             )
             pairs.append(row)
     dist.barrier()
@@ -139,12 +149,14 @@ def summarize(hosts: list[str], pairs: list[dict], flows: int, seconds: float) -
     if pairs:
         slowest = min(pairs, key=lambda p: p["gbit"])
         link = slowest["gbit"]
-        one = min(p["one_flow_gbit"] for p in pairs)
-        # A per-flow cap shows as one flow well below N flows; without one, the model takes none.
+        one = statistics.median(p["one_flow_gbit"] for p in pairs)
+        many = statistics.median(p["n_flows_gbit"] for p in pairs)
+        # The link figure is the slowest pair's (a ring allreduce runs at its slowest link's pace); a per-flow cap
+        # shows as the typical pair's one flow well below its N flows, and without one the model takes none.
         out.update(
             link_gbit=round(link, 4),
-            flow_gbit=round(one, 4) if one < 0.9 * link else None,
-            latency_us=round(max(p["latency_us"] for p in pairs), 1),
+            flow_gbit=round(one, 4) if one < 0.9 * many else None,
+            latency_us=round(statistics.median(p["latency_us"] for p in pairs), 1),
             slowest=[slowest["a"], slowest["b"]],
         )
     return out
