@@ -307,11 +307,14 @@ def main(argv: list[str] | None = None) -> int:
     probe = wants_probe(args, job, cfg, run_dir)
     if args.dry_run:
         checks = ", ".join(["the working directory", f"{job.python} imports torch", "the config", *job.data_paths])
-        print(f"launch: dry run: nothing started (the checks would ask every host for {checks}; the pre-flight for")
-        print("launch: its GPUs, driver, torch/CUDA/cuDNN/NCCL/DALI versions, image counts and free disk)")
         if probe:
             program = shlex.join(probe_job(job, args).program)
             print(f"launch: dry run: the link probe would run first on every host: {program}")
+        print(
+            "launch: dry run: the pre-flight would compare every host's GPUs, driver, torch/CUDA/cuDNN/NCCL/DALI "
+            "versions, image counts and free disk"
+        )
+        print(f"launch: dry run: nothing started (the checks would ask every host for {checks})")
         return 0
     if not args.no_check:
         rc = preflight(job, cfg, args)
@@ -335,6 +338,11 @@ def main(argv: list[str] | None = None) -> int:
     for name in run_files.RESULTS:
         if rc == 0 and (run_dir / name).is_file():
             print(f"launch: {run_dir / name}")
+    entry_file = run_dir / run_files.ENTRY
+    if rc == 0 and entry_file.is_file():
+        from recipes.dawnbench import qualification_line
+
+        print(f"launch: {qualification_line(json.loads(entry_file.read_text()))}")
     return rc
 
 
