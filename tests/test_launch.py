@@ -365,6 +365,18 @@ def test_overrides_may_follow_options_as_with_train_py(tmp_path, tiny_root):
     assert f"data.root={tiny_root} optim.lr=0.3 run.seed=3" in host_a
 
 
+def test_an_auto_tuned_run_from_the_model_probes_the_links_first(tmp_path, tiny_root):
+    common = ["--hostfile", str(two_local_hosts(tmp_path)), "--transport", "local", "--gpus-per-host", "1"]
+    common += ["--run-dir", str(tmp_path / "r"), "--dry-run", "-c", "configs/quickstart.yaml", f"data.root={tiny_root}"]
+    tuned = ["comm.backend=multistream", "comm.autotune=true", "comm.tune_start=model", "comm.link_gbit=32"]
+    p = launch(*common, *tuned, timeout=120)
+    assert p.returncode == 0, p.stderr
+    probe = next(ln for ln in p.stdout.splitlines() if "the link probe would run first" in ln)
+    assert f"scripts/launcher/netprobe.py --seconds 1 --flows 4 --timeout 300 --out {tmp_path}/r/network.json" in probe
+    p = launch(*common, *tuned, "--no-probe", timeout=120)
+    assert p.returncode == 0 and "link probe" not in p.stdout, p.stderr
+
+
 def test_a_lock_that_is_a_directory_is_one_line(tmp_path):
     (tmp_path / "run" / ".lock").mkdir(parents=True)
     job = _job(
@@ -809,6 +821,11 @@ def test_make_targets_run_the_launcher_with_the_record_settings():
         "-c configs/dawnbench_158s.yaml comm.backend=horovod"
     ) in out
     assert "scripts/compare_runs.py 'runs/dawnbench_158s-multistream' 'runs/dawnbench_158s-horovod'" in _make("compare")
+    out = _make("probe-network", "HOSTS=hosts.txt")
+    assert (
+        "--hostfile 'hosts.txt' --run-dir 'runs/dawnbench_158s-multistream' -c configs/dawnbench_158s.yaml "
+        "--probe-network" in out
+    )
 
 
 def test_make_quotes_every_value_and_ignores_stray_environment(tmp_path):
