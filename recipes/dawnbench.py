@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from recipes.config import Config, ConfigError
+from recipes.environment import Environment, collect
 
 
 def missing_required(cfg: Config) -> list[str]:
@@ -105,8 +106,16 @@ def file_stem(cfg: Config, world_size: int, local_world_size: int, device: torch
     return "_".join([_slug(cfg.dawnbench.author), _slug(cfg.dawnbench.model or cfg.model.name), tag, "pytorch"])
 
 
-def entry(cfg: Config, summary: dict, hardware: str, day: datetime.date | None = None, commit: str = "") -> dict:
-    """The JSON entry as a dict; `summary` is the trainer's summary (summary.json)."""
+def entry(
+    cfg: Config,
+    summary: dict,
+    hardware: str,
+    day: datetime.date | None = None,
+    commit: str = "",
+    environment: Environment | None = None,
+) -> dict:
+    """The JSON entry as a dict; `summary` is the trainer's summary (summary.json); `environment` (from
+    recipes.environment.collect()) adds the versions, driver, GPUs and instance both record entries list."""
     d, o = cfg.dawnbench, cfg.optim
     # author and authorEmail are required by the format: always present (empty unless configured; with
     # dawnbench.require the config refuses to start without them).
@@ -117,6 +126,8 @@ def entry(cfg: Config, summary: dict, hardware: str, day: datetime.date | None =
     if commit:
         e["commitHash"] = commit
     e["model"] = d.model or cfg.model.name
+    if environment is not None and environment.instance_type and not d.hardware:
+        hardware += f", {environment.provider or 'cloud'} {environment.instance_type}"
     e["hardware"] = d.hardware or hardware
     if d.cost_per_hour is not None:
         e["costPerHour"] = d.cost_per_hour
@@ -176,6 +187,8 @@ def entry(cfg: Config, summary: dict, hardware: str, day: datetime.date | None =
         "val_images_blacklisted": summary.get("val_excluded", 0),
         "images_per_s": summary["images_per_s"],
     }
+    if environment is not None:
+        misc["environment"] = environment.to_dict()  # torch, cuda, cudnn, nccl, dali, driver, gpu_*, provider, ...
     if d.cost_per_hour is not None:
         # DAWNBench's cost: the price of the machines for the training time in the TSV.
         hours = (summary["time_to_target_seconds"] or summary["train_seconds"]) / 3600
@@ -203,7 +216,8 @@ def write_entry(path: Path, cfg: Config, summary: dict, dist, commit: str = "") 
     """Write the entry for this run as `path` (rank 0 calls it at the end of `fit`), and a copy of it and of the
     TSV beside it under the entries repository's file name (`..._pytorch.not-qualifying.json` for a run that does
     not qualify, so that it cannot be taken for a result); prints `qualification_line`."""
-    e = entry(cfg, summary, hardware_description(dist.world_size, dist.local_world_size, dist.device), commit=commit)
+    hardware = hardware_description(dist.world_size, dist.local_world_size, dist.device)
+    e = entry(cfg, summary, hardware, commit=commit, environment=collect())
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(e, indent=4) + "\n")
     tmp.replace(path)

@@ -115,6 +115,10 @@ def test_a_finished_run_leaves_the_submission_files(tiny_root, tmp_path, capsys)
     assert e["qualifies"] is False and len(e["notQualifyingBecause"]) == 2
     assert "DAWNBench entry: does NOT qualify: its target is not DAWNBench's top-5 >= 93%" in capsys.readouterr().out
     assert e["hardware"].startswith("1 machine(s) x 1 x CPU (")
+    import torch
+
+    assert e["misc"]["environment"]["torch"] == torch.__version__  # recipes.environment.collect()
+    assert set(e["misc"]["environment"]) >= {"cuda", "cudnn", "nccl", "dali", "driver", "gpu_model", "gpu_count"}
     assert e["misc"]["iterations"] == summary["steps"] and e["misc"]["epochs"] == summary["epochs"] == 2
     assert e["misc"]["time_to_target_seconds"] == summary["time_to_target_seconds"]
     assert e["misc"]["cost_usd"] == pytest.approx(3.06 * summary["time_to_target_seconds"] / 3600, abs=1e-4)
@@ -162,6 +166,16 @@ def test_train_entry_keys_and_types_match_a_real_entry(published):
     for ours_p, real_p in zip(ours["misc"]["imageSize"], real["misc"]["imageSize"], strict=False):
         assert set(real_p) <= set(ours_p) and all(type(ours_p[k]) is type(real_p[k]) for k in real_p)
     assert ours["usedBlacklist"] is True and ours["misc"]["val_images_counted"] == 48238
+
+
+def test_the_instance_told_to_the_launcher_reaches_the_hardware_field():
+    from recipes.environment import Environment
+
+    versions = ("2.14.1", "13.0", "9.10.2", "2.27.7", "1.50.0", "580.82.07")
+    env = Environment(*versions, "NVIDIA H100", 8, "aws", "p5.48xlarge")
+    e = entry(load_config(ROOT / "configs" / "base.yaml"), SUMMARY, "2 machine(s) x 8 x NVIDIA H100", environment=env)
+    assert e["hardware"] == "2 machine(s) x 8 x NVIDIA H100, aws p5.48xlarge"
+    assert e["misc"]["environment"]["nccl"] == "2.27.7" and e["misc"]["environment"]["instance_type"] == "p5.48xlarge"
 
 
 def test_entries_say_whether_they_qualify():
