@@ -125,7 +125,7 @@ LAUNCH = $(PY) scripts/launch.py --python $(PY) --port $(call q,$(PORT)) $(if $(
 DATA_ARG = $(if $(DATA),$(call q,data.root=$(DATA)))
 HOSTFILE_ARG = $(if $(HOSTS),--hostfile $(call q,$(HOSTS)))
 
-.PHONY: reproduce-158s reproduce-8gpu baseline-horovod baseline-ddp-flows compare
+.PHONY: reproduce-158s reproduce-8gpu baseline-horovod baseline-ddp-flows compare probe-network
 
 # 16 machines x 8 GPUs: one torchrun agent per host, c10d rendezvous on the first, NCCL, multistream + auto-tuning.
 reproduce-158s: RUN_DIR = runs/dawnbench_158s-multistream
@@ -153,6 +153,11 @@ baseline-ddp-flows: RUN_DIR = runs/dawnbench_158s-ddp-flows
 baseline-ddp-flows: install
 	$(LAUNCH) $(HOSTFILE_ARG) --run-dir $(call q,$(RUN_DIR)) -c configs/dawnbench_158s.yaml $(DATA_ARG) \
 		comm.backend=ddp $(call q,comm.nccl_preset=$(NCCL_PRESET))
+
+# Every host pair's bandwidth (1 and N flows) and latency through gloo, into <RUN_DIR>/network.json; no training.
+probe-network: RUN_DIR = runs/dawnbench_158s-multistream
+probe-network: install
+	$(LAUNCH) $(HOSTFILE_ARG) --run-dir $(call q,$(RUN_DIR)) -c configs/dawnbench_158s.yaml --probe-network
 
 # Side-by-side table and plot of the runs above (the multi-flow DDP run as a third column when it exists; RUNS= to
 # compare others).

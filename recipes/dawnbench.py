@@ -5,7 +5,9 @@ version, author, authorEmail, framework, codeURL, commitHash, model, hardware, c
 usedBlacklist. `misc` describes the schedule the way the record's entry does (imageSize and batchSize per block of
 epochs, the LR and momentum shape, the optimizer with its trust-ratio hyperparameters) and adds what this run
 measured. The entry is also written under the repository's file name pattern,
-`[author name]_[model name]_[hardware tag]_[framework].json` (and `.tsv`), ready to submit.
+`[author name]_[model name]_[hardware tag]_[framework].json` (and `.tsv`), to set beside the published entries;
+`qualifies` (ours, top level) says whether the run is a DAWNBench result at all (top-5 >= 93% reached, every
+validation image evaluated), and an entry that is not has `.not-qualifying` in its file name.
 """
 
 from __future__ import annotations
@@ -20,19 +22,57 @@ from pathlib import Path
 import torch
 
 from recipes.config import Config
+from recipes.environment import Environment, collect
 from recipes.errors import ConfigError
+
+
+def missing_required(cfg: Config) -> list[str]:
+    """The dawnbench keys the entry needs but the config leaves empty (none unless dawnbench.require)."""
+    if not cfg.dawnbench.require:
+        return []
+    return [k for k in ("author", "author_email") if not getattr(cfg.dawnbench, k).strip()]
 
 
 def check_required(cfg: Config) -> None:
     """With dawnbench.require, refuse to start a run whose entry would lack a field the format requires."""
-    if not cfg.dawnbench.require:
-        return
-    missing = [k for k in ("author", "author_email") if not getattr(cfg.dawnbench, k).strip()]
+    missing = missing_required(cfg)
     if missing:
         raise ConfigError(
             f"dawnbench.{missing[0]}: the DAWNBench entries format requires it (dawnbench.require=true); set "
             f"{' '.join(f'dawnbench.{k}=...' for k in missing)}, or dawnbench.require=false for a run not to submit"
         )
+
+
+# DAWNBench's ImageNet training target and the validation set it is measured on (ILSVRC2012: 50,000 images,
+# of which the devkit's blacklist names 1,762).
+DAWNBENCH_TOP5 = 93.0
+IMAGENET_VAL_IMAGES = 50_000
+NOT_QUALIFYING = "not-qualifying"  # in the file name of an entry that does not qualify
+
+
+def qualification(cfg: Config, summary: dict) -> list[str]:
+    """Why this run's entry does not qualify as a DAWNBench ImageNet training result (empty: it qualifies): the
+    target must be DAWNBench's top-5 >= 93%, reached, measured on every validation image (blacklist aside)."""
+    reasons = []
+    if cfg.run.target_top5 is None or cfg.run.target_top5 < DAWNBENCH_TOP5:
+        reasons.append(f"its target is not DAWNBench's top-5 >= {DAWNBENCH_TOP5:g}% (set run.target_top5=93)")
+    elif summary.get("time_to_target_seconds") is None:
+        reasons.append(
+            f"it did not reach its target (top-5 {summary.get('final_top5', float('nan')):.2f}% at the end, "
+            f"target {cfg.run.target_top5:g}%)"
+        )
+    counted, excluded = summary.get("val_count"), summary.get("val_excluded") or 0
+    if counted is None or counted + excluded != IMAGENET_VAL_IMAGES:
+        seen = "no" if counted is None else f"{counted + excluded:,}"
+        reasons.append(f"it evaluated {seen} validation images, not ImageNet's {IMAGENET_VAL_IMAGES:,}")
+    return reasons
+
+
+def qualification_line(e: dict) -> str:
+    """One line for a run's summary: whether its entry qualifies, and why not."""
+    if e.get("qualifies"):
+        return "DAWNBench entry: qualifies (top-5 >= 93% on every validation image)"
+    return "DAWNBench entry: does NOT qualify: " + "; ".join(e.get("notQualifyingBecause", []))
 
 
 def hardware_description(world_size: int, local_world_size: int, device: torch.device) -> str:
@@ -67,8 +107,16 @@ def file_stem(cfg: Config, world_size: int, local_world_size: int, device: torch
     return "_".join([_slug(cfg.dawnbench.author), _slug(cfg.dawnbench.model or cfg.model.name), tag, "pytorch"])
 
 
-def entry(cfg: Config, summary: dict, hardware: str, day: datetime.date | None = None, commit: str = "") -> dict:
-    """The JSON entry as a dict; `summary` is the trainer's summary (summary.json)."""
+def entry(
+    cfg: Config,
+    summary: dict,
+    hardware: str,
+    day: datetime.date | None = None,
+    commit: str = "",
+    environment: Environment | None = None,
+) -> dict:
+    """The JSON entry as a dict; `summary` is the trainer's summary (summary.json); `environment` (from
+    recipes.environment.collect()) adds the versions, driver, GPUs and instance both record entries list."""
     d, o = cfg.dawnbench, cfg.optim
     # author and authorEmail are required by the format: always present (empty unless configured; with
     # dawnbench.require the config refuses to start without them).
@@ -79,6 +127,8 @@ def entry(cfg: Config, summary: dict, hardware: str, day: datetime.date | None =
     if commit:
         e["commitHash"] = commit
     e["model"] = d.model or cfg.model.name
+    if environment is not None and environment.instance_type and not d.hardware:
+        hardware += f", {environment.provider or 'cloud'} {environment.instance_type}"
     e["hardware"] = d.hardware or hardware
     if d.cost_per_hour is not None:
         e["costPerHour"] = d.cost_per_hour
@@ -138,12 +188,18 @@ def entry(cfg: Config, summary: dict, hardware: str, day: datetime.date | None =
         "val_images_blacklisted": summary.get("val_excluded", 0),
         "images_per_s": summary["images_per_s"],
     }
+    if environment is not None:
+        misc["environment"] = environment.to_dict()  # torch, cuda, cudnn, nccl, dali, driver, gpu_*, provider, ...
     if d.cost_per_hour is not None:
         # DAWNBench's cost: the price of the machines for the training time in the TSV.
         hours = (summary["time_to_target_seconds"] or summary["train_seconds"]) / 3600
         misc["cost_usd"] = round(d.cost_per_hour * hours, 4)
     e["misc"] = misc
     e["usedBlacklist"] = bool(cfg.data.val_blacklist)  # the devkit's blacklisted images were not counted
+    reasons = qualification(cfg, summary)
+    e["qualifies"] = not reasons  # ours: a run that is no DAWNBench result says so at the top
+    if reasons:
+        e["notQualifyingBecause"] = reasons
     return e
 
 
@@ -159,16 +215,30 @@ def _trust_ratio(o) -> dict:
 
 def write_entry(path: Path, cfg: Config, summary: dict, dist, commit: str = "") -> dict:
     """Write the entry for this run as `path` (rank 0 calls it at the end of `fit`), and a copy of it and of the
-    TSV beside it under the entries repository's file name."""
-    e = entry(cfg, summary, hardware_description(dist.world_size, dist.local_world_size, dist.device), commit=commit)
+    TSV beside it under the entries repository's file name (`..._pytorch.not-qualifying.json` for a run that does
+    not qualify, so that it cannot be taken for a result); prints `qualification_line`."""
+    hardware = hardware_description(dist.world_size, dist.local_world_size, dist.device)
+    e = entry(cfg, summary, hardware, commit=commit, environment=collect())
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(e, indent=4) + "\n")
     tmp.replace(path)
-    stem = path.parent / file_stem(cfg, dist.world_size, dist.local_world_size, dist.device)
-    shutil.copyfile(path, stem.with_suffix(".json"))
+    stem = file_stem(cfg, dist.world_size, dist.local_world_size, dist.device)
+    if not e["qualifies"]:
+        stem = f"{stem}.{NOT_QUALIFYING}"
+    print(qualification_line(e), flush=True)
+    shutil.copyfile(path, path.parent / f"{stem}.json")
     if path.with_suffix(".tsv").is_file():
-        shutil.copyfile(path.with_suffix(".tsv"), stem.with_suffix(".tsv"))
+        shutil.copyfile(path.with_suffix(".tsv"), path.parent / f"{stem}.tsv")
     return e
 
 
-__all__ = ["check_required", "entry", "file_stem", "write_entry", "hardware_description"]
+__all__ = [
+    "check_required",
+    "entry",
+    "file_stem",
+    "hardware_description",
+    "missing_required",
+    "qualification",
+    "qualification_line",
+    "write_entry",
+]

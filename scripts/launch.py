@@ -18,6 +18,9 @@ exits non-zero stops all the others (SIGTERM, then SIGKILL) and the launcher exi
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import math
 import os
 import shlex
 import subprocess
@@ -29,8 +32,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 
 from launcher.hosts import Host, HostError, parse_host_list, parse_hostfile, slurm_hosts  # noqa: E402
-from launcher.job import Job, describe_run_dir, probe_shared_run_dir, run, run_checks  # noqa: E402
+from launcher.job import Job, describe_run_dir, probe_shared_run_dir, run, run_checks, run_preflight  # noqa: E402
+from launcher.netprobe import MARK as NETPROBE_MARK  # noqa: E402
+from launcher.netprobe import network_overrides  # noqa: E402
 from launcher.transports import DEFAULT_SSH, TRANSPORTS, create_transport  # noqa: E402
+
+NETWORK_FILE = "network.json"  # the link probe's figures, in the run directory
 
 
 class LaunchError(ValueError):
@@ -96,7 +103,22 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--join-timeout", type=float, default=300.0, help="seconds for every host to join the rendezvous")
     ap.add_argument("--check-timeout", type=float, default=120.0, help="seconds for the checks on every host")
     ap.add_argument("--timeout", type=float, help="stop the whole job after this many seconds")
-    ap.add_argument("--no-check", action="store_true", help="skip the checks before starting")
+    ap.add_argument("--no-check", action="store_true", help="skip the checks and the pre-flight before starting")
+    ap.add_argument(
+        "--provider", help="cloud provider, recorded with the run (default: read from its metadata service)"
+    )
+    ap.add_argument("--instance-type", help="the machines' instance type, recorded with the run (e.g. p4d.24xlarge)")
+    probe = ap.add_argument_group("link probe (scripts/launcher/netprobe.py)")
+    probe.add_argument(
+        "--probe-network",
+        action="store_true",
+        help="measure every host pair's bandwidth (1 and N flows) through a gloo process group, print the matrix, "
+        "write <run dir>/network.json and exit; an auto-tuned run (comm.autotune with tune_start=model) probes "
+        "first by itself and trains with the measured figures",
+    )
+    probe.add_argument("--probe-seconds", type=float, default=1.0, help="traffic per pair and flow count (seconds)")
+    probe.add_argument("--probe-flows", type=int, default=4, help="N: parallel flows of the second measurement")
+    probe.add_argument("--no-probe", action="store_true", help="an auto-tuned run keeps the config's link figures")
     ap.add_argument("--dry-run", action="store_true", help="print the commands for every host and exit")
     return ap
 
@@ -133,12 +155,23 @@ def _default_python() -> str:
         return str(exe)
 
 
+def _check_numbers(args) -> None:
+    if not 1 <= args.port <= 65535:
+        raise LaunchError(f"--port: expected a TCP port 1..65535, got {args.port}")
+    for name in ("grace", "join_timeout", "check_timeout", "timeout", "probe_seconds"):
+        value = getattr(args, name)
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise LaunchError(f"--{name.replace('_', '-')}: expected a finite number of seconds >= 0, got {value}")
+    if args.probe_flows < 1:
+        raise LaunchError(f"--probe-flows: expected a positive integer, got {args.probe_flows}")
+
+
 def build_job(args) -> tuple[Job, object]:
     """Everything the launch needs, checked here before any host is contacted."""
     from recipes.config import load_config, parse_override, split_overrides
+    from recipes.dawnbench import missing_required
 
-    if not 1 <= args.port <= 65535:
-        raise LaunchError(f"--port: expected a TCP port 1..65535, got {args.port}")
+    _check_numbers(args)
     hosts, default_transport = resolve_hosts(args)
     overrides = list(args.overrides) + split_overrides(args.overrides_text)
     cfg = load_config(args.config, overrides)  # the same loader and checks as train.py on every host
@@ -150,6 +183,14 @@ def build_job(args) -> tuple[Job, object]:
         cfg = load_config(args.config, overrides)
     if args.engine == "torchrun" and cfg.comm.backend == "horovod":
         raise LaunchError("comm.backend=horovod runs under horovodrun: add --engine horovod")
+    missing = missing_required(cfg)
+    if missing and not args.probe_network:
+        fix = " ".join(f"dawnbench.{k}=..." for k in missing)
+        raise LaunchError(
+            f"{' and '.join('dawnbench.' + k for k in missing)} required by {args.config} (dawnbench.require: true, "
+            f'the entry names who ran it): add {fix} to the overrides (make: OVERRIDES="{fix}"), or '
+            "dawnbench.require=false for a run without an entry"
+        )
 
     slots = {h.slots for h in hosts if h.slots is not None}
     if args.gpus_per_host is not None:
@@ -162,20 +203,25 @@ def build_job(args) -> tuple[Job, object]:
         raise LaunchError(f"--gpus-per-host: expected a positive integer, got {procs}")
     world = len(hosts) * procs
     for i, p in enumerate(cfg.phases):
-        if p.batch_size % world:
+        if p.batch_size % world and not args.probe_network:
             raise LaunchError(
                 f"phases.{i}.batch_size: {p.batch_size} is not divisible by the world size {world} "
                 f"({len(hosts)} host(s) x {procs})"
             )
 
     data_paths = []
-    if cfg.data.backend != "synthetic":
+    if cfg.data.backend != "synthetic" and not args.probe_network:
         data_paths = [f"{cfg.data.root}/train", f"{cfg.data.root}/val"]
         data_paths += [f"{path}/train" for path in cfg.data.roots.values()]
         from data import copy_beside  # a phase's copy not in data.roots is read from <data.root>-<name>
 
         beside = {p.root for p in cfg.phases if p.root != "full" and p.root not in cfg.data.roots}
         data_paths += [f"{copy_beside(cfg.data.root, name)}/train" for name in sorted(beside)]
+    env = _env_pairs(args.env)
+    if args.provider:
+        env["DAWNBENCH_PROVIDER"] = args.provider
+    if args.instance_type:
+        env["DAWNBENCH_INSTANCE_TYPE"] = args.instance_type
     return Job(
         hosts=hosts,
         transport=create_transport(args.transport or default_transport, args.ssh, args.ssh_port, args.srun_args),
@@ -187,7 +233,7 @@ def build_job(args) -> tuple[Job, object]:
         port=args.port,
         workdir=args.workdir,
         python=args.python or _default_python(),
-        env=_env_pairs(args.env),
+        env=env,
         data_paths=data_paths,
         grace=args.grace,
         join_timeout=args.join_timeout,
@@ -243,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"launch: error: --args-text: {e}", file=sys.stderr)
         return 2
-    args = _parser().parse_args(argv)
+    args = _parser().parse_intermixed_args(argv)  # overrides may follow options, as with train.py
     sys.path.insert(0, str(REPO))
     from recipes.errors import ConfigError
     from recipes.run import files as run_files
@@ -253,35 +299,143 @@ def main(argv: list[str] | None = None) -> int:
     except (LaunchError, HostError, ConfigError, ValueError) as e:
         print(f"launch: error: {e}", file=sys.stderr)
         return 2
+    if args.probe_network:
+        job = probe_job(job, args)  # the probe alone: its commands are what the checks and the dry run show
     for line in describe(job, cfg):
         print(f"launch: {line}", flush=True)
+    run_dir = Path(job.run_dir) if Path(job.run_dir).is_absolute() else REPO / job.run_dir
+    probe = wants_probe(args, job, cfg, run_dir)
     if args.dry_run:
         checks = ", ".join(["the working directory", f"{job.python} imports torch", "the config", *job.data_paths])
+        if probe:
+            program = shlex.join(probe_job(job, args).program)
+            print(f"launch: dry run: the link probe would run first on every host: {program}")
+        print(
+            "launch: dry run: the pre-flight would compare every host's GPUs, driver, torch/CUDA/cuDNN/NCCL/DALI "
+            "versions, image counts and free disk"
+        )
         print(f"launch: dry run: nothing started (the checks would ask every host for {checks})")
         return 0
     if not args.no_check:
-        print(
-            f"launch: checking {len(job.hosts)} host(s): working directory, python, config, data "
-            f"({', '.join(job.data_paths) or 'synthetic'})",
-            flush=True,
-        )
-        problems = run_checks(job, args.check_timeout)
-        if problems:
-            for p in problems:
-                print(f"launch: error: {p}", file=sys.stderr)
-            print(f"launch: {len(problems)} problem(s) found; nothing was started", file=sys.stderr)
-            return 2
+        rc = preflight(job, cfg, args)
+        if rc:
+            return rc
     try:
         seen, unseen = probe_shared_run_dir(job, args.check_timeout)
         print(f"launch: {describe_run_dir(job, seen, unseen)}", flush=True)
     except (OSError, subprocess.SubprocessError) as e:
         print(f"launch: could not tell whether run directory {job.run_dir} is shared between hosts: {e}", flush=True)
-    run_dir = Path(job.run_dir) if Path(job.run_dir).is_absolute() else REPO / job.run_dir
+    if probe:
+        figures = network_figures(job, args, run_dir)
+        if figures is None:
+            return 1
+        if args.probe_network:
+            return 0
+        extra = network_overrides(figures)
+        print(f"launch: the auto-tuner's step-time model takes the measured link: {' '.join(extra)}", flush=True)
+        job.overrides += extra
     rc = run(job, run_dir / run_files.LAUNCH, sys.stdout, args.timeout)
     for name in run_files.RESULTS:
         if rc == 0 and (run_dir / name).is_file():
             print(f"launch: {run_dir / name}")
+    entry_file = run_dir / run_files.ENTRY
+    if rc == 0 and entry_file.is_file():
+        from recipes.dawnbench import qualification_line
+
+        print(f"launch: {qualification_line(json.loads(entry_file.read_text()))}")
     return rc
+
+
+def preflight(job: Job, cfg, args) -> int:
+    """The checks, then the pre-flight on every host; 0, or 2 after printing every problem with its host."""
+    from launcher.preflight import Expectation, assess, checkpoint_bytes
+
+    from data.folder import blacklist_path
+
+    print(
+        f"launch: checking {len(job.hosts)} host(s): working directory, python, config, data "
+        f"({', '.join(job.data_paths) or 'synthetic'})",
+        flush=True,
+    )
+    problems = run_checks(job, args.check_timeout)
+    reports = {}
+    if not problems:
+        blacklist = None
+        if cfg.data.val_blacklist and cfg.data.backend != "synthetic" and not args.probe_network:
+            blacklist = str(blacklist_path(cfg.data.root, cfg.data.val_blacklist))
+        reports, problems = run_preflight(job, job.data_paths, blacklist, args.check_timeout)
+    if not problems:
+        first = next(iter(reports.values()))
+        train = first["data"].get(job.data_paths[0]) if job.data_paths else None
+        classes = train[0] if train else cfg.data.synthetic_classes
+        need = 0
+        if not args.probe_network:
+            need = checkpoint_bytes(cfg.model, classes, job.world_size, cfg.checkpoint.keep)
+        exp = Expectation(
+            procs_per_host=job.procs_per_host,
+            device=cfg.run.device,
+            input_backend=cfg.data.backend,
+            data_dirs=job.data_paths,
+            need_bytes=need,
+        )
+        verdict = assess(reports, exp)
+        for line in verdict.lines[:-1]:
+            print(f"launch: {line}", flush=True)
+        problems = verdict.problems
+        if not problems:
+            print(f"launch: {verdict.lines[-1]}", flush=True)
+    if problems:
+        for p in problems:
+            print(f"launch: error: {p}", file=sys.stderr)
+        print(f"launch: {len(problems)} problem(s) found; nothing was started", file=sys.stderr)
+        return 2
+    return 0
+
+
+def wants_probe(args, job: Job, cfg, run_dir: Path) -> bool:
+    """--probe-network; or an auto-tuned run whose tuner starts from the step-time model, on several hosts."""
+    if args.probe_network:
+        return True
+    model_tuned = cfg.comm.autotune and cfg.comm.tune_start == "model" and job.engine == "torchrun"
+    return model_tuned and len(job.hosts) > 1 and not args.no_probe
+
+
+def probe_job(job: Job, args) -> Job:
+    """The link probe as a job: one process per host, under the same transport, guard and rendezvous."""
+    program = ["scripts/launcher/netprobe.py", "--seconds", f"{args.probe_seconds:g}"]
+    program += ["--flows", str(args.probe_flows), "--timeout", f"{args.join_timeout:g}"]
+    program += ["--out", f"{job.run_dir}/{NETWORK_FILE}"]
+    return dataclasses.replace(
+        job, procs_per_host=1, program=program, rdzv_id=f"{job.rdzv_id}-probe", max_restarts=0, data_paths=[]
+    )
+
+
+def network_figures(job: Job, args, run_dir: Path) -> dict | None:
+    """The link figures: measured now (--probe-network, or a first run), or those of a previous launch into this
+    run directory (a rerun resumes with the same comm.* values its checkpoint was written with)."""
+    saved = run_dir / NETWORK_FILE
+    if saved.is_file() and not args.probe_network:
+        figures = json.loads(saved.read_text())
+        print(f"launch: link figures of {saved} (measured {figures.get('measured', '?')}), kept for this rerun")
+        return figures
+    pj = probe_job(job, args)
+    print(f"launch: link probe: every host pair, 1 and {args.probe_flows} flow(s), ~{args.probe_seconds:g} s each")
+    from recipes.run import files as run_files
+
+    log_dir = run_dir / run_files.LAUNCH / "probe"
+    rc = run(pj, log_dir, sys.stdout, args.timeout)
+    found = None
+    for log in sorted(log_dir.glob("*.log")) if rc == 0 else []:
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith(NETPROBE_MARK):
+                found = json.loads(line[len(NETPROBE_MARK) :])
+    if found is None:
+        print(f"launch: error: the link probe failed (exit {rc}); its logs: {log_dir}", file=sys.stderr)
+        return None
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps(found, indent=1) + "\n")
+    print(f"launch: link figures written to {saved}", flush=True)
+    return found
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ the host name). `--hosts node01:8,node02:8` says the same on the command line.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import shutil
@@ -31,6 +32,21 @@ class Host:
 
 
 _NAME = re.compile(r"[A-Za-z0-9_.\-@]+")
+# An address other hosts connect to: an IP address, or a DNS name (RFC 1123 labels).
+_DNS = re.compile(
+    r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9\-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9\-]{0,61}[A-Za-z0-9])?)*"
+)
+
+
+def _check_addr(addr: str, where: str) -> str:
+    try:
+        ipaddress.ip_address(addr)
+        return addr
+    except ValueError:
+        pass
+    if _DNS.fullmatch(addr) and not re.fullmatch(r"[0-9.]+", addr):
+        return addr
+    raise HostError(f"{where}: addr '{addr}' is not an IP address or a host name")
 
 
 def _host(name: str, slots: int | None, addr: str | None, where: str) -> Host:
@@ -69,16 +85,22 @@ def parse_hostfile(path: str | Path) -> list[Host]:
         where = f"{path}:{no}"
         name, *fields = line.split()
         slots = addr = None
+        given: set[str] = set()
         for f in fields:
             key, sep, value = f.partition("=")
             if not sep or not value:
                 raise HostError(f"{where}: expected key=value after the host name, got '{f}' (slots=N or addr=IP)")
-            if key in ("slots", "max_slots"):
-                slots = _int(value, where, "slots")
-            elif key == "addr":
-                addr = value
-            else:
+            if key not in ("slots", "max_slots", "addr"):
                 raise HostError(f"{where}: unknown field '{key}' (known: slots, addr)")
+            if key in given:
+                raise HostError(f"{where}: {key} is given twice; give it once")
+            given.add(key)
+            if key in ("slots", "max_slots"):
+                if {"slots", "max_slots"} <= given:
+                    raise HostError(f"{where}: slots and max_slots both given; give slots=N once")
+                slots = _int(value, where, "slots")
+            else:
+                addr = _check_addr(value, where)
         hosts.append(_host(name, slots, addr, where))
     if not hosts:
         raise HostError(f"{path}: no hosts in the hostfile")

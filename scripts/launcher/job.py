@@ -9,6 +9,7 @@ behind, and the first host whose command exits non-zero stops the whole job.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -48,6 +49,7 @@ class Job:
     ssh_port: int | None = None
     horovodrun: str | None = None
     max_restarts: int = 0
+    program: list[str] | None = None  # what each torchrun worker runs instead of train.py (the link probe)
 
     @property
     def world_size(self) -> int:
@@ -59,6 +61,8 @@ class Job:
 
     # -- commands ---------------------------------------------------------------------------------------
     def train_args(self) -> list[str]:
+        if self.program is not None:
+            return list(self.program)
         return ["train.py", "-c", self.config, "--run-dir", self.run_dir, *self.overrides]
 
     def _env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -133,7 +137,10 @@ class Job:
             return [(self.hosts[0], self._wrap(self.horovod_argv(), env))]
         # The workers read the rendezvous round there (recipes/distributed.py: their store namespace).
         env = self._env({"DAWNBENCH_RDZV_ENDPOINT": self.endpoint})
-        return [(h, self._wrap(self.torchrun_argv(i), env)) for i, h in enumerate(self.hosts)]
+        return [
+            (h, self._wrap(self.torchrun_argv(i), {**env, "DAWNBENCH_LAUNCH_HOST": h.name}))
+            for i, h in enumerate(self.hosts)
+        ]
 
     def check_command(self, first: bool) -> str:
         """Shell command that prints one `launch-check:` line per problem on a host and exits non-zero if any."""
@@ -164,6 +171,11 @@ class Job:
                 f"{q(self.python)} -c {q(bind)} >/dev/null 2>&1 || "
                 + problem(f"rendezvous port {self.port} is in use (stop what holds it, or choose --port / PORT=)")
             )
+        lock = f"{self.run_dir}/.lock"
+        lines.append(
+            f"test ! -d {q(lock)} || "
+            + problem(f"{lock} is a directory, not the run's lock file: remove it (rmdir), then launch again")
+        )
         for path in self.data_paths:
             lines.append(
                 f'test -n "$(ls -A {q(path)} 2>/dev/null | head -n 1)" || '
@@ -177,11 +189,11 @@ class Job:
 # Checks before starting anything.
 
 
-def run_checks(job: Job, timeout: float) -> list[str]:
-    """Run the check command on every host at once; returns one message per problem (empty: all good)."""
+def on_every_host(job: Job, commands: list[str], timeout: float) -> list[tuple[Host, int | None, str, str]]:
+    """Run commands[i] on host i, all at once; (host, exit code or None on timeout, stdout, stderr) per host."""
     procs = []
-    for i, host in enumerate(job.hosts):
-        argv = job.transport.argv(host, job.check_command(first=i == 0))
+    for host, command in zip(job.hosts, commands, strict=True):
+        argv = job.transport.argv(host, command)
         try:
             p = subprocess.Popen(
                 argv,
@@ -192,29 +204,91 @@ def run_checks(job: Job, timeout: float) -> list[str]:
                 start_new_session=True,
             )
         except OSError as e:
-            return [f"host {host.name}: cannot run the {job.transport.name} transport ({argv[0]}): {e}"]
+            for _, q in procs:
+                _kill_group(q, signal.SIGKILL)
+                q.communicate()
+            raise TransportError(
+                f"host {host.name}: cannot run the {job.transport.name} transport ({argv[0]}): {e}"
+            ) from None
         procs.append((host, p))
-    problems = []
+    results = []
     deadline = time.monotonic() + timeout
     for host, p in procs:
         try:
             out, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            results.append((host, p.returncode, out, err))
         except subprocess.TimeoutExpired:
             _kill_group(p, signal.SIGKILL)
-            p.communicate()
-            problems.append(f"host {host.name}: no answer within {timeout:g} s ({job.transport.name} transport)")
-            continue
+            out, err = p.communicate()
+            results.append((host, None, out, err))
+    return results
+
+
+class TransportError(RuntimeError):
+    """The transport itself cannot be started (no ssh, no srun)."""
+
+
+def _unreachable(job: Job, host: Host, rc: int | None, out: str, err: str, timeout: float) -> str:
+    if rc is None:
+        return f"host {host.name}: no answer within {timeout:g} s ({job.transport.name} transport)"
+    why = job.transport.failure(rc) or f"exit {rc}"
+    tail = " | ".join((err.strip() or out.strip()).splitlines()[-3:])
+    return f"host {host.name}: not reachable through {job.transport.name}: {why}: {tail}"
+
+
+def run_checks(job: Job, timeout: float) -> list[str]:
+    """Run the check command on every host at once; returns one message per problem (empty: all good)."""
+    commands = [job.check_command(first=i == 0) for i in range(len(job.hosts))]
+    try:
+        results = on_every_host(job, commands, timeout)
+    except TransportError as e:
+        return [str(e)]
+    problems = []
+    for host, rc, out, err in results:
         marks = [ln[len(CHECK_MARK) :].strip() for ln in out.splitlines() if ln.startswith(CHECK_MARK)]
-        if p.returncode == 0 and "ok" in marks:
+        if rc == 0 and "ok" in marks:
             continue
         found = [m for m in marks if m != "ok"]
-        if found:
+        if rc is not None and found:
             problems += [f"host {host.name}: {m}" for m in found]
         else:
-            why = job.transport.failure(p.returncode) or f"exit {p.returncode}"
-            tail = " | ".join((err.strip() or out.strip()).splitlines()[-3:])
-            problems.append(f"host {host.name}: not reachable through {job.transport.name}: {why}: {tail}")
+            problems.append(_unreachable(job, host, rc, out, err, timeout))
     return problems
+
+
+def preflight_command(job: Job, data_dirs: list[str], blacklist: str | None) -> str:
+    """Shell command that prints the host's `launch-preflight: {json}` line (scripts/launcher/preflight.py)."""
+    argv = [job.python, "scripts/launcher/preflight.py", "--run-dir", job.run_dir]
+    for d in data_dirs:
+        argv += ["--data", d]
+    if blacklist:
+        argv += ["--blacklist", blacklist]
+    env = {k: v for k, v in job.env.items() if k.startswith("DAWNBENCH_")}
+    assigns = [f"{k}={v}" for k, v in sorted(env.items())]
+    return f"cd {shlex.quote(job.workdir)} && exec " + shlex.join(["env", *assigns, *argv] if assigns else argv)
+
+
+def run_preflight(
+    job: Job, data_dirs: list[str], blacklist: str | None, timeout: float
+) -> tuple[dict[str, dict], list[str]]:
+    """Every host's pre-flight report ({host name: report}) and the hosts that did not give one."""
+    from launcher.preflight import MARK
+
+    command = preflight_command(job, data_dirs, blacklist)
+    try:
+        results = on_every_host(job, [command] * len(job.hosts), timeout)
+    except TransportError as e:
+        return {}, [str(e)]
+    reports, problems = {}, []
+    for host, rc, out, err in results:
+        line = next((ln for ln in out.splitlines() if ln.startswith(MARK)), None)
+        if rc == 0 and line:
+            reports[host.name] = json.loads(line[len(MARK) :])
+        elif rc is None or not err.strip():
+            problems.append(_unreachable(job, host, rc, out, err, timeout))
+        else:
+            problems.append(f"host {host.name}: the pre-flight failed: {err.strip().splitlines()[-1]}")
+    return reports, problems
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -61,6 +61,10 @@ def test_hostfile_slots_addr_and_comments(tmp_path):
         ("node01\nnode01\n", "host 'node01' is listed twice"),
         ("node01 8\n", "hosts:1: expected key=value after the host name, got '8'"),
         ("# nothing\n", "no hosts in the hostfile"),
+        ("node01 addr=10.0.0.999\n", "hosts:1: addr '10.0.0.999' is not an IP address or a host name"),
+        ("node01 addr=a;b\n", "hosts:1: addr 'a;b' is not an IP address or a host name"),
+        ("node01 slots=2 slots=4\n", "hosts:1: slots is given twice; give it once"),
+        ("node01 slots=2 max_slots=4\n", "hosts:1: slots and max_slots both given; give slots=N once"),
     ],
 )
 def test_hostfile_errors_name_the_line(tmp_path, text, message):
@@ -296,6 +300,16 @@ def test_dry_run_prints_every_host_command_and_starts_nothing(tmp_path, tiny_roo
         ([], ["comm.backend=multistrem"], "got 'multistrem' (did you mean 'multistream'?)"),
         ([], ["optim.lrr=1"], "unknown key 'optim.lrr' (did you mean 'optim.lr'?)"),
         (["--env", "1X=2"], [], "--env '1X=2': expected KEY=VALUE"),
+        (["--grace", "nan"], [], "--grace: expected a finite number of seconds >= 0, got nan"),
+        (["--timeout", "-1"], [], "--timeout: expected a finite number of seconds >= 0, got -1.0"),
+        (["--probe-flows", "0"], [], "--probe-flows: expected a positive integer, got 0"),
+        (
+            [],
+            ["dawnbench.require=true"],
+            "dawnbench.author and dawnbench.author_email required by configs/quickstart.yaml (dawnbench.require: "
+            "true, the entry names who ran it): add dawnbench.author=... dawnbench.author_email=... to the overrides "
+            '(make: OVERRIDES="dawnbench.author=... dawnbench.author_email=..."), or dawnbench.require=false',
+        ),
     ],
 )
 def test_bad_launches_fail_before_contacting_hosts(tmp_path, opts, overrides, message):
@@ -313,6 +327,58 @@ def test_bad_launches_fail_before_contacting_hosts(tmp_path, opts, overrides, me
     assert p.returncode == 2
     assert message in p.stderr, p.stderr
     assert "launch: [host" not in p.stdout
+
+
+def test_overrides_may_follow_options_as_with_train_py(tmp_path, tiny_root):
+    p = launch(
+        "-c",
+        "configs/quickstart.yaml",
+        f"data.root={tiny_root}",
+        "--hostfile",
+        str(two_local_hosts(tmp_path)),
+        "optim.lr=0.3",
+        "--transport",
+        "local",
+        "--gpus-per-host",
+        "1",
+        "--dry-run",
+        "run.seed=3",
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+    host_a = next(ln for ln in p.stdout.splitlines() if ln.startswith("launch: [host-a]"))
+    assert f"data.root={tiny_root} optim.lr=0.3 run.seed=3" in host_a
+
+
+def test_an_auto_tuned_run_from_the_model_probes_the_links_first(tmp_path, tiny_root):
+    common = ["--hostfile", str(two_local_hosts(tmp_path)), "--transport", "local", "--gpus-per-host", "1"]
+    common += ["--run-dir", str(tmp_path / "r"), "--dry-run", "-c", "configs/quickstart.yaml", f"data.root={tiny_root}"]
+    tuned = ["comm.backend=multistream", "comm.autotune=true", "comm.tune_start=model", "comm.link_gbit=32"]
+    p = launch(*common, *tuned, timeout=120)
+    assert p.returncode == 0, p.stderr
+    probe = next(ln for ln in p.stdout.splitlines() if "the link probe would run first" in ln)
+    assert f"scripts/launcher/netprobe.py --seconds 1 --flows 4 --timeout 300 --out {tmp_path}/r/network.json" in probe
+    p = launch(*common, *tuned, "--no-probe", timeout=120)
+    assert p.returncode == 0 and "link probe" not in p.stdout, p.stderr
+
+
+def test_a_lock_that_is_a_directory_is_one_line(tmp_path):
+    (tmp_path / "run" / ".lock").mkdir(parents=True)
+    job = _job(
+        workdir=str(ROOT),
+        python=sys.executable,
+        config="configs/quickstart.yaml",
+        hosts=[Host("h", "h")],
+        data_paths=[],
+        run_dir=str(tmp_path / "run"),
+        port=free_port(),
+    )
+    p = subprocess.run(["sh", "-c", job.check_command(first=True)], capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0
+    assert p.stdout.splitlines() == [
+        f"launch-check: {tmp_path}/run/.lock is a directory, not the run's lock file: remove it (rmdir), then "
+        "launch again"
+    ]
 
 
 def test_missing_data_and_unreachable_host_are_named_and_nothing_starts(tmp_path):
@@ -729,6 +795,11 @@ def test_make_targets_run_the_launcher_with_the_record_settings():
         "-c configs/dawnbench_158s.yaml comm.backend=horovod"
     ) in out
     assert "scripts/compare_runs.py 'runs/dawnbench_158s-multistream' 'runs/dawnbench_158s-horovod'" in _make("compare")
+    out = _make("probe-network", "HOSTS=hosts.txt")
+    assert (
+        "--hostfile 'hosts.txt' --run-dir 'runs/dawnbench_158s-multistream' -c configs/dawnbench_158s.yaml "
+        "--probe-network" in out
+    )
 
 
 def test_make_quotes_every_value_and_ignores_stray_environment(tmp_path):
@@ -750,7 +821,8 @@ def test_make_quotes_every_value_and_ignores_stray_environment(tmp_path):
             f"RUN_DIR={run_dir}",
             "GPUS=1",
             f"LAUNCH_ARGS=--dry-run --env 'NOTE=a b;touch {marker}'",
-            f"OVERRIDES=data.roots={{160: {tmp_path}/my data}} phases.0.root=160 dawnbench.author='Your team'",
+            f"OVERRIDES=data.roots={{160: {tmp_path}/my data}} phases.0.root=160 dawnbench.author='Your team' "
+            "dawnbench.author_email=a@b.org",
         ],
         cwd=ROOT,
         env=env,
@@ -770,6 +842,31 @@ def test_make_quotes_every_value_and_ignores_stray_environment(tmp_path):
     assert f"GLOO_SOCKET_IFNAME=$(shell touch {marker})" in p.stdout  # DAWNBENCH_IFACE: taken as text, not run
     out = _make("reproduce-158s", "DAWNBENCH_DATA=/env/imagenet", "DAWNBENCH_PORT=29777")
     assert "--port '29777'" in out and "'data.root=/env/imagenet'" in out
+
+
+def test_make_reproduce_without_author_fails_in_one_line_before_any_host(tmp_path):
+    """`make reproduce-158s HOSTS=... DATA=...` without dawnbench.author: one line with the fix, exit 2, no host
+    contacted (the hosts do not exist); `--dry-run` catches it too."""
+    hostfile = tmp_path / "hosts.txt"
+    hostfile.write_text("".join(f"node{i:02d}.invalid slots=8\n" for i in range(1, 17)))
+    for extra in ([], ["LAUNCH_ARGS=--dry-run"]):
+        p = subprocess.run(
+            ["make", "-s", "--no-print-directory", "-o", ".venv/.installed", f"PY={sys.executable}", "reproduce-158s"]
+            + [f"HOSTS={hostfile}", "DATA=/data/imagenet", f"RUN_DIR={tmp_path}/run", *extra],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert p.returncode != 0
+        errors = [ln for ln in p.stderr.splitlines() if ln.startswith("launch:")]
+        assert errors == [
+            "launch: error: dawnbench.author and dawnbench.author_email required by configs/dawnbench_158s.yaml "
+            "(dawnbench.require: true, the entry names who ran it): add dawnbench.author=... "
+            'dawnbench.author_email=... to the overrides (make: OVERRIDES="dawnbench.author=... '
+            'dawnbench.author_email=..."), or dawnbench.require=false for a run without an entry'
+        ]
+        assert "[node01" not in p.stdout and not (tmp_path / "run").exists()
 
 
 def test_split_overrides_keeps_values_with_spaces():

@@ -62,6 +62,8 @@ def test_entry_fields_as_in_the_dawnbench_repository():
         "timestamp",
         "misc",
         "usedBlacklist",
+        "qualifies",  # ours: SUMMARY has no validation count, so this entry does not qualify, and says why
+        "notQualifyingBecause",
     ]
     assert e["version"] == "v1.0" and e["author"] == "Team X" and e["model"] == "ResNet-50"
     assert e["framework"].startswith("PyTorch 2.")
@@ -96,7 +98,7 @@ def test_optional_fields_are_left_out_when_not_configured():
         load_config(ROOT / "configs" / "base.yaml", ["dawnbench.cost_per_hour=-1"])
 
 
-def test_a_finished_run_leaves_the_submission_files(tiny_root, tmp_path):
+def test_a_finished_run_leaves_the_submission_files(tiny_root, tmp_path, capsys):
     run_dir = tmp_path / "sub"
     train(
         tiny_config(tiny_root, tmp_path, "dawnbench.author=Us", "dawnbench.cost_per_hour=3.06", "run.target_top5=90"),
@@ -107,10 +109,17 @@ def test_a_finished_run_leaves_the_submission_files(tiny_root, tmp_path):
     assert e["author"] == "Us" and e["costPerHour"] == 3.06
     assert e["commitHash"] and e["usedBlacklist"] is False
     assert summary["val_count"] == e["misc"]["val_images_counted"] > 0 and summary["val_excluded"] == 0
-    # the same entry and TSV under the entries repository's file name, ready to submit
-    named = run_dir / f"us_{e['model'].replace('_', '')}_1x1-cpu_pytorch.json"
+    # the same entry and TSV under the entries repository's file name; 20 validation images and a 90% target are
+    # no DAWNBench result, and the name, the top-level field and the printed line say so
+    named = run_dir / f"us_{e['model'].replace('_', '')}_1x1-cpu_pytorch.not-qualifying.json"
     assert json.loads(named.read_text()) == e and named.with_suffix(".tsv").is_file()
+    assert e["qualifies"] is False and len(e["notQualifyingBecause"]) == 2
+    assert "DAWNBench entry: does NOT qualify: its target is not DAWNBench's top-5 >= 93%" in capsys.readouterr().out
     assert e["hardware"].startswith("1 machine(s) x 1 x CPU (")
+    import torch
+
+    assert e["misc"]["environment"]["torch"] == torch.__version__  # recipes.environment.collect()
+    assert set(e["misc"]["environment"]) >= {"cuda", "cudnn", "nccl", "dali", "driver", "gpu_model", "gpu_count"}
     assert e["misc"]["iterations"] == summary["steps"] and e["misc"]["epochs"] == summary["epochs"] == 2
     assert e["misc"]["time_to_target_seconds"] == summary["time_to_target_seconds"]
     assert e["misc"]["cost_usd"] == pytest.approx(3.06 * summary["time_to_target_seconds"] / 3600, abs=1e-4)
@@ -158,6 +167,38 @@ def test_train_entry_keys_and_types_match_a_real_entry(published):
     for ours_p, real_p in zip(ours["misc"]["imageSize"], real["misc"]["imageSize"], strict=False):
         assert set(real_p) <= set(ours_p) and all(type(ours_p[k]) is type(real_p[k]) for k in real_p)
     assert ours["usedBlacklist"] is True and ours["misc"]["val_images_counted"] == 48238
+
+
+def test_the_instance_told_to_the_launcher_reaches_the_hardware_field():
+    from recipes.environment import Environment
+
+    versions = ("2.14.1", "13.0", "9.10.2", "2.27.7", "1.50.0", "580.82.07")
+    env = Environment(*versions, "NVIDIA H100", 8, "aws", "p5.48xlarge")
+    e = entry(load_config(ROOT / "configs" / "base.yaml"), SUMMARY, "2 machine(s) x 8 x NVIDIA H100", environment=env)
+    assert e["hardware"] == "2 machine(s) x 8 x NVIDIA H100, aws p5.48xlarge"
+    assert e["misc"]["environment"]["nccl"] == "2.27.7" and e["misc"]["environment"]["instance_type"] == "p5.48xlarge"
+
+
+def test_entries_say_whether_they_qualify():
+    from recipes.dawnbench import qualification_line
+
+    who = ["dawnbench.author=Us", "dawnbench.author_email=u@x"]
+    cfg = load_config(ROOT / "configs" / "dawnbench_158s.yaml", who)
+    full = {**SUMMARY, "val_count": 48238, "val_excluded": 1762}
+    e = entry(cfg, full, "x")
+    assert e["qualifies"] is True and "notQualifyingBecause" not in e
+    assert qualification_line(e) == "DAWNBench entry: qualifies (top-5 >= 93% on every validation image)"
+    short = entry(cfg, {**full, "time_to_target_seconds": None, "final_top5": 92.31}, "x")
+    assert short["qualifies"] is False and short["notQualifyingBecause"] == [
+        "it did not reach its target (top-5 92.31% at the end, target 93%)"
+    ]
+    subset = entry(cfg, {**full, "val_count": 10000, "val_excluded": 0}, "x")
+    assert subset["notQualifyingBecause"] == ["it evaluated 10,000 validation images, not ImageNet's 50,000"]
+    assert qualification_line(subset) == (
+        "DAWNBench entry: does NOT qualify: it evaluated 10,000 validation images, not ImageNet's 50,000"
+    )
+    top1 = entry(load_config(ROOT / "configs" / "base.yaml", ["run.target_top1=76"]), full, "x")
+    assert top1["notQualifyingBecause"] == ["its target is not DAWNBench's top-5 >= 93% (set run.target_top5=93)"]
 
 
 def test_trust_ratio_hyperparameters_under_the_record_entry_names():

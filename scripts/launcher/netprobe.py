@@ -1,0 +1,231 @@
+"""The link probe: every host pair's bandwidth with one flow and with N flows, through a real gloo process group.
+
+    python -m torch.distributed.run --nnodes H --nproc-per-node 1 ... scripts/launcher/netprobe.py --out F.json
+
+`scripts/launch.py --probe-network` starts it (one process per host). Gloo keeps one TCP connection per pair of
+ranks in a process group, so a transfer on one group is one flow, and N groups give N flows. The pairs are
+measured one at a time, one direction after the other (each direction of a link has its own capacity), for about
+`--seconds` per direction and flow count. Rank 0 prints the matrix, flags the slow pairs and writes the figures as
+JSON; `network_overrides()` turns them into the `comm.link_gbit`, `comm.flow_gbit` and `comm.latency_us` that the
+auto-tuner's step-time model reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+MARK = "netprobe-json:"
+SLOW = 0.8  # a pair below this fraction of the median pair is flagged
+
+
+def _transfer(dist, groups, me: int, peer: int, nbytes: int, sender: int) -> float | None:
+    """`sender` sends `nbytes` to the other rank of the pair, split over len(groups) flows; the receiver returns the
+    seconds until it has everything (the sender None). One direction at a time: the other direction's
+    acknowledgements then never queue behind data."""
+    import torch
+
+    k = len(groups)
+    bufs = [torch.zeros(max(1, nbytes // k), dtype=torch.uint8) for _ in range(k)]
+    _latency(dist, groups[0], me, peer, first=me < peer, rounds=1)  # start together (within one latency)
+    t0 = time.perf_counter()
+    if me == sender:
+        works = [dist.isend(b, dst=peer, group=g) for b, g in zip(bufs, groups, strict=True)]
+    else:
+        works = [dist.irecv(b, src=peer, group=g) for b, g in zip(bufs, groups, strict=True)]
+    for w in works:
+        w.wait()
+    return None if me == sender else time.perf_counter() - t0
+
+
+def _share(dist, group, me: int, peer: int, value: float | None, src: int) -> float:
+    """`src`'s value on both ranks of the pair."""
+    import torch
+
+    buf = torch.tensor([value if me == src else 0.0], dtype=torch.float64)
+    if me == src:
+        dist.send(buf, dst=peer, group=group)
+    else:
+        dist.recv(buf, src=peer, group=group)
+    return float(buf.item())
+
+
+def _direction(dist, groups, me: int, peer: int, sender: int, seconds: float) -> dict:
+    """Gbit/s from `sender` to the other rank with one flow and with len(groups) flows, known to both ranks."""
+    receiver = peer if me == sender else me
+
+    def rate(flows, nbytes: int) -> float:  # bytes/s seen by the receiver
+        t = _transfer(dist, flows, me, peer, nbytes, sender)
+        return _share(dist, groups[0], me, peer, None if t is None else nbytes / max(t, 1e-9), receiver)
+
+    def size(bytes_per_s: float) -> int:  # about `seconds` of traffic, 1 MiB to 4 GiB
+        return int(min(max(bytes_per_s * seconds, 1 << 20), 4 << 30))
+
+    first = rate(groups[:1], 4 << 20)  # a short transfer sizes the measured ones
+    one = rate(groups[:1], size(first))
+    many = rate(groups, size(max(first, one)))
+    return {"one_flow_gbit": one * 8 / 1e9, "n_flows_gbit": many * 8 / 1e9}
+
+
+def _latency(dist, group, me: int, peer: int, first: bool, rounds: int = 20) -> float:
+    """Median one-way latency (half a ping-pong of 4 bytes) in seconds."""
+    import torch
+
+    buf = torch.zeros(1, dtype=torch.int32)
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        if first:
+            dist.send(buf, dst=peer, group=group)
+            dist.recv(buf, src=peer, group=group)
+        else:
+            dist.recv(buf, src=peer, group=group)
+            dist.send(buf, dst=peer, group=group)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) / 2
+
+
+def measure(seconds: float, flows: int) -> dict | None:
+    """Run on every rank (one per host) inside an initialized process group; rank 0 gets the figures."""
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    name = os.environ.get("DAWNBENCH_LAUNCH_HOST") or os.uname().nodename
+    names: list = [None] * world
+    dist.all_gather_object(names, name)
+    # One group per flow, all ranks in each (every rank calls new_group in the same order); a send between two
+    # ranks of a group uses that group's one connection between them.
+    groups = [dist.group.WORLD] + [dist.new_group(backend="gloo") for _ in range(flows - 1)]
+    pairs = []
+    for a in range(world):
+        for b in range(a + 1, world):
+            row = {"a": names[a], "b": names[b], "ranks": [a, b]}
+            if rank in (a, b):
+                peer = b if rank == a else a
+                a_to_b = _direction(dist, groups, rank, peer, a, seconds)
+                b_to_a = _direction(dist, groups, rank, peer, b, seconds)
+                lat = _latency(dist, groups[0], rank, peer, first=rank == a)
+                mine = {"a_to_b": a_to_b, "b_to_a": b_to_a, "latency_us": lat * 1e6} if rank == a else None
+            else:
+                mine = None  # the others wait: one pair at a time, so no two measurements share a link
+            both: list = [None] * world
+            dist.all_gather_object(both, mine, group=groups[0])
+            got = both[a]
+            keys = ("one_flow_gbit", "n_flows_gbit")
+            row.update(
+                a_to_b={k: round(got["a_to_b"][k], 4) for k in keys},
+                b_to_a={k: round(got["b_to_a"][k], 4) for k in keys},
+                **{k: round(min(got["a_to_b"][k], got["b_to_a"][k]), 4) for k in keys},
+                latency_us=round(got["latency_us"], 1),
+            )
+            pairs.append(row)
+    dist.barrier()
+    if rank != 0:
+        return None
+    return summarize(names, pairs, flows, seconds)
+
+
+def summarize(hosts: list[str], pairs: list[dict], flows: int, seconds: float) -> dict:
+    """The figures: every pair, the slow ones flagged, and the cluster's figures for the step-time model."""
+    best = [max(p["one_flow_gbit"], p["n_flows_gbit"]) for p in pairs]
+    median = statistics.median(best) if best else 0.0
+    for p, b in zip(pairs, best, strict=True):
+        p["gbit"] = round(b, 4)
+        p["slow"] = len(pairs) > 1 and b < SLOW * median
+    out = {
+        "hosts": hosts,
+        "flows": flows,
+        "seconds": seconds,
+        "measured": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "pairs": pairs,
+        "slow_pairs": [[p["a"], p["b"]] for p in pairs if p["slow"]],
+    }
+    if pairs:
+        slowest = min(pairs, key=lambda p: p["gbit"])
+        link = slowest["gbit"]
+        one = statistics.median(p["one_flow_gbit"] for p in pairs)
+        many = statistics.median(p["n_flows_gbit"] for p in pairs)
+        # The link figure is the slowest pair's (a ring allreduce runs at its slowest link's pace); a per-flow cap
+        # shows as the typical pair's one flow well below its N flows, and without one the model takes none.
+        out.update(
+            link_gbit=round(link, 4),
+            flow_gbit=round(one, 4) if one < 0.9 * many else None,
+            latency_us=round(statistics.median(p["latency_us"] for p in pairs), 1),
+            slowest=[slowest["a"], slowest["b"]],
+        )
+    return out
+
+
+def _fmt(gbit: float) -> str:
+    return f"{gbit:.2f}G" if gbit >= 1 else f"{gbit * 1000:.0f}M"
+
+
+def matrix(figures: dict) -> list[str]:
+    """The pair matrix as text lines: `1 flow / N flows` per cell, in bit/s, slow pairs marked with '!'."""
+    hosts = figures["hosts"]
+    cell = {}
+    for p in figures["pairs"]:
+        text = f"{_fmt(p['one_flow_gbit'])}/{_fmt(p['n_flows_gbit'])}{' !' if p['slow'] else ''}"
+        i, j = p["ranks"]
+        cell[i, j] = cell[j, i] = text
+    width = max([len(h) for h in hosts] + [len(c) for c in cell.values()] + [1])
+    lines = [" ".join(["".ljust(width)] + [h.rjust(width) for h in hosts])]
+    for i, a in enumerate(hosts):
+        lines.append(" ".join([a.ljust(width)] + [cell.get((i, j), "-").rjust(width) for j in range(len(hosts))]))
+    lines.append(f"(bit/s with 1 flow / {figures['flows']} flows, each direction's minimum; '!' = slow pair)")
+    for a, b in figures["slow_pairs"]:
+        p = next(p for p in figures["pairs"] if (p["a"], p["b"]) == (a, b))
+        lines.append(f"slow pair: {a} <-> {b}: {_fmt(p['gbit'])}bit/s, below {SLOW:.0%} of the median pair")
+    if "link_gbit" in figures:
+        flow = figures["flow_gbit"]
+        lines.append(
+            f"for the step-time model: comm.link_gbit={figures['link_gbit']:g} comm.flow_gbit="
+            f"{'null' if flow is None else f'{flow:g}'} comm.latency_us={figures['latency_us']:g}"
+        )
+    return lines
+
+
+def network_overrides(figures: dict) -> list[str]:
+    """The config overrides that hand the measured figures to the auto-tuner's step-time model."""
+    flow = figures.get("flow_gbit")
+    return [
+        f"comm.link_gbit={figures['link_gbit']:g}",
+        f"comm.flow_gbit={'null' if flow is None else f'{flow:g}'}",
+        f"comm.latency_us={figures['latency_us']:g}",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=1.0)
+    ap.add_argument("--flows", type=int, default=4)
+    ap.add_argument("--out", help="JSON file rank 0 writes")
+    ap.add_argument("--timeout", type=float, default=120.0, help="seconds for any one collective")
+    args = ap.parse_args(argv)
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
+    try:
+        figures = measure(args.seconds, args.flows)
+    finally:
+        dist.destroy_process_group()
+    if figures is None:
+        return 0
+    for line in matrix(figures):
+        print(f"netprobe: {line}", flush=True)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(figures, indent=1) + "\n")
+    print(MARK, json.dumps(figures), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
