@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from support import ROOT
+from support import ROOT, horovodrun, needs_horovod
 from torch import nn
 
 from recipes.comm.horovod_backend import Contiguous, broadcast_state
@@ -269,12 +269,9 @@ json.dump({{"layouts": layouts, "w": flat.tolist(), "bytes": comm.stats().bytes,
 """
 
 
+@needs_horovod
 def test_horovod_trains_a_channels_last_model(tmp_path):
     """The real Horovod 0.28.1 under horovodrun: it crashed in broadcast_parameters before (non-contiguous weights)."""
-    from test_horovod import _horovod_missing, horovodrun
-
-    if _horovod_missing():
-        pytest.skip(_horovod_missing())
     script = tmp_path / "hvd_cl.py"
     script.write_text(_HVD.format(root=str(ROOT)))
     p = horovodrun(2, [str(script), str(tmp_path), "comm.compression=fp16"], timeout=300)
