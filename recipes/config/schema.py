@@ -229,13 +229,13 @@ class CommConfig:
         help="NCCL multi-flow preset (recipes/registry.py: socket threads x sockets per thread, min channels); set "
         "on every rank before the process group (ddp, multistream); an explicit environment variable wins",
     )
-    nccl_socket_nthreads: int | None = _f(None, help="NCCL_SOCKET_NTHREADS (overrides the preset)", domain=">0")
-    nccl_nsocks_perthread: int | None = _f(None, help="NCCL_NSOCKS_PERTHREAD (overrides the preset)", domain=">0")
-    nccl_min_nchannels: int | None = _f(None, help="NCCL_MIN_NCHANNELS (overrides the preset)", domain=">0")
+    nccl_socket_nthreads: int | None = _f(None, help="NCCL_SOCKET_NTHREADS (overrides the preset)", domain=">0 <=16")
+    nccl_nsocks_perthread: int | None = _f(None, help="NCCL_NSOCKS_PERTHREAD (overrides the preset)", domain=">0 <=16")
+    nccl_min_nchannels: int | None = _f(None, help="NCCL_MIN_NCHANNELS (overrides the preset)", domain=">0 <=64")
     gloo_devices: int = _f(
         1,
         help="ddp on gloo: TCP devices of DDP's process group (its collectives are spread over them: N flows)",
-        domain=">0",
+        domain=">0 <=64",
     )
     bucket_mb: float = _f(
         8.0,
