@@ -13,10 +13,8 @@ validation image evaluated), and an entry that is not has `.not-qualifying` in i
 from __future__ import annotations
 
 import datetime
-import json
 import platform
 import re
-import shutil
 from pathlib import Path
 
 import torch
@@ -24,6 +22,7 @@ import torch
 from recipes.config import Config
 from recipes.environment import Environment, collect
 from recipes.errors import ConfigError
+from recipes.run.writer import write_atomic, write_json
 
 
 def missing_required(cfg: Config) -> list[str]:
@@ -57,10 +56,9 @@ def qualification(cfg: Config, summary: dict) -> list[str]:
     if cfg.run.target_top5 is None or cfg.run.target_top5 < DAWNBENCH_TOP5:
         reasons.append(f"its target is not DAWNBench's top-5 >= {DAWNBENCH_TOP5:g}% (set run.target_top5=93)")
     elif summary.get("time_to_target_seconds") is None:
-        reasons.append(
-            f"it did not reach its target (top-5 {summary.get('final_top5', float('nan')):.2f}% at the end, "
-            f"target {cfg.run.target_top5:g}%)"
-        )
+        top5 = summary.get("final_top5")
+        at_end = "no epoch validated" if top5 is None else f"top-5 {top5:.2f}% at the end"
+        reasons.append(f"it did not reach its target ({at_end}, target {cfg.run.target_top5:g}%)")
     counted, excluded = summary.get("val_count"), summary.get("val_excluded") or 0
     if counted is None or counted + excluded != IMAGENET_VAL_IMAGES:
         seen = "no" if counted is None else f"{counted + excluded:,}"
@@ -219,16 +217,14 @@ def write_entry(path: Path, cfg: Config, summary: dict, dist, commit: str = "") 
     not qualify, so that it cannot be taken for a result); prints `qualification_line`."""
     hardware = hardware_description(dist.world_size, dist.local_world_size, dist.device)
     e = entry(cfg, summary, hardware, commit=commit, environment=collect())
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(e, indent=4) + "\n")
-    tmp.replace(path)
+    write_json(path, e, indent=4)
     stem = file_stem(cfg, dist.world_size, dist.local_world_size, dist.device)
     if not e["qualifies"]:
         stem = f"{stem}.{NOT_QUALIFYING}"
     print(qualification_line(e), flush=True)
-    shutil.copyfile(path, path.parent / f"{stem}.json")
+    write_atomic(path.parent / f"{stem}.json", path.read_bytes())
     if path.with_suffix(".tsv").is_file():
-        shutil.copyfile(path.with_suffix(".tsv"), path.parent / f"{stem}.tsv")
+        write_atomic(path.parent / f"{stem}.tsv", path.with_suffix(".tsv").read_bytes())
     return e
 
 

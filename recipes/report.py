@@ -17,7 +17,7 @@ def targets_reached(cfg: Config, row: dict) -> bool:
 def summarize(cfg: Config, st, *, world_size: int, run_id: str, run_dir, val_excluded: int, comm_stats) -> dict:
     """The summary of a run from its State `st`; `comm_stats` is the backend's recipes.comm.stats.CommStats."""
     hit = next((r for r in st.history if targets_reached(cfg, r)), None)
-    last = st.history[-1] if st.history else {"top1": float("nan"), "top5": float("nan")}
+    last = st.history[-1] if st.history else {"top1": None, "top5": None}  # no epoch validated: no accuracy
     return {
         "epochs": st.epoch,
         "steps": st.step,
@@ -63,7 +63,7 @@ def summary_table(s: dict) -> str:
         ("wall time", format_seconds(s["wall_seconds"])),
         ("training time", f"{format_seconds(s['train_seconds'])} (excl. validation and checkpoints)"),
         (f"time to target ({' and '.join(target) or '-'})", ttt),
-        ("final top-1 / top-5", f"{s['final_top1']:.2f}% / {s['final_top5']:.2f}%"),
+        ("final top-1 / top-5", _accuracy(s)),
         ("validation images counted", _counted(s)),
         ("images/s (training)", f"{s['images_per_s']:.1f}"),
         ("skipped steps (inf/nan gradients)", str(s.get("skipped_steps", 0))),
@@ -72,6 +72,12 @@ def summary_table(s: dict) -> str:
     lines = ["", "| " + "summary".ljust(width) + " | value |", "|" + "-" * (width + 2) + "|-------|"]
     lines += [f"| {k.ljust(width)} | {v} |" for k, v in rows]
     return "\n".join(lines)
+
+
+def _accuracy(s: dict) -> str:
+    if s["final_top1"] is None or s["final_top5"] is None:
+        return "- (no epoch validated)"
+    return f"{s['final_top1']:.2f}% / {s['final_top5']:.2f}%"
 
 
 def _counted(s: dict) -> str:

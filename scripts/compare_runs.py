@@ -213,7 +213,7 @@ def markdown(runs: list[Run], rows: list[dict]) -> str:
             f"| {_cell(r['comm_ms_per_step'], '.1f', ' ms')} "
             f"| {_cell(None if r['comm_share'] is None else 100 * r['comm_share'], '.1f', '%')} "
             f"| {_cell(None if r['scaling_efficiency'] is None else 100 * r['scaling_efficiency'], '.1f', '%')} "
-            f"| {r['final_top1']:.2f}% / {r['final_top5']:.2f}% |"
+            f"| {_cell(r['final_top1'], '.2f', '%')} / {_cell(r['final_top5'], '.2f', '%')} |"
         )
     phases = [phase_throughput(run) for run in runs]
     width = max(len(p) for p in phases)

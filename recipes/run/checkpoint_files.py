@@ -27,21 +27,9 @@ import torch
 from recipes.errors import CheckpointError
 from recipes.run import files
 from recipes.run.payload import Checkpoint, check_structure
+from recipes.run.writer import refuse_link, temp_path, write_atomic
 
 CHECKPOINT_NAME = files.CHECKPOINT
-
-
-def _write_bytes_atomic(data: bytes, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def _digest(path: Path) -> str:
@@ -65,12 +53,13 @@ def _sidecar_digests(path: Path) -> list[str]:
 
 def _replace_verified(src: Path, path: Path, digest: str) -> None:
     """Rename `src` (whose sha256 is `digest`) over `path`; the sidecar accepts old and new while it happens."""
+    refuse_link(path)
     old = _sidecar_digests(path)[:1] if path.exists() else []
     lines = "".join(f"{d}  {path.name}\n" for d in [digest, *old])
-    _write_bytes_atomic(lines.encode(), _sidecar(path))
+    write_atomic(_sidecar(path), lines)
     os.replace(src, path)
     if old:
-        _write_bytes_atomic(f"{digest}  {path.name}\n".encode(), _sidecar(path))
+        write_atomic(_sidecar(path), f"{digest}  {path.name}\n")
 
 
 def save_atomic(state: dict, path: str | Path) -> str:
@@ -78,9 +67,11 @@ def save_atomic(state: dict, path: str | Path) -> str:
     path = Path(path)
     data = to_bytes(state)
     digest = hashlib.sha256(data).hexdigest()
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    refuse_link(path)
+    tmp = temp_path(path)
+    tmp.unlink(missing_ok=True)
     try:
-        with open(tmp, "wb") as f:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -200,15 +191,37 @@ def save_step_checkpoint(state: dict, run_dir: Path, step: int, keep: int) -> Pa
         last = step_checkpoints(run_dir)
         kept = f"the last good checkpoint '{last[0]}' is kept" if last else "no earlier checkpoint exists"
         raise CheckpointError(f"writing checkpoint '{path}' failed: {e.strerror or e}; {kept}") from None
-    link_tmp = run_dir / f".{CHECKPOINT_NAME}.link{os.getpid()}"
-    if link_tmp.exists():
-        link_tmp.unlink()
+    link_tmp = temp_path(run_dir / CHECKPOINT_NAME, "link")
+    link_tmp.unlink(missing_ok=True)
     os.link(path, link_tmp)
     _replace_verified(link_tmp, run_dir / CHECKPOINT_NAME, _sidecar_digests(path)[0])
-    for old in step_checkpoints(run_dir)[max(keep, 1) :]:
+    own = [p for p in step_checkpoints(run_dir) if p == path or run_of(p) == state.get("run_id")]
+    for old in own[max(keep, 1) :]:  # another run's files (copied in, or without a run id) are never deleted
         old.unlink(missing_ok=True)
         _sidecar(old).unlink(missing_ok=True)
     return path
+
+
+_UNREADABLE = "<unreadable>"
+
+
+def run_of(path: Path) -> str | None:
+    """The run id a checkpoint carries (None: written before run ids; `<unreadable>`: not a checkpoint of ours).
+
+    Memory-mapped, weights-only: the tensors are not read, so this costs milliseconds whatever the file's size.
+    """
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:
+        return _UNREADABLE
+    run_id = state.get("run_id") if isinstance(state, dict) else _UNREADABLE
+    return run_id if run_id is None or isinstance(run_id, str) else _UNREADABLE
+
+
+def foreign_checkpoints(run_dir: Path, run_id: str | None) -> list[Path]:
+    """The `ckpt-<step>.pt` files of `run_dir` that are not run `run_id`'s (None: the directory has no run.json, and
+    only checkpoints without a run id are its own): never resumed from, never deleted."""
+    return [p for p in step_checkpoints(run_dir) if run_of(p) != run_id]
 
 
 def estimate_bytes(model, world_size: int = 1) -> int:

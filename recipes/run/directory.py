@@ -26,7 +26,8 @@ from pathlib import Path
 from recipes.distributed import DistInfo, all_gather_object, broadcast_object
 from recipes.errors import CheckpointError, RunDirError
 from recipes.run import files
-from recipes.run.checkpoint_files import check_writable
+from recipes.run.checkpoint_files import check_writable, foreign_checkpoints
+from recipes.run.writer import refuse_link, remove_stale_temps, write_json
 
 
 def _now() -> str:
@@ -41,7 +42,12 @@ class RunLock:
         self.fd: int | None = None
 
     def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        refuse_link(self.path)
+        if self.path.is_dir():
+            raise RunDirError(
+                f"'{self.path}' is a directory, not the run's lock file: remove it, or choose another run directory"
+            )
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -71,10 +77,35 @@ def read_run_id(run_dir: Path) -> str | None:
 def write_run_file(run_dir: Path, run_id: str) -> None:
     if read_run_id(run_dir) == run_id:
         return
-    info = {"run_id": run_id, "started": _now(), "host": socket.gethostname()}
-    tmp = run_dir / f".{files.RUN}.tmp{os.getpid()}"
-    tmp.write_text(json.dumps(info, indent=1) + "\n")
-    os.replace(tmp, run_dir / files.RUN)
+    write_json(run_dir / files.RUN, {"run_id": run_id, "started": _now(), "host": socket.gethostname()})
+
+
+def not_a_run(run_dir: Path) -> str | None:
+    """Why `run_dir` must not be used as a run directory (None: it is new, empty, or a run's).
+
+    A run directory is empty, or holds run.json, or holds only names a run makes; a home folder or a dataset (with
+    `train/` and `val/`) is neither, and a training must not write there nor move its files to previous/.
+    """
+    if run_dir.is_symlink() or (run_dir.exists() and not run_dir.is_dir()):
+        what = "a symbolic link" if run_dir.is_symlink() else "not a directory"
+        return f"run directory '{run_dir}' is {what}; give run.out_dir/run.name or --run-dir a directory"
+    if not run_dir.exists():
+        return None
+    links = sorted(p for p in run_dir.iterdir() if p.is_symlink() and files.is_run_file(p.name))
+    if links:  # planted where the run writes: refused before anything is written (the writers refuse it too)
+        return f"'{links[0]}' is a symbolic link (to '{os.readlink(links[0])}'): a run writes only its own files; " + (
+            "remove the link or choose another run directory"
+        )
+    if (run_dir / files.RUN).is_file():
+        return None
+    foreign = sorted(p.name for p in run_dir.iterdir() if not files.is_run_file(p.name))
+    if not foreign:
+        return None
+    shown = ", ".join(f"'{n}'" for n in foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+    return (
+        f"run directory '{run_dir}' is neither empty nor a run (no {files.RUN}; it holds {shown}): nothing was "
+        "written or moved; choose an empty or new directory (--run-dir, or run.out_dir / run.name)"
+    )
 
 
 def run_files(run_dir: Path) -> list[Path]:
@@ -142,6 +173,24 @@ class RunDir:
             self.lock.release()
 
 
+def _tidy(run_dir: Path, run_id: str | None, stays: bool) -> list[str]:
+    """Remove the temp files an interrupted writer left; name the checkpoints of other runs (left alone)."""
+    notes = []
+    removed = remove_stale_temps(run_dir)
+    if removed:
+        notes.append(
+            f"removed {len(removed)} temp file(s) an interrupted write left in {run_dir}: {', '.join(removed)}"
+        )
+    foreign = foreign_checkpoints(run_dir, run_id) if stays else []  # resume=false moves them all to previous/
+    if foreign:
+        names = ", ".join(p.name for p in foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        notes.append(
+            f"{len(foreign)} checkpoint(s) in {run_dir} are not this run's ({names}): left in place, never resumed "
+            "from or deleted"
+        )
+    return notes
+
+
 def _raise_everywhere(message: str | None, dist: DistInfo) -> None:
     """Rank 0 decided; every rank raises the same error, so no rank waits on a collective that never comes."""
     message = broadcast_object(message, dist)
@@ -152,6 +201,9 @@ def _raise_everywhere(message: str | None, dist: DistInfo) -> None:
 def open_run(run_dir: Path, dist: DistInfo, resume) -> RunDir:
     """Lock the directory (rank 0), agree on the run id over the process group, archive for resume=false."""
     lock = None
+    errors = [e for e in all_gather_object(not_a_run(run_dir), dist) if e]  # every rank looks before any writes
+    if errors:
+        raise RunDirError(errors[0])
     error = None
     if dist.is_main:
         try:
@@ -178,6 +230,8 @@ def open_run(run_dir: Path, dist: DistInfo, resume) -> RunDir:
         held = [r for r in leaders.values() if r["run_id"] or r["files"]]
         ids = sorted({r["run_id"] for r in held if r["run_id"]})
         notes = []
+        if leader:
+            notes += _tidy(run_dir, mine["run_id"], resume is not False)
         if resume is False:
             if leader and (mine["run_id"] or mine["files"]):
                 dest = archive(run_dir, mine["run_id"])

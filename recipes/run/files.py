@@ -22,9 +22,16 @@ CHECKPOINT = "checkpoint.pt"  # the newest checkpoint (a link to ckpt-<step>.pt)
 SIDECAR_SUFFIX = ".sha256"  # <checkpoint>.sha256: the digests a checkpoint must match
 TENSORBOARD = "tb"  # TensorBoard event files
 LAUNCH = "launch"  # scripts/launch.py: each host's output
+NETWORK = "network.json"  # scripts/launch.py: the link probe's figures
 
 RESULTS = (SUMMARY, TSV, ENTRY)  # what a finished run leaves for a person to read
 STEP_CHECKPOINT = re.compile(r"^ckpt-(\d+)\.pt$")  # ckpt-<step>.pt: the newest checkpoint.keep are kept
+_NAMES = {RUN, LOCK, ARCHIVE, CONFIG, META, PROGRESS, SUMMARY, TSV, ENTRY, CHECKPOINT, TENSORBOARD, LAUNCH, NETWORK}
+# The entry's copies under the entries repository's name (recipes/dawnbench.py), and the dot files a run makes:
+# temp files of a writer (recipes/run/writer.py), the write probe, the ranks' share tokens (recipes/run/directory.py).
+_PATTERNS = re.compile(
+    r"^ckpt-\d+\.pt$|_pytorch(\.not-qualifying)?\.(json|tsv)$|^\..+\.(tmp|link)\d+$|^\.write-probe-\d+$|^\.share-[0-9a-f]+$"
+)
 
 
 def step_checkpoint(step: int) -> str:
@@ -34,3 +41,9 @@ def step_checkpoint(step: int) -> str:
 
 def sidecar(name: str) -> str:
     return name + SIDECAR_SUFFIX
+
+
+def is_run_file(name: str) -> bool:
+    """Whether a run could have made an entry of this name in its directory (a user's file could not be one)."""
+    name = name.removesuffix(SIDECAR_SUFFIX)
+    return name in _NAMES or bool(_PATTERNS.search(name))

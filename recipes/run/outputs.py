@@ -12,8 +12,8 @@ the checkpoints), so every host keeps a copy.
 
 from __future__ import annotations
 
-import json
 import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -23,6 +23,7 @@ from recipes.dawnbench import write_entry
 from recipes.distributed import DistInfo
 from recipes.run import files
 from recipes.run.directory import write_run_file
+from recipes.run.writer import write_atomic, write_json
 
 TSV_HEADER = "epoch\thours\ttop1Accuracy\ttop5Accuracy\n"
 
@@ -50,7 +51,7 @@ class RunOutputs:
         if self.leader:
             write_run_file(self.dir, run_id)
         if self.dist.is_main:
-            (self.dir / files.CONFIG).write_text(to_yaml(cfg))
+            write_atomic(self.dir / files.CONFIG, to_yaml(cfg))
             meta = {
                 "git_commit": git_commit(),
                 "world_size": self.dist.world_size,
@@ -58,19 +59,28 @@ class RunOutputs:
                 "torch": torch.__version__,
                 "run_id": run_id,
             }
-            (self.dir / files.META).write_text(json.dumps(meta, indent=1) + "\n")
+            write_json(self.dir / files.META, meta)
 
     def progress(self, step: int, epoch: int) -> None:
         if self.dist.is_main:
-            (self.dir / files.PROGRESS).write_text(json.dumps({"step": step, "epoch": epoch}) + "\n")
+            self._keep_going(write_json, self.dir / files.PROGRESS, {"step": step, "epoch": epoch}, None)
 
     def history(self, rows: list[dict]) -> None:
         if self.dist.is_main:
-            write_tsv(self.dir / files.TSV, rows)
+            self._keep_going(write_tsv, self.dir / files.TSV, rows)
+
+    @staticmethod
+    def _keep_going(write, path: Path, *args) -> None:
+        """Write a file the run can go on without (a full disk must not cost the epoch's checkpoint, which follows
+        and reports the full disk itself); the previous complete file stays."""
+        try:
+            write(path, *args)
+        except OSError as e:
+            print(f"warning: writing '{path}' failed: {e.strerror or e}; the previous version is kept", file=sys.stderr)
 
     def finish(self, cfg: Config, summary: dict) -> None:
         if self.dist.is_main:
-            (self.dir / files.SUMMARY).write_text(json.dumps(summary, indent=1) + "\n")
+            write_json(self.dir / files.SUMMARY, summary)
             write_entry(self.dir / files.ENTRY, cfg, summary, self.dist, commit=git_commit())
 
 
@@ -79,6 +89,4 @@ def write_tsv(path: Path, rows: list[dict]) -> None:
     lines = [TSV_HEADER]
     for r in rows:
         lines.append(f"{r['epoch']}\t{r['train_seconds'] / 3600:.6f}\t{r['top1']:.2f}\t{r['top5']:.2f}\n")
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(lines))
-    tmp.replace(path)
+    write_atomic(path, "".join(lines))

@@ -1,0 +1,88 @@
+"""Every file a training writes into its run directory goes through here: no symlink followed, never half-written.
+
+A file is written to a temp file in the same directory (opened with O_NOFOLLOW | O_EXCL, so a planted link is never
+written through), fsynced and renamed over its name; a name that is a symbolic link is refused with one line that
+names it (the rename would replace the link, but a planted link means someone else uses the directory). A writer
+killed between the temp file and the rename leaves `.<name>.tmp<pid>`: `remove_stale_temps` deletes them when the
+next training takes the directory's lock. JSON is strict: NaN and infinities are written as null, never as the
+`NaN` that JSON readers refuse.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from pathlib import Path
+
+from recipes.errors import RunDirError
+
+# `.<name>.tmp<pid>` (a file being written), `.<name>.link<pid>` (checkpoint.pt's new hard link), the write probe.
+STALE_TEMP = re.compile(r"^\..+\.(tmp|link)\d+$|^\.write-probe-\d+$")
+
+
+def temp_path(path: Path, kind: str = "tmp") -> Path:
+    """The temp file `path` is written to before the rename (one per process)."""
+    return path.with_name(f".{path.name}.{kind}{os.getpid()}")
+
+
+def refuse_link(path: Path) -> None:
+    """Raise RunDirError when `path` is a symbolic link (a planted file the run must not write through)."""
+    if path.is_symlink():
+        raise RunDirError(
+            f"'{path}' is a symbolic link (to '{os.readlink(path)}'): a run writes only its own files; "
+            "remove the link or choose another run directory"
+        )
+
+
+def write_atomic(path: str | Path, data: bytes | str) -> None:
+    """Write `data` as `path`: the old complete file or the new complete file, never a mix, never through a link."""
+    path = Path(path)
+    refuse_link(path)
+    if isinstance(data, str):
+        data = data.encode()
+    tmp = temp_path(path)
+    tmp.unlink(missing_ok=True)  # our own leftover (same pid): never a file of someone else's
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def finite(value):
+    """`value` with every non-finite float replaced by None (JSON has no NaN or infinity)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def to_json(value, indent: int | None = 1) -> str:
+    """Strict JSON text of `value` (non-finite floats as null)."""
+    return json.dumps(finite(value), indent=indent, allow_nan=False) + "\n"
+
+
+def write_json(path: str | Path, value, indent: int | None = 1) -> None:
+    write_atomic(path, to_json(value, indent))
+
+
+def remove_stale_temps(run_dir: Path) -> list[str]:
+    """Delete the temp files an interrupted writer left in `run_dir` (call it holding the lock); 'name (size)' each."""
+    removed = []
+    if not run_dir.is_dir():
+        return removed
+    for p in sorted(run_dir.iterdir()):
+        if STALE_TEMP.match(p.name) and (p.is_symlink() or p.is_file()):
+            size = p.lstat().st_size
+            p.unlink(missing_ok=True)
+            removed.append(f"{p.name} ({size / 2**20:.1f} MiB)")
+    return removed
