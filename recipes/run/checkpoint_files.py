@@ -114,7 +114,7 @@ def load(path: str | Path, check: bool = True) -> dict:
         why = f"unsupported pickle opcode {operand.group(1)}" if operand else "a pickle the weights-only loader rejects"
         raise CheckpointError(f"checkpoint '{path}' cannot be read: not a torch checkpoint ({why})") from None
     except Exception as e:  # torch raises several types for a damaged file
-        raise CheckpointError(f"checkpoint '{path}' cannot be read: {_first_line(e)}") from None
+        raise CheckpointError(f"checkpoint '{path}' cannot be read: {first_line(e)}") from None
     check_structure(state, path)
     return state
 
@@ -129,7 +129,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
 _CODE_OPCODES = {ord("c"), 0x93, ord("R"), ord("i"), ord("o"), 0x81, 0x92}
 
 
-def _first_line(e: Exception) -> str:
+def first_line(e: Exception) -> str:
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     return lines[0][:300] if lines else type(e).__name__
 

@@ -60,6 +60,23 @@ def load_bn_statistics(model: nn.Module, stats: dict, path: str) -> None:
             buffers[name].copy_(value)
 
 
+# Settings whose change makes a checkpoint's state of that part meaningless to the new part: with
+# checkpoint.resume=force the part starts afresh (and says so) instead of loading a state of another kind.
+_STATE_KIND = {"optimizer": ("optim.name",), "scaler": ("run.amp",), "comm": ("comm.backend",)}
+
+
+def fresh_parts(old: dict, new: dict) -> dict[str, str]:
+    """{part: 'key: old -> new'} for the parts whose state in the checkpoint is of another kind than the run's."""
+    out = {}
+    for part, keys in _STATE_KIND.items():
+        for key in keys:
+            section, name = key.split(".")
+            a, b = (d[section].get(name) if isinstance(d.get(section), dict) else None for d in (old, new))
+            if a != b:
+                out[part] = f"{key} {a!r} -> {b!r}"
+    return out
+
+
 class Checkpointer:
     """Saves the run's state into its directory and restores it from there (or from `--resume`)."""
 
@@ -136,9 +153,17 @@ class Checkpointer:
         st = ck.training_state()
         check_compatible(parts.model, ck.model, str(path))
         parts.model.load_state_dict(ck.model)
-        parts.optimizer.load_state_dict(ck.optimizer)
-        parts.scaler.load_state_dict(ck.scaler)
-        parts.comm.load_state_dict(ck.comm or {})
+        fresh = fresh_parts(ck.config or {}, to_dict(cfg)) if problems else {}
+        for name in ("optimizer", "scaler", "comm"):
+            if name in fresh:
+                notes.append(f"checkpoint.resume=force: {fresh[name]}: the {name} state starts afresh")
+                continue
+            try:
+                getattr(parts, name).load_state_dict(getattr(ck, name) or {})
+            except (KeyError, ValueError, RuntimeError, TypeError, IndexError, AttributeError) as e:
+                raise CheckpointError(
+                    f"checkpoint '{path}': entry '{name}' does not fit this run's {name} ({ckpt.first_line(e)})"
+                ) from None
         for line in notes:
             log.info(f"resume: {line}")
         if problems:

@@ -9,9 +9,12 @@ knows its keys, and `check_structure` the only code that says what each must be.
 from __future__ import annotations
 
 import dataclasses
+import math
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from recipes.errors import CheckpointError
@@ -36,7 +39,8 @@ class State:
     forced: list = field(default_factory=list)  # recipe differences accepted with checkpoint.resume=force
 
 
-STATE_FIELDS = frozenset(f.name for f in dataclasses.fields(State))
+_FIELDS = dataclasses.fields(State)
+STATE_FIELDS = frozenset(f.name for f in _FIELDS)
 
 
 @dataclass
@@ -65,19 +69,147 @@ RESUME_ENTRIES = ("optimizer", "scaler", "state", "rng")
 
 
 def check_structure(state, path: str | Path) -> None:
-    """Raise CheckpointError naming the file and entry when `state` is not shaped like this trainer's checkpoint."""
+    """Raise CheckpointError naming the file and entry when `state` is not shaped like this trainer's checkpoint:
+    every entry present is checked (type, range, consistency) before any reader uses it."""
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"checkpoint '{path}' has no 'model' entry: not a checkpoint of this trainer")
     for key, (tp, what) in _ENTRIES.items():
-        if key in state and not isinstance(state[key], tp):
+        if state.get(key) is not None and not isinstance(state[key], tp):
             got = type(state[key]).__name__
             raise CheckpointError(f"checkpoint '{path}': entry '{key}' must be {what}, got {got}")
     bad = [k for k, v in state["model"].items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)]
     if bad:
         raise CheckpointError(f"checkpoint '{path}': entry 'model' must map names to tensors ('{bad[0]}' does not)")
-    info = state.get("model_info", {})
-    if "num_classes" in info and (isinstance(info["num_classes"], bool) or not isinstance(info["num_classes"], int)):
-        raise CheckpointError(f"checkpoint '{path}': model_info.num_classes must be an integer")
+    for key, check in _CHECKS.items():
+        if state.get(key) is not None and (problem := check(state[key], state)):
+            raise CheckpointError(f"checkpoint '{path}': entry '{key}' {problem}")
+
+
+def _count(v, low: int = 0) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+def _seconds(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+
+
+_STATE_TYPES = {f.name: (list if f.type == "list" else float if f.type == "float" else int) for f in _FIELDS}
+
+
+def _check_state(st: dict, _) -> str | None:
+    for name, value in st.items():
+        kind = _STATE_TYPES.get(name)
+        if kind is None:
+            return f"has unknown field '{name}'"
+        ok = {int: _count, float: _seconds, list: lambda v: isinstance(v, list)}[kind](value)
+        if not ok:
+            want = {int: "an integer >= 0", float: "a finite number >= 0", list: "a list"}[kind]
+            return f"field '{name}' must be {want}, got {_short(value)}"
+    if any(not isinstance(row, dict) for row in st.get("history", [])):
+        return "field 'history' must be a list of mappings (one per epoch)"
+    return None
+
+
+def _check_world_size(n, _) -> str | None:
+    return None if _count(n, 1) else f"must be an integer >= 1 (processes), got {_short(n)}"
+
+
+def _check_num_train(n, _) -> str | None:
+    return None if _count(n, 1) else f"must be an integer >= 1 (training images), got {_short(n)}"
+
+
+def _check_run_id(r, _) -> str | None:
+    return None if isinstance(r, str) and r else f"must be a non-empty string, got {_short(r)}"
+
+
+def _per_rank(entries: list, d: dict) -> str | None:
+    n = d.get("world_size")
+    if _count(n, 1) and len(entries) != n:
+        return f"has {len(entries)} per-rank item(s), but the checkpoint was written by {n} process(es)"
+    return None
+
+
+def _check_rng(rngs: list, d: dict) -> str | None:
+    for rank, r in enumerate(rngs):
+        if problem := rng_problem(r):
+            return f"item {rank} {problem}"
+    return _per_rank(rngs, d)
+
+
+def _check_bn(stats: list, d: dict) -> str | None:
+    for rank, s in enumerate(stats):
+        if s is None:
+            continue
+        if not isinstance(s, dict) or any(
+            not isinstance(k, str) or not isinstance(v, torch.Tensor) for k, v in s.items()
+        ):
+            return f"item {rank} must map buffer names to tensors"
+    return _per_rank(stats, d)
+
+
+def _check_model_info(info: dict, _) -> str | None:
+    n, classes = info.get("num_classes"), info.get("classes")
+    if n is not None and not _count(n, 1):
+        return f"field 'num_classes' must be an integer >= 1, got {_short(n)}"
+    if classes is not None and (not isinstance(classes, list) or not all(isinstance(c, str) for c in classes)):
+        return "field 'classes' must be a list of class names"
+    if n is not None and classes is not None and len(classes) != n:
+        return f"lists {len(classes)} classes, but its 'num_classes' is {n}"
+    if info.get("name") is not None and not isinstance(info["name"], str):
+        return f"field 'name' must be a model name, got {_short(info['name'])}"
+    if info.get("num_params") is not None and not _count(info["num_params"]):
+        return f"field 'num_params' must be an integer >= 0, got {_short(info['num_params'])}"
+    return None
+
+
+def _check_optimizer(o: dict, _) -> str | None:
+    if not isinstance(o.get("state"), dict) or not isinstance(o.get("param_groups"), list):
+        return "must be an optimizer state_dict (a mapping with 'state' and 'param_groups')"
+    if not all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in o["param_groups"]):
+        return "has a parameter group that is not a mapping with 'params'"
+    return None
+
+
+_CHECKS = {
+    "state": _check_state,
+    "world_size": _check_world_size,
+    "num_train": _check_num_train,
+    "run_id": _check_run_id,
+    "rng": _check_rng,
+    "bn_per_rank": _check_bn,
+    "model_info": _check_model_info,
+    "optimizer": _check_optimizer,
+}
+
+
+def rng_problem(r) -> str | None:
+    """What is wrong with one rank's RNG state (`checkpoint_files.rng_state`), tried on fresh generators (None: ok)."""
+    if not isinstance(r, dict) or not {"python", "numpy", "torch"} <= set(r):
+        return "must be a mapping with 'python', 'numpy' and 'torch' RNG states"
+    try:
+        version, mt, gauss = r["python"]
+        random.Random().setstate((version, tuple(mt), gauss))
+    except (TypeError, ValueError, OverflowError):
+        return "has a 'python' RNG state that Python's random module rejects"
+    n = r["numpy"]
+    try:
+        keys = n["keys"].numpy().astype(np.uint32)
+        np.random.RandomState().set_state((n["kind"], keys, n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError, RuntimeError):
+        return "has a 'numpy' RNG state that NumPy rejects"
+    try:
+        torch.Generator().set_state(r["torch"])
+    except (TypeError, ValueError, RuntimeError):
+        return "has a 'torch' RNG state that torch rejects"
+    cuda = r.get("cuda")
+    if cuda is not None and (not isinstance(cuda, list) or not all(isinstance(t, torch.Tensor) for t in cuda)):
+        return "has a 'cuda' RNG state that is not a list of tensors"
+    return None
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 @dataclass
@@ -153,9 +285,12 @@ class Checkpoint:
         missing = [k for k in RESUME_ENTRIES if getattr(self, k) is None]
         if missing:
             raise CheckpointError(f"checkpoint '{self.path}' cannot be resumed: no '{missing[0]}' entry")
-        unknown = sorted(set(self.state) - STATE_FIELDS)
-        if unknown:
-            raise CheckpointError(f"checkpoint '{self.path}': entry 'state' has unknown field '{unknown[0]}'")
+        check_structure(self.to_dict(), self.path)  # a Checkpoint built in memory is held to the file's rules
+        lacking = [k for k in ("epoch", "step") if k not in self.state]
+        if lacking:
+            raise CheckpointError(f"checkpoint '{self.path}' cannot be resumed: entry 'state' has no '{lacking[0]}'")
+        if not self.rng:
+            raise CheckpointError(f"checkpoint '{self.path}' cannot be resumed: entry 'rng' is empty")
         return State(**self.state)
 
     def require_model_info(self) -> ModelInfo:
