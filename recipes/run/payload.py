@@ -77,6 +77,8 @@ def check_structure(state, path: str | Path) -> None:
         if state.get(key) is not None and not isinstance(state[key], tp):
             got = type(state[key]).__name__
             raise CheckpointError(f"checkpoint '{path}': entry '{key}' must be {what}, got {got}")
+    if not state["model"]:
+        raise CheckpointError(f"checkpoint '{path}': entry 'model' is empty (no weights)")
     bad = [k for k, v in state["model"].items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)]
     if bad:
         raise CheckpointError(f"checkpoint '{path}': entry 'model' must map names to tensors ('{bad[0]}' does not)")
@@ -188,11 +190,17 @@ def rng_problem(r) -> str | None:
         return "must be a mapping with 'python', 'numpy' and 'torch' RNG states"
     try:
         version, mt, gauss = r["python"]
+        if gauss is not None and not isinstance(gauss, float):
+            raise TypeError("gauss")
         random.Random().setstate((version, tuple(mt), gauss))
     except (TypeError, ValueError, OverflowError):
         return "has a 'python' RNG state that Python's random module rejects"
     n = r["numpy"]
     try:
+        if not (
+            _count(n["pos"]) and n["pos"] <= 624 and _count(n["has_gauss"]) and _seconds(abs(n["cached_gaussian"]))
+        ):
+            raise ValueError("position or cached value")
         keys = n["keys"].numpy().astype(np.uint32)
         np.random.RandomState().set_state((n["kind"], keys, n["pos"], n["has_gauss"], n["cached_gaussian"]))
     except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError, RuntimeError):
