@@ -185,6 +185,12 @@ def from_bytes(data: bytes, what: str) -> dict:
 def save_step_checkpoint(state: dict, run_dir: Path, step: int, keep: int) -> Path:
     """Write `ckpt-<step>.pt`, point checkpoint.pt at it, delete all but the newest `keep`."""
     path = run_dir / files.step_checkpoint(step)
+    if path.is_file() and not path.is_symlink() and (other := run_of(path)) != state.get("run_id"):
+        aside = set_aside(path, other)
+        print(
+            f"warning: '{path}' is not this run's checkpoint: moved to '{aside}' (kept, not resumed from)",
+            file=sys.stderr,
+        )
     try:
         save_atomic(state, path)
     except OSError as e:
@@ -203,6 +209,19 @@ def save_step_checkpoint(state: dict, run_dir: Path, step: int, keep: int) -> Pa
 
 
 _UNREADABLE = "<unreadable>"
+
+
+def set_aside(path: Path, run_id: str | None) -> Path:
+    """Move another run's checkpoint (and its sidecar) to `previous/<its run id>/` instead of overwriting it."""
+    folder = path.parent / files.ARCHIVE / (run_id if run_id and files.RUN_ID.match(run_id) else "unknown-run")
+    folder.mkdir(parents=True, exist_ok=True)
+    dest, n = folder / path.name, 1
+    while dest.exists():
+        dest, n = folder / f"{path.stem}-{n}{path.suffix}", n + 1
+    os.rename(path, dest)
+    if _sidecar(path).is_file():
+        os.rename(_sidecar(path), _sidecar(dest))
+    return dest
 
 
 def run_of(path: Path) -> str | None:

@@ -69,9 +69,10 @@ class RunLock:
 
 def read_run_id(run_dir: Path) -> str | None:
     try:
-        return str(json.loads((run_dir / files.RUN).read_text())["run_id"])
+        run_id = json.loads((run_dir / files.RUN).read_text())["run_id"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    return run_id if isinstance(run_id, str) and files.RUN_ID.match(run_id) else None  # it names previous/<id>/
 
 
 def write_run_file(run_dir: Path, run_id: str) -> None:

@@ -43,6 +43,9 @@ def sidecar(name: str) -> str:
     return name + SIDECAR_SUFFIX
 
 
+RUN_ID = re.compile(r"^[0-9A-Za-z_-]{1,64}$")  # run ids name folders (previous/<run id>/): one safe path component
+
+
 def is_run_file(name: str) -> bool:
     """Whether a run could have made an entry of this name in its directory (a user's file could not be one)."""
     name = name.removesuffix(SIDECAR_SUFFIX)

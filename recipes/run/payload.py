@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from recipes.errors import CheckpointError
+from recipes.run import files
 
 
 @dataclass
@@ -121,7 +122,8 @@ def _check_num_train(n, _) -> str | None:
 
 
 def _check_run_id(r, _) -> str | None:
-    return None if isinstance(r, str) and r else f"must be a non-empty string, got {_short(r)}"
+    ok = isinstance(r, str) and files.RUN_ID.match(r)
+    return None if ok else f"must be letters, digits, '_' or '-' (at most 64), got {_short(r)}"
 
 
 def _per_rank(entries: list, d: dict) -> str | None:
