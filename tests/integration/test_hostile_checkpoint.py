@@ -17,6 +17,7 @@ from recipes.errors import CheckpointError
 from recipes.run import checkpoint_files as ckpt
 from recipes.run.payload import RESUME_ENTRIES, STATE_FIELDS, Checkpoint
 from recipes.run.resume import compare
+from recipes.trainer import train
 
 WRONG_TYPES = (0, -1, 1.5, "x", True, [], {}, [1], {"a": 1}, math.nan)
 OPTIONAL = ("comm", "config", "run_id", "world_size", "num_train", "model_info", "bn_per_rank")
@@ -151,3 +152,20 @@ def test_train_resume_from_a_checkpoint_that_does_not_fit_is_exit_2_and_one_line
     assert len(lines) == 1 and "entry 'optimizer' does not fit" in lines[0] and str(path) in lines[0], r.stderr
     assert "Traceback" not in r.stderr and cfg["run"]["name"] == "tiny"
     assert not (tmp_path / "r" / "config.yaml").exists()  # refused before the run's files were written
+
+
+@pytest.mark.parametrize("change", [("optim.name=lars",), ("run.amp=fp16",), ("optim.name=hybrid", "run.amp=bf16")])
+def test_force_with_another_optimizer_or_precision_starts_that_state_afresh_saying_so(
+    tiny_root, tmp_path, capsys, change
+):
+    three = "phases=[{epochs: 3, image_size: 32, batch_size: 12}]"
+    train(tiny_config(tiny_root, tmp_path, three), stop_after_epochs=1)
+    capsys.readouterr()
+    s = train(tiny_config(tiny_root, tmp_path, three, "checkpoint.resume=force", *change), stop_after_epochs=1)
+    out = capsys.readouterr().out
+    assert s["steps"] == 8 and all(math.isfinite(r["top1"]) for r in s["history"])
+    assert [d.split(":")[0] for d in s["resume_forced"][0]["differences"]] == [c.split("=")[0] for c in change]
+    for c in change:
+        key, new = c.split("=")
+        part = {"optim.name": "optimizer", "run.amp": "scaler"}[key]
+        assert f"-> '{new}': the {part} state starts afresh" in out
