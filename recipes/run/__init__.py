@@ -1,8 +1,9 @@
 """Everything about a run's files, in one package (imports only the submodules; this file re-exports nothing).
 
-files.py             every file name in a run directory, declared once
-directory.py         the run directory: the lock, the run id all ranks agree on, each directory's leader,
-                     `checkpoint.resume=false` moving an old run to previous/<run id>/
+files.py             every file name in a run directory, declared once, and which names a run makes
+writer.py            the one writer of every run-directory file: no symlink followed, temp file and rename, strict JSON
+directory.py         the run directory: empty or a run's, the lock, the run id all ranks agree on, each directory's
+                     leader, `checkpoint.resume=false` moving an old run to previous/<run id>/, stale temps removed
 payload.py           what a checkpoint holds, typed (`Checkpoint`, `State`): every reader uses it
 checkpoint_files.py  checkpoint I/O: atomic write with a sha256 sidecar, weights-only load, the newest K kept
 resume.py            which checkpoint every rank resumes from, and whether the recipe still matches it
