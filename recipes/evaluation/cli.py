@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -14,6 +13,7 @@ from recipes.evaluation.accuracy import eval_config, evaluate_checkpoint, load_m
 from recipes.evaluation.inference import export_onnx
 from recipes.evaluation.latency import latency_checkpoint, latency_table
 from recipes.run.checkpoint_files import load_checkpoint
+from recipes.run.writer import to_json
 
 
 def export_checkpoint(path: str, fmt: str, out: str | None = None, image_size: int | None = None) -> Path:
@@ -30,7 +30,7 @@ def export_checkpoint(path: str, fmt: str, out: str | None = None, image_size: i
 def _write_json(path: str | None, data: dict) -> None:
     if path:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(data, indent=1) + "\n")
+        Path(path).write_text(to_json(data))  # strict: a non-finite number is null, never NaN
 
 
 # (flag, attribute, lowest, highest): what each number can be; None = no bound on that side.

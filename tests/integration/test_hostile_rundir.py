@@ -13,7 +13,7 @@ import pytest
 import torch
 from support import tiny_config
 
-from recipes.errors import RunDirError
+from recipes.errors import DataError, RunDirError
 from recipes.run import checkpoint_files as ckpt
 from recipes.run import files, outputs
 from recipes.run.writer import write_atomic, write_json
@@ -159,3 +159,11 @@ def test_a_full_disk_at_the_epoch_table_still_writes_the_epochs_checkpoint(tiny_
     s = train(tiny_config(tiny_root, tmp_path, *DET))
     assert s["steps"] == 8 and ckpt.load(tmp_path / "tiny" / "checkpoint.pt")["state"]["step"] == 8
     assert "dawnbench.tsv' failed: No space left on device; the previous version is kept" in capsys.readouterr().err
+
+
+def test_a_blacklist_that_excludes_every_validation_image_is_refused_before_training(tiny_root, tmp_path):
+    blacklist = tmp_path / "all.txt"
+    blacklist.write_text("".join(f"{i}\n" for i in range(1, 21)))  # tiny_root has 20 validation images
+    with pytest.raises(DataError, match="excludes every one of the 20 images"):
+        train(tiny_config(tiny_root, tmp_path, f"data.val_blacklist={blacklist}"))
+    assert not (tmp_path / "tiny" / files.SUMMARY).exists() and not list((tmp_path / "tiny").glob("ckpt-*"))
