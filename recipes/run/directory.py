@@ -92,14 +92,18 @@ def not_a_run(run_dir: Path) -> str | None:
         return f"run directory '{run_dir}' is {what}; give run.out_dir/run.name or --run-dir a directory"
     if not run_dir.exists():
         return None
-    links = sorted(p for p in run_dir.iterdir() if p.is_symlink() and files.is_run_file(p.name))
+    try:
+        entries = list(run_dir.iterdir())
+    except OSError as e:
+        return f"run directory '{run_dir}' cannot be listed: {e.strerror or e}"
+    links = sorted(p for p in entries if p.is_symlink() and files.is_run_file(p.name))
     if links:  # planted where the run writes: refused before anything is written (the writers refuse it too)
         return f"'{links[0]}' is a symbolic link (to '{os.readlink(links[0])}'): a run writes only its own files; " + (
             "remove the link or choose another run directory"
         )
     if (run_dir / files.RUN).is_file():
         return None
-    foreign = sorted(p.name for p in run_dir.iterdir() if not files.is_run_file(p.name))
+    foreign = sorted(p.name for p in entries if not files.is_run_file(p.name))
     if not foreign:
         return None
     shown = ", ".join(f"'{n}'" for n in foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
