@@ -78,8 +78,6 @@ def check_structure(state, path: str | Path) -> None:
         if state.get(key) is not None and not isinstance(state[key], tp):
             got = type(state[key]).__name__
             raise CheckpointError(f"checkpoint '{path}': entry '{key}' must be {what}, got {got}")
-    if not state["model"]:
-        raise CheckpointError(f"checkpoint '{path}': entry 'model' is empty (no weights)")
     bad = [k for k, v in state["model"].items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)]
     if bad:
         raise CheckpointError(f"checkpoint '{path}': entry 'model' must map names to tensors ('{bad[0]}' does not)")

@@ -72,7 +72,7 @@ def _cases(good: dict) -> list[tuple[str, str, object]]:
     out += [("bn_per_rank", "bn_per_rank", [{}, {}])]  # two ranks' statistics, one process
     out += [("optimizer", "optimizer", {}), ("optimizer", "optimizer.param_groups", 5)]
     out += [("optimizer", "optimizer.param_groups", [{"lr": 0.1}]), ("optimizer", "optimizer.state", [])]
-    out += [("model", "model", {}), ("model", "model", {"w": 1}), ("model", "model", [torch.zeros(1)])]
+    out += [("model", "model", {"w": 1}), ("model", "model", [torch.zeros(1)])]
     return out
 
 
