@@ -45,7 +45,7 @@ def _cases(good: dict) -> list[tuple[str, str, object]]:
     for name in STATE_FIELDS:
         bad = (-1, -0.5, "1", None, math.inf, math.nan, True) + (() if name in ("history", "forced") else ([],))
         out += [("state", f"state.{name}", v) for v in bad]
-    out += [("state", f"state.{k}", _DELETE) for k in ("epoch", "step")]
+    out += [("state", f"state.{k}", _DELETE) for k in ("epoch", "step")] + [("state", "state", {})]
     out += [("state", "state.history", [1]), ("state", "state.unknown_field", 1)]
     out += [("world_size", "world_size", v) for v in (0, -2)]
     out += [("rng", "world_size", 2)]  # one RNG state, but written by two processes
@@ -115,6 +115,11 @@ def test_every_hostile_entry_is_one_line_naming_the_file_and_the_entry(good, tin
         else:
             survived.append(f"{key}={repr(value)[:60]}: accepted")
     assert not survived, "\n".join(survived)
+
+
+def test_a_checkpoint_of_the_model_only_cannot_be_resumed(good, tiny_root, tmp_path):
+    with pytest.raises(CheckpointError, match=r"^checkpoint 'm.pt' cannot be resumed: no 'optimizer' entry$"):
+        _use({"model": good["model"]}, "m.pt", tiny_config(tiny_root, tmp_path), [], 1)
 
 
 @pytest.mark.parametrize("entry", OPTIONAL)
