@@ -226,13 +226,13 @@ class Trainer:
         )
 
     def close(self) -> None:
-        self.stop.restore()
         if getattr(self, "data", None) is not None:
             self.data.close()
         self.log.close()
         if getattr(self, "run", None) is not None:
             self.run.close()
         teardown()
+        self.stop.restore()  # last: torchrun's own SIGTERM after a preemption must not kill a rank that is closing
 
 
 def train(

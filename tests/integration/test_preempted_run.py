@@ -1,5 +1,6 @@
 """Preemption in a real run: SIGTERM stops it at a step boundary with a checkpoint and exit code 75; the rerun with
---resume ends with the weights of an uninterrupted run. (Two ranks under torchrun: tests/e2e/test_preemption.py.)"""
+--resume ends with the weights of an uninterrupted run. (Two ranks under torchrun:
+tests/e2e/test_preempted_torchrun.py.)"""
 
 from __future__ import annotations
 
