@@ -66,4 +66,11 @@ class StopSignal:
         return self.received[0] if self.received else "a signal on another rank"
 
 
-__all__ = ["EXIT_PREEMPTED", "SIGNALS", "StopSignal"]
+def ignore_stop_signals() -> None:
+    """Ignore SIGTERM/SIGINT from now on: the process is leaving after a preemption (its checkpoint is written)."""
+    if threading.current_thread() is threading.main_thread():
+        for s in SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
+
+
+__all__ = ["EXIT_PREEMPTED", "SIGNALS", "StopSignal", "ignore_stop_signals"]

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 
+import pytest
 import torch
 from support import ROOT, TINY_CONFIG, free_port, quiet_env
 
@@ -42,11 +43,22 @@ def _signal_at(monkeypatch, step: int, during_save: bool = False) -> None:
     monkeypatch.setattr(Checkpointer, "save", on_save)
 
 
+@pytest.fixture
+def handlers():
+    """train.py's exit path after a preemption ignores SIGTERM/SIGINT: put pytest's handlers back afterwards."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    for s, h in saved.items():
+        signal.signal(s, h)
+
+
 def _weights(run_dir) -> dict:
     return ckpt.load(run_dir / "checkpoint.pt")["model"]
 
 
-def test_sigterm_mid_epoch_saves_exits_75_and_the_resume_ends_bit_identical(tiny_root, tmp_path, monkeypatch, capsys):
+def test_sigterm_mid_epoch_saves_exits_75_and_the_resume_ends_bit_identical(
+    tiny_root, tmp_path, monkeypatch, capsys, handlers
+):
     assert train_main(_args(tiny_root, tmp_path / "a")) == 0
     with monkeypatch.context() as m:
         _signal_at(m, 3, during_save=True)
@@ -58,13 +70,13 @@ def test_sigterm_mid_epoch_saves_exits_75_and_the_resume_ends_bit_identical(tiny
     st = ckpt.load(run / "checkpoint.pt")["state"]
     assert (st["step"], st["epoch"], st["epoch_step"]) == (3, 0, 3)
     assert not (run / "summary.json").exists()
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the trainer put the handlers back
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN  # leaving: torchrun's SIGTERM must not kill it now
     assert train_main([*_args(tiny_root, tmp_path / "b"), "--resume"]) == 0
     wa, wb = _weights(tmp_path / "a" / "tiny"), _weights(run)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def test_sigterm_in_an_epochs_last_step_stops_after_its_validation(tiny_root, tmp_path, monkeypatch, capsys):
+def test_sigterm_in_an_epochs_last_step_stops_after_its_validation(tiny_root, tmp_path, monkeypatch, capsys, handlers):
     with monkeypatch.context() as m:
         _signal_at(m, 4)
         assert train_main(_args(tiny_root, tmp_path)) == 75

@@ -8,7 +8,7 @@ import signal
 import torch
 
 from recipes.distributed import DistInfo
-from recipes.preemption import EXIT_PREEMPTED, StopSignal
+from recipes.preemption import EXIT_PREEMPTED, StopSignal, ignore_stop_signals
 
 ONE = DistInfo(rank=0, world_size=1, local_rank=0, local_world_size=1, device=torch.device("cpu"))
 
@@ -51,3 +51,14 @@ def test_no_signal_no_stop_and_the_exit_code_is_ex_tempfail():
     assert not StopSignal().agreed(ONE, 0, 10)
     assert StopSignal().describe() == "a signal on another rank"
     assert EXIT_PREEMPTED == 75  # sysexits.h EX_TEMPFAIL; docs/failures.md and scripts/slurm/ name it
+
+
+def test_after_a_preemption_the_process_ignores_further_signals():
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        ignore_stop_signals()
+        os.kill(os.getpid(), signal.SIGTERM)  # would end this process with the default action
+        os.kill(os.getpid(), signal.SIGINT)
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
