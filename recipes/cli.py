@@ -6,7 +6,8 @@ import sys
 from pathlib import Path
 
 from recipes.config import load_config, reference_table, to_yaml
-from recipes.errors import CheckpointError, ConfigError, DataError, TrainingError
+from recipes.errors import CheckpointError, ConfigError, DataError, Preempted, TrainingError
+from recipes.preemption import EXIT_PREEMPTED, ignore_stop_signals
 from recipes.run import files
 
 USER_ERRORS = (ConfigError, CheckpointError, DataError)
@@ -48,3 +49,7 @@ def run_cli(args) -> int:
     except TrainingError as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 3
+    except Preempted as e:  # not an error: the run can go on from its checkpoint (exit 75, EX_TEMPFAIL)
+        ignore_stop_signals()  # torchrun stops the other ranks with SIGTERM when one exits: they exit 75 too
+        print(f"preempted: {e}", file=sys.stderr, flush=True)
+        return EXIT_PREEMPTED

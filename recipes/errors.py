@@ -1,8 +1,9 @@
 """The errors a user can act on, at the bottom of the import graph (data/ and models/ raise them too).
 
 The entry points turn `ConfigError`, `DataError` and `CheckpointError` into exit code 2 and one `error:` line,
-and `TrainingError` (with `CommError` and `PlanMismatchError`) into exit code 3 (recipes/cli.py). This module is the
-one import path of every error class.
+and `TrainingError` (with `CommError` and `PlanMismatchError`) into exit code 3 (recipes/cli.py); a run stopped by
+SIGTERM or SIGINT ends with `Preempted` and exit code 75 (recipes/preemption.py). This module is the one import path
+of every error class.
 """
 
 from __future__ import annotations
@@ -42,3 +43,7 @@ class CommError(TrainingError):
 
 class PlanMismatchError(TrainingError):
     """Ranks derived different fusion plans (different models, configs or code versions)."""
+
+
+class Preempted(Exception):
+    """SIGTERM/SIGINT stopped the run at a step boundary, after its checkpoint; the message says where."""

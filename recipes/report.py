@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from recipes.config import Config
+from recipes.dawnbench import DAWNBENCH_TOP5, qualification
 from recipes.logger import format_seconds
 
 
@@ -18,7 +19,7 @@ def summarize(cfg: Config, st, *, world_size: int, run_id: str, run_dir, val_exc
     """The summary of a run from its State `st`; `comm_stats` is the backend's recipes.comm.stats.CommStats."""
     hit = next((r for r in st.history if targets_reached(cfg, r)), None)
     last = st.history[-1] if st.history else {"top1": None, "top5": None}  # no epoch validated: no accuracy
-    return {
+    s = {
         "epochs": st.epoch,
         "steps": st.step,
         "world_size": world_size,
@@ -44,6 +45,10 @@ def summarize(cfg: Config, st, *, world_size: int, run_id: str, run_dir, val_exc
         "comm": comm_stats.to_dict(),
         "history": st.history,
     }
+    # Whether this run is a DAWNBench ImageNet result (the entry's `qualifies`), and why not.
+    s["not_qualifying_because"] = qualification(cfg, s)
+    s["qualifies"] = not s["not_qualifying_because"]
+    return s
 
 
 def summary_table(s: dict) -> str:
@@ -67,6 +72,7 @@ def summary_table(s: dict) -> str:
         ("validation images counted", _counted(s)),
         ("images/s (training)", f"{s['images_per_s']:.1f}"),
         ("skipped steps (inf/nan gradients)", str(s.get("skipped_steps", 0))),
+        ("DAWNBench result", _qualifies(s)),
     ]
     width = max(len(k) for k, _ in rows)
     lines = ["", "| " + "summary".ljust(width) + " | value |", "|" + "-" * (width + 2) + "|-------|"]
@@ -86,3 +92,11 @@ def _counted(s: dict) -> str:
     if s.get("val_excluded"):
         return f"{s['val_count']} ({s['val_excluded']} blacklisted not counted: {s['val_blacklist']})"
     return f"{s['val_count']} (every image)"
+
+
+def _qualifies(s: dict) -> str:
+    if "qualifies" not in s:  # a summary.json written before the field existed
+        return "-"
+    if s["qualifies"]:
+        return f"yes (top-5 >= {DAWNBENCH_TOP5:g}% reached, every validation image counted)"
+    return "no: " + "; ".join(s["not_qualifying_because"])

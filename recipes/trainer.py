@@ -24,9 +24,11 @@ from recipes.comm import create_allreduce
 from recipes.config import Config
 from recipes.dawnbench import check_required
 from recipes.distributed import collective_guard, setup, teardown
+from recipes.errors import Preempted
 from recipes.evaluation.accuracy import average_bn_stats, evaluate
 from recipes.logger import RunLogger, format_seconds
 from recipes.optim import create_optimizer, describe_groups, set_lr_momentum
+from recipes.preemption import StopSignal
 from recipes.progress import EpochClock
 from recipes.report import summarize, summary_table, targets_reached
 from recipes.run.checkpointer import Checkpointer, Parts
@@ -51,6 +53,7 @@ class Trainer:
         self.run_dir = Path(run_dir) if run_dir else run_dir_for(cfg)
         self.run = None
         self.log = RunLogger(self.run_dir, False, False)
+        self.stop = StopSignal()  # records SIGTERM/SIGINT from fit() to close() (recipes/preemption.py)
         try:
             # Before anything is written there: the lock, and the one run id all ranks agree on.
             self.run = open_run(self.run_dir, self.dist, cfg.checkpoint.resume)
@@ -123,7 +126,8 @@ class Trainer:
             loss = self.steps(x, y, st, self.log)
             clock.add(y.numel() * self.dist.world_size // max(1, cfg.data.aug_splits), loss)  # images, not views
             done = i + 1 == info.steps
-            if (i + 1) % cfg.log.every_steps == 0 or done:
+            logged = (i + 1) % cfg.log.every_steps == 0 or done
+            if logged:
                 self.steps.settle(st, self.log)
                 loss_mean, img_s, eta = clock.window(i + 1, plan.total_steps - st.step)
                 self.log.step_line(epoch, len(plan.epochs), i + 1, info.steps, img_s, loss_mean, lr, eta)
@@ -131,11 +135,16 @@ class Trainer:
                 self.log.scalars(st.step, **scalars)
                 self.out.progress(st.step, epoch)
                 clock.restart_window()
+            # Preemption is agreed at the log window (already a host sync); at an epoch's end, after its checkpoint.
+            stop = logged and not done and self.stop.agreed(self.dist, st.step, cfg.dist.timeout_s)
             every = cfg.checkpoint.every_steps
-            if cfg.checkpoint.enabled and every and st.step % every == 0 and not done:
+            periodic = every and st.step % every == 0
+            if cfg.checkpoint.enabled and (periodic or stop) and not done:
                 self.steps.settle(st, self.log)  # the checkpoint's skipped_steps are exact
                 with clock.paused():
                     self.checkpointer.save(st.step)  # mid-epoch: the data position is st.epoch_step
+            if stop:
+                self._preempted()
         if i + 1 != info.steps:
             raise RuntimeError(f"input pipeline gave {i + 1} batches in epoch {epoch}, the plan says {info.steps}")
         clock.stop()
@@ -158,6 +167,7 @@ class Trainer:
         epochs = len(self.plan.epochs)
         if st.epoch >= epochs:
             self.log.info(f"nothing to do: all {epochs} epochs are done (checkpoint in {self.run_dir})")
+        self.stop.install()  # until close(): SIGTERM/SIGINT stop the run at the next step boundary
         while st.epoch < min(epochs, last_epoch):
             tr = self.train_one_epoch(st.epoch)
             ev = self.validate(st.epoch)
@@ -188,11 +198,20 @@ class Trainer:
             if cfg.run.stop_at_target and targets_reached(cfg, ev):
                 self.log.info(f"targets reached after epoch {st.epoch}: stopping (run.stop_at_target)")
                 break
+            if st.epoch < min(epochs, last_epoch) and self.stop.agreed(self.dist, st.step, cfg.dist.timeout_s):
+                self._preempted()
         st.wall_seconds = time.perf_counter() - wall0
         summary = self.summary()
         self.out.finish(cfg, summary)
         self.log.info(summary_table(summary))
         return summary
+
+    def _preempted(self) -> None:
+        """Every rank agreed to stop at this step boundary, after the checkpoint (if any) was written."""
+        st, saved = self.state, self.cfg.checkpoint.enabled
+        where = f"step {st.step} (epoch {st.epoch + 1}, {st.epoch_step} step(s) into it)"
+        kept = f"checkpoint of step {st.step} in {self.run_dir}; rerun with --resume" if saved else "no checkpoint"
+        raise Preempted(f"stopped by {self.stop.describe()} at {where}: {kept}")
 
     def summary(self) -> dict:
         excluded = getattr(self.data, "val_excluded", 0)
@@ -213,6 +232,7 @@ class Trainer:
         if getattr(self, "run", None) is not None:
             self.run.close()
         teardown()
+        self.stop.restore()  # last: torchrun's own SIGTERM after a preemption must not kill a rank that is closing
 
 
 def train(

@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def preflight(job: Job, cfg, args) -> int:
     """The checks, then the pre-flight on every host; 0, or 2 after printing every problem with its host."""
-    from launcher.preflight import Expectation, assess, checkpoint_bytes
+    from launcher.preflight import Expectation, assess, checkpoint_bytes, instance_env
 
     from data.folder import blacklist_path
 
@@ -384,6 +384,10 @@ def preflight(job: Job, cfg, args) -> int:
         problems = verdict.problems
         if not problems:
             print(f"launch: {verdict.lines[-1]}", flush=True)
+            read = instance_env(reports, job.env)
+            if read:
+                print(f"launch: the machines' metadata service says {' '.join(read.values())}: recorded", flush=True)
+                job.env.update(read)  # the ranks record it in meta.json and the entry
     if problems:
         for p in problems:
             print(f"launch: error: {p}", file=sys.stderr)

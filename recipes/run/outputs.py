@@ -21,6 +21,7 @@ import torch
 from recipes.config import Config, to_yaml
 from recipes.dawnbench import write_entry
 from recipes.distributed import DistInfo
+from recipes.environment import collect
 from recipes.run import files
 from recipes.run.directory import write_run_file
 from recipes.run.writer import write_atomic, write_json
@@ -58,6 +59,8 @@ class RunOutputs:
                 "device": str(self.dist.device),
                 "torch": torch.__version__,
                 "run_id": run_id,
+                # CUDA, cuDNN, NCCL, DALI, driver, GPU model and count, provider and instance type (when known)
+                "environment": collect().to_dict(),
             }
             write_json(self.dir / files.META, meta)
 

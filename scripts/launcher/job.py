@@ -10,6 +10,7 @@ behind, and the first host whose command exits non-zero stops the whole job.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import signal
@@ -102,6 +103,10 @@ class Job:
             self.hosts[i].addr,
             "--max-restarts",
             str(self.max_restarts),
+            # torchrun's own SIGTERM-to-SIGKILL wait (30 s by default) follows --grace: a preempted rank that is
+            # writing its checkpoint is not killed before the guard's deadline (recipes/preemption.py)
+            "--shutdown-timeout",
+            str(math.ceil(self.grace)),
             *self.train_args(),
         ]
 

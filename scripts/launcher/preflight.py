@@ -198,6 +198,18 @@ def assess(reports: dict[str, dict], exp: Expectation) -> Assessment:
     return Assessment(lines, problems)
 
 
+def instance_env(reports: dict[str, dict], told: dict[str, str]) -> dict[str, str]:
+    """DAWNBENCH_PROVIDER / DAWNBENCH_INSTANCE_TYPE for the ranks, from what the hosts' metadata services said, so
+    that meta.json and the entry name the machines; nothing where the launcher was told (`told`, the job's env)
+    or the hosts disagree or could not say."""
+    out = {}
+    for var, key in (("DAWNBENCH_PROVIDER", "provider"), ("DAWNBENCH_INSTANCE_TYPE", "instance_type")):
+        values = {r["env"].get(key) for r in reports.values()}
+        if var not in told and len(values) == 1 and None not in values:
+            out[var] = values.pop()
+    return out
+
+
 def checkpoint_bytes(model_cfg, num_classes: int, world_size: int, keep: int) -> int:
     """Free space a run's checkpoints need on one host: `keep` kept plus one being written (model built on the meta
     device: no memory, no weights)."""

@@ -147,7 +147,7 @@ def test_torchrun_commands_one_agent_per_host_rendezvous_on_first():
         assert argv[guard - 2 : guard + 1] == [".venv/bin/python", "scripts/launch.py", "guard"]
         run = argv[argv.index("--", guard) + 1 :]
         assert run[:3] == [".venv/bin/python", "-m", "torch.distributed.run"]
-        opts = dict(zip(run[3:19:2], run[4:20:2], strict=True))
+        opts = dict(zip(run[3:21:2], run[4:22:2], strict=True))
         assert opts == {
             "--nnodes": "2",
             "--nproc-per-node": "8",
@@ -157,8 +157,9 @@ def test_torchrun_commands_one_agent_per_host_rendezvous_on_first():
             "--rdzv-conf": f"is_host={int(i == 0)},join_timeout=300",
             "--local-addr": host.addr,
             "--max-restarts": "0",
+            "--shutdown-timeout": "10",  # torchrun's wait before SIGKILL follows --grace (10 s by default)
         }
-        assert run[19:] == [
+        assert run[21:] == [
             "train.py",
             "-c",
             "configs/dawnbench_158s.yaml",
@@ -282,6 +283,7 @@ def test_dry_run_prints_every_host_command_and_starts_nothing(tmp_path, tiny_roo
     assert len(per_host) == 2
     assert "is_host=1" in per_host[0] and "is_host=0" in per_host[1]
     assert all("--nnodes 2 --nproc-per-node 1" in ln for ln in per_host)
+    assert all("--grace 10 --" in ln and "--shutdown-timeout 10 " in ln for ln in per_host)
     assert f"{tiny_root}/train, {tiny_root}/val" in lines[-1] and "nothing started" in lines[-1]
     assert not run_dir.exists()
 
@@ -895,3 +897,12 @@ def test_launcher_probe_tells_a_shared_run_directory(tmp_path):
     text = describe_run_dir(job, ["host-a"], ["host-b"])
     assert "is NOT shared (host-b did not see a token written on host-a)" in text and "rank 0" in text
     assert job.commands()[0][1].count(f"DAWNBENCH_RDZV_ENDPOINT={job.endpoint}") == 1
+
+
+def test_torchrun_waits_as_long_as_the_guard_before_killing_a_rank():
+    """A preempted rank writing its checkpoint gets the whole --grace from torchrun too (not its 30 s default)."""
+    for grace, want in ((120, "120"), (7.5, "8"), (0, "0")):
+        argv = _job(grace=grace).torchrun_argv(0)
+        assert argv[argv.index("--shutdown-timeout") + 1] == want
+        guard = shlex.split(_job(grace=grace).commands()[0][1].split(" && exec ", 1)[1])
+        assert guard[guard.index("--grace") + 1] == f"{grace:g}"

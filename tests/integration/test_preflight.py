@@ -12,7 +12,7 @@ from support import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from launcher.preflight import MARK, Expectation, assess, count_images  # noqa: E402
+from launcher.preflight import MARK, Expectation, assess, count_images, instance_env  # noqa: E402
 
 from recipes.environment import Environment, collect, driver_problem  # noqa: E402
 
@@ -133,3 +133,14 @@ def test_the_host_side_report_counts_images(tiny_root, tmp_path):
     r = json.loads(line[len(MARK) :])
     assert r["data"] == {str(tiny_root / "train"): [4, 48], str(tiny_root / "val"): [4, 20]}
     assert r["blacklist"] is False and r["free_bytes"] > 0 and r["env"]["torch"]
+
+
+def test_the_instance_read_on_every_host_is_passed_to_the_ranks_unless_told():
+    aws = {"provider": "aws", "instance_type": "p3dn.24xlarge"}
+    reports = {"node01": _report(env=aws), "node02": _report(env=aws)}
+    assert instance_env(reports, {}) == {"DAWNBENCH_PROVIDER": "aws", "DAWNBENCH_INSTANCE_TYPE": "p3dn.24xlarge"}
+    told = {"DAWNBENCH_INSTANCE_TYPE": "ecs.gn6e-c12g1.24xlarge"}  # --instance-type wins
+    assert instance_env(reports, told) == {"DAWNBENCH_PROVIDER": "aws"}
+    mixed = {"node01": _report(env=aws), "node02": _report(env={**aws, "instance_type": "p4d.24xlarge"})}
+    assert instance_env(mixed, {}) == {"DAWNBENCH_PROVIDER": "aws"}  # one answer per value, or none
+    assert instance_env({"node01": _report()}, {}) == {}  # not on a cloud (no metadata service answered)

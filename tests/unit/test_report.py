@@ -48,3 +48,21 @@ def test_the_table_says_when_no_target_is_set_or_reached_and_what_was_not_counte
     assert (empty["final_top1"], empty["final_top5"]) == (None, None)
     got = _rows(summary_table(empty))
     assert (got["final top-1 / top-5"], got["validation images counted"]) == ("- (no epoch validated)", "-")
+
+
+
+def test_the_summary_says_whether_the_run_is_a_dawnbench_result_and_why_not():
+    full = [{"epoch": 2, "train_seconds": 158.0, "top1": 76.0, "top5": 93.1, "val_count": 48_238}]
+    s = _summary("run.target_top5=93", "data.val_blacklist=bl.txt", history=full, excluded=1_762)
+    assert s["qualifies"] and s["not_qualifying_because"] == []
+    assert _rows(summary_table(s))["DAWNBench result"] == "yes (top-5 >= 93% reached, every validation image counted)"
+    short = [{**full[0], "top5": 92.0, "val_count": 1_000}]
+    s = _summary("run.target_top5=93", history=short)
+    assert not s["qualifies"]
+    assert s["not_qualifying_because"] == [
+        "it did not reach its target (top-5 92.00% at the end, target 93%)",
+        "it evaluated 1,000 validation images, not ImageNet's 50,000",
+    ]
+    assert _rows(summary_table(s))["DAWNBench result"] == "no: " + "; ".join(s["not_qualifying_because"])
+    s = _summary("run.target_top5=80", history=full, excluded=1_762)
+    assert _rows(summary_table(s))["DAWNBench result"].startswith("no: its target is not DAWNBench's top-5 >= 93%")

@@ -58,3 +58,14 @@ def test_the_run_file_keeps_its_start_and_archive_moves_a_run_aside(tmp_path):
     assert sorted(p.name for p in dest.iterdir()) == [files.RUN, files.SUMMARY]
     assert run_files(tmp_path) == [] and (tmp_path / files.LAUNCH).is_dir()  # the launcher's logs stay
     assert archive(tmp_path, "old") == tmp_path / files.ARCHIVE / "old-1"  # never overwrites an archived run
+
+
+def test_meta_records_what_the_run_ran_on(tmp_path, monkeypatch):
+    monkeypatch.setenv("DAWNBENCH_PROVIDER", "alibabacloud")  # as the launcher passes --provider/--instance-type on
+    monkeypatch.setenv("DAWNBENCH_INSTANCE_TYPE", "ecs.gn6e-c12g1.24xlarge")
+    RunOutputs(tmp_path, DistInfo(0, 1, 0, 1, CPU), leader=True).start(load_config(None, []), "run-1")
+    env = json.loads((tmp_path / files.META).read_text())["environment"]
+    assert (env["provider"], env["instance_type"]) == ("alibabacloud", "ecs.gn6e-c12g1.24xlarge")
+    assert env["torch"] == torch.__version__ and env["cuda"] == torch.version.cuda
+    assert {"cudnn", "nccl", "dali", "driver", "gpu_model", "gpu_count"} <= env.keys()
+    assert env["gpu_count"] == (torch.cuda.device_count() if torch.cuda.is_available() else 0)

@@ -1,0 +1,76 @@
+"""Preemption: SIGTERM or SIGINT stop the run at a step boundary, every rank at the same step, with a checkpoint.
+
+A scheduler (SLURM's preemption, `scancel`, a time limit, a spot instance's notice) sends SIGTERM and, after a
+grace period, SIGKILL. The signal may reach one rank only, so the handler merely records it; the trainer asks
+`StopSignal.agreed()` at a boundary where it synchronises anyway (each log window), which takes the maximum of every
+rank's flag with one one-element all_reduce on the training device (gloo on CPU). When it says stop, every rank
+saves the checkpoint together (`Checkpointer.save`), then the run ends with `Preempted`, which the command line
+turns into one line and exit code `EXIT_PREEMPTED` (75, EX_TEMPFAIL in sysexits.h: "try again later"). A rerun
+with `--resume` (the SLURM script's requeue) continues from that checkpoint. Signals that arrive after the first,
+during the save included, are counted and otherwise ignored, so the save is never cut short by one; a SIGKILL can
+still end it, and then the previous checkpoint is intact (checkpoints are written to a temporary file and renamed).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+import torch
+import torch.distributed as td
+
+from recipes.distributed import DistInfo, collective_guard
+
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StopSignal:
+    """Records SIGTERM/SIGINT from `install()` to `restore()`; `agreed()` says whether any rank got one."""
+
+    def __init__(self, signals: tuple[signal.Signals, ...] = SIGNALS):
+        self.signals = signals
+        self.received: list[str] = []  # the names of the signals received, in order
+        self._old: dict = {}
+
+    def _on_signal(self, signum, frame) -> None:
+        self.received.append(signal.Signals(signum).name)  # no exception: the step and the save run to the end
+
+    def install(self) -> None:
+        """Handle the signals from now on (in the main thread only: Python runs handlers there)."""
+        if not self._old and threading.current_thread() is threading.main_thread():
+            self._old = {s: signal.signal(s, self._on_signal) for s in self.signals}
+
+    def restore(self) -> None:
+        """Put back the handlers that `install()` replaced."""
+        for s, handler in self._old.items():
+            signal.signal(s, handler)
+        self._old = {}
+
+    @property
+    def local(self) -> bool:
+        """Whether this process received a signal."""
+        return bool(self.received)
+
+    def agreed(self, dist: DistInfo, step: int, timeout_s: float) -> bool:
+        """Whether any rank received a signal (all ranks call it at the same step; one tiny all_reduce)."""
+        if not td.is_initialized() or td.get_world_size() == 1:
+            return self.local
+        flag = torch.tensor([1.0 if self.local else 0.0], device=dist.device)
+        with collective_guard("preemption check (all_reduce of the stop flag)", step, timeout_s):
+            td.all_reduce(flag, op=td.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def describe(self) -> str:
+        """'SIGTERM' or 'SIGTERM on another rank'."""
+        return self.received[0] if self.received else "a signal on another rank"
+
+
+def ignore_stop_signals() -> None:
+    """Ignore SIGTERM/SIGINT from now on: the process is leaving after a preemption (its checkpoint is written)."""
+    if threading.current_thread() is threading.main_thread():
+        for s in SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
+
+
+__all__ = ["EXIT_PREEMPTED", "SIGNALS", "StopSignal", "ignore_stop_signals"]

@@ -1,0 +1,64 @@
+"""recipes/preemption.py: the signal handler records, never raises; the ranks agree on the flag."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import torch
+
+from recipes.distributed import DistInfo
+from recipes.preemption import EXIT_PREEMPTED, StopSignal, ignore_stop_signals
+
+ONE = DistInfo(rank=0, world_size=1, local_rank=0, local_world_size=1, device=torch.device("cpu"))
+
+
+def test_sigterm_is_recorded_not_raised_and_the_handler_is_put_back():
+    before = signal.getsignal(signal.SIGTERM)
+    stop = StopSignal()
+    stop.install()
+    try:
+        assert not stop.agreed(ONE, 0, 10)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.received == ["SIGTERM"] and stop.agreed(ONE, 3, 10)
+        assert stop.describe() == "SIGTERM"
+    finally:
+        stop.restore()
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_sigint_raises_no_keyboard_interrupt_and_a_second_signal_is_ignored():
+    stop = StopSignal()
+    stop.install()
+    try:
+        os.kill(os.getpid(), signal.SIGINT)  # the default handler would raise KeyboardInterrupt here
+        os.kill(os.getpid(), signal.SIGTERM)  # e.g. during the checkpoint save: counted, nothing else
+    finally:
+        stop.restore()
+    assert stop.received == ["SIGINT", "SIGTERM"] and stop.describe() == "SIGINT"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_installing_twice_keeps_the_original_handler():
+    stop = StopSignal()
+    stop.install()
+    stop.install()
+    stop.restore()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_no_signal_no_stop_and_the_exit_code_is_ex_tempfail():
+    assert not StopSignal().agreed(ONE, 0, 10)
+    assert StopSignal().describe() == "a signal on another rank"
+    assert EXIT_PREEMPTED == 75  # sysexits.h EX_TEMPFAIL; docs/failures.md and scripts/slurm/ name it
+
+
+def test_after_a_preemption_the_process_ignores_further_signals():
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        ignore_stop_signals()
+        os.kill(os.getpid(), signal.SIGTERM)  # would end this process with the default action
+        os.kill(os.getpid(), signal.SIGINT)
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
