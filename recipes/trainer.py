@@ -120,7 +120,7 @@ class Trainer:
         for i, (x, y) in enumerate(batches, start=start):
             lr, mom = plan.lr(st.step), plan.momentum(st.step)
             set_lr_momentum(self.optimizer, lr, mom)
-            loss = self.steps(x, y, st, self.log)
+            loss = self.steps(x, y, st, self.log, info.micro_batches)
             clock.add(y.numel() * self.dist.world_size // max(1, cfg.data.aug_splits), loss)  # images, not views
             done = i + 1 == info.steps
             if (i + 1) % cfg.log.every_steps == 0 or done:
