@@ -27,11 +27,14 @@ def _warmup_then_decay(step: float, warm: float, last: float, start: float, peak
 
 
 def micro_batches(per_gpu: int, accumulate: int = 1, max_gpu_batch: int | None = None) -> int | None:
-    """The accumulation A of a per-GPU batch: the smallest A >= `accumulate` that divides it into equal
-    micro-batches of at most `max_gpu_batch` images; None when there is none."""
-    limit = max_gpu_batch or per_gpu
-    for a in range(max(accumulate, 1), per_gpu + 1):
-        if per_gpu % a == 0 and per_gpu // a <= limit:
+    """The accumulation A of a per-GPU batch: `accumulate` itself without a limit; with `max_gpu_batch`, the
+    smallest A >= `accumulate` that cuts the batch into equal micro-batches of at most that many images.
+    None when there is no such A (the batch does not split evenly)."""
+    accumulate = max(accumulate, 1)
+    if not max_gpu_batch:
+        return accumulate if per_gpu % accumulate == 0 else None
+    for a in range(accumulate, per_gpu + 1):
+        if per_gpu % a == 0 and per_gpu // a <= max_gpu_batch:
             return a
     return None
 
