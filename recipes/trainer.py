@@ -26,6 +26,7 @@ from recipes.dawnbench import check_required
 from recipes.distributed import collective_guard, setup, teardown
 from recipes.evaluation.accuracy import average_bn_stats, evaluate
 from recipes.logger import RunLogger, format_seconds
+from recipes.memory import refuse_if_too_big
 from recipes.optim import create_optimizer, describe_groups, set_lr_momentum
 from recipes.progress import EpochClock
 from recipes.report import summarize, summary_table, targets_reached
@@ -70,6 +71,7 @@ class Trainer:
         torch.manual_seed(cfg.run.seed)  # identical initial weights on every rank
         self.data = create_input(cfg, dist)
         self.plan = Schedule(cfg, self.data.num_train, dist.world_size)
+        refuse_if_too_big(cfg, self.plan, dist.device)  # a phase that will not fit fails now, not hours in
         model = create_model(cfg.model, self.data.num_classes).to(dist.device)
         if cfg.run.channels_last:
             model = model.to(memory_format=torch.channels_last)
