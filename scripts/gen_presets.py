@@ -16,6 +16,7 @@ hours x GPUs x PRICE_PER_GPU_HOUR. Generated, so the labels never drift from the
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -93,6 +94,12 @@ def prediction(family: str, shape: str, cap: int | None) -> dict:
     return {"train": train, "wall": wall, "what": what, "cost": cost}
 
 
+def _min(seconds: float) -> str:
+    """Minutes, coarse enough that the time model's CPU-measured gradient timings do not change the label."""
+    m = seconds / 60
+    return f"{m:.1f}" if m < 10 else f"{m:.0f}"
+
+
 def command(family: str, shape: str, data: str = "/data/imagenet") -> str:
     """How to train the preset (the README's table uses the same)."""
     nodes, gpus, _ = SHAPES[shape]
@@ -118,8 +125,8 @@ def text(family: str, shape: str) -> str:
         low, mid, high = p["train"]
         price = PRICE_PER_GPU_HOUR[family]
         lines += [
-            f"# predicted training clock {mid / 60:.1f} min ({low / 60:.1f}-{high / 60:.1f}), wall clock "
-            f"{p['wall'][1] / 60:.1f} min, cost ${p['cost']:.2f} per run at ${price:.2f} per GPU-hour",
+            f"# predicted training clock {_min(mid)} min ({_min(low)}-{_min(high)}), wall clock {_min(p['wall'][1])} "
+            f"min, cost ${p['cost']:.0f} per run at ${price:.2f} per GPU-hour",
             f"# (recipes/timemodel.py: {p['what']}; predicted, not measured)",
         ]
     if cap is not None:
@@ -130,6 +137,28 @@ def text(family: str, shape: str) -> str:
         key, value = o.split("=", 1)
         lines.append(f"  {key.removeprefix('run.')}: {value}")
     return "\n".join(lines) + "\n"
+
+
+NUMBER = re.compile(r"\d+(?:\.\d+)?")
+TOLERANCE = 0.10  # of a predicted number: the time model's gradient-ready timings are measured on this CPU
+
+
+def same(old: str, new: str) -> bool:
+    """Equal, but for the predicted numbers, which may differ by TOLERANCE (a stale model or config differs more)."""
+    a, b = old.splitlines(), new.splitlines()
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b, strict=True):
+        if not x.startswith("# predicted training clock"):
+            if x != y:
+                return False
+            continue
+        nx, ny = [float(n) for n in NUMBER.findall(x)], [float(n) for n in NUMBER.findall(y)]
+        if NUMBER.sub("#", x) != NUMBER.sub("#", y) or len(nx) != len(ny):
+            return False
+        if any(abs(u - v) > TOLERANCE * max(abs(u), abs(v)) + 0.1 for u, v in zip(nx, ny, strict=True)):
+            return False
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             path = OUT / f"{preset_name(family, shape)}.yaml"
             want = text(family, shape)
             if args.check:
-                if not path.is_file() or path.read_text() != want:
+                if not path.is_file() or not same(path.read_text(), want):
                     stale.append(str(path.relative_to(ROOT)))
             else:
                 path.write_text(want)
