@@ -69,7 +69,7 @@ class _Comm:
         pass
 
 
-def _step(accumulate: int, amp: str = "none") -> tuple[list[torch.Tensor], float, int]:
+def _step(accumulate: int, scaled: bool = False) -> tuple[list[torch.Tensor], float, int]:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 3))
     comm = _Comm()
@@ -77,11 +77,10 @@ def _step(accumulate: int, amp: str = "none") -> tuple[list[torch.Tensor], float
         model=model,
         train_model=model,
         optimizer=torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9),
-        scaler=torch.amp.GradScaler("cpu", enabled=False),
+        scaler=torch.amp.GradScaler("cpu", init_scale=2.0**10, enabled=scaled),
         comm=comm,
         criterion=nn.CrossEntropyLoss(),
         device=torch.device("cpu"),
-        amp=amp,
     )
     g = torch.Generator().manual_seed(1)
     st = State()
@@ -91,10 +90,12 @@ def _step(accumulate: int, amp: str = "none") -> tuple[list[torch.Tensor], float
     return [p.detach().clone() for p in model.parameters()], float(loss), comm.held
 
 
+@pytest.mark.parametrize("scaled", [False, True], ids=["plain", "grad-scaler"])
 @pytest.mark.parametrize("accumulate", [2, 3, 4, 6])
-def test_a_step_of_micro_batches_equals_one_step_of_the_whole_batch(accumulate):
-    ref, ref_loss, _ = _step(1)
-    got, loss, held = _step(accumulate)
+def test_a_step_of_micro_batches_equals_one_step_of_the_whole_batch(accumulate, scaled):
+    """With GradScaler too (run.amp=fp16's path): each micro-batch's loss scaled, unscaled once per step."""
+    ref, ref_loss, _ = _step(1, scaled)
+    got, loss, held = _step(accumulate, scaled)
     assert held == 2 * (accumulate - 1)  # every micro-batch but the last keeps its gradients local
     assert loss == pytest.approx(ref_loss, rel=1e-6)  # the reported loss is the whole batch's mean
     for a, b in zip(ref, got, strict=True):
@@ -106,3 +107,19 @@ def test_a_batch_that_does_not_split_evenly_is_an_error():
 
     with pytest.raises(TrainingError, match="12 images cannot be cut into 5"):
         _step(5)
+
+
+def test_the_trainer_check_refuses_a_phase_too_big_for_the_cuda_device(monkeypatch):
+    """recipes.memory.refuse_if_too_big, as Trainer._build calls it, with a 16 GiB device's properties."""
+    from types import SimpleNamespace
+
+    from recipes import memory
+
+    props = SimpleNamespace(total_memory=16 * memory.GIB, name="Tesla V100-SXM2-16GB")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
+    cfg = _cfg("run.amp=fp16")
+    with pytest.raises(ConfigError, match=r"^phases\.1 \(288 px, 1024 images per GPU .* Tesla V100-SXM2-16GB"):
+        memory.refuse_if_too_big(cfg, Schedule(cfg, 1_281_167, 1), torch.device("cuda", 0))
+    fits = _cfg("run.amp=fp16", "run.max_gpu_batch=128")
+    memory.refuse_if_too_big(fits, Schedule(fits, 1_281_167, 1), torch.device("cuda", 0))  # nothing raised
+    memory.refuse_if_too_big(cfg, Schedule(cfg, 1_281_167, 1), torch.device("cpu"))  # CPU: not checked
