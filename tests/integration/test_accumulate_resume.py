@@ -44,16 +44,18 @@ def _criterion_failing_at(call: int):
     return create
 
 
-def test_a_run_interrupted_mid_accumulation_resumes_exactly(tiny_root, tmp_path, monkeypatch):
-    full = train(tiny_config(tiny_root, tmp_path / "a", *ACC))
+@pytest.mark.parametrize("backend", ["torch", "dali"])
+def test_a_run_interrupted_mid_accumulation_resumes_exactly(tiny_root, tmp_path, monkeypatch, backend):
+    over = (*ACC, f"data.backend={backend}")
+    full = train(tiny_config(tiny_root, tmp_path / "a", *over))
     assert full["steps"] == 8
     with monkeypatch.context() as m:
         m.setattr(recipes.trainer, "create_criterion", _criterion_failing_at(5 * 3 + 2))  # step 6, 2nd of 3
         with pytest.raises(_Interrupted):
-            train(tiny_config(tiny_root, tmp_path / "b", *ACC))
+            train(tiny_config(tiny_root, tmp_path / "b", *over))
     b = tmp_path / "b" / "tiny"
     assert ckpt.load(b / "checkpoint.pt")["state"]["step"] == 5  # the last whole optimizer step
-    resumed = train(tiny_config(tiny_root, tmp_path / "b", *ACC))
+    resumed = train(tiny_config(tiny_root, tmp_path / "b", *over))
     assert resumed["steps"] == 8
     wa = ckpt.load(tmp_path / "a" / "tiny" / "ckpt-00000008.pt")
     wb = ckpt.load(b / "ckpt-00000008.pt")
