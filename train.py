@@ -21,6 +21,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plan", action="store_true", help="print the phase table and iteration count, then exit")
     ap.add_argument("--num-images", type=int, default=None, help="--plan: training set size (default: scan data)")
     ap.add_argument("--world-size", type=int, default=None, help="--plan: number of processes")
+    ap.add_argument(
+        "--gpu",
+        default=None,
+        help="--plan: per-GPU batch, accumulation and estimated memory on this GPU (v100, v100-32gb, a100-40gb, "
+        "a100, h100, h200), and the time model's prediction where it has the GPU's rates",
+    )
     ap.add_argument("--run-dir", help="run directory (default: <run.out_dir>/<run.name>)")
     ap.add_argument(
         "--resume",

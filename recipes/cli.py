@@ -32,7 +32,7 @@ def run_cli(args) -> int:
                 if value is not None and not 1 <= value <= limit:
                     raise ConfigError(f"{flag}: expected an integer in [1, {limit:,}], got {value}")
 
-            return print_plan(cfg, args.num_images, args.world_size)
+            return print_plan(cfg, args.num_images, args.world_size, gpu=getattr(args, "gpu", None))
         from recipes.trainer import run_dir_for, train
 
         run_dir = Path(args.run_dir) if args.run_dir else run_dir_for(cfg)

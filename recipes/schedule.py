@@ -26,6 +26,19 @@ def _warmup_then_decay(step: float, warm: float, last: float, start: float, peak
     return peak + (end - peak) * (step - warm) / (last - warm)
 
 
+def micro_batches(per_gpu: int, accumulate: int = 1, max_gpu_batch: int | None = None) -> int | None:
+    """The accumulation A of a per-GPU batch: `accumulate` itself without a limit; with `max_gpu_batch`, the
+    smallest A >= `accumulate` that cuts the batch into equal micro-batches of at most that many images.
+    None when there is no such A (the batch does not split evenly)."""
+    accumulate = max(accumulate, 1)
+    if not max_gpu_batch:
+        return accumulate if per_gpu % accumulate == 0 else None
+    for a in range(accumulate, per_gpu + 1):
+        if per_gpu % a == 0 and per_gpu // a <= max_gpu_batch:
+            return a
+    return None
+
+
 @dataclass(frozen=True)
 class Point:
     step: int
@@ -43,6 +56,7 @@ class EpochInfo:
     phase: Phase
     first_step: int
     steps: int
+    micro_batches: int = 1  # gradient accumulation: micro-batches per optimizer step (run.accumulate)
 
 
 class Schedule:
@@ -60,13 +74,35 @@ class Schedule:
                     f"phases.{pi}.batch_size: {phase.batch_size} is not divisible by the world size {world_size}"
                 )
             n = steps_per_epoch(num_images, phase.batch_size, world_size)
+            a = self._micro_batches(pi, phase.batch_size // world_size)
             for _ in range(phase.epochs):
-                self.epochs.append(EpochInfo(len(self.epochs), pi, phase, step, n))
+                self.epochs.append(EpochInfo(len(self.epochs), pi, phase, step, n, a))
                 step += n
         self.total_steps = step
         # Fractional epoch at each epoch boundary, used to turn "warmup_epochs" into a step.
         self._bounds_step = np.array([e.first_step for e in self.epochs] + [step], dtype=np.float64)
         self._bounds_epoch = np.arange(len(self.epochs) + 1, dtype=np.float64)
+
+    def _micro_batches(self, pi: int, per_gpu: int) -> int:
+        r = self.cfg.run
+        a = micro_batches(per_gpu, r.accumulate, r.max_gpu_batch)
+        if a is None:
+            limit = f" of at most run.max_gpu_batch={r.max_gpu_batch}" if r.max_gpu_batch else ""
+            raise ConfigError(
+                f"phases.{pi}: the per-GPU batch of {per_gpu} ({self.world_size} processes) cannot be cut into "
+                f"run.accumulate={r.accumulate} or more equal micro-batches{limit}"
+            )
+        if a > 1 and self.cfg.data.aug_splits:
+            raise ConfigError(
+                f"phases.{pi}: accumulation ({a} micro-batches) with data.aug_splits={self.cfg.data.aug_splits} would "
+                "cut an image's AugMix views apart; set data.aug_splits=0 or use more GPUs"
+            )
+        return a
+
+    def micro_batch(self, epoch: int) -> int:
+        """Images per GPU per micro-batch in `epoch` (the per-GPU batch over the accumulation)."""
+        info = self.epochs[epoch]
+        return info.phase.batch_size // self.world_size // info.micro_batches
 
     def epoch_of_step(self, step: float) -> float:
         """Fractional epoch reached at `step` (epoch 2.5 = half-way through the third epoch)."""
@@ -135,7 +171,10 @@ class Schedule:
 
     def table(self) -> str:
         """Readable phase table: epochs, resolution, batch, steps per epoch, LR at the phase start."""
+        accum = any(e.micro_batches > 1 for e in self.epochs)  # the column only when something accumulates
         lines = ["phase  epochs       size  val      batch  steps/ep  steps  lr@start  momentum@start"]
+        if accum:
+            lines[0] += "  micro-batches x images/GPU"
         ep = 0
         for pi, p in enumerate(self.cfg.phases):
             info = self.epochs[ep]
@@ -145,6 +184,8 @@ class Schedule:
                 f"{info.steps:>8}  {info.steps * p.epochs:>5}  {self.lr(info.first_step):<8.4g}  "
                 f"{self.momentum(info.first_step):.4g}"
             )
+            if accum:
+                lines[-1] = f"{lines[-1]:<79}  {info.micro_batches} x {self.micro_batch(ep)}"
             ep += p.epochs
         lines.append(f"total: {self.total_steps} iterations in {len(self.epochs)} epochs")
         return "\n".join(lines)

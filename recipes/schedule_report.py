@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -52,7 +53,55 @@ def plot_plan(plan: Schedule, path: Path) -> None:
     plt.close(fig)
 
 
-def print_plan(cfg, num_images: int | None, world_size: int | None, png: str | None = None) -> int:
+def cluster_shape(world: int, gpus_per_host: int = 8) -> tuple[int, int]:
+    """(hosts, GPUs per host) of `world` GPUs: whole hosts of `gpus_per_host`, or one smaller host."""
+    if world <= gpus_per_host:
+        return 1, world
+    if world % gpus_per_host:
+        raise ValueError(f"--world-size {world}: expected at most {gpus_per_host} or a multiple of it")
+    return world // gpus_per_host, gpus_per_host
+
+
+def predicted_seconds(cfg, world: int, gpu: str, clock: str = "train") -> tuple[tuple[float, float, float] | None, str]:
+    """The time model's (low, mid, high) seconds of `cfg` on `world` GPUs (`clock`: "train" or "wall") and what
+    it assumed, or None and why not. Accumulation is not a term of the model: a step costs its per-GPU batch."""
+    from recipes import timemodel as tm
+
+    dtype = cfg.run.amp if cfg.run.amp in tm.DTYPES else "fp16"
+    try:
+        rates = tm.published(gpu, dtype)
+        hosts, per_host = cluster_shape(world)
+    except ValueError as e:
+        return None, str(e)
+    be = next(b for b in tm.backends(cfg) if b.label == cfg.comm.backend)
+    prof = tm.profile_model(cfg.model.name, 64)
+    est = tm.estimate(tm.schedule_phases(cfg, world), tm.Cluster(hosts, per_host), rates, be, prof)
+    return est.range(clock), f"{hosts} x {per_host} {rates.name} {dtype}, {be.label}, 32 Gbit/s links"
+
+
+def hardware_table(cfg, plan: Schedule, gpu: str) -> tuple[list[str], list[str]]:
+    """(lines, problems): per phase the global batch, per-GPU batch, accumulation and memory against `gpu`'s."""
+    from recipes import memory
+
+    gpu_bytes = memory.gpu_memory_bytes(gpu)
+    lines = [f"per GPU on {gpu} ({gpu_bytes / memory.GIB:.0f} GiB, {memory.USABLE:.0%} usable), run.amp={cfg.run.amp}:"]
+    lines.append("phase   size  global batch  per GPU  accumulation  micro-batch  memory (est.)")
+    for pi in range(len(cfg.phases)):
+        e = next(e for e in plan.epochs if e.phase_index == pi)
+        per_gpu, micro = e.phase.batch_size // plan.world_size, plan.micro_batch(e.epoch)
+        n = memory.need(
+            cfg.model.name, image_size=e.phase.image_size, micro_batch=micro, per_gpu_batch=per_gpu, amp=cfg.run.amp
+        )
+        lines.append(
+            f"{pi:>5}  {e.phase.image_size:>5}  {e.phase.batch_size:>12}  {per_gpu:>7}  {e.micro_batches:>12}  "
+            f"{micro:>11}  {n.total / memory.GIB:>5.1f} GiB"
+        )
+    return lines, memory.check_fits(cfg, plan, gpu_bytes, gpu)
+
+
+def print_plan(
+    cfg, num_images: int | None, world_size: int | None, png: str | None = None, gpu: str | None = None
+) -> int:
     source = "--num-images"
     if num_images is None:
         num_images = count_images(cfg)
@@ -68,4 +117,16 @@ def print_plan(cfg, num_images: int | None, world_size: int | None, png: str | N
     out.parent.mkdir(parents=True, exist_ok=True)
     plot_plan(plan, out)
     print(f"plot: {out}")
-    return 0
+    if gpu is None:
+        return 0
+    lines, problems = hardware_table(cfg, plan, gpu)
+    print("\n".join(lines))
+    seconds, what = predicted_seconds(cfg, world, gpu)
+    if seconds is None:
+        print(f"predicted time: none ({what})")
+    else:
+        low, mid, high = seconds
+        print(f"predicted training clock: {mid:,.0f} s ({low:,.0f}-{high:,.0f}) on {what} (recipes/timemodel.py)")
+    for line in problems:
+        print(f"error: does not fit: {line}", file=sys.stderr)
+    return 2 if problems else 0

@@ -1,4 +1,5 @@
-"""One optimizer step, with no host-device synchronisation inside it.
+"""One optimizer step (of one batch, or of several accumulated micro-batches), with no host-device
+synchronisation inside it.
 
 `StepRunner(x, y, state)` runs forward, backward (the allreduce backend's hooks average the gradients over ranks)
 and the optimizer step, under autocast when `run.amp` asks for it. A step whose averaged gradients are not
@@ -74,21 +75,26 @@ class StepRunner:
             return torch.zeros(1, device=self.device)
         return (~torch.isfinite(torch.stack(torch._foreach_norm(grads)).sum())).float().reshape(1)
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor, st, log=None) -> torch.Tensor:
-        """One optimizer step on (x, y); advances `st.step` and `st.epoch_step`; returns the loss (on the device)."""
-        with self.amp_ctx():
-            loss = self.criterion(self.train_model(x), y)
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, st, log=None, micro_batches: int = 1) -> torch.Tensor:
+        """One optimizer step on (x, y); advances `st.step` and `st.epoch_step`; returns the loss (on the device).
+
+        `micro_batches` A > 1: gradient accumulation. (x, y) is cut into A equal micro-batches, each run forward
+        and backward with its loss scaled by 1/A (so the gradients sum to the mean over the whole batch); the first
+        A - 1 passes keep their gradients local (`comm.no_sync`), the last one allreduces the sum, so the
+        allreduce, the optimizer step and the non-finite check happen once per step. BN statistics are per
+        micro-batch (as in NVIDIA's examples).
+        """
         self.optimizer.zero_grad(set_to_none=True)
         what = f"gradient allreduce (comm.backend={self.backend})"
         with collective_guard(what, st.step, self.timeout_s):
-            self.scaler.scale(loss).backward()
+            loss = self._backward(x, y, micro_batches)
             if self.scaler.is_enabled():
                 scale_before = self.scaler._get_scale_async().clone()
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
                 # GradScaler lowers the scale exactly when it skipped the step (fp16 overflow)
                 bad = self.scaler._get_scale_async() < scale_before
-                self.pending.append((st.step, st.epoch, bad, loss.detach(), scale_before))
+                self.pending.append((st.step, st.epoch, bad, loss, scale_before))
             else:
                 # Gradients are already averaged over ranks here, so every rank takes the same decision.
                 found = self.nonfinite_flag()
@@ -100,11 +106,34 @@ class StepRunner:
                         del self.optimizer.found_inf
                 elif not bool(found):  # an optimizer without device-side skipping (lamb): decided on the host
                     self.optimizer.step()
-                self.pending.append((st.step, st.epoch, found, loss.detach(), None))
+                self.pending.append((st.step, st.epoch, found, loss, None))
         st.step += 1
         st.epoch_step += 1
         self.comm.on_step_end(st.step, log)
         return loss
+
+    def _backward(self, x: torch.Tensor, y: torch.Tensor, micro_batches: int) -> torch.Tensor:
+        """Forward and backward of the step's micro-batches; the batch's mean loss, detached."""
+        if micro_batches == 1:
+            with self.amp_ctx():
+                loss = self.criterion(self.train_model(x), y)
+            self.scaler.scale(loss).backward()
+            return loss.detach()
+        if x.shape[0] % micro_batches:
+            raise TrainingError(
+                f"a batch of {x.shape[0]} images cannot be cut into {micro_batches} equal micro-batches"
+            )
+        xs, ys = x.chunk(micro_batches), y.chunk(micro_batches)
+        total = torch.zeros((), device=x.device)
+        for i, (xm, ym) in enumerate(zip(xs, ys, strict=True)):
+            last = i + 1 == micro_batches
+            # around forward too: DDP decides at forward time whether the backward pass will reduce
+            with nullcontext() if last else self.comm.no_sync(self.train_model):
+                with self.amp_ctx():
+                    loss = self.criterion(self.train_model(xm), ym) / micro_batches
+                self.scaler.scale(loss).backward()
+            total += loss.detach().float()
+        return total
 
     def settle(self, st, log) -> None:
         """Read the pending steps' non-finite flags (one host sync) and count, log or halt as each step would."""

@@ -27,6 +27,7 @@ from recipes.distributed import collective_guard, setup, teardown
 from recipes.errors import Preempted
 from recipes.evaluation.accuracy import average_bn_stats, evaluate
 from recipes.logger import RunLogger, format_seconds
+from recipes.memory import refuse_if_too_big
 from recipes.optim import create_optimizer, describe_groups, set_lr_momentum
 from recipes.preemption import StopSignal
 from recipes.progress import EpochClock
@@ -73,6 +74,7 @@ class Trainer:
         torch.manual_seed(cfg.run.seed)  # identical initial weights on every rank
         self.data = create_input(cfg, dist)
         self.plan = Schedule(cfg, self.data.num_train, dist.world_size)
+        refuse_if_too_big(cfg, self.plan, dist.device)  # a phase that will not fit fails now, not hours in
         model = create_model(cfg.model, self.data.num_classes).to(dist.device)
         if cfg.run.channels_last:
             model = model.to(memory_format=torch.channels_last)
@@ -123,7 +125,7 @@ class Trainer:
         for i, (x, y) in enumerate(batches, start=start):
             lr, mom = plan.lr(st.step), plan.momentum(st.step)
             set_lr_momentum(self.optimizer, lr, mom)
-            loss = self.steps(x, y, st, self.log)
+            loss = self.steps(x, y, st, self.log, info.micro_batches)
             clock.add(y.numel() * self.dist.world_size // max(1, cfg.data.aug_splits), loss)  # images, not views
             done = i + 1 == info.steps
             logged = (i + 1) % cfg.log.every_steps == 0 or done

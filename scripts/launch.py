@@ -253,7 +253,9 @@ def describe(job: Job, cfg) -> list[str]:
     if (cfg.run.nodes, cfg.run.procs_per_node) != (len(job.hosts), job.procs_per_host):
         lines.append(
             f"note: {job.config} is written for {cfg.run.nodes} x {cfg.run.procs_per_node}; the global "
-            f"batch sizes stay as configured, so each process takes a larger or smaller share"
+            f"batch sizes stay as configured, so each process takes a larger or smaller share; if that share does "
+            f"not fit a GPU, run.max_gpu_batch=N accumulates gradients, or start from "
+            f"configs/presets/<gpu>_{len(job.hosts)}x{job.procs_per_host}.yaml where there is one (docs/recipe.md)"
         )
     if job.engine == "torchrun":
         lines.append(f"rendezvous: c10d at {job.endpoint} (id {job.rdzv_id}), hosted by {job.hosts[0].name}")

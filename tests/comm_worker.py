@@ -149,6 +149,57 @@ def scenario_horovod(out: dict, args: list[str]) -> None:
     out["scale"] = max(float(t.abs().max()) for t in mean)
 
 
+def scenario_accumulate(out: dict, args: list[str]) -> None:
+    """`run.accumulate` A through a backend vs one plain step on the global batch, for a few optimizer steps.
+
+    BN is in eval mode (running statistics), so A micro-batches of n images are the same computation as one batch
+    of A x n: the weights must agree to float32 rounding on every rank.
+    """
+    from recipes.run.payload import State
+    from recipes.steps import StepRunner
+
+    backend_name, accumulate = args[0], int(args[1])
+    cfg = config(f"comm.backend={backend_name}", "comm.bucket_mb=0.004", "comm.bucket_cap_mb=0.002", *args[2:])
+    dist = setup(cfg)
+    world, per_rank, steps = dist.world_size, 4 * accumulate, 3
+    torch.manual_seed(0)
+    model = Net().eval()
+
+    def data(rank: int, step: int):
+        g = torch.Generator().manual_seed(1000 * rank + step)
+        return torch.randn(per_rank, 3, 8, 8, generator=g), torch.randint(0, 7, (per_rank,), generator=g)
+
+    ref = copy.deepcopy(model)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    for step in range(steps):
+        xs, ys = zip(*(data(r, step) for r in range(world)), strict=True)
+        opt.zero_grad()
+        nn.functional.cross_entropy(ref(torch.cat(xs)), torch.cat(ys)).backward()
+        opt.step()
+
+    m = copy.deepcopy(model)
+    backend = create_allreduce(cfg, dist)
+    tm, sgd = backend.prepare(m, torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9))
+    runner = StepRunner(
+        model=m,
+        train_model=tm,
+        optimizer=sgd,
+        scaler=torch.amp.GradScaler("cpu", enabled=False),
+        comm=backend,
+        criterion=nn.CrossEntropyLoss(),
+        device=torch.device("cpu"),
+        backend=backend_name,
+    )
+    st = State()
+    for step in range(steps):
+        runner(*data(dist.rank, step), st, None, accumulate)
+    out["vs_one_batch"] = max_err(list(m.parameters()), list(ref.parameters()))
+    out["moved"] = max_err(list(m.parameters()), list(model.parameters()))
+    stats = backend.stats()
+    out["comm_steps"], out["comm_bytes"], out["steps"] = stats.steps, stats.bytes, st.step
+    out["param_bytes"] = sum(p.numel() * p.element_size() for p in m.parameters())
+
+
 def scenario_tune(out: dict, args: list[str]) -> None:
     """Auto-tune, record the settings in force after every step; then a second backend must start from the cache."""
     cfg = config(

@@ -7,6 +7,7 @@ A backend is named by `comm.backend` in recipes/registry.py and built as `Backen
     Backend.process_env(cfg)              before torch.distributed starts (recipes.distributed.setup)
     backend.load_state_dict(state)        on resume, with what state_dict() saved
     backend.prepare(model, optimizer)     -> (module to run forward/backward through, optimizer to step)
+    with backend.no_sync(module): ...     around forward+backward of each accumulated micro-batch but the last
     backend.on_step_end(step, log)        after every optimizer step
     backend.stats()                       -> CommStats, at the end of the run (summary.json)
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import AbstractContextManager, nullcontext
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -37,6 +39,10 @@ class AllreduceBackend(Protocol):
 
     def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
         """Wrap the model and/or optimizer so that gradients are averaged over ranks."""
+
+    def no_sync(self, model: nn.Module) -> AbstractContextManager:
+        """Forward and backward passes inside keep their gradients local (accumulated in `.grad`); the next pass
+        outside reduces the sum. `model` is what `prepare` returned."""
 
     def on_step_end(self, step: int, log=None) -> None:
         """After every optimizer step (close the step's timing window, drive an auto-tuner)."""
@@ -66,6 +72,9 @@ class BackendDefaults:
                 "comm.backend=horovod, or launch with torchrun"
             )
         return {}  # torchrun (or a single process) set the environment
+
+    def no_sync(self, model: nn.Module) -> AbstractContextManager:
+        return nullcontext()  # nothing is reduced (a single process)
 
     def on_step_end(self, step: int, log=None) -> None:
         pass

@@ -56,6 +56,9 @@ class DDPBackend(BackendDefaults):
         ddp.register_comm_hook(group, self._allreduce)  # the hook reduces on `group` (None: the default group)
         return ddp, optimizer
 
+    def no_sync(self, model: nn.Module):
+        return model.no_sync() if isinstance(model, DistributedDataParallel) else super().no_sync(model)
+
     def _allreduce(self, state, bucket):  # no annotations: DDP checks them against its own types
         """DDP's default hook (divide by the world size, allreduce), timed."""
         self.window.begin()

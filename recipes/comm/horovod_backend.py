@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from contextlib import contextmanager
 from functools import partial
 
 import torch
@@ -177,13 +178,31 @@ class HorovodBackend(BackendDefaults):
         self._params = [p for p in model.parameters() if p.requires_grad]
         wire = 2 if self.cfg.comm.compression == "fp16" else None
         self._step_bytes = sum(p.numel() * (wire or p.element_size()) for p in self._params)
-        self._armed = False
+        self._armed = self._held = False
         for p in self._params:
             p.register_post_accumulate_grad_hook(self._on_grad)
         self.optimizer = dist_opt
         return model, dist_opt
 
+    @contextmanager
+    def no_sync(self, model: nn.Module):
+        """Horovod's own hooks allreduce a gradient when its countdown (`backward_passes_per_step`, reset by
+        `synchronize()`) reaches zero: one more pass to count down keeps this pass's gradients local."""
+        if self.optimizer is None:
+            yield
+            return
+        delay = self.optimizer._allreduce_delay
+        for p in delay:
+            delay[p] += 1
+        self._held = True
+        try:
+            yield
+        finally:
+            self._held = False
+
     def _on_grad(self, param: torch.Tensor) -> None:
+        if self._held:
+            return
         if not self._armed:
             self._armed = True
             self._t_first = time.perf_counter()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import os
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
@@ -36,6 +37,7 @@ class MultiStreamBackend(BackendDefaults):
 
     def __init__(self, cfg, dist):
         super().__init__(cfg, dist)
+        self._held = False  # inside no_sync: the hooks leave the gradients local
         c = cfg.comm
         for key in ("streams", "slices", "tune_max_candidates", "tune_steps_per_window", "tune_windows"):
             if getattr(c, key) < 1:
@@ -172,7 +174,17 @@ class MultiStreamBackend(BackendDefaults):
         self._note(f"multistream plan {plan.digest()[:12]}: {plan.describe()}, concurrency {self.concurrency.mode}")
 
     def _grad_ready(self, i: int, param: torch.Tensor) -> None:
-        self.engine.grad_ready(i)
+        if not self._held:
+            self.engine.grad_ready(i)
+
+    @contextmanager
+    def no_sync(self, model: nn.Module):
+        """The hooks skip the engine: gradients accumulate in `.grad`, and the next backward pass reduces the sum."""
+        self._held = True
+        try:
+            yield
+        finally:
+            self._held = False
 
     # -- the tuner --------------------------------------------------------------------------------------
     def _cache_path(self):

@@ -122,6 +122,18 @@ class RunConfig:
     amp: Literal["none", "bf16", "fp16"] = _f("none", help="mixed precision dtype")
     channels_last: bool = _f(False, help="NHWC memory format for model and inputs")
     on_nonfinite: Literal["halt", "skip"] = _f("halt", help="non-finite loss/gradients: stop, or skip the step")
+    accumulate: int = _f(
+        1,
+        help="gradient accumulation: each optimizer step runs its per-GPU batch as this many micro-batches "
+        "(same global batch and schedule; BN statistics per micro-batch; docs/recipe.md)",
+        domain=">0 <=4096",
+    )
+    max_gpu_batch: int | None = _f(
+        None,
+        help="largest per-GPU micro-batch: each phase accumulates over as many micro-batches as it needs "
+        "(at least run.accumulate); null = no limit",
+        domain=">0 <=1048576",
+    )
 
 
 @dataclass

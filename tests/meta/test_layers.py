@@ -28,7 +28,7 @@ BOTTOM += ["recipes.environment"]
 RECIPE_PARTS = ["recipes.lars", "recipes.optim", "recipes.schedule", "recipes.schedule_report", "recipes.distributed"]
 RECIPE_PARTS += ["recipes.run", "recipes.logger", "recipes.dawnbench", "recipes.comm"]
 RECIPE_PARTS += ["recipes.steps", "recipes.progress", "recipes.preemption"]
-RECIPE_PARTS += ["recipes.report", "recipes.timemodel"]
+RECIPE_PARTS += ["recipes.report", "recipes.timemodel", "recipes.memory"]
 LAYERS: list[tuple[str, list[str]]] = [
     ("bottom", BOTTOM),
     ("data and models", ["data", "models"]),

@@ -1,0 +1,227 @@
+#!/usr/bin/env python
+"""Write configs/presets/: the record's recipe for each GPU family and cluster shape, labelled with its predicted time.
+
+    python scripts/gen_presets.py            # (re)write the presets
+    python scripts/gen_presets.py --check    # exit 1 if a preset differs from what this script writes
+
+A preset `extends:` a record config (1 GPU and 1 x 8: configs/dawnbench_8gpu.yaml, the 8-GPU entry's schedule;
+2, 4 and 16 x 8: configs/dawnbench_158s.yaml, the record's) and sets only the cluster shape, the autocast dtype
+(fp16 on V100, which has no bf16; bf16 on A100/H100) and, where a phase would not fit the GPU's memory
+(recipes/memory.py), `run.max_gpu_batch`: the largest power of two with which every phase fits, so those phases
+accumulate gradients and keep the recipe's global batch. Its header gives the time model's predicted training
+clock (recipes/timemodel.py, calibrated on the published Alibaba runs) and a cost per run: predicted wall-clock
+hours x GPUs x PRICE_PER_GPU_HOUR. Generated, so the labels never drift from the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from recipes import memory  # noqa: E402
+from recipes.config import load_config  # noqa: E402
+from recipes.schedule import Schedule  # noqa: E402
+from recipes.schedule_report import IMAGENET_TRAIN_IMAGES, predicted_seconds  # noqa: E402
+
+OUT = ROOT / "configs" / "presets"
+# family -> (GPU name in recipes/memory.py and recipes/timemodel.py, run.amp, what the reader is told)
+FAMILIES = {
+    "v100": ("v100-32gb", "fp16", "V100 32 GB (the record's GPU), fp16: V100 tensor cores have no bf16"),
+    "a100": ("a100", "bf16", "A100 80 GB, bf16: no loss scaling needed"),
+    "h100": ("h100", "bf16", "H100 80 GB, bf16: no loss scaling needed"),
+}
+# name -> (nodes, GPUs per node, the record config it extends)
+SHAPES = {
+    "1gpu": (1, 1, "dawnbench_8gpu.yaml"),
+    "1x8": (1, 8, "dawnbench_8gpu.yaml"),
+    "2x8": (2, 8, "dawnbench_158s.yaml"),
+    "4x8": (4, 8, "dawnbench_158s.yaml"),
+    "16x8": (16, 8, "dawnbench_158s.yaml"),
+}
+# USD per GPU-hour, on-demand list prices (AWS us-east-1, 2024: p3dn.24xlarge $31.21 / 8 V100 32 GB,
+# p4de.24xlarge $40.97 / 8 A100 80 GB, p5.48xlarge $98.32 / 8 H100): an assumption, edit for your provider.
+PRICE_PER_GPU_HOUR = {"v100": 31.21 / 8, "a100": 40.97 / 8, "h100": 98.32 / 8}
+
+
+def preset_name(family: str, shape: str) -> str:
+    return f"{family}_{shape}"
+
+
+def overrides(family: str, shape: str, cap: int | None = None) -> list[str]:
+    nodes, gpus, _ = SHAPES[shape]
+    out = [f"run.nodes={nodes}", f"run.procs_per_node={gpus}", f"run.amp={FAMILIES[family][1]}"]
+    if cap is not None:
+        out.append(f"run.max_gpu_batch={cap}")
+    return out
+
+
+def load(family: str, shape: str, cap: int | None = None):
+    return load_config(str(ROOT / "configs" / SHAPES[shape][2]), overrides(family, shape, cap))
+
+
+def fitting_cap(family: str, shape: str) -> int | None:
+    """None if every phase fits as it is; else the largest power-of-two run.max_gpu_batch with which all fit."""
+    gpu = FAMILIES[family][0]
+    nodes, gpus, _ = SHAPES[shape]
+    world, gpu_bytes = nodes * gpus, memory.gpu_memory_bytes(gpu)
+    cfg = load(family, shape)
+    if not memory.check_fits(cfg, Schedule(cfg, IMAGENET_TRAIN_IMAGES, world), gpu_bytes, gpu):
+        return None
+    cap = max(p.batch_size for p in cfg.phases) // world
+    cap = 1 << (cap.bit_length() - 1)
+    while cap >= 1:
+        cfg = load(family, shape, cap)
+        if not memory.check_fits(cfg, Schedule(cfg, IMAGENET_TRAIN_IMAGES, world), gpu_bytes, gpu):
+            return cap
+        cap //= 2
+    raise SystemExit(f"{preset_name(family, shape)}: not even one image per micro-batch fits {gpu}")
+
+
+def prediction(family: str, shape: str, cap: int | None) -> dict:
+    """The time model's training clock and wall clock (low, mid, high seconds), or why there is none."""
+    nodes, gpus, _ = SHAPES[shape]
+    cfg = load(family, shape, cap)
+    train, what = predicted_seconds(cfg, nodes * gpus, FAMILIES[family][0])
+    if train is None:
+        return {"why": what}
+    wall, _ = predicted_seconds(cfg, nodes * gpus, FAMILIES[family][0], clock="wall")
+    cost = wall[1] / 3600 * nodes * gpus * PRICE_PER_GPU_HOUR[family]
+    return {"train": train, "wall": wall, "what": what, "cost": cost}
+
+
+def _min(seconds: float) -> str:
+    """Minutes, coarse enough that the time model's CPU-measured gradient timings do not change the label."""
+    m = seconds / 60
+    return f"{m:.1f}" if m < 10 else f"{m:.0f}"
+
+
+def command(family: str, shape: str, data: str = "/data/imagenet") -> str:
+    """How to train the preset (the README's table uses the same)."""
+    nodes, gpus, _ = SHAPES[shape]
+    cfg = f"configs/presets/{preset_name(family, shape)}.yaml"
+    if nodes * gpus == 1:
+        return f"python train.py -c {cfg} data.root={data}"
+    if nodes == 1:
+        return f"torchrun --nproc-per-node {gpus} train.py -c {cfg} data.root={data}"
+    return f"python scripts/launch.py --hostfile hosts.txt -c {cfg} data.root={data}"
+
+
+def text(family: str, shape: str, cap: int | None, p: dict) -> str:
+    """The preset file: header (what, how to run, the prediction) and the keys it sets."""
+    nodes, gpus, base = SHAPES[shape]
+    lines = [
+        f"# {FAMILIES[family][2]}; {nodes} x {gpus} GPU{'s' if nodes * gpus > 1 else ''}.",
+        "# Generated by scripts/gen_presets.py (do not edit; rerun it). Run: " + command(family, shape),
+    ]
+    if "why" in p:
+        lines.append(f"# predicted: none ({p['why']})")
+    else:
+        low, mid, high = p["train"]
+        price = PRICE_PER_GPU_HOUR[family]
+        lines += [
+            f"# predicted training clock {_min(mid)} min ({_min(low)}-{_min(high)}), wall clock {_min(p['wall'][1])} "
+            f"min, cost ${p['cost']:.0f} per run at ${price:.2f} per GPU-hour",
+            f"# (recipes/timemodel.py: {p['what']}; predicted, not measured)",
+        ]
+    if cap is not None:
+        lines.append("# run.max_gpu_batch: phases whose per-GPU batch is larger accumulate gradients (docs/recipe.md)")
+    lines.append(f"extends: ../{base}")
+    lines.append("run:")
+    for o in overrides(family, shape, cap):
+        key, value = o.split("=", 1)
+        lines.append(f"  {key.removeprefix('run.')}: {value}")
+    return "\n".join(lines) + "\n"
+
+
+NUMBER = re.compile(r"\d+(?:\.\d+)?")
+TOLERANCE = 0.10  # of a predicted number: the time model's gradient-ready timings are measured on this CPU
+
+
+def same(old: str, new: str) -> bool:
+    """Equal, but for the predicted numbers, which may differ by TOLERANCE (a stale model or config differs more)."""
+    a, b = old.splitlines(), new.splitlines()
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b, strict=True):
+        if not x.startswith(("# predicted training clock", "| ")):
+            if x != y:
+                return False
+            continue
+        nx, ny = [float(n) for n in NUMBER.findall(x)], [float(n) for n in NUMBER.findall(y)]
+        if NUMBER.sub("#", x) != NUMBER.sub("#", y) or len(nx) != len(ny):
+            return False
+        if any(abs(u - v) > TOLERANCE * max(abs(u), abs(v)) + 0.1 for u, v in zip(nx, ny, strict=True)):
+            return False
+    return True
+
+
+README = ROOT / "README.md"
+BEGIN, END = "<!-- presets: scripts/gen_presets.py writes this table -->", "<!-- presets end -->"
+
+
+def readme_table(predictions: dict) -> str:
+    """The README's "Run on what you have" table: one row per V100/A100 preset, each with its command."""
+    rows = [
+        BEGIN,
+        "| GPUs | preset | predicted training clock | predicted cost per run | command |",
+        "|---|---|---|---|---|",
+    ]
+    for (family, shape), p in predictions.items():
+        if "why" in p:
+            continue
+        nodes, gpus, _ = SHAPES[shape]
+        low, mid, high = p["train"]
+        rows.append(
+            f"| {nodes} x {gpus} {FAMILIES[family][0]} | `{preset_name(family, shape)}` | {_min(mid)} min "
+            f"({_min(low)}-{_min(high)}) | ${p['cost']:.0f} | `{command(family, shape)}` |"
+        )
+    return "\n".join([*rows, END])
+
+
+def readme_with(table: str) -> str:
+    text = README.read_text()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"{README}: the markers {BEGIN} ... {END} are missing")
+    head, rest = text.split(BEGIN, 1)
+    return head + table + rest.split(END, 1)[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true", help="compare with configs/presets/ instead of writing")
+    args = ap.parse_args(argv)
+    stale = []
+    OUT.mkdir(parents=True, exist_ok=True)
+    predictions = {}
+    for family in FAMILIES:
+        for shape in SHAPES:
+            path = OUT / f"{preset_name(family, shape)}.yaml"
+            cap = fitting_cap(family, shape)
+            predictions[family, shape] = prediction(family, shape, cap)
+            want = text(family, shape, cap, predictions[family, shape])
+            if args.check:
+                if not path.is_file() or not same(path.read_text(), want):
+                    stale.append(str(path.relative_to(ROOT)))
+            else:
+                path.write_text(want)
+                print(f"wrote {path.relative_to(ROOT)}")
+    readme = readme_with(readme_table(predictions))
+    if args.check:
+        if not same(README.read_text(), readme):
+            stale.append("README.md")
+    else:
+        README.write_text(readme)
+        print("wrote README.md (the presets table)")
+    if stale:
+        print(f"stale presets (run scripts/gen_presets.py): {', '.join(stale)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""configs/presets/: each preset loads, keeps its record recipe's global batch and steps, fits its GPU under
+`train.py --plan --gpu`, and is what scripts/gen_presets.py writes (so its predicted-time label is current)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from support import ROOT
+
+import train
+from recipes import memory
+from recipes.config import load_config
+from recipes.schedule import Schedule
+from recipes.schedule_report import hardware_table
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import gen_presets  # noqa: E402
+
+IMAGES = 1_281_167
+PRESETS = [(f, s) for f in gen_presets.FAMILIES for s in gen_presets.SHAPES]
+
+
+def test_every_family_and_shape_has_a_preset_and_nothing_else_is_there():
+    names = sorted(p.stem for p in (ROOT / "configs" / "presets").glob("*.yaml"))
+    assert names == sorted(gen_presets.preset_name(f, s) for f, s in PRESETS)
+    assert len(names) == 15
+
+
+@pytest.mark.parametrize(("family", "shape"), PRESETS)
+def test_a_preset_keeps_the_recipe_and_fits_its_gpu(family, shape):
+    preset = load_config(str(ROOT / "configs" / "presets" / f"{gen_presets.preset_name(family, shape)}.yaml"), [])
+    nodes, gpus, base_name = gen_presets.SHAPES[shape]
+    base = load_config(str(ROOT / "configs" / base_name), [])
+    world = preset.run.nodes * preset.run.procs_per_node
+    assert (preset.run.nodes, preset.run.procs_per_node) == (nodes, gpus)
+    assert preset.run.amp == ("fp16" if family == "v100" else "bf16")
+    mine, record = Schedule(preset, IMAGES, world), Schedule(base, IMAGES, base.run.nodes * base.run.procs_per_node)
+    assert [p.batch_size for p in preset.phases] == [p.batch_size for p in base.phases]  # global batch kept
+    assert preset.optim == base.optim  # the same LR/momentum schedule, per optimizer step
+    if world == base.run.nodes * base.run.procs_per_node:
+        assert mine.total_steps == record.total_steps
+    gpu = gen_presets.FAMILIES[family][0]
+    _, problems = hardware_table(preset, mine, gpu)
+    assert problems == []
+    for e in mine.epochs:  # accumulation keeps every phase's per-GPU batch, in micro-batches that fit
+        assert e.micro_batches * mine.micro_batch(e.epoch) == e.phase.batch_size // world
+        n = memory.need(
+            preset.model.name,
+            image_size=e.phase.image_size,
+            micro_batch=mine.micro_batch(e.epoch),
+            per_gpu_batch=e.phase.batch_size // world,
+            amp=preset.run.amp,
+        )
+        assert n.total <= memory.usable_bytes(memory.gpu_memory_bytes(gpu))
+
+
+def test_the_one_gpu_v100_preset_accumulates_where_the_recipe_would_not_fit(capsys):
+    rc = train.main(["-c", str(ROOT / "configs/presets/v100_1gpu.yaml"), "--plan", "--gpu", "v100-32gb"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "total: 13772 iterations in 21 epochs" in out  # the 8-GPU entry's steps, on one GPU
+    rows = [ln.split() for ln in out.split("per GPU on v100-32gb")[1].splitlines()[2:6]]
+    # phase, size, global batch, per GPU, accumulation, micro-batch
+    assert [r[:6] for r in rows] == [
+        ["0", "96", "2048", "2048", "8", "256"],
+        ["1", "128", "2048", "2048", "8", "256"],
+        ["2", "224", "2048", "2048", "8", "256"],
+        ["3", "288", "1024", "1024", "4", "256"],
+    ]
+    assert "predicted training clock" in out
+
+
+def test_plan_refuses_a_recipe_that_does_not_fit_naming_the_phase_and_the_fix(capsys):
+    argv = ["-c", str(ROOT / "configs/dawnbench_8gpu.yaml"), "--plan", "--world-size", "1", "--gpu", "a100"]
+    rc = train.main([*argv, "run.amp=bf16"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "error: does not fit: phases.2 (224 px, 2048 images per GPU as 1 x 2048)" in err
+    assert "set run.accumulate=2 (micro-batch 1024)" in err
+
+
+@pytest.mark.slow
+def test_presets_are_what_the_generator_writes():
+    p = subprocess.run(
+        [sys.executable, "scripts/gen_presets.py", "--check"], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert p.returncode == 0, p.stderr
+
+
+def test_the_check_allows_measurement_noise_but_not_a_stale_label():
+    text = (ROOT / "configs" / "presets" / "v100_1x8.yaml").read_text()
+    line = next(ln for ln in text.splitlines() if ln.startswith("# predicted training clock"))
+    minutes = float(line.split()[4])
+    assert gen_presets.same(text, text.replace(line, line.replace(f" {line.split()[4]} ", f" {minutes * 1.05:.0f} ")))
+    assert not gen_presets.same(
+        text, text.replace(line, line.replace(f" {line.split()[4]} ", f" {minutes * 1.5:.0f} "))
+    )
+    assert not gen_presets.same(text, text.replace("amp: fp16", "amp: bf16"))
