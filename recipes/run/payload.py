@@ -60,6 +60,8 @@ _ENTRIES = {
     "bn_per_rank": (list, "a list of per-rank BN running statistics"),
     "config": (dict, "a config mapping"),
     "model_info": (dict, "a mapping with num_classes and classes"),
+    "ema": (dict, "a mapping of parameter names to tensors (the EMA weights, run.ema)"),
+    "ema_bn_per_rank": (list, "a list of per-rank BN running statistics of the EMA"),
 }
 RESUME_ENTRIES = ("optimizer", "scaler", "state", "rng")
 
@@ -72,9 +74,12 @@ def check_structure(state, path: str | Path) -> None:
         if key in state and not isinstance(state[key], tp):
             got = type(state[key]).__name__
             raise CheckpointError(f"checkpoint '{path}': entry '{key}' must be {what}, got {got}")
-    bad = [k for k, v in state["model"].items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)]
-    if bad:
-        raise CheckpointError(f"checkpoint '{path}': entry 'model' must map names to tensors ('{bad[0]}' does not)")
+    for key in ("model", "ema"):
+        bad = [
+            k for k, v in (state.get(key) or {}).items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)
+        ]
+        if bad:
+            raise CheckpointError(f"checkpoint '{path}': entry '{key}' must map names to tensors ('{bad[0]}' does not)")
     info = state.get("model_info", {})
     if "num_classes" in info and (isinstance(info["num_classes"], bool) or not isinstance(info["num_classes"], int)):
         raise CheckpointError(f"checkpoint '{path}': model_info.num_classes must be an integer")
@@ -97,6 +102,8 @@ class Checkpoint:
     num_train: int | None = None
     model_info: ModelInfo | None = None
     bn_per_rank: list | None = None  # every rank's BN running statistics (a mid-epoch checkpoint of several ranks)
+    ema: dict | None = None  # the EMA's state_dict (run.ema), names as the model's
+    ema_bn_per_rank: list | None = None  # the EMA's BN running statistics per rank, like `bn_per_rank`
     path: str = ""  # where it was read from (not written)
 
     @classmethod
@@ -117,12 +124,15 @@ class Checkpoint:
             num_train=d.get("num_train"),
             model_info=ModelInfo(**{k: v for k, v in info.items() if k in known}) if info is not None else None,
             bn_per_rank=d.get("bn_per_rank"),
+            ema=d.get("ema"),
+            ema_bn_per_rank=d.get("ema_bn_per_rank"),
             path=str(path),
         )
 
     def to_dict(self) -> dict:
         """The file format (plain types only)."""
-        extra = {"bn_per_rank": self.bn_per_rank} if self.bn_per_rank is not None else {}
+        optional = {"bn_per_rank": self.bn_per_rank, "ema": self.ema, "ema_bn_per_rank": self.ema_bn_per_rank}
+        extra = {k: v for k, v in optional.items() if v is not None}
         return {
             **extra,
             "model": self.model,
@@ -163,6 +173,12 @@ class Checkpoint:
         if self.config is None or self.model_info is None:
             raise CheckpointError(f"checkpoint '{self.path}' has no config: not written by this trainer")
         return self.model_info
+
+    def ema_weights(self) -> Checkpoint:
+        """This checkpoint with its EMA weights (run.ema) in place of the model's, for evaluate.py --ema."""
+        if self.ema is None:
+            raise CheckpointError(f"checkpoint '{self.path}' has no EMA weights (it was trained with run.ema=false)")
+        return dataclasses.replace(self, model=self.ema, bn_per_rank=self.ema_bn_per_rank)
 
     def non_finite_weights(self) -> tuple[int, int, str | None]:
         """(non-finite values, all values, first tensor holding one) over the model's floating-point tensors."""
