@@ -69,14 +69,14 @@ def compile_unavailable(device: torch.device) -> str | None:
 
 
 def compile_for_training(module: nn.Module, mode: str, *, shapes: int = 1) -> nn.Module:
-    """`module` under torch.compile (inductor) in `mode`, or `module` itself when `mode` is 'off'.
+    """`module` under torch.compile (inductor) in `mode`, or `module` itself when `mode` is 'none'.
 
     Shapes are static (`dynamic=False`): each phase's image and batch size is compiled once, with kernels
     specialised to it, instead of one shape-generic graph; `shapes` (the distinct input shapes of the plan) raises
     dynamo's recompile limit so that no phase falls back to eager. The result shares its parameters and buffers
     with `module`, whose state_dict (no `_orig_mod.` prefix) is what checkpoints keep.
     """
-    if mode == "off":
+    if mode == "none":
         return module
     import torch._dynamo
 

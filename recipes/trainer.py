@@ -68,9 +68,9 @@ class Trainer:
         cfg, dist = self.cfg, self.dist
         for note in self.run.notes:
             self.log.info(note)
-        why = compile_unavailable(dist.device) if cfg.run.compile != "off" else None
+        why = compile_unavailable(dist.device) if cfg.run.compile != "none" else None
         if why:
-            raise ConfigError(f"run.compile={cfg.run.compile}: {why}; install one, or set run.compile=off")
+            raise ConfigError(f"run.compile={cfg.run.compile}: {why}; install one, or set run.compile=none")
         if cfg.run.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
         torch.manual_seed(cfg.run.seed)  # identical initial weights on every rank

@@ -122,10 +122,10 @@ class RunConfig:
     amp: Literal["none", "bf16", "fp16"] = _f("none", help="mixed precision dtype")
     channels_last: bool = _f(False, help="NHWC memory format for model and inputs")
     on_nonfinite: Literal["halt", "skip"] = _f("halt", help="non-finite loss/gradients: stop, or skip the step")
-    compile: Literal["off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = _f(
-        "off",
+    compile: Literal["none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = _f(
+        "none",
         help="torch.compile the training forward/backward in this mode (inductor; one compile per phase's "
-        "image and batch size); off = eager. Validation and checkpoints use the eager module",
+        "image and batch size); none = eager. Validation and checkpoints use the eager module",
         trains=False,
     )
     ema: bool = _f(
