@@ -3,6 +3,7 @@ the checkpoint, restored bit-identically on resume, and evaluated by evaluate.py
 
 from __future__ import annotations
 
+import pytest
 import torch
 from support import tiny_config
 
@@ -17,7 +18,7 @@ THREE_EPOCHS = "phases=[{epochs: 3, image_size: 32, batch_size: 12}]"
 def test_ema_with_decay_zero_is_the_model_and_is_reported(tiny_root, tmp_path, capsys):
     """Decay 0: after every step the EMA equals the weights (and BN statistics) just trained, so it must be
     bit-identical to the model in the checkpoint and score the same at every validation."""
-    summary = train(tiny_config(tiny_root, tmp_path, "run.ema=true", "run.ema_decay=0"))
+    summary = train(tiny_config(tiny_root, tmp_path, "run.ema=true", "run.ema_decay=0", "log.tensorboard=true"))
     ck = ckpt.load(tmp_path / "tiny" / "checkpoint.pt")
     assert ck["ema"].keys() == ck["model"].keys()
     for k, v in ck["model"].items():
@@ -28,6 +29,12 @@ def test_ema_with_decay_zero_is_the_model_and_is_reported(tiny_root, tmp_path, c
     out = capsys.readouterr().out
     assert f"EMA top1 {summary['final_ema_top1']:.2f}%" in out
     assert "| final EMA top-1 / top-5" in out
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ea = EventAccumulator(str(tmp_path / "tiny" / "tb"))
+    ea.Reload()
+    assert [e.value for e in ea.Scalars("val/ema_top1")] == pytest.approx([r["ema_top1"] for r in summary["history"]])
+    assert {"val/ema_top5", "val/ema_loss"} <= set(ea.Tags()["scalars"])
 
 
 def test_ema_resumes_bit_identically(tiny_root, tmp_path):
@@ -53,3 +60,18 @@ def test_evaluate_ema_scores_the_ema_weights(tiny_root, tmp_path, tiny_checkpoin
     assert err == [
         f"error: CheckpointError: checkpoint '{tiny_checkpoint}' has no EMA weights (it was trained with run.ema=false)"
     ]
+
+
+def test_resume_turns_the_ema_on_and_off(tiny_root, tmp_path, capsys):
+    over = ("run.deterministic=true", THREE_EPOCHS)
+    train(tiny_config(tiny_root, tmp_path, *over), stop_after_epochs=1)
+    before = ckpt.load(tmp_path / "tiny" / "checkpoint.pt")
+    assert "ema" not in before
+    train(tiny_config(tiny_root, tmp_path, *over, "run.ema=true", "run.ema_decay=1e-9"), stop_after_epochs=1)
+    assert "the checkpoint has no EMA (run.ema was off): the EMA starts from its weights" in capsys.readouterr().out
+    after = ckpt.load(tmp_path / "tiny" / "checkpoint.pt")
+    for k, v in after["model"].items():  # a decay of ~0: the EMA is the weights of its last step
+        assert torch.allclose(v.float(), after["ema"][k].float(), atol=1e-6), k
+    train(tiny_config(tiny_root, tmp_path, *over))
+    assert "the checkpoint's EMA weights are dropped (run.ema=false)" in capsys.readouterr().out
+    assert "ema" not in ckpt.load(tmp_path / "tiny" / "checkpoint.pt")
