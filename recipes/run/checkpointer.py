@@ -72,6 +72,8 @@ class Checkpointer:
         """Fail before training when the directory cannot hold two checkpoints (the new one and the previous)."""
         if self.dist.is_main:
             needed = ckpt.estimate_bytes(self.parts.model, self.dist.world_size)
+            if self.parts.ema is not None:  # its weights and BN statistics again (overestimated by an optimizer slot)
+                needed += ckpt.estimate_bytes(self.parts.ema.module, self.dist.world_size)
             ckpt.check_writable(self.run.path, 2 * needed)
 
     def snapshot(self, rngs: list, bn: list | None = None, ema_bn: list | None = None) -> Checkpoint:
