@@ -51,6 +51,10 @@ class Trainer:
         check_required(cfg)  # before any work: the entry written at the end must be complete
         self.cfg = cfg
         self.dist = setup(cfg)
+        why = compile_unavailable(self.dist.device) if cfg.run.compile != "none" else None
+        if why:  # before the run directory is touched
+            teardown()
+            raise ConfigError(f"run.compile={cfg.run.compile}: {why}; install one, or set run.compile=none")
         self.run_dir = Path(run_dir) if run_dir else run_dir_for(cfg)
         self.run = None
         self.log = RunLogger(self.run_dir, False, False)
@@ -68,9 +72,6 @@ class Trainer:
         cfg, dist = self.cfg, self.dist
         for note in self.run.notes:
             self.log.info(note)
-        why = compile_unavailable(dist.device) if cfg.run.compile != "none" else None
-        if why:
-            raise ConfigError(f"run.compile={cfg.run.compile}: {why}; install one, or set run.compile=none")
         if cfg.run.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
         torch.manual_seed(cfg.run.seed)  # identical initial weights on every rank

@@ -54,3 +54,18 @@ def test_compiled_training_matches_eager_and_compiles_once_per_phase(tiny_root, 
             assert rel <= 1e-2, (k, rel)  # measured: at most 1.1e-3 (a BN bias)
     res = evaluate_checkpoint(str(tmp_path / "compiled" / "tiny" / "checkpoint.pt"), str(tiny_root))
     assert res["top1"] == compiled["final_top1"]
+
+
+def test_compile_without_a_cpp_compiler_stops_before_the_run_starts(tiny_root, tmp_path, monkeypatch):
+    import shutil
+
+    from recipes.errors import ConfigError
+
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(
+        ConfigError,
+        match=r"^run.compile=max-autotune: inductor on CPU needs a C\+\+ compiler .*"
+        r"install one, or set run.compile=none$",
+    ):
+        train(tiny_config(tiny_root, tmp_path, "run.compile=max-autotune"))
+    assert not (tmp_path / "tiny").exists()
