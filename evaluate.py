@@ -26,6 +26,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", help="dataset root with val/, or the val folder (default: the checkpoint's data.root)")
     ap.add_argument("--image-size", type=int, help="validation crop size (default: the last phase's)")
     ap.add_argument("--out", help="write the results as JSON to this file")
+    ap.add_argument(
+        "--ema",
+        action="store_true",
+        help="use the checkpoint's EMA weights (trained with run.ema) instead of the model's",
+    )
     acc = ap.add_argument_group("accuracy")
     acc.add_argument("--batch-size", type=int, default=64, help="per-process batch size")
     acc.add_argument("--backend", choices=["torch", "dali"], help="input backend (default: the checkpoint's)")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import timm
 import torch
 from torch import nn
@@ -49,3 +51,34 @@ def check_compatible(model: nn.Module, state: dict, source: str) -> None:
             k = wrong[0]
             detail.append(f"{len(wrong)} of other shape (e.g. {k}: {tuple(state[k].shape)} vs {tuple(own[k].shape)})")
         raise CheckpointError(f"{source}: checkpoint was made for a different model: {'; '.join(detail)}")
+
+
+def compile_unavailable(device: torch.device) -> str | None:
+    """Why inductor cannot compile for `device` on this machine (None when it can): on CPU it needs a C++ compiler."""
+    if device.type != "cpu":
+        return None
+    import shutil
+
+    from torch._inductor import config as inductor_config
+
+    cxx = inductor_config.cpp.cxx[-1] if isinstance(inductor_config.cpp.cxx, tuple) else inductor_config.cpp.cxx
+    candidates = [os.environ.get("CXX"), cxx, "g++", "c++", "clang++"]
+    if any(c and shutil.which(c) for c in candidates):
+        return None
+    return "inductor on CPU needs a C++ compiler (none of g++, c++, clang++ or $CXX is on PATH)"
+
+
+def compile_for_training(module: nn.Module, mode: str, *, shapes: int = 1) -> nn.Module:
+    """`module` under torch.compile (inductor) in `mode`, or `module` itself when `mode` is 'none'.
+
+    Shapes are static (`dynamic=False`): each phase's image and batch size is compiled once, with kernels
+    specialised to it, instead of one shape-generic graph; `shapes` (the distinct input shapes of the plan) raises
+    dynamo's recompile limit so that no phase falls back to eager. The result shares its parameters and buffers
+    with `module`, whose state_dict (no `_orig_mod.` prefix) is what checkpoints keep.
+    """
+    if mode == "none":
+        return module
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, shapes + 1)
+    return torch.compile(module, mode=mode, dynamic=False)

@@ -31,6 +31,8 @@ def summarize(cfg: Config, st, *, world_size: int, run_id: str, run_dir, val_exc
         "epoch_at_target": hit["epoch"] if hit else None,
         "final_top1": last["top1"],
         "final_top5": last["top5"],
+        "final_ema_top1": last.get("ema_top1"),  # run.ema: the EMA weights' accuracy (None without it)
+        "final_ema_top5": last.get("ema_top5"),
         "val_count": last.get("val_count"),  # validation images counted (data.val_blacklist excluded)
         "val_excluded": val_excluded,
         "val_blacklist": cfg.data.val_blacklist,
@@ -69,6 +71,11 @@ def summary_table(s: dict) -> str:
         ("training time", f"{format_seconds(s['train_seconds'])} (excl. validation and checkpoints)"),
         (f"time to target ({' and '.join(target) or '-'})", ttt),
         ("final top-1 / top-5", _accuracy(s)),
+        *(
+            [("final EMA top-1 / top-5", f"{s['final_ema_top1']:.2f}% / {s['final_ema_top5']:.2f}%")]
+            if s.get("final_ema_top1") is not None
+            else []
+        ),
         ("validation images counted", _counted(s)),
         ("images/s (training)", f"{s['images_per_s']:.1f}"),
         ("skipped steps (inf/nan gradients)", str(s.get("skipped_steps", 0))),

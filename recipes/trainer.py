@@ -20,11 +20,13 @@ import torch
 
 from data import create_input
 from models import create_model
+from models.factory import compile_for_training, compile_unavailable
 from recipes.comm import create_allreduce
 from recipes.config import Config
 from recipes.dawnbench import check_required
 from recipes.distributed import collective_guard, setup, teardown
-from recipes.errors import Preempted
+from recipes.ema import create_ema, update_ema
+from recipes.errors import ConfigError, Preempted
 from recipes.evaluation.accuracy import average_bn_stats, evaluate
 from recipes.logger import RunLogger, format_seconds
 from recipes.memory import refuse_if_too_big
@@ -51,6 +53,10 @@ class Trainer:
         check_required(cfg)  # before any work: the entry written at the end must be complete
         self.cfg = cfg
         self.dist = setup(cfg)
+        why = compile_unavailable(self.dist.device) if cfg.run.compile != "none" else None
+        if why:  # before the run directory is touched
+            teardown()
+            raise ConfigError(f"run.compile={cfg.run.compile}: {why}; install one, or set run.compile=none")
         self.run_dir = Path(run_dir) if run_dir else run_dir_for(cfg)
         self.run = None
         self.log = RunLogger(self.run_dir, False, False)
@@ -79,11 +85,12 @@ class Trainer:
         if cfg.run.channels_last:
             model = model.to(memory_format=torch.channels_last)
         self.model = model
+        self.ema = create_ema(model, enabled=cfg.run.ema, decay=cfg.run.ema_decay, warmup=cfg.run.ema_warmup)
         self.optimizer = create_optimizer(cfg.optim, model)
         self.scaler = torch.amp.GradScaler(dist.device.type, enabled=cfg.run.amp == "fp16")
         self.comm = create_allreduce(cfg, dist)
         torch.manual_seed(cfg.run.seed + 1000 * dist.rank)  # per-rank randomness; a resume restores it
-        parts = Parts(self.model, self.optimizer, self.scaler, self.comm)
+        parts = Parts(self.model, self.optimizer, self.scaler, self.comm, self.ema)
         self.checkpointer = Checkpointer(self.run, dist, cfg, self.data, parts, self.log)
         if cfg.checkpoint.enabled:
             self.checkpointer.check_space()
@@ -91,6 +98,10 @@ class Trainer:
         self.out.start(cfg, self.run.run_id)  # after the resume checks: a refused start leaves the files as they were
         self.train_model, self.optimizer = self.comm.prepare(self.model, self.optimizer)
         parts.optimizer = self.optimizer  # the backend may wrap it (Horovod): checkpoints hold the wrapped one's state
+        # Compiled around the backend's wrapper (torch.compile(DDP(model)), as torch's DDP notes advise: dynamo splits
+        # the graph at DDP's buckets so that their allreduce still overlaps the backward).
+        shapes = len({(e.phase.image_size, e.phase.batch_size) for e in self.plan.epochs})
+        self.train_model = compile_for_training(self.train_model, cfg.run.compile, shapes=shapes)
         self.steps = StepRunner(
             model=model,
             train_model=self.train_model,
@@ -126,6 +137,7 @@ class Trainer:
             lr, mom = plan.lr(st.step), plan.momentum(st.step)
             set_lr_momentum(self.optimizer, lr, mom)
             loss = self.steps(x, y, st, self.log, info.micro_batches)
+            update_ema(self.ema, self.model, st.step)
             clock.add(y.numel() * self.dist.world_size // max(1, cfg.data.aug_splits), loss)  # images, not views
             done = i + 1 == info.steps
             logged = (i + 1) % cfg.log.every_steps == 0 or done
@@ -159,7 +171,12 @@ class Trainer:
         with collective_guard(what, self.state.step, self.cfg.dist.timeout_s):
             average_bn_stats(self.model, self.dist)
             phase = self.plan.epoch_info(epoch).phase
-            return evaluate(self.model, self.data.val_batches(phase), self.dist, self.steps.amp_ctx)
+            ev = evaluate(self.model, self.data.val_batches(phase), self.dist, self.steps.amp_ctx)
+            if self.ema is not None:
+                average_bn_stats(self.ema.module, self.dist)
+                ema = evaluate(self.ema.module, self.data.val_batches(phase), self.dist, self.steps.amp_ctx)
+                ev.update(ema_top1=ema["top1"], ema_top5=ema["top5"], ema_loss=ema["loss"])
+            return ev
 
     def fit(self, stop_after_epochs: int | None = None) -> dict:
         """Train to the end of the plan (or stop after `stop_after_epochs` more epochs; a rerun resumes)."""
@@ -184,15 +201,18 @@ class Trainer:
                 "step": st.step,
                 "images_per_s": tr["images"] / max(tr["seconds"], 1e-9),
             }
+            row.update({k: ev[k] for k in ("ema_top1", "ema_top5") if k in ev})
             st.history.append(row)
             st.wall_seconds = time.perf_counter() - wall0
             row["wall_seconds"] = st.wall_seconds  # top-5 against wall-clock time (scripts/compare_runs.py)
             self.log.info(
                 f"epoch {st.epoch}/{epochs}  val top1 {ev['top1']:.2f}%  top5 {ev['top5']:.2f}%  "
-                f"({ev['count']} images)  train {format_seconds(st.train_seconds)}  "
-                f"{row['images_per_s']:.1f} img/s"
+                f"({ev['count']} images)  "
+                + (f"EMA top1 {ev['ema_top1']:.2f}%  top5 {ev['ema_top5']:.2f}%  " if "ema_top1" in ev else "")
+                + f"train {format_seconds(st.train_seconds)}  {row['images_per_s']:.1f} img/s"
             )
             scalars = {"val/top1": ev["top1"], "val/top5": ev["top5"], "val/loss": ev["loss"]}
+            scalars.update({f"val/{k}": ev[k] for k in ("ema_top1", "ema_top5", "ema_loss") if k in ev})
             self.log.scalars(st.step, **scalars, **{"epoch/images_per_s": row["images_per_s"]})
             self.out.history(st.history)
             if cfg.checkpoint.enabled:

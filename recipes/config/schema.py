@@ -134,6 +134,24 @@ class RunConfig:
         "(at least run.accumulate); null = no limit",
         domain=">0 <=1048576",
     )
+    compile: Literal["none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = _f(
+        "none",
+        help="torch.compile the training forward/backward in this mode (inductor; one compile per phase's "
+        "image and batch size); none = eager. Validation and checkpoints use the eager module",
+        trains=False,
+    )
+    ema: bool = _f(
+        False,
+        help="keep an exponential moving average of the weights and BN statistics (timm's ModelEmaV3), "
+        "validated alongside the model and saved in the checkpoint",
+        trains=False,
+    )
+    ema_decay: float = _f(0.9998, help="EMA decay per optimizer step (run.ema)", domain="[0,1)", trains=False)
+    ema_warmup: bool = _f(
+        False,
+        help="EMA decay warm-up (timm): 1 - (1 + step)^(-2/3), capped at run.ema_decay, so early weights fade fast",
+        trains=False,
+    )
 
 
 @dataclass

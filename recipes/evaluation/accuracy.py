@@ -159,14 +159,17 @@ def evaluate_checkpoint(
     tta: str = "none",
     rect: bool = False,
     val_blacklist: str | None = None,
+    ema: bool = False,
 ) -> dict:
-    """Top-1/top-5 of the checkpoint on `<data_root>/val`, every image counted once over all ranks."""
+    """Top-1/top-5 of the checkpoint (its EMA weights with `ema`) on `<data_root>/val`, every image counted once
+    over all ranks."""
     from data import create_input
     from recipes.distributed import setup, teardown
 
     if tta not in TTA:
         raise ConfigError(f"--tta: unknown '{tta}' (expected one of {', '.join(TTA)})")
     ck = load_checkpoint(path)
+    ck = ck.ema_weights() if ema else ck
     cfg, phase = eval_config(
         ck,
         data_root=data_root,
@@ -200,6 +203,7 @@ def evaluate_checkpoint(
             "tta": tta,
             "rect_val": phase.rect_val,
             "backend": cfg.data.backend,
+            "weights": "ema" if ema else "model",
         }
     )
     return result

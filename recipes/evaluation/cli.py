@@ -16,11 +16,15 @@ from recipes.run.checkpoint_files import load_checkpoint
 from recipes.run.writer import to_json
 
 
-def export_checkpoint(path: str, fmt: str, out: str | None = None, image_size: int | None = None) -> Path:
-    """Write the checkpoint's model as `fmt` (onnx): input 'image' uint8 [1, 3, S, S] (normalized inside)."""
+def export_checkpoint(
+    path: str, fmt: str, out: str | None = None, image_size: int | None = None, ema: bool = False
+) -> Path:
+    """Write the checkpoint's model (its EMA weights with `ema`) as `fmt` (onnx): input 'image' uint8 [1, 3, S, S]
+    (normalized inside)."""
     if fmt != "onnx":
         raise ConfigError(f"--export: unknown format '{fmt}' (expected onnx)")
     ck = load_checkpoint(path)
+    ck = ck.ema_weights() if ema else ck
     cfg, phase = eval_config(ck, image_size=image_size)
     model = load_model(ck, cfg)
     size = phase.val_image_size or phase.image_size
@@ -92,7 +96,7 @@ def run_evaluate_cli(args) -> int:
         if args.export:
             if int(os.environ.get("WORLD_SIZE", "1")) > 1:
                 raise ConfigError("--export: run it without torchrun")
-            written = export_checkpoint(args.checkpoint, args.export, args.export_file, args.image_size)
+            written = export_checkpoint(args.checkpoint, args.export, args.export_file, args.image_size, args.ema)
             print(
                 f"wrote {written} ({written.stat().st_size / 1e6:.1f} MB): input 'image' uint8 [1, 3, S, S], "
                 "output 'logits'"
@@ -114,6 +118,7 @@ def run_evaluate_cli(args) -> int:
                 device=args.device,
                 price_per_hour=args.price_per_hour,
                 hardware=args.hardware,
+                ema=args.ema,
             )
             print(
                 f"\nbatch-1 latency per image on {res['hardware']}, {res['images']} images at {res['image_size']} "
@@ -143,6 +148,7 @@ def run_evaluate_cli(args) -> int:
             tta=args.tta,
             rect=args.rect,
             val_blacklist=args.val_blacklist,
+            ema=args.ema,
         )
     except (ConfigError, DataError, CheckpointError) as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
@@ -152,6 +158,7 @@ def run_evaluate_cli(args) -> int:
         return 3
     if main:
         extra = f", tta {res['tta']}" if res["tta"] != "none" else ""
+        extra += ", EMA weights" if args.ema else ""
         if res["blacklisted"]:
             extra += f"; {res['blacklisted']} blacklisted images not counted ({res['val_blacklist']})"
         print(

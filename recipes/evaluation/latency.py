@@ -248,6 +248,7 @@ def latency_checkpoint(
     price_per_hour: float | None = None,
     hardware: str | None = None,
     log=print,
+    ema: bool = False,
 ) -> dict:
     """Batch-1 latency of the checkpoint in each of `modes` (plus the fp32 reference 'none') on `images`
     validation images (0: all of them, as DAWNBench's rules ask: the whole 50,000-image set one at a time); returns
@@ -257,6 +258,7 @@ def latency_checkpoint(
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ConfigError("--latency measures one stream of batch-1 requests: run it without torchrun")
     ck = load_checkpoint(path)
+    ck = ck.ema_weights() if ema else ck
     cfg, phase = eval_config(ck, data_root=data_root, image_size=image_size)
     from recipes.dawnbench import check_required
 

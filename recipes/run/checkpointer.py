@@ -33,6 +33,7 @@ class Parts:
     optimizer: object
     scaler: object
     comm: object
+    ema: object = None  # timm's ModelEmaV3 (run.ema), or None
 
 
 def bn_statistics(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -88,11 +89,13 @@ class Checkpointer:
         """Fail before training when the directory cannot hold two checkpoints (the new one and the previous)."""
         if self.dist.is_main:
             needed = ckpt.estimate_bytes(self.parts.model, self.dist.world_size)
+            if self.parts.ema is not None:  # its weights and BN statistics again (overestimated by an optimizer slot)
+                needed += ckpt.estimate_bytes(self.parts.ema.module, self.dist.world_size)
             ckpt.check_writable(self.run.path, 2 * needed)
 
-    def snapshot(self, rngs: list, bn: list | None = None) -> Checkpoint:
-        """The checkpoint of the run at step `state.step` (`rngs`: every rank's RNG state; `bn`: every rank's
-        `bn_statistics`, for a mid-epoch checkpoint of several ranks)."""
+    def snapshot(self, rngs: list, bn: list | None = None, ema_bn: list | None = None) -> Checkpoint:
+        """The checkpoint of the run at step `state.step` (`rngs`: every rank's RNG state; `bn` and `ema_bn`: every
+        rank's `bn_statistics` of the model and of its EMA, for a mid-epoch checkpoint of several ranks)."""
         p, cfg = self.parts, self.cfg
         return Checkpoint(
             model=p.model.state_dict(),
@@ -112,6 +115,8 @@ class Checkpointer:
                 num_params=describe_model(p.model)["num_params"],
             ),
             bn_per_rank=bn,
+            ema=p.ema.module.state_dict() if p.ema is not None else None,
+            ema_bn_per_rank=ema_bn,
         )
 
     def save(self, step: int) -> None:
@@ -120,12 +125,15 @@ class Checkpointer:
             raise RuntimeError(f"checkpoint of step {step} asked for, but the training state is at {self.state.step}")
         # Mid-epoch, each rank's BN running statistics are its own until validation averages them: keep them all.
         mid_epoch = self.state.epoch_step > 0 and self.dist.world_size > 1
+        ema = self.parts.ema
         mine = {"rng": ckpt.rng_state(), "bn": bn_statistics(self.parts.model) if mid_epoch else None}
+        mine["ema_bn"] = bn_statistics(ema.module) if mid_epoch and ema is not None else None
         with collective_guard("checkpoint RNG-state gather", step, self.cfg.dist.timeout_s):
             gathered = all_gather_object(mine, self.dist)
         rngs, bn = [g["rng"] for g in gathered], ([g["bn"] for g in gathered] if mid_epoch else None)
+        ema_bn = [g["ema_bn"] for g in gathered] if mid_epoch and ema is not None else None
         if self.run.leader:  # one writer per distinct run directory: every host with a disk of its own keeps a copy
-            state = self.snapshot(rngs, bn).to_dict()
+            state = self.snapshot(rngs, bn, ema_bn).to_dict()
             ckpt.save_step_checkpoint(state, self.run.path, step, self.cfg.checkpoint.keep)
 
     def restore(self, resume_from: str | None = None) -> State:
@@ -173,6 +181,7 @@ class Checkpointer:
             ckpt.set_rng_state(ck.rng[dist.rank])
         if ck.bn_per_rank is not None and len(ck.bn_per_rank) == dist.world_size:
             load_bn_statistics(parts.model, ck.bn_per_rank[dist.rank], str(path))
+        self._restore_ema(ck, str(path))
         restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         lost = max(0, agreed.reached - st.step)
         redo = agreed.restarted or lost
@@ -187,3 +196,20 @@ class Checkpointer:
         )
         self.state = st
         return st
+
+    def _restore_ema(self, ck: Checkpoint, path: str) -> None:
+        """Load the EMA of run.ema from the checkpoint; one without it starts the EMA from the restored weights."""
+        ema = self.parts.ema
+        if ema is None:
+            if ck.ema is not None:
+                self.log.info("resume: the checkpoint's EMA weights are dropped (run.ema=false)")
+            return
+        if ck.ema is None:
+            ema.set(self.parts.model)
+            self.log.info("resume: the checkpoint has no EMA (run.ema was off): the EMA starts from its weights")
+            return
+        check_compatible(ema.module, ck.ema, f"{path} (entry 'ema')")
+        ema.module.load_state_dict(ck.ema)
+        per_rank = ck.ema_bn_per_rank
+        if per_rank is not None and len(per_rank) == self.dist.world_size:
+            load_bn_statistics(ema.module, per_rank[self.dist.rank], path)

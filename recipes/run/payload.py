@@ -65,6 +65,8 @@ _ENTRIES = {
     "bn_per_rank": (list, "a list of per-rank BN running statistics"),
     "config": (dict, "a config mapping"),
     "model_info": (dict, "a mapping with num_classes and classes"),
+    "ema": (dict, "a mapping of parameter names to tensors (the EMA weights, run.ema)"),
+    "ema_bn_per_rank": (list, "a list of per-rank BN running statistics of the EMA"),
 }
 RESUME_ENTRIES = ("optimizer", "scaler", "state", "rng")
 
@@ -78,9 +80,11 @@ def check_structure(state, path: str | Path) -> None:
         if state.get(key) is not None and not isinstance(state[key], tp):
             got = type(state[key]).__name__
             raise CheckpointError(f"checkpoint '{path}': entry '{key}' must be {what}, got {got}")
-    bad = [k for k, v in state["model"].items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)]
-    if bad:
-        raise CheckpointError(f"checkpoint '{path}': entry 'model' must map names to tensors ('{bad[0]}' does not)")
+    for key in ("model", "ema"):
+        entry = state.get(key) or {}
+        bad = [k for k, v in entry.items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)]
+        if bad:
+            raise CheckpointError(f"checkpoint '{path}': entry '{key}' must map names to tensors ('{bad[0]}' does not)")
     for key, check in _CHECKS.items():
         if state.get(key) is not None and (problem := check(state[key], state)):
             raise CheckpointError(f"checkpoint '{path}': entry '{key}' {problem}")
@@ -179,6 +183,7 @@ _CHECKS = {
     "run_id": _check_run_id,
     "rng": _check_rng,
     "bn_per_rank": _check_bn,
+    "ema_bn_per_rank": _check_bn,
     "model_info": _check_model_info,
     "optimizer": _check_optimizer,
 }
@@ -237,6 +242,8 @@ class Checkpoint:
     num_train: int | None = None
     model_info: ModelInfo | None = None
     bn_per_rank: list | None = None  # every rank's BN running statistics (a mid-epoch checkpoint of several ranks)
+    ema: dict | None = None  # the EMA's state_dict (run.ema), names as the model's
+    ema_bn_per_rank: list | None = None  # the EMA's BN running statistics per rank, like `bn_per_rank`
     path: str = ""  # where it was read from (not written)
 
     @classmethod
@@ -257,12 +264,15 @@ class Checkpoint:
             num_train=d.get("num_train"),
             model_info=ModelInfo(**{k: v for k, v in info.items() if k in known}) if info is not None else None,
             bn_per_rank=d.get("bn_per_rank"),
+            ema=d.get("ema"),
+            ema_bn_per_rank=d.get("ema_bn_per_rank"),
             path=str(path),
         )
 
     def to_dict(self) -> dict:
         """The file format (plain types only)."""
-        extra = {"bn_per_rank": self.bn_per_rank} if self.bn_per_rank is not None else {}
+        optional = {"bn_per_rank": self.bn_per_rank, "ema": self.ema, "ema_bn_per_rank": self.ema_bn_per_rank}
+        extra = {k: v for k, v in optional.items() if v is not None}
         return {
             **extra,
             "model": self.model,
@@ -306,6 +316,12 @@ class Checkpoint:
         if self.config is None or self.model_info is None:
             raise CheckpointError(f"checkpoint '{self.path}' has no config: not written by this trainer")
         return self.model_info
+
+    def ema_weights(self) -> Checkpoint:
+        """This checkpoint with its EMA weights (run.ema) in place of the model's, for evaluate.py --ema."""
+        if self.ema is None:
+            raise CheckpointError(f"checkpoint '{self.path}' has no EMA weights (it was trained with run.ema=false)")
+        return dataclasses.replace(self, model=self.ema, bn_per_rank=self.ema_bn_per_rank)
 
     def non_finite_weights(self) -> tuple[int, int, str | None]:
         """(non-finite values, all values, first tensor holding one) over the model's floating-point tensors."""

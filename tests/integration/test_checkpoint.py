@@ -123,6 +123,11 @@ def _tiny_overrides(root, out) -> list[str]:
         ({"model": {"w": 5}}, ": entry 'model' must map names to tensors ('w' does not)"),
         ({"model": {}, "optimizer": [1]}, ": entry 'optimizer' must be an optimizer state_dict (a mapping), got list"),
         ({"model": {}, "config": "x"}, ": entry 'config' must be a config mapping, got str"),
+        (
+            {"model": {}, "ema": [1]},
+            ": entry 'ema' must be a mapping of parameter names to tensors (the EMA weights, run.ema), got list",
+        ),
+        ({"model": {}, "ema": {"w": 5}}, ": entry 'ema' must map names to tensors ('w' does not)"),
         ([1, 2], " has no 'model' entry: not a checkpoint of this trainer"),
     ],
 )

@@ -27,7 +27,7 @@ BOTTOM = ["recipes", "recipes.errors", "recipes.registry", "recipes.run.files", 
 BOTTOM += ["recipes.environment"]
 RECIPE_PARTS = ["recipes.lars", "recipes.optim", "recipes.schedule", "recipes.schedule_report", "recipes.distributed"]
 RECIPE_PARTS += ["recipes.run", "recipes.logger", "recipes.dawnbench", "recipes.comm"]
-RECIPE_PARTS += ["recipes.steps", "recipes.progress", "recipes.preemption"]
+RECIPE_PARTS += ["recipes.steps", "recipes.progress", "recipes.preemption", "recipes.ema"]
 RECIPE_PARTS += ["recipes.report", "recipes.timemodel", "recipes.memory"]
 LAYERS: list[tuple[str, list[str]]] = [
     ("bottom", BOTTOM),

@@ -72,3 +72,28 @@ def test_channels_last_forward_matches_contiguous():
 def test_unknown_model_names_the_choices():
     with pytest.raises(ConfigError, match=r"model.name: unknown model 'resnet51' \(expected one of resnet50_tweaked"):
         create_model(ModelConfig(name="resnet51"), 10)
+
+
+def test_compile_for_training_shares_the_modules_parameters_and_none_is_eager(monkeypatch):
+    from torch._dynamo import config as dynamo_config
+
+    from models.factory import compile_for_training
+
+    monkeypatch.setattr(dynamo_config, "recompile_limit", 8)  # restored after the test
+    net = nn.Linear(2, 2)
+    assert compile_for_training(net, "none") is net
+    compiled = compile_for_training(net, "default", shapes=12)  # compiled lazily: at its first call
+    assert list(compiled.parameters()) == list(net.parameters())
+    assert list(compiled.state_dict()) == ["_orig_mod.weight", "_orig_mod.bias"]  # why checkpoints keep `net`'s
+    assert dynamo_config.recompile_limit == 13  # every phase's shape, and one to spare
+
+
+def test_compile_without_a_cpp_compiler_is_named(monkeypatch):
+    import shutil
+
+    from models.factory import compile_unavailable
+
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    why = compile_unavailable(torch.device("cpu"))
+    assert why == "inductor on CPU needs a C++ compiler (none of g++, c++, clang++ or $CXX is on PATH)"
+    assert compile_unavailable(torch.device("cuda")) is None

@@ -50,7 +50,6 @@ def test_the_table_says_when_no_target_is_set_or_reached_and_what_was_not_counte
     assert (got["final top-1 / top-5"], got["validation images counted"]) == ("- (no epoch validated)", "-")
 
 
-
 def test_the_summary_says_whether_the_run_is_a_dawnbench_result_and_why_not():
     full = [{"epoch": 2, "train_seconds": 158.0, "top1": 76.0, "top5": 93.1, "val_count": 48_238}]
     s = _summary("run.target_top5=93", "data.val_blacklist=bl.txt", history=full, excluded=1_762)
