@@ -192,6 +192,14 @@ def published(gpu: str, dtype: str = "fp16") -> GpuRates:
     return g
 
 
+def gpu_for_device(device_name: str) -> str | None:
+    """The published rate table of a CUDA device (torch.cuda.get_device_name), or None when there is none."""
+    n = device_name.lower().replace(" ", "").replace("-", "")
+    if "v100" in n:
+        return "v100-32gb" if "32gb" in n else "v100"
+    return "a100" if "a100" in n else None
+
+
 def load_gpu_profile(path: str | Path, host_efficiency: float | None = None) -> GpuRates:
     """A profile written from `make gpu-check` (per-GPU images/s of a full step per image size and batch)."""
     path = Path(path)
@@ -519,6 +527,15 @@ class Estimate:
                 for p in self.phases
             ],
         }
+
+
+def step_compute(rates: GpuRates, image_size: int, batch: int, gpus_per_host: int, prof: GradProfile) -> sm.Compute:
+    """One GPU's calibrated training step at `image_size` and per-GPU `batch` inside a host of `gpus_per_host` GPUs
+    (compute plus the intra-host share), split into forward and backward with the profile's gradient-ready times."""
+    step = batch * rates.per_image_s(image_size)
+    if gpus_per_host > 1:
+        step /= rates.host_efficiency  # compute + intra-host, as estimate() counts them
+    return sm.Compute(step * prof.forward_share, step * (1 - prof.forward_share), prof.ready, 0.0)
 
 
 def exposed_comm_s(backend: Backend, prof: GradProfile, step_s: float, cluster: Cluster, hosts: int) -> float:
