@@ -96,7 +96,7 @@ def report(
         f"compute: {rates.source}",
         f"intra-host: efficiency {rates.host_efficiency:.3f} ({rates.host_source})",
         f"gradients: {len(prof.specs)} tensors, {sum(s.nbytes for s in prof.specs) / 1e6:.1f} MB fp32; ready times "
-        f"profiled on this CPU at {prof.image_size} px",
+        f"from the layers' FLOPs at {prof.image_size} px",
         "",
         "Per step (ms) and per phase (s); training clock = DAWNBench's (the TSV's hours), wall = + validation, BN "
         "allreduce, start-up.",
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--latency-us", type=float, default=None, help="per-message latency of one ring step (us; 50)")
     ap.add_argument("--intra-gbyte", type=float, default=150.0, help="intra-host stage (GB/s; NVLink ~150, PCIe ~12)")
     ap.add_argument("--efficiency", type=float, default=0.93, help="TCP goodput as a fraction of the caps")
-    ap.add_argument("--profile-size", type=int, default=64, help="image size of the CPU gradient-ready profile")
+    ap.add_argument("--profile-size", type=int, default=224, help="image size of the FLOP gradient-ready profile")
     ap.add_argument("--record-s", type=float, default=RECORD_S, help="the record's training clock (0 = none)")
     ap.add_argument("--json", default="", help="write per-backend, per-phase, per-term numbers to this file")
     ap.add_argument("--out-of-sample", default="", help="also hold the model against these published entries")

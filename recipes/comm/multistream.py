@@ -110,8 +110,8 @@ class MultiStreamBackend(BackendDefaults):
         return model, optimizer
 
     def _model_start(self, space: list[Settings]) -> tuple:
-        """Rank 0 ranks the space with the step-time model (its compute profile is timed, so ranks could differ)
-        and tells everyone; a bad link or profile file fails every rank with rank 0's message."""
+        """Rank 0 ranks the space with the step-time model (it reads the files and builds the model's FLOP profile,
+        once) and tells everyone; a bad link or profile file fails every rank with rank 0's message."""
         d = self.dist
         hosts, gpus = d.world_size // max(d.local_world_size, 1), max(d.local_world_size, 1)
         box: list = [None]

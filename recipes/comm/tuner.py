@@ -163,9 +163,7 @@ def link_figures(comm) -> stepmodel.LinkFigures:
 def calibrated_compute(cfg, specs, world: int, gpus_per_host: int, device_name: str | None) -> tuple:
     """(stepmodel.Compute or None, what it is): one GPU's step at the run's first image size and per-GPU batch, from
     recipes/timemodel.py's calibrated rates of the run's GPU (comm.gpu_profile: measured ones), with the gradient-
-    ready times of a CPU profile of the model. None where no rate is known (a CPU run, an unlisted GPU).
-
-    The profile is timed, so call it on one rank and broadcast what the model ranks with."""
+    ready times of the model's FLOP profile. None where no rate is known (a CPU run, an unlisted GPU)."""
     from recipes import timemodel as tm
 
     if cfg.comm.gpu_profile:
@@ -182,7 +180,7 @@ def calibrated_compute(cfg, specs, world: int, gpus_per_host: int, device_name: 
             return None, f"{why} (comm.gpu_profile takes make gpu-check's file)"
         rates = tm.published(gpu, cfg.run.amp)
     phase = tm.schedule_phases(cfg, world)[0]
-    prof = tm.profile_model(cfg.model.name, 64)
+    prof = tm.profile_model(cfg.model.name)
     if len(prof.ready) != len(specs):  # another model than the profiled one: no gradient is ready before the end
         prof = dataclasses.replace(prof, ready=tuple(1.0 for _ in specs))
     comp = tm.step_compute(rates, phase.image_size, phase.batch, gpus_per_host, prof)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -129,7 +128,7 @@ def record():
     from recipes import timemodel as tm
 
     cfg = load_config(str(ROOT / "configs" / "dawnbench_158s.yaml"), RECORD)
-    prof = tm.profile_model(cfg.model.name, 64)  # the key calibrated_compute uses: profiled once
+    prof = tm.profile_model(cfg.model.name)  # the key calibrated_compute uses: profiled once
     space = tuning.search_space(cfg.comm.tune_bucket_mb, cfg.comm.tune_streams, cfg.comm.tune_slices)
     return cfg, list(prof.specs), prof, space
 
@@ -169,8 +168,6 @@ def test_a_longer_compute_step_hides_more_so_the_start_moves(record):
     from recipes import timemodel as tm
 
     cfg, specs, prof, space = record
-    n = len(specs)  # ready times evenly through backward: a timed profile moves with the machine's load
-    prof = dataclasses.replace(prof, ready=tuple((i + 1) / n for i in range(n)), forward_share=1 / 3)
     bare = tuning.model_ranking(specs, space, 16, 8, cfg.comm)[0][0]
     assert bare == Settings(8.0, 4, 1)
     v100 = tm.published("v100-32gb")
