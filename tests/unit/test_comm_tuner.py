@@ -225,3 +225,27 @@ def test_a_bad_probe_file_is_a_one_line_config_error(tmp_path, text, key):
     assert "\n" not in str(e.value) and str(f) in str(e.value) and key in str(e.value)
     with pytest.raises(ConfigError, match="cannot read"):
         tuning.link_figures(load_config(None, [f"comm.network_file={tmp_path / 'none.json'}"]).comm)
+
+
+def test_a_measured_gpu_profile_replaces_the_published_rates(tmp_path, record):
+    from recipes import timemodel as tm
+
+    from support import ROOT
+
+    _, specs, _, _ = record
+    doc = {"gpu": "NVIDIA H200", "torch": "2.9", "date": "2026-12-04", "commit": "0123456789ab", "model": "resnet50"}
+    doc |= {
+        "channels_last": True,
+        "dtype": "bf16",
+        "rates": [{"image_size": 96, "batch_size": 256, "images_per_s": 8e3}],
+    }
+    f = tmp_path / "gpu.json"
+    f.write_text(json.dumps(doc))
+    measured = load_config(str(ROOT / "configs" / "dawnbench_158s.yaml"), [*RECORD, f"comm.gpu_profile={f}"])
+    comp, what = tuning.calibrated_compute(measured, specs, 128, 8, "NVIDIA H200")
+    eff = tm.load_gpu_profile(f).host_efficiency
+    assert comp.forward_s + comp.backward_s == pytest.approx(256 / 8e3 / eff)  # 32 ms alone, more in a host of 8
+    assert "NVIDIA H200 (measured 2026-12-04" in what
+    f.write_text(json.dumps(doc | {"dtype": "fp8"}))
+    with pytest.raises(ConfigError, match=rf"^comm.gpu_profile: {f}: dtype: expected"):
+        tuning.calibrated_compute(measured, specs, 128, 8, "NVIDIA H200")
