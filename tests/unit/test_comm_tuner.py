@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from support import ROOT
 
 from recipes.comm import tuner as tuning
 from recipes.comm.plan import Settings
@@ -123,7 +124,6 @@ RECORD = ["comm.tune_start=model", "comm.link_gbit=32", "comm.flow_gbit=10"]
 def record():
     """The record's config on its cluster (16 x 8 V100 32 GB, 32 Gbit/s, 10 Gbit/s per flow) and ResNet-50's
     gradients with their CPU-profiled ready times."""
-    from support import ROOT
 
     from recipes import timemodel as tm
 
@@ -229,8 +229,6 @@ def test_a_bad_probe_file_is_a_one_line_config_error(tmp_path, text, key):
 
 def test_a_measured_gpu_profile_replaces_the_published_rates(tmp_path, record):
     from recipes import timemodel as tm
-
-    from support import ROOT
 
     _, specs, _, _ = record
     doc = {"gpu": "NVIDIA H200", "torch": "2.9", "date": "2026-12-04", "commit": "0123456789ab", "model": "resnet50"}
