@@ -328,8 +328,13 @@ def _matmul_flops(m, out) -> int:
     return 0
 
 
-@functools.lru_cache(maxsize=8)
 def profile_model(model_name: str, image_size: int = 224) -> GradProfile:
+    """When each gradient of `model_name` is ready during backward (remembered per model and size)."""
+    return _profile_model(model_name, image_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _profile_model(model_name: str, image_size: int) -> GradProfile:
     """When each gradient of `model_name` is ready during backward, from its layers' FLOPs (one forward on the meta
     device: nothing is computed, and every machine gets the same numbers).
 
