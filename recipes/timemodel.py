@@ -23,8 +23,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import statistics
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -192,6 +190,14 @@ def published(gpu: str, dtype: str = "fp16") -> GpuRates:
     return g
 
 
+def gpu_for_device(device_name: str) -> str | None:
+    """The published rate table of a CUDA device (torch.cuda.get_device_name), or None when there is none."""
+    n = device_name.lower().replace(" ", "").replace("-", "")
+    if "v100" in n:
+        return "v100-32gb" if "32gb" in n else "v100"
+    return "a100" if "a100" in n else None
+
+
 def load_gpu_profile(path: str | Path, host_efficiency: float | None = None) -> GpuRates:
     """A profile written from `make gpu-check` (per-GPU images/s of a full step per image size and batch)."""
     path = Path(path)
@@ -306,22 +312,41 @@ class CommUncertainty:
 class GradProfile:
     specs: tuple[TensorSpec, ...]
     ready: tuple[float, ...]  # gradient-ready fractions of backward
-    forward_share: float  # forward / (forward + backward), as measured
-    cpu_img_s: float  # CPU images/s (forward + backward) at the profiled size
+    forward_share: float  # forward / (forward + backward), by FLOPs
     image_size: int
     bn_bytes: int  # BN running mean + variance, fp32
 
 
+def _matmul_flops(m, out) -> int:
+    """Forward FLOPs of a convolution or linear layer (multiply-adds x 2); 0 for the others (BN, activations)."""
+    import torch
+
+    if isinstance(m, torch.nn.Conv2d):
+        return 2 * out.numel() * (m.in_channels // m.groups) * m.kernel_size[0] * m.kernel_size[1]
+    if isinstance(m, torch.nn.Linear):
+        return 2 * out.numel() * m.in_features
+    return 0
+
+
+def profile_model(model_name: str, image_size: int = 224) -> GradProfile:
+    """When each gradient of `model_name` is ready during backward (remembered per model and size)."""
+    return _profile_model(model_name, image_size)
+
+
 @functools.lru_cache(maxsize=8)
-def profile_model(model_name: str, image_size: int = 64, batch: int = 2, repeats: int = 2) -> GradProfile:
-    """Forward and backward of `model_name` on the CPU; when each gradient is ready (median of `repeats`)."""
+def _profile_model(model_name: str, image_size: int) -> GradProfile:
+    """When each gradient of `model_name` is ready during backward, from its layers' FLOPs (one forward on the meta
+    device: nothing is computed, and every machine gets the same numbers).
+
+    At a GPU's batch sizes a convolution's time follows its FLOPs; backward runs the layers in reverse, each costing
+    twice its forward (the input's gradient and the weight's), the first layer once (no input gradient), and a
+    layer's gradients are ready when its backward is done."""
     import torch
 
     from models.factory import create_model
     from recipes.config import load_config
 
     cfg = load_config(None, [f"model.name={model_name}"])
-    torch.manual_seed(0)
     model = create_model(cfg.model, 1000)
     specs, params = grad_specs(model)
     bn = sum(
@@ -329,25 +354,29 @@ def profile_model(model_name: str, image_size: int = 64, batch: int = 2, repeats
         for m in model.modules()
         if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.running_mean is not None
     )
-    x = torch.randn(batch, 3, image_size, image_size)
-    y = torch.randint(0, 1000, (batch,))
-    stamps = [0.0] * len(params)
-    for i, p in enumerate(params):
-        p.register_post_accumulate_grad_hook(lambda _p, i=i: stamps.__setitem__(i, time.perf_counter()))
-    runs = []
-    for _ in range(repeats + 1):  # the first one warms up
-        model.zero_grad(set_to_none=True)
-        t0 = time.perf_counter()
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        t1 = time.perf_counter()
-        loss.backward()
-        t2 = time.perf_counter()
-        runs.append((t1 - t0, t2 - t1, [(s - t1) / (t2 - t1) for s in stamps]))
-    runs = runs[1:]
-    fwd = statistics.median(r[0] for r in runs)
-    bwd = statistics.median(r[1] for r in runs)
-    ready = tuple(min(1.0, max(0.0, statistics.median(r[2][i] for r in runs))) for i in range(len(params)))
-    return GradProfile(tuple(specs), ready, fwd / (fwd + bwd), batch / (fwd + bwd), image_size, bn)
+    owner = {id(p): m for m in model.modules() for p in m.parameters(recurse=False)}
+    order: dict = {}  # module -> position in forward
+    flops: dict = {}
+
+    def hook(m, _inp, out):
+        order.setdefault(m, len(order))
+        flops[m] = flops.get(m, 0) + _matmul_flops(m, out)
+
+    handles = [m.register_forward_hook(hook) for m in set(owner.values())]
+    with torch.no_grad():
+        model.to("meta")(torch.empty(1, 3, image_size, image_size, device="meta"))
+    for h in handles:
+        h.remove()
+    first = min(order, key=order.get)
+    back = {m: f * (1 if m is first else 2) for m, f in flops.items()}
+    total = sum(back.values())
+
+    def ready(p) -> float:  # backward has done every layer from the last one down to p's
+        m = owner[id(p)]
+        return 1.0 if m not in order else sum(b for k, b in back.items() if order[k] >= order[m]) / total
+
+    fwd = sum(flops.values())
+    return GradProfile(tuple(specs), tuple(ready(p) for p in params), fwd / (fwd + total), image_size, bn)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -519,6 +548,15 @@ class Estimate:
                 for p in self.phases
             ],
         }
+
+
+def step_compute(rates: GpuRates, image_size: int, batch: int, gpus_per_host: int, prof: GradProfile) -> sm.Compute:
+    """One GPU's calibrated training step at `image_size` and per-GPU `batch` inside a host of `gpus_per_host` GPUs
+    (compute plus the intra-host share), split into forward and backward with the profile's gradient-ready times."""
+    step = batch * rates.per_image_s(image_size)
+    if gpus_per_host > 1:
+        step /= rates.host_efficiency  # compute + intra-host, as estimate() counts them
+    return sm.Compute(step * prof.forward_share, step * (1 - prof.forward_share), prof.ready, 0.0)
 
 
 def exposed_comm_s(backend: Backend, prof: GradProfile, step_s: float, cluster: Cluster, hosts: int) -> float:
@@ -720,7 +758,7 @@ def predict(
     be = {b.name: b for b in backends(cfg)}
     if backend not in be:
         raise ValueError(f"backend: expected one of {', '.join(be)}, got {backend!r}")
-    prof = profile_model(cfg.model.name, 64)  # the same key as predict.py's default: one profile per process
+    prof = profile_model(cfg.model.name)
     est = estimate(schedule_phases(cfg, cluster.world), cluster, rates, be[backend], prof)
     return est.range(clock)
 

@@ -4,6 +4,7 @@
     python scripts/predict.py -c configs/dawnbench_158s.yaml                 # 16 x 8 V100 32 GB, 32 Gbps, 10/flow
     python scripts/predict.py --hosts 2 --gpus-per-host 8 --gpu a100 --link-gbit 100 --json a100.json
     python scripts/predict.py --gpu-profile gpu_check.json                   # measured rates replace published ones
+    python scripts/predict.py --network runs/x/network.json                  # the link probe's figures (launch.py)
     python scripts/predict.py --out-of-sample tests/data/dawnbench_entries/out_of_sample.json
     python scripts/predict.py --validate lab.json --fit-hosts 2 4            # the comm model against the lab
 
@@ -82,16 +83,20 @@ def estimates(cfg, cluster, rates, prof) -> list[tm.Estimate]:
     return [tm.estimate(phases, cluster, rates, be, prof) for be in bes]
 
 
-def report(cfg, cluster: tm.Cluster, rates: tm.GpuRates, prof: tm.GradProfile, record_s: float | None) -> tuple:
+def report(
+    cfg, cluster: tm.Cluster, rates: tm.GpuRates, prof: tm.GradProfile, record_s: float | None, link_source: str = ""
+) -> tuple:
     ests = estimates(cfg, cluster, rates, prof)
+    cap = f"{cluster.flow_gbit:g} Gbit/s" if cluster.flow_gbit else "none"
     lines = [
         f"cluster: {cluster.hosts} hosts x {cluster.gpus_per_host} {rates.name}, link {cluster.link_gbit:g} Gbit/s "
-        f"per host, per-flow cap {cluster.flow_gbit or 'none'} Gbit/s, {cluster.flows_per_comm} flow(s) per "
-        f"communicator, goodput {cluster.efficiency:.0%}",
+        f"per host, per-flow cap {cap}, {cluster.flows_per_comm} flow(s) per communicator, goodput "
+        f"{cluster.efficiency:.0%}",
+        f"link figures: {link_source or 'given (--link-gbit, --flow-gbit, --latency-us)'}",
         f"compute: {rates.source}",
         f"intra-host: efficiency {rates.host_efficiency:.3f} ({rates.host_source})",
         f"gradients: {len(prof.specs)} tensors, {sum(s.nbytes for s in prof.specs) / 1e6:.1f} MB fp32; ready times "
-        f"profiled on this CPU at {prof.image_size} px",
+        f"from the layers' FLOPs at {prof.image_size} px",
         "",
         "Per step (ms) and per phase (s); training clock = DAWNBench's (the TSV's hours), wall = + validation, BN "
         "allreduce, start-up.",
@@ -128,6 +133,23 @@ def report(cfg, cluster: tm.Cluster, rates: tm.GpuRates, prof: tm.GradProfile, r
     lines += ["", "Calibration (fitted, not predicted): the model on the published Alibaba runs, GPU v100-tf-xla.", ""]
     lines += tm.calibration_lines(prof)
     return lines, ests
+
+
+def link_figures(args) -> tuple[float, float | None, float, str]:
+    """(link Gbit/s, per-flow cap or None, latency us, where they came from): --network's probe file, or the flags
+    (a flag given next to --network is an error: the file is the measurement)."""
+    if not args.network:
+        link = 32.0 if args.link_gbit is None else args.link_gbit
+        flow = 10.0 if args.flow_gbit is None else args.flow_gbit
+        return link, flow or None, 50.0 if args.latency_us is None else args.latency_us, ""
+    from recipes.comm.stepmodel import load_link_figures
+    from recipes.errors import ConfigError
+
+    given = [f for f in ("link_gbit", "flow_gbit", "latency_us") if getattr(args, f) is not None]
+    if given:
+        raise ConfigError(f"the probe file gives the link figures; drop --{given[0].replace('_', '-')}")
+    f = load_link_figures(args.network)
+    return f.link_gbit, f.flow_gbit, f.latency_us, f.source
 
 
 def plot(cfg, cluster, rates, prof, png: str, max_hosts: int) -> None:
@@ -167,13 +189,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu", default="v100-32gb", help=f"published rates: {', '.join(tm.gpu_names())}")
     ap.add_argument("--dtype", default="fp16", choices=tm.DTYPES)
     ap.add_argument("--gpu-profile", default="", help="measured rates (make gpu-check) instead of --gpu's")
-    ap.add_argument("--link-gbit", type=float, default=32.0, help="link per host and direction (Gbit/s)")
-    ap.add_argument("--flow-gbit", type=float, default=10.0, help="per-flow cap (Gbit/s; 0 = none)")
+    ap.add_argument("--link-gbit", type=float, default=None, help="link per host and direction (Gbit/s; 32)")
+    ap.add_argument("--flow-gbit", type=float, default=None, help="per-flow cap (Gbit/s; 0 = none; 10)")
+    ap.add_argument(
+        "--network", default="", help="the link probe's figures (<run dir>/network.json of launch.py --probe-network)"
+    )
     ap.add_argument("--flows-per-comm", type=int, default=1, help="TCP flows per communicator (NCCL sockets)")
-    ap.add_argument("--latency-us", type=float, default=50.0, help="per-message latency of one ring step (us)")
+    ap.add_argument("--latency-us", type=float, default=None, help="per-message latency of one ring step (us; 50)")
     ap.add_argument("--intra-gbyte", type=float, default=150.0, help="intra-host stage (GB/s; NVLink ~150, PCIe ~12)")
     ap.add_argument("--efficiency", type=float, default=0.93, help="TCP goodput as a fraction of the caps")
-    ap.add_argument("--profile-size", type=int, default=64, help="image size of the CPU gradient-ready profile")
+    ap.add_argument("--profile-size", type=int, default=224, help="image size of the FLOP gradient-ready profile")
     ap.add_argument("--record-s", type=float, default=RECORD_S, help="the record's training clock (0 = none)")
     ap.add_argument("--json", default="", help="write per-backend, per-phase, per-term numbers to this file")
     ap.add_argument("--out-of-sample", default="", help="also hold the model against these published entries")
@@ -203,18 +228,23 @@ def main(argv: list[str] | None = None) -> int:
     except (tm.ProfileError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    try:
+        link, flow, latency_us, link_source = link_figures(args)
+    except ConfigError as e:
+        print(f"error: --network: {e}", file=sys.stderr)
+        return 2
     cluster = tm.Cluster(
         args.hosts or cfg.run.nodes,
         args.gpus_per_host or cfg.run.procs_per_node,
-        args.link_gbit,
-        args.flow_gbit or None,
+        link,
+        flow,
         args.flows_per_comm,
-        args.latency_us * 1e-6,
+        latency_us * 1e-6,
         args.intra_gbyte,
         args.efficiency,
     )
     prof = tm.profile_model(cfg.model.name, args.profile_size)
-    lines, ests = report(cfg, cluster, rates, prof, args.record_s or None)
+    lines, ests = report(cfg, cluster, rates, prof, args.record_s or None, link_source)
     if args.out_of_sample:
         lines += ["", "Out of sample (not fitted): published entries on other V100 clusters.", ""]
         lines += tm.out_of_sample_lines(args.out_of_sample, prof)
@@ -223,7 +253,9 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"\nplot: {args.png}")
     if args.json:
         Path(args.json).write_text(
-            json.dumps({"config": args.config, "backends": [e.to_json() for e in ests]}, indent=1)
+            json.dumps(
+                {"config": args.config, "link_figures": link_source, "backends": [e.to_json() for e in ests]}, indent=1
+            )
         )
         lines.append(f"\njson: {args.json}")
     print("\n".join(lines))

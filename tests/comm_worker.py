@@ -25,7 +25,7 @@ from torch import nn  # noqa: E402
 from recipes.comm import create_allreduce  # noqa: E402
 from recipes.config import load_config  # noqa: E402
 from recipes.distributed import setup  # noqa: E402
-from recipes.errors import CommError, PlanMismatchError  # noqa: E402
+from recipes.errors import CommError, ConfigError, PlanMismatchError  # noqa: E402
 
 
 class Net(nn.Module):
@@ -243,6 +243,31 @@ def scenario_tune(out: dict, args: list[str]) -> None:
     second.prepare(copy.deepcopy(model), torch.optim.SGD(model.parameters(), lr=0.0))
     out["second_tuner"] = second.tuner is not None
     out["second_settings"] = [second.settings.bucket_mb, second.settings.streams, second.settings.slices]
+
+
+def scenario_model_start(out: dict, args: list[str]) -> None:
+    """tune_start=model: where every rank starts (rank 0 ranks and tells the others), or the error each rank raised."""
+    cfg = config(
+        "comm.backend=multistream",
+        "comm.autotune=true",
+        "comm.tune_start=model",
+        "comm.tune_cache=null",
+        "comm.tune_bucket_mb=[0.001,0.004]",
+        "comm.tune_streams=[1,2]",
+        "comm.tune_slices=[1,3]",
+        *args,
+    )
+    dist = setup(cfg)
+    backend = create_allreduce(cfg, dist)
+    t0 = time.monotonic()
+    try:
+        backend.prepare(Net(), torch.optim.SGD(Net().parameters(), lr=0.0))
+        out["error"] = None
+        out["note"] = backend.tuner.start_note
+        out["start"] = [backend.settings.bucket_mb, backend.settings.streams, backend.settings.slices]
+    except ConfigError as e:
+        out["error"] = str(e)
+    out["seconds"] = time.monotonic() - t0
 
 
 def scenario_mismatch(out: dict, args: list[str]) -> None:

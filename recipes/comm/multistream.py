@@ -82,16 +82,9 @@ class MultiStreamBackend(BackendDefaults):
             else:
                 space, predicted, note = self._distinct_plans(), None, ""
                 if c.tune_start == "model":
-                    d = self.dist
-                    hosts, gpus = d.world_size // max(d.local_world_size, 1), max(d.local_world_size, 1)
-                    ranked = tuning.model_ranking(self.specs, space, hosts, gpus, c)
+                    ranked, note = self._model_start(space)
                     predicted, start = dict(ranked), ranked[0][0]
                     self.settings = start
-                    note = (
-                        f"started at the model's best for {hosts} hosts x {gpus}, {c.link_gbit:g} Gbit/s, "
-                        f"{c.flow_gbit or 'no'} Gbit/s per flow: {start.label()} "
-                        f"(predicted {ranked[0][1] * 1000:.0f} ms)"
-                    )
                 self.tuner = tuning.AutoTuner(
                     space,
                     self.settings,
@@ -117,6 +110,23 @@ class MultiStreamBackend(BackendDefaults):
         for i, p in enumerate(self.params):
             p.register_post_accumulate_grad_hook(partial(self._grad_ready, i))
         return model, optimizer
+
+    def _model_start(self, space: list[Settings]) -> tuple:
+        """Rank 0 ranks the space with the step-time model (it reads the files and builds the model's FLOP profile,
+        once) and tells everyone; a bad link or profile file fails every rank with rank 0's message."""
+        d = self.dist
+        hosts, gpus = d.world_size // max(d.local_world_size, 1), max(d.local_world_size, 1)
+        box: list = [None]
+        if d.is_main:
+            gpu = torch.cuda.get_device_name(d.device) if d.device.type == "cuda" else None
+            try:
+                box = [tuning.model_start(self.cfg, self.specs, space, hosts, gpus, gpu)]
+            except ConfigError as e:
+                box = [str(e)]
+        td.broadcast_object_list(box, src=0)
+        if isinstance(box[0], str):
+            raise ConfigError(box[0])
+        return box[0]
 
     def _distinct_plans(self) -> list[Settings]:
         """The search space, less settings whose plan is identical to an earlier one (e.g. two bucket sizes that

@@ -24,8 +24,10 @@ the rest hidden.
 from __future__ import annotations
 
 import functools
+import json
 import math
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from recipes.comm.plan import Settings, TensorSpec, build_plan
 
@@ -50,6 +52,47 @@ class Network:
     intra_gbyte: float = 150.0  # intra-host stage (NVLink on a V100 DGX-1 class machine; PCIe 3 x16: ~12)
     efficiency: float = 1.0  # goodput / cap (TCP and framing overhead), fitted on the lab
     flows_per_comm: int = 1  # TCP flows one communicator opens to its ring neighbour
+
+
+@dataclass(frozen=True)
+class LinkFigures:
+    """A host's link as the link probe measured it (scripts/launcher/netprobe.py writes <run dir>/network.json)."""
+
+    link_gbit: float  # the slowest host pair's best rate
+    flow_gbit: float | None  # one flow's rate when it is well below N flows' (a per-flow cap); None: no cap seen
+    latency_us: float  # median one-way latency of a small message
+    source: str  # the file, its hosts and when it was measured
+
+
+def load_link_figures(path: str | Path) -> LinkFigures:
+    """The link probe's figures from `path` (ConfigError with a one-line message naming the file and key)."""
+    from recipes.errors import ConfigError
+
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the link probe's figures: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not JSON: {e.msg} at line {e.lineno}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: expected the link probe's JSON object, got {type(doc).__name__}")
+    if "link_gbit" not in doc and isinstance(doc.get("pairs"), list) and not doc["pairs"]:
+        raise ConfigError(f"{path}: the probe measured no host pair (one host): no link figures")
+
+    def number(key: str, low: float, optional: bool = False) -> float | None:
+        v = doc.get(key)
+        if optional and v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > low or not math.isfinite(v):
+            want = f"a number above {low:g}" + (" or null" if optional else "")
+            raise ConfigError(f"{path}: {key}: expected {want} (scripts/launch.py --probe-network), got {v!r}")
+        return float(v)
+
+    link, flow, lat = number("link_gbit", 0.0), number("flow_gbit", 0.0, True), number("latency_us", -1e-9)
+    hosts = doc.get("hosts")
+    where = f"{len(hosts)} hosts, " if isinstance(hosts, list) else ""
+    return LinkFigures(link, flow, lat, f"link probe {path} ({where}measured {doc.get('measured', '?')})")
 
 
 @dataclass(frozen=True)

@@ -7,13 +7,15 @@ device (CUDA events on the stream that waited for every communicator; wall time 
 The next candidate is chosen from the measurements by rank 0 (a small Gaussian-process
 Bayesian optimisation with expected improvement, or a fixed grid) and broadcast, so every rank switches plan at
 the same step boundary. With `comm.tune_start: model` the step-time model (stepmodel.py) ranks the space for the
-cluster first: the search starts at its best and measures candidates in predicted order, so a few suffice.
+cluster first, with the calibrated compute of the run's GPU (recipes/timemodel.py) and the link probe's figures:
+the search starts at its best and measures candidates in predicted order, so a few suffice.
 After `max_candidates` candidates the fastest one wins, and is kept in a JSON cache keyed
 by model, world size, process-group backend, dtypes and network, so that the next run starts tuned.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -25,7 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
+from recipes.comm import stepmodel
 from recipes.comm.plan import Settings
+from recipes.errors import ConfigError
 
 
 @dataclass
@@ -144,18 +148,73 @@ class AutoTuner:
         )
 
 
-def model_ranking(specs, space: list[Settings], hosts: int, gpus_per_host: int, comm) -> list[tuple[Settings, float]]:
-    """The space ranked by the step-time model's communication time on this cluster (`comm` is cfg.comm: its
-    link_gbit, flow_gbit, latency_us and compression); gradients count as ready at once, since backward's
-    timing is what the tuner is about to measure."""
-    from recipes.comm import stepmodel
-
+def link_figures(comm) -> stepmodel.LinkFigures:
+    """The link the model ranks for: the link probe's file `comm.network_file` when set (what scripts/launch.py
+    --probe-network measured), else comm.link_gbit, flow_gbit and latency_us."""
+    if comm.network_file:
+        return stepmodel.load_link_figures(comm.network_file)
     if not comm.link_gbit or comm.link_gbit <= 0:
-        from recipes.errors import ConfigError
+        raise ConfigError(
+            f"comm.link_gbit: tune_start=model needs the link bandwidth in Gbit/s (or comm.network_file, the link "
+            f"probe's figures), got {comm.link_gbit}"
+        )
+    return stepmodel.LinkFigures(comm.link_gbit, comm.flow_gbit or None, comm.latency_us, "comm.link_gbit")
 
-        raise ConfigError(f"comm.link_gbit: tune_start=model needs the link bandwidth in Gbit/s, got {comm.link_gbit}")
-    net = stepmodel.Network(hosts, gpus_per_host, comm.link_gbit, comm.flow_gbit or None, comm.latency_us * 1e-6)
-    return stepmodel.recommend(specs, stepmodel.no_overlap(specs), net, space, comm.compression)
+
+def calibrated_compute(cfg, specs, world: int, gpus_per_host: int, device_name: str | None) -> tuple:
+    """(stepmodel.Compute or None, what it is): one GPU's step at the run's first image size and per-GPU batch, from
+    recipes/timemodel.py's calibrated rates of the run's GPU (comm.gpu_profile: measured ones), with the gradient-
+    ready times of the model's FLOP profile. None where no rate is known (a CPU run, an unlisted GPU)."""
+    from recipes import timemodel as tm
+
+    if cfg.comm.gpu_profile:
+        try:
+            rates = tm.load_gpu_profile(cfg.comm.gpu_profile)
+        except tm.ProfileError as e:
+            raise ConfigError(f"comm.gpu_profile: {e}") from None
+    elif device_name is None:
+        return None, "no calibrated compute on the CPU"
+    else:
+        gpu = tm.gpu_for_device(device_name)
+        if gpu is None or cfg.run.amp not in tm.PUBLISHED[gpu].dtypes:
+            why = f"no published rates for {device_name} with run.amp={cfg.run.amp}"
+            return None, f"{why} (comm.gpu_profile takes make gpu-check's file)"
+        rates = tm.published(gpu, cfg.run.amp)
+    phase = tm.schedule_phases(cfg, world)[0]
+    prof = tm.profile_model(cfg.model.name)
+    if len(prof.ready) != len(specs):  # another model than the profiled one: no gradient is ready before the end
+        prof = dataclasses.replace(prof, ready=tuple(1.0 for _ in specs))
+    comp = tm.step_compute(rates, phase.image_size, phase.batch, gpus_per_host, prof)
+    what = (
+        f"compute {(comp.forward_s + comp.backward_s) * 1000:.0f} ms per step ({rates.name}, {phase.image_size} px, "
+        f"{phase.batch} per GPU)"
+    )
+    return comp, what
+
+
+def model_ranking(
+    specs, space: list[Settings], hosts: int, gpus_per_host: int, comm, compute: stepmodel.Compute | None = None
+) -> list[tuple[Settings, float]]:
+    """The space ranked by the step-time model's step time on this cluster (`comm` is cfg.comm: its link figures
+    and compression). `compute`: the calibrated step (calibrated_compute); None: gradients all ready at once after
+    no compute, so only the communication itself is ranked."""
+    link = link_figures(comm)
+    net = stepmodel.Network(hosts, gpus_per_host, link.link_gbit, link.flow_gbit, link.latency_us * 1e-6)
+    return stepmodel.recommend(specs, compute or stepmodel.no_overlap(specs), net, space, comm.compression)
+
+
+def model_start(cfg, specs, space: list[Settings], hosts: int, gpus_per_host: int, device_name: str | None) -> tuple:
+    """(ranking, note): the space ranked for this run's cluster, link and calibrated compute, and a line that says
+    where the tuner starts and from which figures."""
+    compute, what = calibrated_compute(cfg, specs, hosts * gpus_per_host, gpus_per_host, device_name)
+    ranked = model_ranking(specs, space, hosts, gpus_per_host, cfg.comm, compute)
+    link = link_figures(cfg.comm)
+    flow = f"{link.flow_gbit:g} Gbit/s per flow" if link.flow_gbit else "no per-flow cap"
+    note = (
+        f"started at the model's best for {hosts} hosts x {gpus_per_host}, {link.link_gbit:g} Gbit/s, {flow} "
+        f"({link.source}), {what}: {ranked[0][0].label()} (predicted {ranked[0][1] * 1000:.0f} ms)"
+    )
+    return ranked, note
 
 
 def _coords(s: Settings, space: list[Settings]) -> np.ndarray:

@@ -317,6 +317,18 @@ class CommConfig:
     latency_us: float = _f(
         50.0, help="tune_start model: per-message latency of one ring step (microseconds)", domain=">=0"
     )
+    network_file: str = _f(
+        "",
+        help="tune_start model: the link probe's figures (<run dir>/network.json of scripts/launch.py "
+        "--probe-network) instead of link_gbit/flow_gbit/latency_us; '' = those keys",
+        trains=False,
+    )
+    gpu_profile: str = _f(
+        "",
+        help="tune_start model: the GPU's measured rates (make gpu-check) for the step's compute; '' = the published "
+        "rates of the run's GPU (recipes/timemodel.py)",
+        trains=False,
+    )
     tune_max_candidates: int = _f(10, help="autotune: candidates measured before the best is kept", domain=">0 <=1000")
     tune_warmup_steps: int = _f(3, help="autotune: steps discarded before the first measurement", domain=">=0 <=10000")
     tune_steps_per_window: int = _f(2, help="autotune: steps averaged into one window", domain=">0 <=1000")

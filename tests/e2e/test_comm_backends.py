@@ -80,6 +80,29 @@ def test_tuner_decisions_are_identical_on_all_ranks_and_cached(tmp_path):
     assert "candidate 4:" in p.stdout and "winner after 4 candidates" in p.stdout
 
 
+def test_model_start_takes_the_link_probes_file_and_a_bad_one_stops_every_rank(tmp_path):
+    """comm.network_file: the link probe's figures reach the start's log line on every rank (a CPU run has no
+    calibrated compute, and says so); a file without figures stops both ranks with rank 0's one-line error."""
+    good = tmp_path / "network.json"
+    good.write_text(
+        json.dumps(
+            {"hosts": ["a", "b"], "measured": "2026-12-04T10:00:00+00:00", "pairs": [{}]}
+            | {"link_gbit": 0.5, "flow_gbit": 0.2, "latency_us": 40.0}
+        )
+    )
+    results, _ = run_worker(tmp_path, 2, "model_start", f"comm.network_file={good}")
+    a, b = results
+    assert a["error"] is None and a["start"] == b["start"] and a["note"] == b["note"]
+    assert f"0.5 Gbit/s, 0.2 Gbit/s per flow (link probe {good} (2 hosts" in a["note"]
+    assert "no calibrated compute on the CPU" in a["note"]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"hosts": ["a"], "pairs": []}))
+    results, _ = run_worker(tmp_path, 2, "model_start", f"comm.network_file={bad}", "dist.timeout_s=60")
+    for r in results:
+        assert r["error"] == f"{bad}: the probe measured no host pair (one host): no link figures"
+        assert r["seconds"] < 30  # no rank waits for a timeout
+
+
 def test_plan_mismatch_fails_fast_with_a_clear_error(tmp_path):
     results, _ = run_worker(tmp_path, 2, "mismatch", "dist.timeout_s=60")
     for r in results:

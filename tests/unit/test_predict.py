@@ -72,3 +72,46 @@ def test_model_reproduces_an_unfitted_lab_run(tmp_path):
     for rec, method in runs:
         pred, meas = predict.lab_predict(rec, method, predict.LAB_FIT), predict.measured(rec, method)
         assert abs(pred / meas - 1) < 0.15, (method, rec["flow_mbit"], pred, meas)
+
+
+def test_network_file_gives_the_link_figures(tmp_path, capsys):
+    """--network reads what `launch.py --probe-network` writes (scripts/launcher/netprobe.py's summarize())."""
+    sys.path.insert(0, str(ROOT / "scripts" / "launcher"))
+    from netprobe import summarize
+
+    pair = {"a": "h0", "b": "h1", "ranks": [0, 1], "one_flow_gbit": 2.0, "n_flows_gbit": 6.0, "latency_us": 80.0}
+    f = tmp_path / "network.json"
+    f.write_text(json.dumps(summarize(["h0", "h1"], [pair], 4, 1.0)))
+    out = tmp_path / "p.json"
+    argv = ["--hosts", "2", "--gpus-per-host", "8", "--gpu", "v100", "--record-s", "0", "--json", str(out)]
+    assert predict.main([*argv, "--network", str(f)]) == 0
+    text = capsys.readouterr().out
+    assert "link 6 Gbit/s per host, per-flow cap 2 Gbit/s" in text
+    assert f"link figures: link probe {f} (2 hosts, measured " in text
+    probed = json.loads(out.read_text())
+    assert probed["link_figures"].startswith(f"link probe {f}")
+    assert predict.main([*argv, "--link-gbit", "6", "--flow-gbit", "2", "--latency-us", "80"]) == 0
+    assert "link figures: given (--link-gbit" in capsys.readouterr().out
+    given = json.loads(out.read_text())
+    assert [b["train_s"] for b in given["backends"]] == [b["train_s"] for b in probed["backends"]]
+    assert predict.main([*argv, "--link-gbit", "32"]) == 0
+    capsys.readouterr()
+    fast = json.loads(out.read_text())["backends"][0]["train_s"]["mid"]
+    assert fast < probed["backends"][0]["train_s"]["mid"]  # ddp on 6 Gbit/s with a 2 Gbit/s flow is slower
+
+
+@pytest.mark.parametrize(
+    ("text", "extra", "key"),
+    [
+        ("{nope", [], "not JSON"),
+        (json.dumps({"hosts": ["h0"], "pairs": []}), [], "no host pair"),
+        (json.dumps({"link_gbit": 0, "flow_gbit": None, "latency_us": 5}), [], "link_gbit"),
+        (json.dumps({"link_gbit": 3, "flow_gbit": None, "latency_us": 5}), ["--link-gbit", "3"], "drop --link-gbit"),
+    ],
+)
+def test_bad_network_file_is_one_line_exit_2(tmp_path, capsys, text, extra, key):
+    f = tmp_path / "network.json"
+    f.write_text(text)
+    assert predict.main(["--network", str(f), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: --network: ") and key in err

@@ -16,7 +16,7 @@ ENTRIES = ROOT / "tests" / "data" / "dawnbench_entries"
 
 @pytest.fixture(scope="module")
 def prof():
-    return tm.profile_model("resnet50", 64)
+    return tm.profile_model("resnet50")
 
 
 def tsv_phase_seconds(name: str, epochs: list[int]) -> list[float]:
@@ -67,6 +67,17 @@ def test_compute_is_per_resolution_not_per_pixel():
     assert 1 / v.per_image_s(224) == pytest.approx(1200.0)  # NVIDIA's PyTorch figure, one V100 16 GB
     assert v.host_efficiency == pytest.approx(8322 / 9600)
     assert v.per_image_s(160) == pytest.approx((v.per_image_s(128) + v.per_image_s(224)) / 2, rel=0.3)
+
+
+def test_gradient_profile_comes_from_the_layers_flops(prof):
+    """Backward in reverse layer order at twice each layer's forward FLOPs: the classifier's gradients are ready
+    first, the stem's last, and ResNet-50's forward is a third of a step (no timing: the same on every machine)."""
+    assert len(prof.specs) == len(prof.ready) == 161
+    assert list(prof.ready) == sorted(prof.ready) and prof.ready[-1] == 1.0
+    assert prof.specs[0].name.startswith("fc.") and prof.ready[0] < 0.01  # the classifier: ~4 MFLOP of 12 GFLOP
+    assert 0.33 < prof.forward_share < 1 / 3 + 0.01  # 1/3, plus the stem's missing input gradient
+    assert prof.ready[len(prof.ready) // 2] == pytest.approx(0.5, abs=0.15)  # FLOPs spread through the stages
+    assert tm.profile_model("resnet50", 160).ready == pytest.approx(prof.ready, abs=0.01)  # convolutions scale alike
 
 
 def profile_doc(**kw) -> dict:
