@@ -28,9 +28,8 @@ sys.path.insert(0, str(ROOT))
 from recipes import timemodel as tm  # noqa: E402
 from recipes.comm.plan import Settings  # noqa: E402
 
-sys.path.insert(0, str(ROOT / "scripts"))
 # --validate: the model against the network lab (re-exported: tests use predict.lab_predict, predict.LAB_FIT, ...)
-from predict_lab import (  # noqa: E402, F401
+from scripts.predict_lab import (  # noqa: E402, F401
     LAB_FIT,
     LAB_METHODS,
     LabFit,
@@ -179,7 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out-of-sample", default="", help="also hold the model against these published entries")
     ap.add_argument("--png", default="", help="plot the predicted training clock against hosts to this PNG")
     ap.add_argument("--max-hosts", type=int, default=64)
-    ap.add_argument("--validate", nargs="+", default=[], help="scripts/bench_allreduce.py --json files: fit, check")
+    ap.add_argument(
+        "--validate", nargs="+", default=[], help="scripts/bench/bench_allreduce.py --json files: fit, check"
+    )
     ap.add_argument("--fit-hosts", type=int, nargs="+", default=[2, 4], help="--validate: host counts to fit on")
     args = ap.parse_args(argv)
     if args.validate:

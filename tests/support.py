@@ -126,9 +126,7 @@ def two_local_hosts(tmp_path: Path) -> Path:
 def _netlab_missing() -> str | None:
     if not (ROOT / "scripts" / "netlab.py").is_file():
         return "scripts/netlab.py (the network lab, issue 5) is not in this tree"
-    if str(ROOT / "scripts") not in sys.path:
-        sys.path.insert(0, str(ROOT / "scripts"))
-    import netlab
+    from scripts import netlab
 
     return netlab.available()
 

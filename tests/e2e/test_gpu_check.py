@@ -1,4 +1,4 @@
-"""scripts/gpu_check.py without a GPU: its three outcomes from faked driver and CUDA states, and every way it once
+"""scripts/gpu_check/ without a GPU: its three outcomes from faked driver and CUDA states, and every way it once
 passed without testing (a reused run directory, a world of one, a threshold never compared, a hung subprocess left
 running, bf16 on a GPU without it, graphs never counted), each shown to give a fail row and exit 1 now."""
 
@@ -15,15 +15,11 @@ import pytest
 import torch
 from support import ROOT
 
-SCRIPTS = ROOT / "scripts"
-SCRIPT = SCRIPTS / "gpu_check.py"
-sys.path.insert(0, str(SCRIPTS))
-
-import gpu_check  # noqa: E402
-import gpu_check_env as env  # noqa: E402
-import gpu_check_runs as runs  # noqa: E402
-import gpu_check_steps as steps  # noqa: E402
-from gpu_check_rows import failed, guard, judged, markdown_table, row  # noqa: E402
+from scripts.gpu_check import gpu_check
+from scripts.gpu_check import gpu_check_env as env
+from scripts.gpu_check import gpu_check_runs as runs
+from scripts.gpu_check import gpu_check_steps as steps
+from scripts.gpu_check.gpu_check_rows import failed, guard, judged, markdown_table, row
 
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the check would run")
 
@@ -40,7 +36,8 @@ def _fake_smi(tmp_path: Path, line: str | None) -> dict:
 
 
 def _run(args, env_=None):
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120, env=env_)
+    cmd = [sys.executable, "-m", "scripts.gpu_check.gpu_check", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env_, cwd=ROOT)
 
 
 @no_gpu
@@ -308,7 +305,7 @@ def test_allreduce_worker_on_the_cpu(tmp_path):
     """The worker behind the multistream-vs-DDP rows, on 2 CPU ranks: same weights, bytes moved by both."""
     out = tmp_path / "w.json"
     cmd, _ = runs.torchrun(2, "gpu-check-test")
-    cmd += [str(SCRIPTS / "gpu_check_worker.py"), str(out), "cpu", "3"]
+    cmd += ["-m", "scripts.gpu_check.gpu_check_worker", str(out), "cpu", "3"]
     rc = env.run_logged(cmd, tmp_path / "log", 240, ROOT, {**os.environ, "OMP_NUM_THREADS": "1"})
     assert rc == 0, (tmp_path / "log").read_text()[-3000:]
     r = json.loads(out.read_text())

@@ -14,11 +14,7 @@ from support import ROOT
 from recipes.comm import ncclenv
 from recipes.config import load_config
 from recipes.errors import ConfigError
-
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import compare_runs  # noqa: E402
-import netlab  # noqa: E402
+from scripts import compare_runs, netlab
 
 
 def _comm(*over):

@@ -4,15 +4,12 @@ was not fitted on (3 hosts; it was fitted on 2 and 4)."""
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 from support import ROOT
 
-sys.path.insert(0, str(ROOT / "scripts"))
-import bench_allreduce  # noqa: E402
-import netlab  # noqa: E402
-import predict  # noqa: E402
+from scripts import netlab, predict
+from scripts.bench import bench_allreduce
 
 
 def test_bad_input_exits_2(capsys, tmp_path):

@@ -1,4 +1,4 @@
-"""The GPU check's result rows (scripts/gpu_check.py): one per check, each with the threshold that decides it and
+"""The GPU check's result rows (gpu_check.py): one per check, each with the threshold that decides it and
 the seconds it took; a Markdown table of them; the failures.
 
 A row passes only by meeting a threshold that could have failed: `judged` is the only way to a 'pass'. Other

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Trainer overhead: the trainer's images/s against a bare forward/backward/step loop, same model and batches.
 
-    python scripts/bench_trainer.py [--model resnet18 --image-size 64 --batch 32 --steps 20 --rounds 5] [--quick]
+    python -m scripts.bench.bench_trainer [--model resnet18 --image-size 64 --batch 32 --steps 20 --rounds 5] [--quick]
 
 Both contenders run in this process, alternating over rounds; the table reports medians. On a machine with a
 GPU the same comparison runs on the GPU.
@@ -14,15 +14,12 @@ import contextlib
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from recipes.config import load_config  # noqa: E402
-from recipes.optim import create_optimizer  # noqa: E402
-from recipes.trainer import Trainer  # noqa: E402
+from recipes.config import load_config
+from recipes.optim import create_optimizer
+from recipes.trainer import Trainer
 
 
 def bare_loop(model, optimizer, criterion, x, y, steps: int) -> float:

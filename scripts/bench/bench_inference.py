@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Batch-1 inference latency: eager fp32, every --optimize mode and ONNX Runtime (the peer), on the same images.
 
-    python scripts/bench_inference.py [--models resnet50_tweaked,resnet26d] [--images 200] [--threads 2] [--quick]
-    python scripts/bench_inference.py --checkpoint runs/x/checkpoint.pt        # a trained model instead
+    python -m scripts.bench.bench_inference [--models resnet50_tweaked,resnet26d] [--images 200] [--threads 2] [--quick]
+    python -m scripts.bench.bench_inference --checkpoint runs/x/checkpoint.pt        # a trained model instead
 
 The DAWNBench protocol of evaluate.py --latency (recipes/evaluation/latency.py): images decoded and cropped at
 224 px, the contenders alternating in rounds of 32 images, medians compared. Without --checkpoint each network is a
@@ -21,15 +21,14 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from data.folder import scan_split
+from data.transforms import normalize
+from models import create_model
+from recipes.config import ModelConfig
+from recipes.evaluation.inference import build_runner
+from recipes.evaluation.latency import latency_table, load_image, run_protocol, select_images
 
-from data.folder import scan_split  # noqa: E402
-from data.transforms import normalize  # noqa: E402
-from models import create_model  # noqa: E402
-from recipes.config import ModelConfig  # noqa: E402
-from recipes.evaluation.inference import build_runner  # noqa: E402
-from recipes.evaluation.latency import latency_table, load_image, run_protocol, select_images  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 CPU_MODES = ["none", "fuse", "compile", "int8", "onnxruntime", "onnxruntime-int8"]
 GPU_MODES = ["none", "fuse", "compile", "fp16", "bf16"]

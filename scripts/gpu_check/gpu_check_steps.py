@@ -1,4 +1,4 @@
-"""Checks 1 and 2 of scripts/gpu_check.py, in its own process: training-step throughput (the trainer against a bare
+"""Checks 1 and 2 of gpu_check.py, in its own process: training-step throughput (the trainer against a bare
 loop on identical prebuilt device batches; ResNet-50 v1.5 against NVIDIA's figure; the time model's GPU profile)
 and DALI's GPU decoding timed on a pipeline built before the clock starts."""
 
@@ -13,10 +13,10 @@ import sys
 import time
 from pathlib import Path
 
-from gpu_check_env import REFERENCE_FRACTION, native_bf16, rn50_reference
-from gpu_check_rows import guard, judged, row
+from scripts.gpu_check.gpu_check_env import REFERENCE_FRACTION, native_bf16, rn50_reference
+from scripts.gpu_check.gpu_check_rows import guard, judged, row
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SIZES = (96, 128, 224, 288)
 # Per-GPU batch of each size: the 158 s record's global batch over its 128 GPUs (32768, and 16384 at 288 px).
 BATCH = {96: 256, 128: 256, 224: 256, 288: 128}
