@@ -76,7 +76,7 @@ class Trainer:
         self.model = model
         self.optimizer = create_optimizer(cfg.optim, model)
         self.scaler = torch.amp.GradScaler(dist.device.type, enabled=cfg.run.amp == "fp16")
-        self.comm = create_allreduce(cfg, dist)
+        self.comm = create_allreduce(cfg.comm, dist, timeout_s=cfg.dist.timeout_s, model_name=cfg.model.name)
         torch.manual_seed(cfg.run.seed + 1000 * dist.rank)  # per-rank randomness; a resume restores it
         parts = Parts(self.model, self.optimizer, self.scaler, self.comm)
         self.checkpointer = Checkpointer(self.run, dist, cfg, self.data, parts, self.log)

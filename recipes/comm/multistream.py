@@ -34,9 +34,9 @@ from recipes.errors import CommError, ConfigError, PlanMismatchError
 class MultiStreamBackend(BackendDefaults):
     name = "multistream"
 
-    def __init__(self, cfg, dist):
-        super().__init__(cfg, dist)
-        c = cfg.comm
+    def __init__(self, comm, dist, **named):
+        super().__init__(comm, dist, **named)
+        c = comm
         for key in ("streams", "slices", "tune_max_candidates", "tune_steps_per_window", "tune_windows"):
             if getattr(c, key) < 1:
                 raise ConfigError(f"comm.{key}: expected a positive integer, got {getattr(c, key)}")
@@ -60,16 +60,16 @@ class MultiStreamBackend(BackendDefaults):
         self.concurrency: concurrency.Decision | None = None
 
     @classmethod
-    def process_env(cls, cfg) -> dict[str, str]:
+    def process_env(cls, comm) -> dict[str, str]:
         """NCCL's implicit launch order (the rule of `overlap`) and the multi-flow settings, unless already set."""
-        env = {**super().process_env(cfg), **ncclenv.process_env(cfg.comm, log=ncclenv.rank0_print)}
-        return {**env, **concurrency.process_env(cfg.comm.concurrency)}
+        env = {**super().process_env(comm), **ncclenv.process_env(comm, log=ncclenv.rank0_print)}
+        return {**env, **concurrency.process_env(comm.concurrency)}
 
     # -- set-up -----------------------------------------------------------------------------------------
     def prepare(self, model: nn.Module, optimizer):
-        if self.dist.world_size == 1 and not self.cfg.comm.engage_single_rank:
+        if self.dist.world_size == 1 and not self.comm_cfg.engage_single_rank:
             return model, optimizer  # nothing to reduce
-        c = self.cfg.comm
+        c = self.comm_cfg
         self.specs, self.params = grad_specs(model)
         want_tuning = c.autotune and self._resumed is None
         start = self._resumed or self.settings
@@ -119,14 +119,14 @@ class MultiStreamBackend(BackendDefaults):
     def _distinct_plans(self) -> list[Settings]:
         """The search space, less settings whose plan is identical to an earlier one (e.g. two bucket sizes that
         both leave every tensor alone), so no candidate is measured twice."""
-        c = self.cfg.comm
+        c = self.comm_cfg
         seen: dict[str, Settings] = {}
         for s in [self.settings, *tuning.search_space(c.tune_bucket_mb, c.tune_streams, c.tune_slices)]:
             seen.setdefault(build_plan(self.specs, s, c.compression).digest(), s)
         return list(seen.values())
 
     def _create_groups(self, k: int) -> None:
-        timeout = datetime.timedelta(seconds=self.cfg.dist.timeout_s)
+        timeout = datetime.timedelta(seconds=self.timeout_s)
         self.groups = [td.new_group(timeout=timeout) for _ in range(k)]
         # Connect every communicator now, one at a time, instead of lazily mid-backward. Each sums its own ones
         # (int32, so the check is exact: every entry must be the world size, whatever W and K are).
@@ -143,7 +143,7 @@ class MultiStreamBackend(BackendDefaults):
 
     def _verified_plan(self, settings: Settings) -> FusionPlan:
         """The plan for `settings`, after checking that every rank derived the same one (one all-gather)."""
-        plan = build_plan(self.specs, settings, self.cfg.comm.compression)
+        plan = build_plan(self.specs, settings, self.comm_cfg.compression)
         mine = (plan.digest(), plan.describe())
         everyone = [None] * self.dist.world_size
         td.all_gather_object(everyone, mine)
@@ -166,7 +166,7 @@ class MultiStreamBackend(BackendDefaults):
             self.groups[: plan.streams],
             self.dist.world_size,
             self.concurrency.mode == "serialize",
-            self.cfg.dist.timeout_s,
+            self.timeout_s,
         )
         self.settings = plan.settings
         self._note(f"multistream plan {plan.digest()[:12]}: {plan.describe()}, concurrency {self.concurrency.mode}")
@@ -176,19 +176,19 @@ class MultiStreamBackend(BackendDefaults):
 
     # -- the tuner --------------------------------------------------------------------------------------
     def _cache_path(self):
-        c = self.cfg.comm.tune_cache
+        c = self.comm_cfg.tune_cache
         if c is None:
             return None
         return Path(c).expanduser() if c else tuning.default_cache_path()
 
     def _cache_key(self) -> str:
-        c, d = self.cfg.comm, self.dist
+        c, d = self.comm_cfg, self.dist
         network = c.network
         if network == "auto":
             ifname = os.environ.get("NCCL_SOCKET_IFNAME") or os.environ.get("GLOO_SOCKET_IFNAME") or "default"
             network = f"{d.world_size // max(d.local_world_size, 1)}nodes-x{d.local_world_size}-if:{ifname}"
         dtype = str(self.params[0].dtype).removeprefix("torch.")
-        return tuning.cache_key(self.cfg.model.name, d.world_size, td.get_backend(), dtype, c.compression, network)
+        return tuning.cache_key(self.model_name, d.world_size, td.get_backend(), dtype, c.compression, network)
 
     def _cached_winner(self) -> Settings | None:
         """Rank 0 reads the cache and tells everyone (other machines may not have the file)."""
@@ -286,7 +286,7 @@ class MultiStreamBackend(BackendDefaults):
         if self.engine is None:
             return CommStats(self.name)
         self._account(self.engine.read(wait=True))
-        c, s = self.cfg.comm, self.settings
+        c, s = self.comm_cfg, self.settings
         settings = {
             "bucket_mb": s.bucket_mb,
             "streams": s.streams,

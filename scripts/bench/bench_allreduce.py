@@ -208,7 +208,12 @@ def worker(args) -> None:
                     f"comm.tune_max_candidates={max(1, args.candidates // 2)}",
                 ]
             cfg = load_config(None, over)
-            backend = MultiStreamBackend(cfg, DistInfo(rank, world, 0, 1, torch.device("cpu")))
+            backend = MultiStreamBackend(
+                cfg.comm,
+                DistInfo(rank, world, 0, 1, torch.device("cpu")),
+                timeout_s=cfg.dist.timeout_s,
+                model_name=cfg.model.name,
+            )
             m, ps = fresh()
             tm, _ = backend.prepare(m, None)
 

@@ -42,7 +42,7 @@ def train(cfg, dist, model: nn.Module, steps: int):
 
     m = copy.deepcopy(model)
     opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
-    comm = create_allreduce(cfg, dist)
+    comm = create_allreduce(cfg.comm, dist, timeout_s=cfg.dist.timeout_s, model_name=cfg.model.name)
     tm, opt = comm.prepare(m, opt)
     for step in range(steps):
         g = torch.Generator().manual_seed(1000 * dist.rank + step)

@@ -224,6 +224,8 @@ PART_SECTIONS = {
     "recipes/run/directory.py": set(),
     "recipes/run/checkpointer.py": {"checkpoint", "dist", "model"},
 }
+# The allreduce backends are built from the comm section (`create_allreduce(cfg.comm, dist, timeout_s=, model_name=)`).
+PART_SECTIONS |= {p.relative_to(ROOT).as_posix(): set() for p in sorted((ROOT / "recipes" / "comm").glob("*.py"))}
 
 
 def config_sections_read(path) -> set[str]:

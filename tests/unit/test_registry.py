@@ -55,7 +55,8 @@ def test_every_allreduce_backend_implements_the_interface(name):
     cls = registry.load(registry.ALLREDUCE_BACKENDS, name, "comm.backend", "backend")
     assert cls.name == name and issubclass(cls, BackendDefaults)
     assert all(callable(getattr(cls, m, None)) for m in BACKEND_METHODS)
-    backend = cls(load_config(None, [f"comm.backend={name}"]), DistInfo(0, 1, 0, 1, torch.device("cpu")))
+    cfg = load_config(None, [f"comm.backend={name}"])
+    backend = cls(cfg.comm, DistInfo(0, 1, 0, 1, torch.device("cpu")), timeout_s=60.0, model_name=cfg.model.name)
     assert isinstance(backend, AllreduceBackend)
     stats = backend.stats()  # one process: nothing reduced, nothing measured
     assert (stats.backend, stats.steps, stats.comm_seconds_per_step) == (name, 0, None)
