@@ -68,7 +68,9 @@ class Trainer:
         if cfg.run.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
         torch.manual_seed(cfg.run.seed)  # identical initial weights on every rank
-        self.data = create_input(cfg, dist)
+        self.data = create_input(
+            cfg.data, dist, phases=cfg.phases, seed=cfg.run.seed, channels_last=cfg.run.channels_last, amp=cfg.run.amp
+        )
         self.plan = Schedule(cfg, self.data.num_train, dist.world_size)
         model = create_model(cfg.model, self.data.num_classes).to(dist.device)
         if cfg.run.channels_last:

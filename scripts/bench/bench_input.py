@@ -110,7 +110,14 @@ def pipeline_run(backend: str, size: int, args, device: torch.device, copy: Path
         "run.seed=1",
     ] + ([f"data.roots={{small: {copy}}}"] if copy else [])
     cfg = load_config(ROOT / "configs" / "base.yaml", overrides)
-    pipe = create_input(cfg, DistInfo(0, 1, 0, 1, device))
+    pipe = create_input(
+        cfg.data,
+        DistInfo(0, 1, 0, 1, device),
+        phases=cfg.phases,
+        seed=cfg.run.seed,
+        channels_last=cfg.run.channels_last,
+        amp=cfg.run.amp,
+    )
     info = EpochInfo(0, 0, cfg.phases[0], 0, math.ceil(pipe.num_train / BATCH))  # every image once
     if backend == "dali":
         # The trainer builds a DALI pipeline once per phase and then streams epoch after epoch: measure an epoch

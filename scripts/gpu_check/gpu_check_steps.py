@@ -205,7 +205,14 @@ def check_dali(rows: list[dict], sample: Path, rates: dict[int, float]) -> None:
                 ROOT / "configs" / "base.yaml",
                 ["data.backend=dali", f"data.root={sample}", f"data.workers={DALI_WORKERS}", f"phases=[{phase}]"],
             )
-            pipe = create_input(cfg, DistInfo(0, 1, 0, 1, dev))
+            pipe = create_input(
+                cfg.data,
+                DistInfo(0, 1, 0, 1, dev),
+                phases=cfg.phases,
+                seed=cfg.run.seed,
+                channels_last=cfg.run.channels_last,
+                amp=cfg.run.amp,
+            )
             first = EpochInfo(0, 0, cfg.phases[0], 0, math.ceil(pipe.num_train / batch))
             for _ in pipe.train_batches(first):  # epoch 0: builds the pipeline and fills its queue
                 pass
@@ -241,7 +248,14 @@ def check_dali(rows: list[dict], sample: Path, rates: dict[int, float]) -> None:
             ROOT / "configs" / "base.yaml",
             ["data.backend=dali", f"data.root={sample}", "data.workers=4", f"phases=[{phase}]"],
         )
-        pipe = create_input(cfg, DistInfo(0, 1, 0, 1, dev))
+        pipe = create_input(
+            cfg.data,
+            DistInfo(0, 1, 0, 1, dev),
+            phases=cfg.phases,
+            seed=cfg.run.seed,
+            channels_last=cfg.run.channels_last,
+            amp=cfg.run.amp,
+        )
         n = sum(x.shape[0] for x, _ in pipe.val_batches(cfg.phases[0]))
         expected = pipe.num_val
         pipe.close()

@@ -8,7 +8,7 @@ import weakref
 
 import pytest
 import torch
-from support import tiny_config
+from support import run_context, tiny_config
 
 from data.dali_loader import DaliPipeline
 from data.folder import Split, scan_split
@@ -29,7 +29,7 @@ def _indexed(split: Split, drop: int = 0) -> Split:
 
 
 def _pipe(cfg, rank, world, train, val) -> DaliPipeline:
-    return DaliPipeline(cfg, _dist(rank, world), train, val, {"full": (train, val)})
+    return DaliPipeline(cfg.data, _dist(rank, world), run_context(cfg), train, val, {"full": (train, val)})
 
 
 def _status(key: str) -> int:

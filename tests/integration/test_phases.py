@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from support import ROOT, tiny_config, torchrun
+from support import ROOT, input_args, tiny_config, torchrun
 
 from data import create_input
 from recipes.config import load_config
@@ -53,7 +53,7 @@ def test_every_backend_gives_the_plans_steps_at_each_phases_size(tiny_root, tmp_
         tiny_root, tmp_path, f"data.backend={backend}", "data.synthetic_size=48", "data.synthetic_classes=4", phases
     )
     for rank in range(world):
-        pipe = create_input(cfg, DistInfo(rank, world, 0, world, torch.device("cpu")))
+        pipe = create_input(cfg.data, DistInfo(rank, world, 0, world, torch.device("cpu")), **input_args(cfg))
         plan = Schedule(cfg, pipe.num_train, world)
         assert [e.steps for e in plan.epochs] == [5, 3, 3]  # ceil(ceil(48/5) / (batch/5))
         for info in plan.epochs:

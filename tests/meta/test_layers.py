@@ -226,6 +226,8 @@ PART_SECTIONS = {
 }
 # The allreduce backends are built from the comm section (`create_allreduce(cfg.comm, dist, timeout_s=, model_name=)`).
 PART_SECTIONS |= {p.relative_to(ROOT).as_posix(): set() for p in sorted((ROOT / "recipes" / "comm").glob("*.py"))}
+# The input pipelines are built from the data section (`create_input(cfg.data, dist, phases=, seed=, ...)`).
+PART_SECTIONS |= {p.relative_to(ROOT).as_posix(): set() for p in sorted((ROOT / "data").glob("*.py"))}
 
 
 def config_sections_read(path) -> set[str]:
