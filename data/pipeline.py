@@ -1,4 +1,4 @@
-"""The input pipeline interface: what the trainer and the evaluator ask of `data.create_input(cfg.data, dist, ...)`.
+"""The input pipeline interface: what the trainer and the evaluator ask of `data.create_input`.
 
 A pipeline is named by `data.backend` in recipes/registry.py and built by `data.create_input`;
 `BasePipeline` holds what every pipeline shares (the dataset's classes and sizes, given to its constructor) and

@@ -1,8 +1,9 @@
 """The allreduce backend interface (`AllreduceBackend`), its no-op defaults (`BackendDefaults`), and `StepWindow`,
 the timer the backends measure their communication window with.
 
-A backend is named by `comm.backend` in recipes/registry.py and built by `recipes.comm.create_allreduce` as
-`Backend(cfg.comm, dist, timeout_s=..., model_name=...)`, from its own config section; the trainer calls, in this order:
+A backend is named by `comm.backend` in recipes/registry.py and built from its own config section by
+`recipes.comm.create_allreduce` as `Backend(cfg.comm, dist, timeout_s=..., model_name=...)`; the trainer calls, in
+this order:
 
     Backend.process_env(cfg.comm)         before torch.distributed starts (recipes.distributed.setup)
     backend.load_state_dict(state)        on resume, with what state_dict() saved
