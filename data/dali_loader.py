@@ -66,7 +66,7 @@ def _normalize(images, dtype, nhwc: bool, **crop):
     )
 
 
-def _train_graph(files, labels, size, min_scale, gpu, dtype, nhwc):
+def _train_graph(*, files, labels, size, min_scale, gpu, dtype, nhwc):
     # The order is decided in Python (data/sharding.py), so the reader only reads it as given.
     jpegs, labels = fn.readers.file(files=files, labels=labels, random_shuffle=False, name=READER)
     # RandomResizedCrop fused into the decode: only the crop window is decoded (ROI decoding).
@@ -97,7 +97,7 @@ def _center(length, size: int):
     return _float(offset) / _float(math_max(d, 1))
 
 
-def _val_graph(files, labels, shard_id, num_shards, size, resize_to, gpu, dtype, nhwc):
+def _val_graph(*, files, labels, shard_id, num_shards, size, resize_to, gpu, dtype, nhwc):
     jpegs, labels = fn.readers.file(
         files=files,
         labels=labels,

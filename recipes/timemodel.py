@@ -541,6 +541,7 @@ def estimate(
     phases: list[Phase],
     cluster: Cluster,
     gpu: GpuRates,
+    *,
     backend: Backend,
     prof: GradProfile,
     sync: Sync = Sync(),
@@ -665,8 +666,8 @@ def run_estimate(
         entry_phases(list(run.rows), run.hosts, run.gpus_per_host),
         cluster,
         gpu or PUBLISHED["v100-tf-xla"],
-        backend or CALIBRATION_BACKEND,
-        prof,
+        backend=backend or CALIBRATION_BACKEND,
+        prof=prof,
     )
 
 
@@ -721,7 +722,7 @@ def predict(
     if backend not in be:
         raise ValueError(f"backend: expected one of {', '.join(be)}, got {backend!r}")
     prof = profile_model(cfg.model.name, 64)  # the same key as predict.py's default: one profile per process
-    est = estimate(schedule_phases(cfg, cluster.world), cluster, rates, be[backend], prof)
+    est = estimate(schedule_phases(cfg, cluster.world), cluster, rates, backend=be[backend], prof=prof)
     return est.range(clock)
 
 
@@ -743,8 +744,8 @@ def out_of_sample(path: str | Path, prof: GradProfile) -> list[dict]:
             entry_phases([tuple(r) for r in e["rows"]], e["hosts"], e["gpus_per_host"]),
             cluster,
             PUBLISHED["v100-pytorch-2018"],
-            be,
-            prof,
+            backend=be,
+            prof=prof,
         )
         by_size: dict[int, list[float]] = {}
         for p in est.phases:

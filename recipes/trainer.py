@@ -128,7 +128,9 @@ class Trainer:
             if (i + 1) % cfg.log.every_steps == 0 or done:
                 self.steps.settle(st, self.log)
                 loss_mean, img_s, eta = clock.window(i + 1, plan.total_steps - st.step)
-                self.log.step_line(epoch, len(plan.epochs), i + 1, info.steps, img_s, loss_mean, lr, eta)
+                self.log.step_line(
+                    epoch, len(plan.epochs), i + 1, info.steps, img_s=img_s, loss=loss_mean, lr=lr, eta_s=eta
+                )
                 scalars = {"train/loss": loss_mean, "train/lr": lr, "train/momentum": mom, "train/images_per_s": img_s}
                 self.log.scalars(st.step, **scalars)
                 self.out.progress(st.step, epoch)

@@ -63,7 +63,7 @@ def recommend_settings(cfg, phases, cluster, rates, prof) -> Settings:
     best = None
     for s in search_space(c.tune_bucket_mb, c.tune_streams, c.tune_slices):
         be = tm.Backend("multistream", "multistream", {"settings": s, "compression": c.compression})
-        t = tm.estimate(phases, cluster, rates, be, prof).total("train")
+        t = tm.estimate(phases, cluster, rates, backend=be, prof=prof).total("train")
         if best is None or t < best[1] - 1e-9:
             best = (s, t)
     return best[0]
@@ -78,7 +78,7 @@ def estimates(cfg, cluster, rates, prof) -> list[tm.Estimate]:
         bes.append(
             tm.Backend(f"multistream (recommended: {rec.label()})", "multistream", {**ms.kwargs, "settings": rec})
         )
-    return [tm.estimate(phases, cluster, rates, be, prof) for be in bes]
+    return [tm.estimate(phases, cluster, rates, backend=be, prof=prof) for be in bes]
 
 
 def report(cfg, cluster: tm.Cluster, rates: tm.GpuRates, prof: tm.GradProfile, record_s: float | None) -> tuple:
@@ -141,7 +141,7 @@ def plot(cfg, cluster, rates, prof, png: str, max_hosts: int) -> None:
         ys = []
         for h in hosts:
             c = replace(cluster, hosts=h)
-            ys.append(tm.estimate(tm.schedule_phases(cfg, c.world), c, rates, be, prof).range("train"))
+            ys.append(tm.estimate(tm.schedule_phases(cfg, c.world), c, rates, backend=be, prof=prof).range("train"))
         ax.plot(hosts, [y[1] for y in ys], marker="o", ms=3, label=be.label)
         ax.fill_between(hosts, [y[0] for y in ys], [y[2] for y in ys], alpha=0.15)
     ax.set_xscale("log", base=2)

@@ -59,7 +59,7 @@ def lab_predict(rec: dict, method: str, fit: LabFit, specs: list[TensorSpec] | N
     )
     comp = sm.no_overlap(specs, torch_res["compute_s"])
     if method in ("multistream", "tuned"):
-        return sm.predict_step("multistream", specs, comp, net, _settings(r["settings"])).step_s
+        return sm.predict_step("multistream", specs, comp, net, settings=_settings(r["settings"])).step_s
     if method == "ddp":
         return sm.predict_step("ddp", specs, comp, net, bucket_cap_mb=25 * f).step_s
     if method == "ddp-flows":  # 'bucket_cap_mb 1.25, 4 flows': DDP on a gloo group of 4 devices

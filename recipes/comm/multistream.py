@@ -93,13 +93,13 @@ class MultiStreamBackend(BackendDefaults):
                 self.tuner = tuning.AutoTuner(
                     space,
                     self.settings,
-                    c.tune_max_candidates,
-                    c.tune_warmup_steps,
-                    c.tune_steps_per_window,
-                    c.tune_windows,
-                    c.tune_method,
-                    predicted,
-                    note,
+                    max_candidates=c.tune_max_candidates,
+                    warmup_steps=c.tune_warmup_steps,
+                    steps_per_window=c.tune_steps_per_window,
+                    windows=c.tune_windows,
+                    method=c.tune_method,
+                    predicted=predicted,
+                    start_note=note,
                 )
                 self._note(
                     f"multistream autotune: up to {self.tuner.max_candidates} candidates ({c.tune_method}), "

@@ -51,6 +51,7 @@ class AutoTuner:
         self,
         space: list[Settings],
         start: Settings,
+        *,
         max_candidates: int,
         warmup_steps: int,
         steps_per_window: int,

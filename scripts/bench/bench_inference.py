@@ -75,7 +75,7 @@ def probe_model(name: str, images: list[torch.Tensor], labels: list[int]) -> tor
     return model
 
 
-def bench_model(label: str, model, args, files, labels, calibration, device) -> str:
+def bench_model(label: str, model, args, *, files, labels, calibration, device) -> str:
     size = args.image_size
     example = load_image(files[0], size, 0.875).to(device)
     modes = args.modes.split(",") if args.modes else (GPU_MODES if device.type == "cuda" else CPU_MODES)
@@ -90,7 +90,7 @@ def bench_model(label: str, model, args, files, labels, calibration, device) -> 
         runners.append(build_runner(mode, model, example, calibration, args.threads))
         build_s[mode] = time.perf_counter() - t
         print(f"  built {label} {mode} in {build_s[mode]:.1f} s", file=sys.stderr, flush=True)
-    out = run_protocol(runners, files, labels, size, 0.875, warmup=args.warmup)
+    out = run_protocol(runners, files, labels, size, crop_ratio=0.875, warmup=args.warmup)
     res = out["results"]
     base = "onnxruntime" if "onnxruntime" in res else "none"
     extra = {m: {"build s": f"{build_s[m]:.0f}"} for m in res}
@@ -157,11 +157,24 @@ def main(argv=None) -> int:
 
         ck = load_checkpoint(args.checkpoint)
         cfg = config_from_checkpoint(ck)
-        print(bench_model(cfg.model.name, load_model(ck, cfg), args, files, labels, calibration, device))
+        print(
+            bench_model(
+                cfg.model.name,
+                load_model(ck, cfg),
+                args,
+                files=files,
+                labels=labels,
+                calibration=calibration,
+                device=device,
+            )
+        )
         return 0
     for name in args.models.split(","):
         model = probe_model(name, calibration, calib_labels)
-        print(bench_model(name, model, args, files, labels, calibration, device), flush=True)
+        print(
+            bench_model(name, model, args, files=files, labels=labels, calibration=calibration, device=device),
+            flush=True,
+        )
     return 0
 
 

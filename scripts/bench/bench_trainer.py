@@ -72,11 +72,11 @@ def main(argv=None) -> int:
     bare_opt = create_optimizer(cfg.optim, bare_model)
     x, y = next(iter(trainer.data.train_batches(trainer.plan.epoch_info(0))))
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=cfg.optim.label_smoothing)
-    bare_loop(bare_model, bare_opt, criterion, x, y, 3)  # warm-up
+    bare_loop(bare_model, bare_opt, criterion, x, y, steps=3)  # warm-up
     trainer.train_one_epoch(0)
     bare, ours = [], []
     for r in range(args.rounds):
-        bare.append(bare_loop(bare_model, bare_opt, criterion, x, y, args.steps))
+        bare.append(bare_loop(bare_model, bare_opt, criterion, x, y, steps=args.steps))
         res = trainer.train_one_epoch(r + 1)
         ours.append(res["images"] / res["seconds"])
     trainer.close()

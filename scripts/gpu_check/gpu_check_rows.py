@@ -19,6 +19,7 @@ def row(
     result: str,
     number: float | None = None,
     unit: str = "",
+    *,
     reference: str = "",
     threshold: str = "",
     seconds: float | None = None,
@@ -74,7 +75,7 @@ def judged(
         result = f"fail: {fmt(value)} > {fmt(at_most)}"
     else:
         result = "pass"
-    return row(name, result, value, unit, reference, threshold)
+    return row(name, result, value, unit, reference=reference, threshold=threshold)
 
 
 def markdown_table(rows: list[dict]) -> str:

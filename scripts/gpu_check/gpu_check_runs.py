@@ -132,7 +132,9 @@ def _tuner_lines(log: Path) -> list[str]:
     return [ln.strip() for ln in log.read_text(errors="replace").splitlines() if "multistream autotune:" in ln]
 
 
-def judge_run(name: str, run_dir: Path, log: Path, rc: int, transport: str, classes: int, tuned: bool = False) -> dict:
+def judge_run(
+    name: str, run_dir: Path, log: Path, rc: int, *, transport: str, classes: int, tuned: bool = False
+) -> dict:
     """A trainer run's row: it ran all 3 epochs from nothing, its backend moved bytes, top-1 beat 2x chance."""
     summary = run_dir / "summary.json"
     if rc != 0 or not summary.is_file():
@@ -162,7 +164,7 @@ def check_e2e(rows: list[dict], sample: Path, work: Path, gpus: int) -> Path | N
             cmd, port = torchrun(gpus, f"gpu-check-{backend}-{os.getpid()}")
             cmd += ["train.py", *train_overrides(sample, run_dir), f"comm.backend={backend}", *extra]
             rc = run_logged(cmd, log, RUN_TIMEOUT, ROOT)
-            rows.append(judge_run(name, run_dir, log, rc, "nccl", classes, tuned=bool(extra)))
+            rows.append(judge_run(name, run_dir, log, rc, transport="nccl", classes=classes, tuned=bool(extra)))
             rows[-1]["reference"] += f"; rendezvous port {port}"
             if backend == "ddp" and rows[-1]["result"] == "pass":
                 ckpt = run_dir / "checkpoint.pt"
@@ -213,7 +215,7 @@ def check_horovod(rows: list[dict], sample: Path, work: Path, gpus: int, classes
         cmd = [hvdrun, "--gloo", "-np", str(gpus), "-H", f"localhost:{gpus}"]
         cmd += [sys.executable, "train.py", *train_overrides(sample, run_dir)]
         rc = run_logged(cmd + ["comm.backend=horovod"], log, RUN_TIMEOUT, ROOT)
-        rows.append(judge_run(name, run_dir, log, rc, "horovod/nccl", classes))
+        rows.append(judge_run(name, run_dir, log, rc, transport="horovod/nccl", classes=classes))
 
 
 # --- 4. evaluate.py and the inference modes ----------------------------------------------------------------------

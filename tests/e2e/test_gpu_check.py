@@ -167,19 +167,23 @@ def test_a_world_of_one_that_moved_nothing_fails(tmp_path):
     log = tmp_path / "log"
     log.write_text("")
     _summary(tmp_path / "ok")
-    ok = runs.judge_run("r", tmp_path / "ok", log, 0, "nccl", 10)
+    ok = runs.judge_run("r", tmp_path / "ok", log, 0, transport="nccl", classes=10)
     assert ok["result"] == "pass" and ok["threshold"] == ">= 20 % top-1" and "nccl moved 1,579.3 MB" in ok["reference"]
     _summary(tmp_path / "idle", comm={"backend": "ddp", "steps": 0, "bytes": 0})  # the old world-of-one summary
-    idle = runs.judge_run("r", tmp_path / "idle", log, 0, "nccl", 10)
+    idle = runs.judge_run("r", tmp_path / "idle", log, 0, transport="nccl", classes=10)
     assert idle["result"] == "fail: moved 0 bytes over nccl: the backend was never engaged"
     _summary(tmp_path / "resumed", history=[{}], restarts=1)
-    assert runs.judge_run("r", tmp_path / "resumed", log, 0, "nccl", 10)["result"].startswith("fail: trained 1 of 3")
+    assert runs.judge_run("r", tmp_path / "resumed", log, 0, transport="nccl", classes=10)["result"].startswith(
+        "fail: trained 1 of 3"
+    )
     _summary(tmp_path / "chance", final_top1=12.0)
-    assert runs.judge_run("r", tmp_path / "chance", log, 0, "nccl", 10)["result"] == "fail: 12 < 20"
+    assert runs.judge_run("r", tmp_path / "chance", log, 0, transport="nccl", classes=10)["result"] == "fail: 12 < 20"
     _summary(tmp_path / "untuned")
-    tuned = runs.judge_run("r", tmp_path / "untuned", log, 0, "nccl", 10, tuned=True)
+    tuned = runs.judge_run("r", tmp_path / "untuned", log, 0, transport="nccl", classes=10, tuned=True)
     assert tuned["result"] == "fail: comm.autotune=true but the tuner measured no candidate"
-    assert runs.judge_run("r", tmp_path / "none", log, 3, "nccl", 10)["result"].startswith("fail: exit 3")
+    assert runs.judge_run("r", tmp_path / "none", log, 3, transport="nccl", classes=10)["result"].startswith(
+        "fail: exit 3"
+    )
 
 
 def test_thresholds_can_fail():
@@ -330,6 +334,6 @@ def test_trainer_and_bare_loop_run_on_one_prebuilt_batch(monkeypatch, tmp_path):
 
     monkeypatch.setattr(synthetic.SyntheticPipeline, "train_batches", counting)
     with pytest.warns(UserWarning):  # CUDA autocast and GradScaler disabled on the CPU
-        ours, bare = steps.measure_step("resnet10t", "sgd", "bf16", 32, 8, 2, tmp_path)
+        ours, bare = steps.measure_step("resnet10t", "sgd", "bf16", size=32, batch=8, steps=2, work=tmp_path)
     assert ours > 0 and bare > 0
     assert made == [0]  # one batch taken before the clock; the 4 timed epochs never asked the input for more

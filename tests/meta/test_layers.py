@@ -249,6 +249,31 @@ def test_parts_read_only_their_own_config_sections(path):
     assert not extra, f"{path} reads cfg.{sorted(extra)}: take the value as a named argument instead"
 
 
+MAX_POSITIONAL = 6  # beyond this a signature takes keyword-only arguments or a small dataclass
+
+
+def long_signatures(path) -> list[str]:
+    """'name (n positional)' for every function of `path` with more than MAX_POSITIONAL positional parameters."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names = [a.arg for a in node.args.posonlyargs + node.args.args if a.arg not in ("self", "cls")]
+            if len(names) > MAX_POSITIONAL:
+                out.append(f"{node.name}:{node.lineno} ({len(names)} positional)")
+    return out
+
+
+def test_no_function_takes_seven_positional_parameters():
+    bad = [f"{path.relative_to(ROOT)}:{s}" for path in project_modules().values() for s in long_signatures(path)]
+    assert not bad, "make these keyword-only (`*,`) or give them a small dataclass:\n" + "\n".join(bad)
+
+
+def test_the_signature_check_counts_positional_parameters(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("def a(p, q, r, s, t, u, v): ...\ndef b(self, p, q, r, s, t, u, *, v): ...\n")
+    assert long_signatures(f) == ["a:1 (7 positional)"]
+
+
 def test_no_test_module_imports_another():
     """Tests share code through tests/support.py; conftest.py holds fixtures only."""
     tests = ROOT / "tests"

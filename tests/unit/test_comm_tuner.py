@@ -55,14 +55,24 @@ def test_search_respects_the_budget_and_keeps_the_fastest(method):
 
 def test_bayes_finds_a_near_optimal_point_with_few_candidates():
     space = tuning.search_space([2, 4, 8, 16, 32], [1, 2, 3, 4], [1, 2, 4])
-    t = tuning.AutoTuner(space, Settings(2.0, 1, 1), 10, 0, 1, 1, "bayes")
+    t = tuning.AutoTuner(
+        space, Settings(2.0, 1, 1), max_candidates=10, warmup_steps=0, steps_per_window=1, windows=1, method="bayes"
+    )
     drive(t)
     best = min(step_time(s) for s in space)
     assert t.winner().score <= best * 1.1  # 10 of 60 points measured, within 10% of the true optimum
 
 
 def test_median_over_windows_ignores_an_outlier_window():
-    t = tuning.AutoTuner([Settings(8, 3, 2)], Settings(4, 1, 1), 2, 0, 2, 3, "grid")
+    t = tuning.AutoTuner(
+        [Settings(8, 3, 2)],
+        Settings(4, 1, 1),
+        max_candidates=2,
+        warmup_steps=0,
+        steps_per_window=2,
+        windows=3,
+        method="grid",
+    )
     drive(t, outlier_every=5)  # one step in five is slow, so one window per candidate is inflated
     assert t.winner().settings == Settings(8, 3, 2)
     assert all(tr.score < 10 for tr in t.trials)
@@ -70,7 +80,9 @@ def test_median_over_windows_ignores_an_outlier_window():
 
 def test_grid_with_a_small_budget_spreads_over_the_space():
     space = tuning.search_space([2, 4, 8, 16, 32], [1, 2, 3, 4], [1, 2, 4])
-    t = tuning.AutoTuner(space, Settings(8, 4, 2), 5, 0, 1, 1, "grid")
+    t = tuning.AutoTuner(
+        space, Settings(8, 4, 2), max_candidates=5, warmup_steps=0, steps_per_window=1, windows=1, method="grid"
+    )
     drive(t)
     tried = [tr.settings for tr in t.trials]
     assert tried[0] == Settings(8, 4, 2)
@@ -79,7 +91,15 @@ def test_grid_with_a_small_budget_spreads_over_the_space():
 
 def test_cache_round_trip(tmp_path):
     path = tmp_path / "sub" / "tune.json"
-    t = tuning.AutoTuner([Settings(16, 3, 2)], Settings(4, 1, 1), 2, 0, 1, 1, "grid")
+    t = tuning.AutoTuner(
+        [Settings(16, 3, 2)],
+        Settings(4, 1, 1),
+        max_candidates=2,
+        warmup_steps=0,
+        steps_per_window=1,
+        windows=1,
+        method="grid",
+    )
     drive(t)
     key = tuning.cache_key("resnet50", 8, "nccl", "float32", "none", "2nodes-x4")
     assert tuning.cache_load(path, key) is None
