@@ -200,7 +200,7 @@ def test_thresholds_can_fail():
 def test_bf16_only_where_native_and_rn50_against_nvidia(fake_gpu, monkeypatch, tmp_path):
     calls = []
 
-    def measure(model, optim, amp, size, batch, steps_, work):
+    def measure(model, optim, amp, *, size, batch, steps, work):  # measure_step's signature
         calls.append((model, optim, amp, size, batch))
         return 1000.0, 1010.0
 
