@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from data.sharding import steps_per_epoch  # the sharding rule decides the steps per epoch
-from recipes.config import Config, Phase
+from recipes.config import OptimConfig, Phase
 from recipes.errors import ConfigError
 
 
@@ -48,13 +48,14 @@ class EpochInfo:
 class Schedule:
     """Epoch/step layout of a run for a given dataset size and world size."""
 
-    def __init__(self, cfg: Config, num_images: int, world_size: int):
-        self.cfg = cfg
+    def __init__(self, phases: list[Phase], optim: OptimConfig, *, num_images: int, world_size: int):
+        """`phases` and `optim` (the LR and momentum schedule): the config's sections of those names."""
+        self.phases, self.optim = phases, optim
         self.num_images = num_images
         self.world_size = world_size
         self.epochs: list[EpochInfo] = []
         step = 0
-        for pi, phase in enumerate(cfg.phases):
+        for pi, phase in enumerate(phases):
             if phase.batch_size % world_size:
                 raise ConfigError(
                     f"phases.{pi}.batch_size: {phase.batch_size} is not divisible by the world size {world_size}"
@@ -77,7 +78,7 @@ class Schedule:
 
     def warmup_steps(self) -> float:
         """The (fractional) step at which warm-up ends, capped at the last iteration."""
-        return min(self.step_of_epoch(self.cfg.optim.warmup_epochs), self.last_step)
+        return min(self.step_of_epoch(self.optim.warmup_epochs), self.last_step)
 
     @property
     def last_step(self) -> int:
@@ -89,7 +90,7 @@ class Schedule:
         With `optim.lr_scaling: linear` the three values are per 256 images: the curve is multiplied by
         global_batch / 256 of the phase that `step` is in (so a phase with half the batch gets half the LR).
         """
-        o = self.cfg.optim
+        o = self.optim
         value = _warmup_then_decay(step, self.warmup_steps(), self.last_step, o.warmup_start_lr, o.lr, o.final_lr)
         if o.lr_scaling == "linear":
             value *= self.batch_size(step) / 256
@@ -98,7 +99,7 @@ class Schedule:
     def momentum(self, step: float) -> float:
         """constant; linear from momentum to momentum_end over the run; cyclic: momentum -> momentum_end over the
         warm-up (while the LR rises) and back to momentum at the last iteration (while the LR decays)."""
-        o = self.cfg.optim
+        o = self.optim
         if o.momentum_schedule == "constant" or o.momentum_end is None:
             return o.momentum
         if o.momentum_schedule == "linear":
@@ -137,7 +138,7 @@ class Schedule:
         """Readable phase table: epochs, resolution, batch, steps per epoch, LR at the phase start."""
         lines = ["phase  epochs       size  val      batch  steps/ep  steps  lr@start  momentum@start"]
         ep = 0
-        for pi, p in enumerate(self.cfg.phases):
+        for pi, p in enumerate(self.phases):
             info = self.epochs[ep]
             val = f"{p.val_image_size or p.image_size}{'r' if p.rect_val else ''}"
             lines.append(

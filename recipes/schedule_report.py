@@ -61,7 +61,7 @@ def print_plan(cfg, num_images: int | None, world_size: int | None, png: str | N
         num_images, source = IMAGENET_TRAIN_IMAGES, "ImageNet-1k (data.root not found)"
     world = world_size or cfg.run.nodes * cfg.run.procs_per_node
     where = "--world-size" if world_size else f"run.nodes {cfg.run.nodes} x run.procs_per_node {cfg.run.procs_per_node}"
-    plan = Schedule(cfg, num_images, world)
+    plan = Schedule(cfg.phases, cfg.optim, num_images=num_images, world_size=world)
     print(f"{num_images:,} training images ({source}), {world} processes ({where})")
     print(plan.table())
     out = Path(png) if png else Path(cfg.run.out_dir) / f"{cfg.run.name}_plan.png"

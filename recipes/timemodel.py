@@ -409,7 +409,7 @@ def schedule_phases(cfg, world: int) -> list[Phase]:
     """The config's schedule on ImageNet-1k, one Phase per (image size, per-GPU batch)."""
     from recipes.schedule import Schedule
 
-    plan = Schedule(cfg, IMAGENET_TRAIN_IMAGES, world)
+    plan = Schedule(cfg.phases, cfg.optim, num_images=IMAGENET_TRAIN_IMAGES, world_size=world)
     out: dict[int, list] = {}
     for e in plan.epochs:
         row = out.setdefault(e.phase_index, [0, 0, e.phase.batch_size // world, e.phase.image_size])

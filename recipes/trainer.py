@@ -71,7 +71,7 @@ class Trainer:
         self.data = create_input(
             cfg.data, dist, phases=cfg.phases, seed=cfg.run.seed, channels_last=cfg.run.channels_last, amp=cfg.run.amp
         )
-        self.plan = Schedule(cfg, self.data.num_train, dist.world_size)
+        self.plan = Schedule(cfg.phases, cfg.optim, num_images=self.data.num_train, world_size=dist.world_size)
         model = create_model(cfg.model, self.data.num_classes).to(dist.device)
         if cfg.run.channels_last:
             model = model.to(memory_format=torch.channels_last)

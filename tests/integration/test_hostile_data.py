@@ -141,7 +141,11 @@ def test_dali_scans_both_splits_with_one_rule(tiny_root, tmp_path, split, kind, 
     run = (
         (lambda: list(pipe.val_batches(cfg.phases[0])))
         if split == "val"
-        else (lambda: list(pipe.train_batches(Schedule(cfg, len(train), 1).epoch_info(0))))
+        else (
+            lambda: list(
+                pipe.train_batches(Schedule(cfg.phases, cfg.optim, num_images=len(train), world_size=1).epoch_info(0))
+            )
+        )
     )
     try:
         if not skip:
@@ -186,7 +190,11 @@ def test_torch_decode_errors_are_one_line_whatever_the_worker_count(tiny_root, t
     pipe = create_input(cfg.data, CPU, **input_args(cfg))
     with pytest.raises(DataError) as e:
         if split == "train":
-            list(pipe.train_batches(Schedule(cfg, pipe.num_train, 1).epoch_info(0)))
+            list(
+                pipe.train_batches(
+                    Schedule(cfg.phases, cfg.optim, num_images=pipe.num_train, world_size=1).epoch_info(0)
+                )
+            )
         else:
             list(pipe.val_batches(cfg.phases[0]))
     pipe.close()

@@ -21,7 +21,7 @@ CPU = DistInfo(0, 1, 0, 1, torch.device("cpu"))
 
 def _first_batches(cfg):
     pipe = create_input(cfg.data, CPU, **input_args(cfg))
-    info = Schedule(cfg, pipe.num_train, 1).epoch_info(0)
+    info = Schedule(cfg.phases, cfg.optim, num_images=pipe.num_train, world_size=1).epoch_info(0)
     train = next(iter(pipe.train_batches(info)))
     val = next(iter(pipe.val_batches(info.phase)))
     pipe.close()
@@ -133,7 +133,7 @@ def test_short_last_batch_is_filled_the_same_way_in_torch_and_dali(tiny_root, tm
         cfg = tiny_config(
             tiny_root, tmp_path, f"data.backend={name}", "phases=[{epochs: 1, image_size: 16, batch_size: 8}]"
         )
-        plan = Schedule(cfg, len(train), world)
+        plan = Schedule(cfg.phases, cfg.optim, num_images=len(train), world_size=world)
         info = plan.epoch_info(0)
         for rank in range(world):
             d = DistInfo(rank, world, rank, world, torch.device("cpu"))
@@ -161,7 +161,7 @@ def test_dali_refuses_images_above_the_pixel_limit_and_non_utf8_names(tiny_root,
     bomb = root / "train" / wnid / "bomb.png"
     Image.new("L", (3000, 2000)).save(bomb)  # 6 Mpixel, a few kB on disk
     cfg = tiny_config(root, tmp_path, "data.backend=dali", "data.max_image_pixels=5000000")
-    info = Schedule(cfg, 49, 1).epoch_info(0)
+    info = Schedule(cfg.phases, cfg.optim, num_images=49, world_size=1).epoch_info(0)
     pipe = create_input(cfg.data, CPU, **input_args(cfg))
     with pytest.raises(DataError) as e:
         pipe.train_batches(info)  # checked when the phase's pipeline is built, before DALI decodes anything

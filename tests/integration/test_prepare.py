@@ -157,7 +157,7 @@ def test_a_phase_reads_the_prepared_copy(odd_src, tmp_path, backend):
     )
     cfg = tiny_config(odd_src, tmp_path, f"data.backend={backend}", f"data.roots={{'96': {dst}}}", phases)
     pipe = create_input(cfg.data, dist, **input_args(cfg))
-    plan = Schedule(cfg, pipe.num_train, 1)
+    plan = Schedule(cfg.phases, cfg.optim, num_images=pipe.num_train, world_size=1)
     batches = list(pipe.train_batches(plan.epoch_info(0)))
     assert len(batches) == plan.epoch_info(0).steps and batches[0][0].shape == (4, 3, 32, 32)
     with pytest.raises(DataError, match="cannot decode"):
