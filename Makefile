@@ -81,7 +81,7 @@ test-fast: install horovod
 	PYTEST_ADDOPTS=$(call q,$(PYTEST_ARGS)) $(PY) -m pytest -q -m "not slow" tests
 
 bench: install
-	$(PY) scripts/bench.py --out bench_report.md
+	$(PY) -m scripts.bench.bench --out bench_report.md
 
 # Every GPU path in one command on one machine (docs/gpu.md): exit 0 with one line where there is no GPU, exit 1
 # with one line where torch cannot use the GPU there is; else the table, gpu_check.json and gpu_profile.json. It builds
@@ -91,7 +91,7 @@ GPU_CHECK_OUT ?= gpu_check.json
 GPU_CHECK_WORK ?=
 .PHONY: gpu-check
 gpu-check: install
-	$(PY) scripts/gpu_check.py --out $(call q,$(GPU_CHECK_OUT)) $(if $(GPU_CHECK_WORK),--work $(call q,$(GPU_CHECK_WORK)))
+	$(PY) -m scripts.gpu_check.gpu_check --out $(call q,$(GPU_CHECK_OUT)) $(if $(GPU_CHECK_WORK),--work $(call q,$(GPU_CHECK_WORK)))
 
 lint: install
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

@@ -1,4 +1,5 @@
-"""Input pipelines. `create_input(cfg, dist)` is the only place that knows which backend is in use.
+"""Input pipelines. `create_input(cfg.data, dist, phases=, seed=, channels_last=, amp=)` is the only place that knows
+which backend is in use.
 
 Every pipeline implements `data.pipeline.InputPipeline`: `num_classes`, `classes`, `num_train`, `num_val`,
 `train_batches(epoch_info, start_step=0)` (exactly `epoch_info.steps - start_step` normalized batches on the
@@ -11,15 +12,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from data.folder import Split, blacklist_path, drop_blacklisted, scan_split
-from data.pipeline import BasePipeline, InputPipeline
+from data.pipeline import BasePipeline, InputPipeline, RunContext
 from recipes import registry
 from recipes.errors import DataError
 
 
-def _val(cfg, classes: list[str]):
-    val = scan_split(cfg.data.root, "val", classes=classes)
-    if cfg.data.val_blacklist:
-        val, _ = drop_blacklisted(val, blacklist_path(cfg.data.root, cfg.data.val_blacklist))
+def _val(data, classes: list[str]):
+    val = scan_split(data.root, "val", classes=classes)
+    if data.val_blacklist:
+        val, _ = drop_blacklisted(val, blacklist_path(data.root, data.val_blacklist))
     return val
 
 
@@ -28,42 +29,46 @@ def copy_beside(root: str, name: str) -> Path:
     return Path(str(root).rstrip("/") + f"-{name}")
 
 
-def _scan(cfg, classes: list[str] | None = None):
+def _scan(data, phases: list, classes: list[str] | None = None):
     if classes is not None:  # evaluation: the checkpoint's class list labels val/, and train/ is not read
-        val = _val(cfg, classes)
-        train = Split(Path(cfg.data.root) / "train", list(classes), [], [])
+        val = _val(data, classes)
+        train = Split(Path(data.root) / "train", list(classes), [], [])
         return train, val, {"full": (train, val)}
-    train = scan_split(cfg.data.root, "train")
-    val = _val(cfg, train.classes)
+    train = scan_split(data.root, "train")
+    val = _val(data, train.classes)
     roots = {"full": (train, val)}
-    for name, path in cfg.data.roots.items():
-        if name == "full" and path == cfg.data.root:
+    for name, path in data.roots.items():
+        if name == "full" and path == data.root:
             continue
         roots[name] = (scan_split(path, "train", classes=train.classes), val)
-    for i, phase in enumerate(cfg.phases):
+    for i, phase in enumerate(phases):
         if phase.root in roots:
             continue
         # A copy not named in data.roots is found next to data.root: /data/imagenet-160 for root '160'.
-        beside = copy_beside(cfg.data.root, phase.root)
+        beside = copy_beside(data.root, phase.root)
         if not beside.is_dir():
             size = f"--short-side {phase.root}" if phase.root.isdigit() else "--short-side N"
             raise DataError(
                 f"phases.{i}.root: '{phase.root}' is not in data.roots (known: {', '.join(sorted(roots))}) and "
-                f"'{beside}' does not exist; make it with: python data/prepare.py --src {cfg.data.root} "
+                f"'{beside}' does not exist; make it with: python data/prepare.py --src {data.root} "
                 f"--dst {beside} {size}"
             )
         roots[phase.root] = (scan_split(beside, "train", classes=train.classes), val)
     return train, val, roots
 
 
-def create_input(cfg, dist, val_classes: list[str] | None = None) -> InputPipeline:
-    """Build the input pipeline named by `data.backend`. `val_classes` (evaluation: the checkpoint's classes): read
-    only `<data.root>/val`, labelled by that list, so a dataset of val/ alone is enough."""
-    backend = cfg.data.backend
-    pipeline = registry.load(registry.INPUT_PIPELINES, backend, "data.backend", "backend")
+def create_input(
+    data, dist, *, phases: list, seed: int, channels_last: bool, amp: str, val_classes: list[str] | None = None
+) -> InputPipeline:
+    """Build the input pipeline named by `data.backend` (`data`: the config's data section). From the rest of the
+    config: `phases` (epochs and dataset copy of each), `seed` (run.seed), `channels_last` (run.channels_last), `amp`
+    (run.amp). `val_classes` (evaluation: the checkpoint's classes): read only `<data.root>/val`, labelled by that
+    list, so a dataset of val/ alone is enough."""
+    run = RunContext(phases=list(phases), seed=seed, channels_last=channels_last, amp=amp)
+    pipeline = registry.load(registry.INPUT_PIPELINES, data.backend, "data.backend", "backend")
     if not pipeline.reads_folders:
-        return pipeline(cfg, dist)
-    return pipeline(cfg, dist, *_scan(cfg, val_classes))  # Pipeline(cfg, dist, train split, val split, roots)
+        return pipeline(data, dist, run)
+    return pipeline(data, dist, run, *_scan(data, run.phases, val_classes))  # + train split, val split, roots
 
 
-__all__ = ["BasePipeline", "InputPipeline", "create_input"]
+__all__ = ["BasePipeline", "InputPipeline", "RunContext", "create_input"]

@@ -39,11 +39,11 @@ READER = "Reader"
 _MIXED_PADDING = {"device_memory_padding": 211025920, "host_memory_padding": 140544512}
 
 
-def output_dtype(cfg, device: torch.device) -> torch.dtype:
-    """The dtype of the images a DALI pipeline hands to the model (`data.dali_dtype`)."""
-    choice = cfg.data.dali_dtype
+def output_dtype(dali_dtype: str, device: torch.device, *, amp: str) -> torch.dtype:
+    """The dtype of the images a DALI pipeline hands to the model (`data.dali_dtype`; `amp`: run.amp)."""
+    choice = dali_dtype
     if choice == "auto":
-        choice = "float16" if device.type == "cuda" and cfg.run.amp == "fp16" else "float32"
+        choice = "float16" if device.type == "cuda" and amp == "fp16" else "float32"
     return torch.float16 if choice == "float16" else torch.float32
 
 
@@ -66,7 +66,7 @@ def _normalize(images, dtype, nhwc: bool, **crop):
     )
 
 
-def _train_graph(files, labels, size, min_scale, gpu, dtype, nhwc):
+def _train_graph(*, files, labels, size, min_scale, gpu, dtype, nhwc):
     # The order is decided in Python (data/sharding.py), so the reader only reads it as given.
     jpegs, labels = fn.readers.file(files=files, labels=labels, random_shuffle=False, name=READER)
     # RandomResizedCrop fused into the decode: only the crop window is decoded (ROI decoding).
@@ -97,7 +97,7 @@ def _center(length, size: int):
     return _float(offset) / _float(math_max(d, 1))
 
 
-def _val_graph(files, labels, shard_id, num_shards, size, resize_to, gpu, dtype, nhwc):
+def _val_graph(*, files, labels, shard_id, num_shards, size, resize_to, gpu, dtype, nhwc):
     jpegs, labels = fn.readers.file(
         files=files,
         labels=labels,
@@ -167,13 +167,15 @@ class _Batches:
 class DaliPipeline(BasePipeline):
     """`data.backend: dali`."""
 
-    def __init__(self, cfg, dist, train: Split, val: Split, roots: dict[str, tuple[Split, Split]]):
-        super().__init__(cfg, dist, train.classes, len(train), len(val), val.excluded)
+    def __init__(self, data, dist, run, train: Split, val: Split, roots: dict[str, tuple[Split, Split]]):
+        super().__init__(
+            data, dist, run, train.classes, num_train=len(train), num_val=len(val), val_excluded=val.excluded
+        )
         self.train, self.val, self.roots = train, val, roots
         self.gpu = dist.device.type == "cuda"
-        self.dtype = output_dtype(cfg, dist.device)
-        self.nhwc = cfg.run.channels_last
-        self.threads = max(1, cfg.data.workers)
+        self.dtype = output_dtype(data.dali_dtype, dist.device, amp=run.amp)
+        self.nhwc = run.channels_last
+        self.threads = max(1, data.workers)
         self.skipped: list[tuple[str, str]] = []  # (file, why): undecodable training files skipped
         self._excluded: set[str] = set()
         self._checked: set[str] = set()  # split roots whose headers were checked
@@ -189,11 +191,11 @@ class DaliPipeline(BasePipeline):
         if str(split.root) in self._checked:
             return
         self._checked.add(str(split.root))
-        limit, rank, world = self.cfg.data.max_image_pixels, self.dist.rank, self.dist.world_size
+        limit, rank, world = self.data_cfg.max_image_pixels, self.dist.rank, self.dist.world_size
         bad = _gather_problems(check_headers(split.files, limit, self.threads * 2, rank, world), self.dist)
         # One rule for both splits: refuse, or with data.skip_corrupt leave the files out and say so (DALI must
         # never be handed them: in validation a text or GIF file named .JPEG crashes the process).
-        if bad and not self.cfg.data.skip_corrupt:
+        if bad and not self.data_cfg.skip_corrupt:
             more = f" (and {len(bad) - 1} more file(s))" if len(bad) > 1 else ""
             raise DataError(f"{bad[0][1]}{more} (set data.skip_corrupt: true to skip such files)")
         what = "validation" if is_val else "training"
@@ -220,7 +222,7 @@ class DaliPipeline(BasePipeline):
             num_threads=self.threads,
             device_id=self.dist.device.index if self.gpu else None,
             seed=seed,
-            prefetch_queue_depth=self.cfg.data.dali_prefetch,
+            prefetch_queue_depth=self.data_cfg.dali_prefetch,
         )(gpu=self.gpu, dtype=self.dtype, nhwc=self.nhwc, **graph_args)
         pipe.build()
         return pipe
@@ -247,10 +249,10 @@ class DaliPipeline(BasePipeline):
     def _phase_order(self, info, split: Split, start_step: int) -> np.ndarray:
         """This rank's sample indices from (info.epoch, start_step) to the end of the phase, full batches only."""
         local = info.phase.batch_size // self.dist.world_size
-        phase_end = sum(p.epochs for p in self.cfg.phases[: info.phase_index + 1])
+        phase_end = sum(p.epochs for p in self.run.phases[: info.phase_index + 1])
         per_epoch = [
             np.resize(
-                train_shard(len(split), self.dist.rank, self.dist.world_size, e, self.cfg.run.seed), info.steps * local
+                train_shard(len(split), self.dist.rank, self.dist.world_size, e, self.run.seed), info.steps * local
             )
             for e in range(info.epoch, phase_end)
         ]
@@ -268,7 +270,7 @@ class DaliPipeline(BasePipeline):
         pipe = self._pipeline(
             _train_graph,
             info.phase.batch_size // self.dist.world_size,
-            _seed(self.cfg.run.seed, info.epoch, start_step, self.dist.rank, self._rebuilds),
+            _seed(self.run.seed, info.epoch, start_step, self.dist.rank, self._rebuilds),
             files=files,
             labels=labels,
             size=info.phase.image_size,
@@ -288,7 +290,7 @@ class DaliPipeline(BasePipeline):
             # the batches before `start_step` without training: DALI's random crops and flips come from one stream
             # per pipeline, so a resume is exact only if it draws the same numbers. On a resume this decodes up to
             # one phase's worth of the rank's shard again (the price of exactness; the torch backend has none).
-            first = dataclasses.replace(info, epoch=sum(p.epochs for p in self.cfg.phases[: info.phase_index]))
+            first = dataclasses.replace(info, epoch=sum(p.epochs for p in self.run.phases[: info.phase_index]))
             self._build_train(first, 0)
             for step in range((info.epoch - first.epoch) * info.steps + start_step):
                 self._next_train(first, step)
@@ -303,7 +305,7 @@ class DaliPipeline(BasePipeline):
             except RuntimeError as e:
                 self._release("_train")
                 bad = self._find_undecodable(e, files, split)
-                if not self.cfg.data.skip_corrupt:
+                if not self.data_cfg.skip_corrupt:
                     path, why = bad[0]
                     raise DataError(
                         f"cannot decode '{path}': {why} (set data.skip_corrupt: true to skip such files; "
@@ -340,7 +342,7 @@ class DaliPipeline(BasePipeline):
     # -- validation -------------------------------------------------------------------------------------
     def _build_val(self, phase) -> None:
         size = phase.val_image_size or phase.image_size
-        batch = self.cfg.data.val_batch_size
+        batch = self.data_cfg.val_batch_size
         rank, world = self.dist.rank, self.dist.world_size
         key = (size, phase.rect_val)
         if self._val is not None and self._val[0] == key:
@@ -361,7 +363,7 @@ class DaliPipeline(BasePipeline):
             pipe = self._pipeline(
                 _rect_val_graph,
                 batch,
-                _seed(self.cfg.run.seed, 1),
+                _seed(self.run.seed, 1),
                 files=[files[i] for i in order],
                 labels=[labels[i] for i in order],
                 shapes=shapes,
@@ -384,13 +386,13 @@ class DaliPipeline(BasePipeline):
         pipe = self._pipeline(
             _val_graph,
             batch,
-            _seed(self.cfg.run.seed, 1),
+            _seed(self.run.seed, 1),
             files=files,
             labels=labels,
             shard_id=shard,
             num_shards=shards,
             size=size,
-            resize_to=int(round(size / self.cfg.data.val_crop_ratio)),
+            resize_to=int(round(size / self.data_cfg.val_crop_ratio)),
         )
         self._val = (key, pipe, steps, counts)
 

@@ -1,4 +1,4 @@
-"""The input pipeline interface: what the trainer and the evaluator ask of `data.create_input(cfg, dist)`.
+"""The input pipeline interface: what the trainer and the evaluator ask of `data.create_input`.
 
 A pipeline is named by `data.backend` in recipes/registry.py and built by `data.create_input`;
 `BasePipeline` holds what every pipeline shares (the dataset's classes and sizes, given to its constructor) and
@@ -8,6 +8,7 @@ the no-op default of `close()`.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sized
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 
@@ -35,13 +36,26 @@ class InputPipeline(Protocol):
         """Release workers and device memory."""
 
 
+@dataclass(frozen=True)
+class RunContext:
+    """What an input pipeline needs from outside the config's data section, named where `create_input` is called."""
+
+    phases: list  # the schedule's phases: each one's epochs and dataset copy (`root`)
+    seed: int  # run.seed: shuffling and augmentation
+    channels_last: bool  # run.channels_last: the memory format of the batches
+    amp: str  # run.amp: 'fp16' makes DALI hand over half-precision images on a GPU (data.dali_dtype=auto)
+
+
 class BasePipeline:
     """The dataset's identity, set once by the constructor, and the no-op defaults of the interface."""
 
-    reads_folders = True  # built as Pipeline(cfg, dist, train, val, roots) from the scanned data.root
+    reads_folders = True  # built as Pipeline(data, dist, run, train, val, roots) from the scanned data.root
 
-    def __init__(self, cfg, dist, classes: list[str], num_train: int, num_val: int, val_excluded: int = 0):
-        self.cfg, self.dist = cfg, dist
+    def __init__(
+        self, data, dist, run: RunContext, classes: list[str], *, num_train: int, num_val: int, val_excluded=0
+    ):
+        """`data`: the config's data section; `run`: what the input needs from the rest of the config."""
+        self.data_cfg, self.dist, self.run = data, dist, run
         self.val_excluded = val_excluded  # validation images left out (data.val_blacklist), not counted
         self.classes = list(classes)
         self.num_classes = len(self.classes)

@@ -138,7 +138,7 @@ def _pool_map(fn, tasks: list, workers: int):
         yield from pool.imap_unordered(fn, tasks, chunksize=16)
 
 
-def prepare(src: Path, dst: Path, short_side: int, splits: list[str], quality: int, workers: int, log=print) -> dict:
+def prepare(src: Path, dst: Path, short_side: int, *, splits: list[str], quality: int, workers: int, log=print) -> dict:
     """Write (or finish writing) the resized copy; returns the totals written to prepare.json."""
     settings = {"src": str(src.resolve()), "short_side": short_side, "quality": quality, "splits": splits}
     dst.mkdir(parents=True, exist_ok=True)
@@ -388,7 +388,9 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--quality: expected 1..100, got {args.quality}")
         if args.src.resolve() == args.dst.resolve():
             ap.error("--dst must differ from --src")
-        result = prepare(args.src, args.dst, args.short_side, args.splits, args.quality, args.workers)
+        result = prepare(
+            args.src, args.dst, args.short_side, splits=args.splits, quality=args.quality, workers=args.workers
+        )
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -21,18 +21,19 @@ class _Repeat:
 
 
 class SyntheticPipeline(BasePipeline):
-    reads_folders = False  # built as SyntheticPipeline(cfg, dist)
+    reads_folders = False  # built as SyntheticPipeline(data, dist, run)
 
-    def __init__(self, cfg, dist):
-        d = cfg.data
+    def __init__(self, data, dist, run):
+        d = data
         num_val = max(dist.world_size, min(d.synthetic_size, 2 * d.val_batch_size * dist.world_size))
-        super().__init__(cfg, dist, [f"class{i:04d}" for i in range(d.synthetic_classes)], d.synthetic_size, num_val)
+        classes = [f"class{i:04d}" for i in range(d.synthetic_classes)]
+        super().__init__(data, dist, run, classes, num_train=d.synthetic_size, num_val=num_val)
 
     def _batch(self, n: int, size: int, seed: int):
         g = torch.Generator().manual_seed(seed)
         x = torch.randn(n, 3, size, size, generator=g)
         y = torch.randint(0, self.num_classes, (n,), generator=g)
-        if self.cfg.run.channels_last:
+        if self.run.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         return x.to(self.dist.device), y.to(self.dist.device)
 

@@ -119,13 +119,15 @@ class _DeviceBatches:
 class TorchPipeline(BasePipeline):
     """`data.backend: torch`."""
 
-    def __init__(self, cfg, dist, train: Split, val: Split, roots: dict[str, tuple[Split, Split]]):
-        super().__init__(cfg, dist, train.classes, len(train), len(val), val.excluded)
+    def __init__(self, data, dist, run, train: Split, val: Split, roots: dict[str, tuple[Split, Split]]):
+        super().__init__(
+            data, dist, run, train.classes, num_train=len(train), num_val=len(val), val_excluded=val.excluded
+        )
         self.train, self.val, self.roots = train, val, roots
 
     def _loader(self, dataset: Dataset, batch: int, seed: int, batch_sampler=None) -> DataLoader:
-        workers = self.cfg.data.workers
-        dataset.max_pixels = self.cfg.data.max_image_pixels
+        workers = self.data_cfg.workers
+        dataset.max_pixels = self.data_cfg.max_image_pixels
         return DataLoader(
             dataset,
             batch_size=batch if batch_sampler is None else 1,
@@ -143,14 +145,14 @@ class TorchPipeline(BasePipeline):
         phase = info.phase
         train, _ = self.roots.get(phase.root, (self.train, self.val))
         local = phase.batch_size // self.dist.world_size
-        idx = train_shard(len(train), self.dist.rank, self.dist.world_size, info.epoch, self.cfg.run.seed)
+        idx = train_shard(len(train), self.dist.rank, self.dist.world_size, info.epoch, self.run.seed)
         # Full batches only, as the DALI backend: the shard wraps around to fill the last one (a 1-image batch
         # would make BatchNorm fail, and the two backends would train on different batches).
         idx = np.resize(idx, info.steps * local)
         idx = idx[start_step * local :]  # resumed mid-epoch: skip done batches
         ds = self._train_set(train, idx, phase, info.epoch)
-        loader = self._loader(ds, local, self.cfg.run.seed * 7919 + info.epoch)
-        return _DeviceBatches(loader, self.dist.device, self.cfg.run.channels_last, len(loader))
+        loader = self._loader(ds, local, self.run.seed * 7919 + info.epoch)
+        return _DeviceBatches(loader, self.dist.device, self.run.channels_last, len(loader))
 
     def _train_set(self, train: Split, idx: np.ndarray, phase, epoch: int) -> Dataset:
         """Crop and flip; then timm's RandAugment/AugMix (data.auto_augment), in AugMixDataset's views when
@@ -159,13 +161,13 @@ class TorchPipeline(BasePipeline):
 
         import torchvision.transforms.functional as TF
 
-        data = self.cfg.data
+        data = self.data_cfg
         crop = partial(_crop, size=phase.image_size, min_area=T.crop_min_area(phase))
         augment = T.timm_augmentation(data.auto_augment, phase.image_size) if data.auto_augment else None
         if data.aug_splits:
             from timm.data import AugMixDataset
 
-            ds = _TrainSet(train, idx, None, self.cfg.run.seed, epoch, data.skip_corrupt)
+            ds = _TrainSet(train, idx, None, self.run.seed, epoch, data.skip_corrupt)
             ds.transform = (crop, augment or (lambda img: img), TF.pil_to_tensor)
             ds.max_pixels = data.max_image_pixels  # the wrapper's attribute (set by _loader) does not reach it
             return AugMixDataset(ds, num_splits=data.aug_splits)
@@ -174,22 +176,22 @@ class TorchPipeline(BasePipeline):
             img = crop(img, rng)
             return TF.pil_to_tensor(augment(img) if augment else img)
 
-        return _TrainSet(train, idx, transform, self.cfg.run.seed, epoch, data.skip_corrupt)
+        return _TrainSet(train, idx, transform, self.run.seed, epoch, data.skip_corrupt)
 
     def val_batches(self, phase):
         size = phase.val_image_size or phase.image_size
         if phase.rect_val:
             return self._rect_val_batches(size)
         idx = val_shard(len(self.val), self.dist.rank, self.dist.world_size)
-        ds = _ValSet(self.val, idx, size, self.cfg.data.val_crop_ratio)
-        loader = self._loader(ds, self.cfg.data.val_batch_size, 0)
-        return _DeviceBatches(loader, self.dist.device, self.cfg.run.channels_last, len(loader))
+        ds = _ValSet(self.val, idx, size, self.data_cfg.val_crop_ratio)
+        loader = self._loader(ds, self.data_cfg.val_batch_size, 0)
+        return _DeviceBatches(loader, self.dist.device, self.run.channels_last, len(loader))
 
     def _rect_val_batches(self, size: int):
         if getattr(self, "_val_sizes", None) is None:
-            self._val_sizes = image_sizes(self.val.files, max(1, self.cfg.data.workers) * 2)
-        batches = plan_rect_batches(self._val_sizes, self.cfg.data.val_batch_size, size)
+            self._val_sizes = image_sizes(self.val.files, max(1, self.data_cfg.workers) * 2)
+        batches = plan_rect_batches(self._val_sizes, self.data_cfg.val_batch_size, size)
         mine = rank_rect_batches(batches, self.dist.rank, self.dist.world_size)
         sampler = [[(int(j), b.height, b.width) for j in b.indices] for b in mine]
         loader = self._loader(_RectValSet(self.val), 1, 0, batch_sampler=sampler)
-        return _DeviceBatches(loader, self.dist.device, self.cfg.run.channels_last, len(loader))
+        return _DeviceBatches(loader, self.dist.device, self.run.channels_last, len(loader))

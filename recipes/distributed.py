@@ -44,7 +44,7 @@ def setup(cfg) -> DistInfo:
     """Read RANK/WORLD_SIZE/LOCAL_RANK (set by torchrun), pick the device, init the process group."""
     from recipes.comm import backend_class
 
-    os.environ.update(backend_class(cfg.comm.backend).process_env(cfg))  # horovod: derived from horovodrun's
+    os.environ.update(backend_class(cfg.comm.backend).process_env(cfg.comm))  # horovod: derived from horovodrun's
     rank = _env_int("RANK", 0)
     world = _env_int("WORLD_SIZE", 1)
     local_rank = _env_int("LOCAL_RANK", 0)

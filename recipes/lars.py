@@ -56,6 +56,7 @@ class LayerAdaptiveSGD(torch.optim.Optimizer):
         self,
         params,
         lr: float = 0.1,
+        *,
         momentum: float = 0.9,
         nesterov: bool = True,
         weight_decay: float = 0.0,

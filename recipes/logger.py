@@ -35,7 +35,7 @@ class RunLogger:
                 self.tb.add_scalar(k, v, step)
 
     def step_line(
-        self, epoch: int, epochs: int, step: int, steps: int, img_s: float, loss: float, lr: float, eta_s: float
+        self, epoch: int, epochs: int, step: int, steps: int, *, img_s: float, loss: float, lr: float, eta_s: float
     ) -> None:
         self.info(
             f"epoch {epoch + 1}/{epochs}  step {step}/{steps}  {img_s:8.1f} img/s  loss {loss:.4f}  "

@@ -160,3 +160,13 @@ def refuse_if_too_big(cfg, plan, device) -> None:
     problems = check_fits(cfg, plan, props.total_memory, props.name)
     if problems:
         raise ConfigError("; ".join(problems))
+
+
+def accumulation(cfg) -> dict:
+    """The config's accumulation settings as `Schedule`'s keyword arguments (run.accumulate, run.max_gpu_batch,
+    data.aug_splits)."""
+    return {
+        "accumulate": cfg.run.accumulate,
+        "max_gpu_batch": cfg.run.max_gpu_batch,
+        "aug_splits": cfg.data.aug_splits,
+    }

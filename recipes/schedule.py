@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from data.sharding import steps_per_epoch  # the sharding rule decides the steps per epoch
-from recipes.config import Config, Phase
+from recipes.config import OptimConfig, Phase
 from recipes.errors import ConfigError
 
 
@@ -62,13 +62,27 @@ class EpochInfo:
 class Schedule:
     """Epoch/step layout of a run for a given dataset size and world size."""
 
-    def __init__(self, cfg: Config, num_images: int, world_size: int):
-        self.cfg = cfg
+    def __init__(
+        self,
+        phases: list[Phase],
+        optim: OptimConfig,
+        *,
+        num_images: int,
+        world_size: int,
+        accumulate: int = 1,
+        max_gpu_batch: int | None = None,
+        aug_splits: int = 0,
+    ):
+        """`phases` and `optim` (the LR and momentum schedule): the config's sections of those names; `accumulate`,
+        `max_gpu_batch` (run.*) and `aug_splits` (data.*) decide each phase's micro-batches
+        (recipes.memory.accumulation(cfg) gives all three)."""
+        self.phases, self.optim = phases, optim
+        self.accumulate, self.max_gpu_batch, self.aug_splits = accumulate, max_gpu_batch, aug_splits
         self.num_images = num_images
         self.world_size = world_size
         self.epochs: list[EpochInfo] = []
         step = 0
-        for pi, phase in enumerate(cfg.phases):
+        for pi, phase in enumerate(phases):
             if phase.batch_size % world_size:
                 raise ConfigError(
                     f"phases.{pi}.batch_size: {phase.batch_size} is not divisible by the world size {world_size}"
@@ -84,17 +98,16 @@ class Schedule:
         self._bounds_epoch = np.arange(len(self.epochs) + 1, dtype=np.float64)
 
     def _micro_batches(self, pi: int, per_gpu: int) -> int:
-        r = self.cfg.run
-        a = micro_batches(per_gpu, r.accumulate, r.max_gpu_batch)
+        a = micro_batches(per_gpu, self.accumulate, self.max_gpu_batch)
         if a is None:
-            limit = f" of at most run.max_gpu_batch={r.max_gpu_batch}" if r.max_gpu_batch else ""
+            limit = f" of at most run.max_gpu_batch={self.max_gpu_batch}" if self.max_gpu_batch else ""
             raise ConfigError(
                 f"phases.{pi}: the per-GPU batch of {per_gpu} ({self.world_size} processes) cannot be cut into "
-                f"run.accumulate={r.accumulate} or more equal micro-batches{limit}"
+                f"run.accumulate={self.accumulate} or more equal micro-batches{limit}"
             )
-        if a > 1 and self.cfg.data.aug_splits:
+        if a > 1 and self.aug_splits:
             raise ConfigError(
-                f"phases.{pi}: accumulation ({a} micro-batches) with data.aug_splits={self.cfg.data.aug_splits} would "
+                f"phases.{pi}: accumulation ({a} micro-batches) with data.aug_splits={self.aug_splits} would "
                 "cut an image's AugMix views apart; set data.aug_splits=0 or use more GPUs"
             )
         return a
@@ -113,7 +126,7 @@ class Schedule:
 
     def warmup_steps(self) -> float:
         """The (fractional) step at which warm-up ends, capped at the last iteration."""
-        return min(self.step_of_epoch(self.cfg.optim.warmup_epochs), self.last_step)
+        return min(self.step_of_epoch(self.optim.warmup_epochs), self.last_step)
 
     @property
     def last_step(self) -> int:
@@ -125,7 +138,7 @@ class Schedule:
         With `optim.lr_scaling: linear` the three values are per 256 images: the curve is multiplied by
         global_batch / 256 of the phase that `step` is in (so a phase with half the batch gets half the LR).
         """
-        o = self.cfg.optim
+        o = self.optim
         value = _warmup_then_decay(step, self.warmup_steps(), self.last_step, o.warmup_start_lr, o.lr, o.final_lr)
         if o.lr_scaling == "linear":
             value *= self.batch_size(step) / 256
@@ -134,7 +147,7 @@ class Schedule:
     def momentum(self, step: float) -> float:
         """constant; linear from momentum to momentum_end over the run; cyclic: momentum -> momentum_end over the
         warm-up (while the LR rises) and back to momentum at the last iteration (while the LR decays)."""
-        o = self.cfg.optim
+        o = self.optim
         if o.momentum_schedule == "constant" or o.momentum_end is None:
             return o.momentum
         if o.momentum_schedule == "linear":
@@ -176,7 +189,7 @@ class Schedule:
         if accum:
             lines[0] += "  micro-batches x images/GPU"
         ep = 0
-        for pi, p in enumerate(self.cfg.phases):
+        for pi, p in enumerate(self.phases):
             info = self.epochs[ep]
             val = f"{p.val_image_size or p.image_size}{'r' if p.rect_val else ''}"
             lines.append(

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from recipes import memory
 from recipes.schedule import Schedule
 
 IMAGENET_TRAIN_IMAGES = 1_281_167
@@ -75,7 +76,7 @@ def predicted_seconds(cfg, world: int, gpu: str, clock: str = "train") -> tuple[
         return None, str(e)
     be = next(b for b in tm.backends(cfg) if b.label == cfg.comm.backend)
     prof = tm.profile_model(cfg.model.name, 64)
-    est = tm.estimate(tm.schedule_phases(cfg, world), tm.Cluster(hosts, per_host), rates, be, prof)
+    est = tm.estimate(tm.schedule_phases(cfg, world), tm.Cluster(hosts, per_host), rates, backend=be, prof=prof)
     return est.range(clock), f"{hosts} x {per_host} {rates.name} {dtype}, {be.label}, 32 Gbit/s links"
 
 
@@ -110,7 +111,7 @@ def print_plan(
         num_images, source = IMAGENET_TRAIN_IMAGES, "ImageNet-1k (data.root not found)"
     world = world_size or cfg.run.nodes * cfg.run.procs_per_node
     where = "--world-size" if world_size else f"run.nodes {cfg.run.nodes} x run.procs_per_node {cfg.run.procs_per_node}"
-    plan = Schedule(cfg, num_images, world)
+    plan = Schedule(cfg.phases, cfg.optim, num_images=num_images, world_size=world, **memory.accumulation(cfg))
     print(f"{num_images:,} training images ({source}), {world} processes ({where})")
     print(plan.table())
     out = Path(png) if png else Path(cfg.run.out_dir) / f"{cfg.run.name}_plan.png"

@@ -20,6 +20,7 @@ comes from Alibaba's 1 x 8 entry, sigma from the record's 16 x 8 entry.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from recipes.comm import stepmodel as sm
 from recipes.comm.plan import Settings, TensorSpec, grad_specs
+from recipes.errors import ConfigError
 from recipes.schedule_report import IMAGENET_TRAIN_IMAGES
 
 VAL_IMAGES = 50_000 - 1_762  # the validation set without the devkit's blacklist (usedBlacklist: true)
@@ -438,7 +440,7 @@ def schedule_phases(cfg, world: int) -> list[Phase]:
     """The config's schedule on ImageNet-1k, one Phase per (image size, per-GPU batch)."""
     from recipes.schedule import Schedule
 
-    plan = Schedule(cfg, IMAGENET_TRAIN_IMAGES, world)
+    plan = Schedule(cfg.phases, cfg.optim, num_images=IMAGENET_TRAIN_IMAGES, world_size=world)
     out: dict[int, list] = {}
     for e in plan.epochs:
         row = out.setdefault(e.phase_index, [0, 0, e.phase.batch_size // world, e.phase.image_size])
@@ -579,6 +581,7 @@ def estimate(
     phases: list[Phase],
     cluster: Cluster,
     gpu: GpuRates,
+    *,
     backend: Backend,
     prof: GradProfile,
     sync: Sync = Sync(),
@@ -703,8 +706,8 @@ def run_estimate(
         entry_phases(list(run.rows), run.hosts, run.gpus_per_host),
         cluster,
         gpu or PUBLISHED["v100-tf-xla"],
-        backend or CALIBRATION_BACKEND,
-        prof,
+        backend=backend or CALIBRATION_BACKEND,
+        prof=prof,
     )
 
 
@@ -759,7 +762,7 @@ def predict(
     if backend not in be:
         raise ValueError(f"backend: expected one of {', '.join(be)}, got {backend!r}")
     prof = profile_model(cfg.model.name)
-    est = estimate(schedule_phases(cfg, cluster.world), cluster, rates, be[backend], prof)
+    est = estimate(schedule_phases(cfg, cluster.world), cluster, rates, backend=be[backend], prof=prof)
     return est.range(clock)
 
 
@@ -781,8 +784,8 @@ def out_of_sample(path: str | Path, prof: GradProfile) -> list[dict]:
             entry_phases([tuple(r) for r in e["rows"]], e["hosts"], e["gpus_per_host"]),
             cluster,
             PUBLISHED["v100-pytorch-2018"],
-            be,
-            prof,
+            backend=be,
+            prof=prof,
         )
         by_size: dict[int, list[float]] = {}
         for p in est.phases:
@@ -830,3 +833,32 @@ def out_of_sample_lines(path: str | Path, prof: GradProfile) -> list[str]:
             f"{r['mid'] / r['published_s'] - 1:+.0%} |"
         )
     return lines
+
+
+def calibrated_compute(cfg, specs, world: int, gpus_per_host: int, device_name: str | None) -> tuple:
+    """(stepmodel.Compute or None, what it is): one GPU's step at the run's first image size and per-GPU batch, from
+    recipes/timemodel.py's calibrated rates of the run's GPU (comm.gpu_profile: measured ones), with the gradient-
+    ready times of the model's FLOP profile. None where no rate is known (a CPU run, an unlisted GPU)."""
+    if cfg.comm.gpu_profile:
+        try:
+            rates = load_gpu_profile(cfg.comm.gpu_profile)
+        except ProfileError as e:
+            raise ConfigError(f"comm.gpu_profile: {e}") from None
+    elif device_name is None:
+        return None, "no calibrated compute on the CPU"
+    else:
+        gpu = gpu_for_device(device_name)
+        if gpu is None or cfg.run.amp not in PUBLISHED[gpu].dtypes:
+            why = f"no published rates for {device_name} with run.amp={cfg.run.amp}"
+            return None, f"{why} (comm.gpu_profile takes make gpu-check's file)"
+        rates = published(gpu, cfg.run.amp)
+    phase = schedule_phases(cfg, world)[0]
+    prof = profile_model(cfg.model.name)
+    if len(prof.ready) != len(specs):  # another model than the profiled one: no gradient is ready before the end
+        prof = dataclasses.replace(prof, ready=tuple(1.0 for _ in specs))
+    comp = step_compute(rates, phase.image_size, phase.batch, gpus_per_host, prof)
+    what = (
+        f"compute {(comp.forward_s + comp.backward_s) * 1000:.0f} ms per step ({rates.name}, {phase.image_size} px, "
+        f"{phase.batch} per GPU)"
+    )
+    return comp, what

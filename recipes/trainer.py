@@ -13,6 +13,7 @@ and the gradient allreduce backend (`recipes.comm.create_allreduce`). The rest i
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from recipes.ema import create_ema, update_ema
 from recipes.errors import ConfigError, Preempted
 from recipes.evaluation.accuracy import average_bn_stats, evaluate
 from recipes.logger import RunLogger, format_seconds
-from recipes.memory import refuse_if_too_big
+from recipes.memory import accumulation, refuse_if_too_big
 from recipes.optim import create_optimizer, describe_groups, set_lr_momentum
 from recipes.preemption import StopSignal
 from recipes.progress import EpochClock
@@ -40,6 +41,7 @@ from recipes.run.outputs import RunOutputs
 from recipes.run.payload import State
 from recipes.schedule import Schedule
 from recipes.steps import StepRunner, create_criterion
+from recipes.timemodel import calibrated_compute
 
 
 def run_dir_for(cfg: Config) -> Path:
@@ -78,8 +80,12 @@ class Trainer:
         if cfg.run.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
         torch.manual_seed(cfg.run.seed)  # identical initial weights on every rank
-        self.data = create_input(cfg, dist)
-        self.plan = Schedule(cfg, self.data.num_train, dist.world_size)
+        self.data = create_input(
+            cfg.data, dist, phases=cfg.phases, seed=cfg.run.seed, channels_last=cfg.run.channels_last, amp=cfg.run.amp
+        )
+        self.plan = Schedule(
+            cfg.phases, cfg.optim, num_images=self.data.num_train, world_size=dist.world_size, **accumulation(cfg)
+        )
         refuse_if_too_big(cfg, self.plan, dist.device)  # a phase that will not fit fails now, not hours in
         model = create_model(cfg.model, self.data.num_classes).to(dist.device)
         if cfg.run.channels_last:
@@ -88,7 +94,13 @@ class Trainer:
         self.ema = create_ema(model, enabled=cfg.run.ema, decay=cfg.run.ema_decay, warmup=cfg.run.ema_warmup)
         self.optimizer = create_optimizer(cfg.optim, model)
         self.scaler = torch.amp.GradScaler(dist.device.type, enabled=cfg.run.amp == "fp16")
-        self.comm = create_allreduce(cfg, dist)
+        self.comm = create_allreduce(
+            cfg.comm,
+            dist,
+            timeout_s=cfg.dist.timeout_s,
+            model_name=cfg.model.name,
+            compute_start=functools.partial(calibrated_compute, cfg),
+        )
         torch.manual_seed(cfg.run.seed + 1000 * dist.rank)  # per-rank randomness; a resume restores it
         parts = Parts(self.model, self.optimizer, self.scaler, self.comm, self.ema)
         self.checkpointer = Checkpointer(self.run, dist, cfg, self.data, parts, self.log)
@@ -144,7 +156,9 @@ class Trainer:
             if logged:
                 self.steps.settle(st, self.log)
                 loss_mean, img_s, eta = clock.window(i + 1, plan.total_steps - st.step)
-                self.log.step_line(epoch, len(plan.epochs), i + 1, info.steps, img_s, loss_mean, lr, eta)
+                self.log.step_line(
+                    epoch, len(plan.epochs), i + 1, info.steps, img_s=img_s, loss=loss_mean, lr=lr, eta_s=eta
+                )
                 scalars = {"train/loss": loss_mean, "train/lr": lr, "train/momentum": mom, "train/images_per_s": img_s}
                 self.log.scalars(st.step, **scalars)
                 self.out.progress(st.step, epoch)

@@ -70,13 +70,25 @@ def fitting_cap(family: str, shape: str) -> int | None:
     nodes, gpus, _ = SHAPES[shape]
     world, gpu_bytes = nodes * gpus, memory.gpu_memory_bytes(gpu)
     cfg = load(family, shape)
-    if not memory.check_fits(cfg, Schedule(cfg, IMAGENET_TRAIN_IMAGES, world), gpu_bytes, gpu):
+    if not memory.check_fits(
+        cfg,
+        Schedule(cfg.phases, cfg.optim, num_images=IMAGENET_TRAIN_IMAGES, world_size=world, **memory.accumulation(cfg)),
+        gpu_bytes,
+        gpu,
+    ):
         return None
     cap = max(p.batch_size for p in cfg.phases) // world
     cap = 1 << (cap.bit_length() - 1)
     while cap >= 1:
         cfg = load(family, shape, cap)
-        if not memory.check_fits(cfg, Schedule(cfg, IMAGENET_TRAIN_IMAGES, world), gpu_bytes, gpu):
+        if not memory.check_fits(
+            cfg,
+            Schedule(
+                cfg.phases, cfg.optim, num_images=IMAGENET_TRAIN_IMAGES, world_size=world, **memory.accumulation(cfg)
+            ),
+            gpu_bytes,
+            gpu,
+        ):
             return cap
         cap //= 2
     raise SystemExit(f"{preset_name(family, shape)}: not even one image per micro-batch fits {gpu}")

@@ -19,16 +19,17 @@ Two flows whose source ports share the low 8 bits share a leaf; `flows_per_class
 
 Use it from Python (`with NetLab(2, link_mbit=1000, flow_mbit=333) as lab: lab.run_all(...)`) or as a command:
 
-    sudo python scripts/netlab.py --hosts 2 --link-mbit 1000 --flow-mbit 333 -- \\
+    sudo python -m scripts.netlab --hosts 2 --link-mbit 1000 --flow-mbit 333 -- \\
         python -c "print('host {rank} of {world} at {addr}, master {master}')"
-    sudo python scripts/netlab.py --hosts 2 --link-mbit 1000 --flow-mbit 333 --check   # measure the shaping
-    sudo python scripts/netlab.py --cleanup     # remove namespaces left by labs whose process died
+    sudo python -m scripts.netlab --hosts 2 --link-mbit 1000 --flow-mbit 333 --check   # measure the shaping
+    sudo python -m scripts.netlab --cleanup     # remove namespaces left by labs whose process died
 
 `{rank}`, `{world}`, `{addr}` and `{master}` in the command are replaced per host (other braces pass through).
 The lab is torn down when the block or command ends, on an exception, on Ctrl-C and on SIGTERM/SIGHUP: every process
 inside its namespaces is ended (`ip netns pids`), then the namespaces and their /etc/netns entries are removed.
 After a SIGKILL of the lab itself, `--cleanup` does the same for every lab whose process is gone.
 Ending processes, clean-up and the throughput check are in scripts/netlab_procs.py (re-exported here).
+Run it from the repository root, as a module (`python -m scripts.netlab`).
 """
 
 from __future__ import annotations
@@ -46,13 +47,9 @@ import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 
-if str(Path(__file__).resolve().parent) not in sys.path:  # netlab_procs sits beside it, however it is imported
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-# Processes and namespaces (scripts/netlab_procs.py); imported here too by the tests and scripts/bench_allreduce.py.
-from netlab_procs import (  # noqa: E402, F401
+# Processes and namespaces (netlab_procs.py); imported here too by the tests and scripts/bench/bench_allreduce.py.
+from scripts.netlab_procs import (  # noqa: F401
     _SINK,
     _SOURCE,
     ETC_NETNS,

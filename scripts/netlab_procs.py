@@ -2,9 +2,10 @@
 
 `_kill_tree` ends a process started in its own session with everything it started, `kill_namespace_processes`
 everything inside one namespace (`ip netns pids`), and `cleanup_stale` what labs whose process died left behind
-(`netlab.py --cleanup`). `measure_mbit` is the throughput check (`netlab.py --check`): TCP streams from host 1 to
-host 0, to see the link and per-flow caps at work; `_SINK` and `_SOURCE` are its two ends, self-contained
-programs run with `python -c` (scripts/bench_allreduce.py runs them on loopback too).
+(`python -m scripts.netlab --cleanup`). `measure_mbit` is the throughput check (`python -m scripts.netlab --check`):
+TCP streams from host 1 to host 0, to see the link and per-flow caps at work, on any `Hosts` (the lab's NetLab);
+`_SINK` and `_SOURCE` are its two ends, self-contained programs run with `python -c` (scripts/bench/bench_allreduce.py
+runs them on loopback too).
 """
 
 from __future__ import annotations
@@ -18,14 +19,21 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from netlab import NetLab
+from typing import Protocol
 
 PREFIX = "dbn"
 ETC_NETNS = Path("/etc/netns")
 _LAB_NAME = re.compile(rf"{PREFIX}(\d+)-(sw|h\d+)")
+
+
+class Hosts(Protocol):
+    """What the throughput check needs of a lab (scripts/netlab.py's NetLab): a host's address and its commands."""
+
+    def addr(self, i: int) -> str: ...
+
+    def argv(self, i: int, argv: list[str]) -> list[str]: ...
+
+    def popen(self, i: int, argv: list[str], **kw) -> subprocess.Popen: ...
 
 
 class NetLabError(RuntimeError):
@@ -127,7 +135,7 @@ print(sum(sent) * 8 / (time.monotonic() - t0) / 1e6)
 """
 
 
-def measure_mbit(lab: NetLab, streams: int, seconds: float = 3.0, port: int = 5201) -> float:
+def measure_mbit(lab: Hosts, streams: int, seconds: float = 3.0, port: int = 5201) -> float:
     """Throughput (Mbit/s) of `streams` parallel TCP connections from host 1 to host 0."""
     sink = lab.popen(
         0, [sys.executable, "-c", _SINK, lab.addr(0), str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL

@@ -29,9 +29,8 @@ sys.path.insert(0, str(ROOT))
 from recipes import timemodel as tm  # noqa: E402
 from recipes.comm.plan import Settings  # noqa: E402
 
-sys.path.insert(0, str(ROOT / "scripts"))
 # --validate: the model against the network lab (re-exported: tests use predict.lab_predict, predict.LAB_FIT, ...)
-from predict_lab import (  # noqa: E402, F401
+from scripts.predict_lab import (  # noqa: E402, F401
     LAB_FIT,
     LAB_METHODS,
     LabFit,
@@ -65,7 +64,7 @@ def recommend_settings(cfg, phases, cluster, rates, prof) -> Settings:
     best = None
     for s in search_space(c.tune_bucket_mb, c.tune_streams, c.tune_slices):
         be = tm.Backend("multistream", "multistream", {"settings": s, "compression": c.compression})
-        t = tm.estimate(phases, cluster, rates, be, prof).total("train")
+        t = tm.estimate(phases, cluster, rates, backend=be, prof=prof).total("train")
         if best is None or t < best[1] - 1e-9:
             best = (s, t)
     return best[0]
@@ -80,7 +79,7 @@ def estimates(cfg, cluster, rates, prof) -> list[tm.Estimate]:
         bes.append(
             tm.Backend(f"multistream (recommended: {rec.label()})", "multistream", {**ms.kwargs, "settings": rec})
         )
-    return [tm.estimate(phases, cluster, rates, be, prof) for be in bes]
+    return [tm.estimate(phases, cluster, rates, backend=be, prof=prof) for be in bes]
 
 
 def report(
@@ -164,7 +163,7 @@ def plot(cfg, cluster, rates, prof, png: str, max_hosts: int) -> None:
         ys = []
         for h in hosts:
             c = replace(cluster, hosts=h)
-            ys.append(tm.estimate(tm.schedule_phases(cfg, c.world), c, rates, be, prof).range("train"))
+            ys.append(tm.estimate(tm.schedule_phases(cfg, c.world), c, rates, backend=be, prof=prof).range("train"))
         ax.plot(hosts, [y[1] for y in ys], marker="o", ms=3, label=be.label)
         ax.fill_between(hosts, [y[0] for y in ys], [y[2] for y in ys], alpha=0.15)
     ax.set_xscale("log", base=2)
@@ -204,7 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out-of-sample", default="", help="also hold the model against these published entries")
     ap.add_argument("--png", default="", help="plot the predicted training clock against hosts to this PNG")
     ap.add_argument("--max-hosts", type=int, default=64)
-    ap.add_argument("--validate", nargs="+", default=[], help="scripts/bench_allreduce.py --json files: fit, check")
+    ap.add_argument(
+        "--validate", nargs="+", default=[], help="scripts/bench/bench_allreduce.py --json files: fit, check"
+    )
     ap.add_argument("--fit-hosts", type=int, nargs="+", default=[2, 4], help="--validate: host counts to fit on")
     args = ap.parse_args(argv)
     if args.validate:

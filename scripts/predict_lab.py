@@ -1,27 +1,23 @@
 """The step-time model against the network lab: `scripts/predict.py --validate` (recipes/comm/stepmodel.py).
 
-The lab file is what `scripts/bench_allreduce.py --json` writes: per host count, the compute-only time and each
-contender's measured step (`torch`: per-tensor, ddp, ddp-flows, multistream, tuned; `horovod`). `load_lab` merges
-several such files by host count; `lab_predict` is the model's step time for one contender of one record (the gradient
-list of bench_allreduce at its `fraction`, compute not overlapped, `LabFit`'s goodput and per-message latency) and
-`measured` what the lab measured; `fit_lab` fits goodput and latency (then Horovod's negotiation cost per rank) by
-least squares of the log error on some host counts, and `validate` reports every record against that fit.
-`LAB_FIT` is the fit of docs/scaling.md, which tests check an unfitted lab run against.
+The lab file is what `python -m scripts.bench.bench_allreduce --json` writes: per host count, the compute-only time
+and each contender's measured step (`torch`: per-tensor, ddp, ddp-flows, multistream, tuned; `horovod`). `load_lab`
+merges several such files by host count; `lab_predict` is the model's step time for one contender of one record (the
+gradient list of bench_allreduce at its `fraction`, compute not overlapped, `LabFit`'s goodput and per-message
+latency) and `measured` what the lab measured; `fit_lab` fits goodput and latency (then Horovod's negotiation cost
+per rank) by least squares of the log error on some host counts, and `validate` reports every record against that
+fit. `LAB_FIT` is the fit of docs/scaling.md, which tests check an unfitted lab run against.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from recipes.comm import stepmodel as sm  # noqa: E402
-from recipes.comm.plan import Settings, TensorSpec  # noqa: E402
+from recipes.comm import stepmodel as sm
+from recipes.comm.plan import Settings, TensorSpec
 
 LAB_METHODS = ("per-tensor", "ddp", "ddp-flows", "multistream", "tuned", "horovod")
 
@@ -37,9 +33,8 @@ LAB_FIT = LabFit(0.93, 9e-6, 0.0)  # fitted on the 2- and 4-host lab runs of doc
 
 
 def lab_specs(fraction: float) -> list[TensorSpec]:
-    """ResNet-50's gradient list as scripts/bench_allreduce.py builds it (flat tensors at `fraction`)."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import bench_allreduce
+    """ResNet-50's gradient list as scripts/bench/bench_allreduce.py builds it (flat tensors at `fraction`)."""
+    from scripts.bench import bench_allreduce
 
     named = bench_allreduce.gradient_shapes(fraction)[::-1]  # gradient-ready order
     return [TensorSpec(n, s, "float32") for n, s in named]
@@ -64,7 +59,7 @@ def lab_predict(rec: dict, method: str, fit: LabFit, specs: list[TensorSpec] | N
     )
     comp = sm.no_overlap(specs, torch_res["compute_s"])
     if method in ("multistream", "tuned"):
-        return sm.predict_step("multistream", specs, comp, net, _settings(r["settings"])).step_s
+        return sm.predict_step("multistream", specs, comp, net, settings=_settings(r["settings"])).step_s
     if method == "ddp":
         return sm.predict_step("ddp", specs, comp, net, bucket_cap_mb=25 * f).step_s
     if method == "ddp-flows":  # 'bucket_cap_mb 1.25, 4 flows': DDP on a gloo group of 4 devices

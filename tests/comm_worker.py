@@ -8,6 +8,7 @@ Each rank writes OUT_DIR/rank<r>.json with what it saw; the tests compare those 
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 import sys
@@ -26,6 +27,7 @@ from recipes.comm import create_allreduce  # noqa: E402
 from recipes.config import load_config  # noqa: E402
 from recipes.distributed import setup  # noqa: E402
 from recipes.errors import CommError, ConfigError, PlanMismatchError  # noqa: E402
+from recipes.timemodel import calibrated_compute  # noqa: E402
 
 
 class Net(nn.Module):
@@ -75,7 +77,7 @@ def run_backend(cfg, dist, model: nn.Module, steps: int = 2) -> tuple[list[torch
     """Train `steps` backward passes through the backend (no optimizer step); gradients after the last one."""
     m = copy.deepcopy(model)
     opt = torch.optim.SGD(m.parameters(), lr=0.0)
-    backend = create_allreduce(cfg, dist)
+    backend = create_allreduce(cfg.comm, dist, timeout_s=cfg.dist.timeout_s, model_name=cfg.model.name)
     tm, opt = backend.prepare(m, opt)
     for step in range(steps):
         opt.zero_grad(set_to_none=True)
@@ -178,7 +180,13 @@ def scenario_accumulate(out: dict, args: list[str]) -> None:
         opt.step()
 
     m = copy.deepcopy(model)
-    backend = create_allreduce(cfg, dist)
+    backend = create_allreduce(
+        cfg.comm,
+        dist,
+        timeout_s=cfg.dist.timeout_s,
+        model_name=cfg.model.name,
+        compute_start=functools.partial(calibrated_compute, cfg),
+    )
     tm, sgd = backend.prepare(m, torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9))
     runner = StepRunner(
         model=m,
@@ -222,7 +230,7 @@ def scenario_tune(out: dict, args: list[str]) -> None:
     model = Net()
     m = copy.deepcopy(model)
     opt = torch.optim.SGD(m.parameters(), lr=0.0)
-    backend = create_allreduce(cfg, dist)
+    backend = create_allreduce(cfg.comm, dist, timeout_s=cfg.dist.timeout_s, model_name=cfg.model.name)
     tm, opt = backend.prepare(m, opt)
     seq = []
     mean = exact_mean(model, dist.rank, dist.world_size, step=0)
@@ -239,7 +247,7 @@ def scenario_tune(out: dict, args: list[str]) -> None:
     out["trials"] = len(backend.tuner.trials)
     out["done"] = backend.tuner.done
     out["state"] = backend.state_dict()
-    second = create_allreduce(cfg, dist)
+    second = create_allreduce(cfg.comm, dist, timeout_s=cfg.dist.timeout_s, model_name=cfg.model.name)
     second.prepare(copy.deepcopy(model), torch.optim.SGD(model.parameters(), lr=0.0))
     out["second_tuner"] = second.tuner is not None
     out["second_settings"] = [second.settings.bucket_mb, second.settings.streams, second.settings.slices]
@@ -258,7 +266,13 @@ def scenario_model_start(out: dict, args: list[str]) -> None:
         *args,
     )
     dist = setup(cfg)
-    backend = create_allreduce(cfg, dist)
+    backend = create_allreduce(
+        cfg.comm,
+        dist,
+        timeout_s=cfg.dist.timeout_s,
+        model_name=cfg.model.name,
+        compute_start=functools.partial(calibrated_compute, cfg),
+    )
     t0 = time.monotonic()
     try:
         backend.prepare(Net(), torch.optim.SGD(Net().parameters(), lr=0.0))
@@ -275,7 +289,8 @@ def scenario_mismatch(out: dict, args: list[str]) -> None:
     dist = setup(cfg)
     slices = 2 if dist.rank == 0 else 3  # rank 1 runs a different config
     model = Net()
-    backend = create_allreduce(config("comm.backend=multistream", f"comm.slices={slices}", *args), dist)
+    cfg = config("comm.backend=multistream", f"comm.slices={slices}", *args)
+    backend = create_allreduce(cfg.comm, dist, timeout_s=cfg.dist.timeout_s, model_name=cfg.model.name)
     t0 = time.monotonic()
     try:
         backend.prepare(model, None)
@@ -290,7 +305,7 @@ def scenario_dead_peer(out: dict, args: list[str]) -> None:
     cfg = config("comm.backend=multistream", "comm.bucket_mb=0.004", "comm.streams=2", "comm.slices=2", *args)
     dist = setup(cfg)
     model = Net()
-    backend = create_allreduce(cfg, dist)
+    backend = create_allreduce(cfg.comm, dist, timeout_s=cfg.dist.timeout_s, model_name=cfg.model.name)
     tm, _ = backend.prepare(copy.deepcopy(model), None)
     x, y = batch(dist.rank)
     nn.functional.cross_entropy(tm(x), y).backward()  # one good step

@@ -45,6 +45,25 @@ def tiny_config(root: Path, out_dir: Path, *overrides: str):
     return load_config(TINY_CONFIG, [f"data.root={root}", f"run.out_dir={out_dir}", *overrides])
 
 
+def input_args(cfg) -> dict:
+    """What `data.create_input(cfg.data, dist, ...)` takes from the rest of the config, as the trainer passes it."""
+    return {"phases": cfg.phases, "seed": cfg.run.seed, "channels_last": cfg.run.channels_last, "amp": cfg.run.amp}
+
+
+def input_from(cfg, dist, **kw):
+    """`data.create_input` for a whole config, called as the trainer calls it."""
+    from data import create_input
+
+    return create_input(cfg.data, dist, **input_args(cfg), **kw)
+
+
+def run_context(cfg):
+    """The same as the `run` argument of a pipeline class built directly (`DaliPipeline(cfg.data, dist, run, ...)`)."""
+    from data import RunContext
+
+    return RunContext(**input_args(cfg))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -126,9 +145,7 @@ def two_local_hosts(tmp_path: Path) -> Path:
 def _netlab_missing() -> str | None:
     if not (ROOT / "scripts" / "netlab.py").is_file():
         return "scripts/netlab.py (the network lab, issue 5) is not in this tree"
-    if str(ROOT / "scripts") not in sys.path:
-        sys.path.insert(0, str(ROOT / "scripts"))
-    import netlab
+    from scripts import netlab
 
     return netlab.available()
 

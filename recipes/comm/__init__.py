@@ -18,9 +18,12 @@ def backend_class(name: str) -> type:
     return registry.load(BACKENDS, name, "comm.backend", "backend")
 
 
-def create_allreduce(cfg, dist):
-    """The backend named by `cfg.comm.backend`."""
-    return backend_class(cfg.comm.backend)(cfg, dist)
+def create_allreduce(comm, dist, *, timeout_s: float, model_name: str, compute_start=None):
+    """The backend named by `comm.backend` (`comm`: the config's comm section); `timeout_s` (`dist.timeout_s`) bounds
+    every collective, `model_name` (`model.name`) keys the multistream tuning cache."""
+    return backend_class(comm.backend)(
+        comm, dist, timeout_s=timeout_s, model_name=model_name, compute_start=compute_start
+    )
 
 
 __all__ = ["BACKENDS", "CommStats", "backend_class", "create_allreduce"]

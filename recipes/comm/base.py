@@ -1,10 +1,11 @@
 """The allreduce backend interface (`AllreduceBackend`), its no-op defaults (`BackendDefaults`), and `StepWindow`,
 the timer the backends measure their communication window with.
 
-A backend is named by `comm.backend` in recipes/registry.py and built as `Backend(cfg, dist)` by
-`recipes.comm.create_allreduce`; the trainer calls, in this order:
+A backend is named by `comm.backend` in recipes/registry.py and built from its own config section by
+`recipes.comm.create_allreduce` as `Backend(cfg.comm, dist, timeout_s=..., model_name=...)`; the trainer calls, in
+this order:
 
-    Backend.process_env(cfg)              before torch.distributed starts (recipes.distributed.setup)
+    Backend.process_env(cfg.comm)         before torch.distributed starts (recipes.distributed.setup)
     backend.load_state_dict(state)        on resume, with what state_dict() saved
     backend.prepare(model, optimizer)     -> (module to run forward/backward through, optimizer to step)
     with backend.no_sync(module): ...     around forward+backward of each accumulated micro-batch but the last
@@ -34,7 +35,7 @@ class AllreduceBackend(Protocol):
     name: str  # the comm.backend value
 
     @classmethod
-    def process_env(cls, cfg) -> dict[str, str]:
+    def process_env(cls, comm) -> dict[str, str]:
         """Environment variables for torch.distributed (RANK, WORLD_SIZE, ...) that the launcher left out."""
 
     def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -61,11 +62,15 @@ class BackendDefaults:
 
     name = "?"
 
-    def __init__(self, cfg, dist):
-        self.cfg, self.dist = cfg, dist
+    def __init__(self, comm, dist, *, timeout_s: float, model_name: str, compute_start=None):
+        """`comm`: the config's comm section; `timeout_s`: how long a collective may take (`dist.timeout_s`);
+        `model_name`: the model's name (`model.name`), part of the tuning cache's key; `compute_start`: the
+        calibrated compute for the tuner's model start (recipes.timemodel.calibrated_compute with the config bound)."""
+        self.comm_cfg, self.dist = comm, dist
+        self.timeout_s, self.model_name, self.compute_start = timeout_s, model_name, compute_start
 
     @classmethod
-    def process_env(cls, cfg) -> dict[str, str]:
+    def process_env(cls, comm) -> dict[str, str]:
         if "HOROVOD_RANK" in os.environ and "RANK" not in os.environ:  # every process would train alone
             raise ConfigError(
                 f"comm.backend={cls.name}: this process was started by horovodrun; set "

@@ -29,28 +29,28 @@ from recipes.comm.stats import CommStats
 class DDPBackend(BackendDefaults):
     name = "ddp"
 
-    def __init__(self, cfg, dist):
-        super().__init__(cfg, dist)
+    def __init__(self, comm, dist, **named):
+        super().__init__(comm, dist, **named)
         self.window = StepWindow(dist.device)
         self._bytes = 0
 
     @classmethod
-    def process_env(cls, cfg) -> dict[str, str]:
-        return {**super().process_env(cfg), **ncclenv.process_env(cfg.comm, log=ncclenv.rank0_print)}
+    def process_env(cls, comm) -> dict[str, str]:
+        return {**super().process_env(comm), **ncclenv.process_env(comm, log=ncclenv.rank0_print)}
 
     def prepare(self, model: nn.Module, optimizer):
-        if self.dist.world_size == 1 and not self.cfg.comm.engage_single_rank:
+        if self.dist.world_size == 1 and not self.comm_cfg.engage_single_rank:
             return model, optimizer  # nothing to reduce; DDP would only add hooks
         device_ids = [self.dist.device.index] if self.dist.device.type == "cuda" else None
         group = None
-        if self.cfg.comm.gloo_devices > 1 and td.get_backend() == "gloo":
-            group = gloo_group(self.cfg.comm.gloo_devices, self.cfg.dist.timeout_s)
+        if self.comm_cfg.gloo_devices > 1 and td.get_backend() == "gloo":
+            group = gloo_group(self.comm_cfg.gloo_devices, self.timeout_s)
         ddp = DistributedDataParallel(
             model,
             process_group=group,
             device_ids=device_ids,
-            bucket_cap_mb=self.cfg.comm.bucket_cap_mb,
-            static_graph=self.cfg.comm.static_graph,
+            bucket_cap_mb=self.comm_cfg.bucket_cap_mb,
+            static_graph=self.comm_cfg.static_graph,
             broadcast_buffers=False,  # BN running stats stay per rank and are averaged before validation
         )
         ddp.register_comm_hook(group, self._allreduce)  # the hook reduces on `group` (None: the default group)
@@ -74,15 +74,15 @@ class DDPBackend(BackendDefaults):
         self.window.close_step()
 
     def stats(self) -> CommStats:
-        c = self.cfg.comm
+        c = self.comm_cfg
         settings = {"bucket_cap_mb": c.bucket_cap_mb, "static_graph": c.static_graph, "flows": self.flows()}
         return CommStats(self.name, self.window.steps, self.window.seconds, None, self._bytes, settings)
 
     def flows(self) -> int:
         """TCP flows per peer connection this backend asked for (gloo devices, or NCCL threads x sockets)."""
         if self.dist.world_size > 1 and td.is_initialized() and td.get_backend() == "gloo":
-            return self.cfg.comm.gloo_devices
-        return ncclenv.flows_per_connection(self.cfg.comm)
+            return self.comm_cfg.gloo_devices
+        return ncclenv.flows_per_connection(self.comm_cfg)
 
 
 def gloo_group(devices: int, timeout_s: float):

@@ -41,14 +41,14 @@ def launched_by_horovodrun() -> bool:
     return "HOROVOD_RANK" in os.environ and "RANK" not in os.environ
 
 
-def torch_env_from_horovod(cfg) -> dict[str, str]:
+def torch_env_from_horovod(comm) -> dict[str, str]:
     """Under horovodrun: start Horovod and return RANK/WORLD_SIZE/.../MASTER_ADDR/MASTER_PORT for torch.distributed.
 
     Horovod reads its tuning knobs when it starts, so `comm.bucket_mb` (fusion threshold) and `comm.autotune`
     are exported first, unless the user set the HOROVOD_* variables themselves. Rank 0 picks a free port on its
     own host and sends (host, port) to everyone through Horovod.
     """
-    c = cfg.comm
+    c = comm
     os.environ.setdefault("HOROVOD_FUSION_THRESHOLD", str(int(c.bucket_mb * 2**20)))
     if c.autotune:
         os.environ.setdefault("HOROVOD_AUTOTUNE", "1")
@@ -140,9 +140,9 @@ class HorovodBackend(BackendDefaults):
 
     name = "horovod"
 
-    def __init__(self, cfg, dist):
-        super().__init__(cfg, dist)
-        if cfg.comm.compression == "bf16":
+    def __init__(self, comm, dist, **named):
+        super().__init__(comm, dist, **named)
+        if comm.compression == "bf16":
             raise ConfigError("comm.compression: horovod supports 'none' or 'fp16', got 'bf16'")
         self.optimizer = None
         self._steps = 0
@@ -150,12 +150,12 @@ class HorovodBackend(BackendDefaults):
         self._step_bytes = 0
 
     @classmethod
-    def process_env(cls, cfg) -> dict[str, str]:
+    def process_env(cls, comm) -> dict[str, str]:
         """Under horovodrun: torch.distributed's environment, derived from Horovod's (see torch_env_from_horovod)."""
-        return torch_env_from_horovod(cfg) if launched_by_horovodrun() else {}
+        return torch_env_from_horovod(comm) if launched_by_horovodrun() else {}
 
     def prepare(self, model: nn.Module, optimizer):
-        if self.dist.world_size == 1 and not self.cfg.comm.engage_single_rank:
+        if self.dist.world_size == 1 and not self.comm_cfg.engage_single_rank:
             return model, optimizer  # nothing to reduce
         hvd = import_horovod()
         hvd.init()
@@ -164,7 +164,7 @@ class HorovodBackend(BackendDefaults):
                 f"comm.backend=horovod: Horovod sees rank {hvd.rank()} of {hvd.size()} but torch.distributed sees "
                 f"rank {self.dist.rank} of {self.dist.world_size}; launch with horovodrun, not torchrun"
             )
-        wire = hvd.Compression.fp16 if self.cfg.comm.compression == "fp16" else hvd.Compression.none
+        wire = hvd.Compression.fp16 if self.comm_cfg.compression == "fp16" else hvd.Compression.none
         state = optimizer.state_dict()  # a resume loaded it into the plain optimizer
         dist_opt = hvd.DistributedOptimizer(
             optimizer, named_parameters=model.named_parameters(), compression=Contiguous(wire), op=hvd.Average
@@ -176,7 +176,7 @@ class HorovodBackend(BackendDefaults):
         dist_opt._should_synchronize = False  # what `with dist_opt.skip_synchronize():` sets, for every step
         dist_opt.zero_grad = partial(_zero_grad, dist_opt)  # Horovod's takes no set_to_none
         self._params = [p for p in model.parameters() if p.requires_grad]
-        wire = 2 if self.cfg.comm.compression == "fp16" else None
+        wire = 2 if self.comm_cfg.compression == "fp16" else None
         self._step_bytes = sum(p.numel() * (wire or p.element_size()) for p in self._params)
         self._armed = self._held = False
         for p in self._params:
@@ -220,7 +220,7 @@ class HorovodBackend(BackendDefaults):
             self._armed = False
 
     def stats(self) -> CommStats:
-        c = self.cfg.comm
+        c = self.comm_cfg
         fusion = float(os.environ.get("HOROVOD_FUSION_THRESHOLD", c.bucket_mb * 2**20)) / 2**20
         settings = {"fusion_threshold_mb": fusion, "compression": c.compression, "autotune": c.autotune}
         total_bytes = self._steps * self._step_bytes

@@ -35,10 +35,10 @@ from recipes.errors import CommError, ConfigError, PlanMismatchError
 class MultiStreamBackend(BackendDefaults):
     name = "multistream"
 
-    def __init__(self, cfg, dist):
-        super().__init__(cfg, dist)
+    def __init__(self, comm, dist, **named):
+        super().__init__(comm, dist, **named)
         self._held = False  # inside no_sync: the hooks leave the gradients local
-        c = cfg.comm
+        c = comm
         for key in ("streams", "slices", "tune_max_candidates", "tune_steps_per_window", "tune_windows"):
             if getattr(c, key) < 1:
                 raise ConfigError(f"comm.{key}: expected a positive integer, got {getattr(c, key)}")
@@ -62,16 +62,16 @@ class MultiStreamBackend(BackendDefaults):
         self.concurrency: concurrency.Decision | None = None
 
     @classmethod
-    def process_env(cls, cfg) -> dict[str, str]:
+    def process_env(cls, comm) -> dict[str, str]:
         """NCCL's implicit launch order (the rule of `overlap`) and the multi-flow settings, unless already set."""
-        env = {**super().process_env(cfg), **ncclenv.process_env(cfg.comm, log=ncclenv.rank0_print)}
-        return {**env, **concurrency.process_env(cfg.comm.concurrency)}
+        env = {**super().process_env(comm), **ncclenv.process_env(comm, log=ncclenv.rank0_print)}
+        return {**env, **concurrency.process_env(comm.concurrency)}
 
     # -- set-up -----------------------------------------------------------------------------------------
     def prepare(self, model: nn.Module, optimizer):
-        if self.dist.world_size == 1 and not self.cfg.comm.engage_single_rank:
+        if self.dist.world_size == 1 and not self.comm_cfg.engage_single_rank:
             return model, optimizer  # nothing to reduce
-        c = self.cfg.comm
+        c = self.comm_cfg
         self.specs, self.params = grad_specs(model)
         want_tuning = c.autotune and self._resumed is None
         start = self._resumed or self.settings
@@ -88,13 +88,13 @@ class MultiStreamBackend(BackendDefaults):
                 self.tuner = tuning.AutoTuner(
                     space,
                     self.settings,
-                    c.tune_max_candidates,
-                    c.tune_warmup_steps,
-                    c.tune_steps_per_window,
-                    c.tune_windows,
-                    c.tune_method,
-                    predicted,
-                    note,
+                    max_candidates=c.tune_max_candidates,
+                    warmup_steps=c.tune_warmup_steps,
+                    steps_per_window=c.tune_steps_per_window,
+                    windows=c.tune_windows,
+                    method=c.tune_method,
+                    predicted=predicted,
+                    start_note=note,
                 )
                 self._note(
                     f"multistream autotune: up to {self.tuner.max_candidates} candidates ({c.tune_method}), "
@@ -120,7 +120,11 @@ class MultiStreamBackend(BackendDefaults):
         if d.is_main:
             gpu = torch.cuda.get_device_name(d.device) if d.device.type == "cuda" else None
             try:
-                box = [tuning.model_start(self.cfg, self.specs, space, hosts, gpus, gpu)]
+                box = [
+                    tuning.model_start(
+                        self.comm_cfg, self.specs, space, hosts, gpus, gpu, compute_start=self.compute_start
+                    )
+                ]
             except ConfigError as e:
                 box = [str(e)]
         td.broadcast_object_list(box, src=0)
@@ -131,14 +135,14 @@ class MultiStreamBackend(BackendDefaults):
     def _distinct_plans(self) -> list[Settings]:
         """The search space, less settings whose plan is identical to an earlier one (e.g. two bucket sizes that
         both leave every tensor alone), so no candidate is measured twice."""
-        c = self.cfg.comm
+        c = self.comm_cfg
         seen: dict[str, Settings] = {}
         for s in [self.settings, *tuning.search_space(c.tune_bucket_mb, c.tune_streams, c.tune_slices)]:
             seen.setdefault(build_plan(self.specs, s, c.compression).digest(), s)
         return list(seen.values())
 
     def _create_groups(self, k: int) -> None:
-        timeout = datetime.timedelta(seconds=self.cfg.dist.timeout_s)
+        timeout = datetime.timedelta(seconds=self.timeout_s)
         self.groups = [td.new_group(timeout=timeout) for _ in range(k)]
         # Connect every communicator now, one at a time, instead of lazily mid-backward. Each sums its own ones
         # (int32, so the check is exact: every entry must be the world size, whatever W and K are).
@@ -155,7 +159,7 @@ class MultiStreamBackend(BackendDefaults):
 
     def _verified_plan(self, settings: Settings) -> FusionPlan:
         """The plan for `settings`, after checking that every rank derived the same one (one all-gather)."""
-        plan = build_plan(self.specs, settings, self.cfg.comm.compression)
+        plan = build_plan(self.specs, settings, self.comm_cfg.compression)
         mine = (plan.digest(), plan.describe())
         everyone = [None] * self.dist.world_size
         td.all_gather_object(everyone, mine)
@@ -178,7 +182,7 @@ class MultiStreamBackend(BackendDefaults):
             self.groups[: plan.streams],
             self.dist.world_size,
             self.concurrency.mode == "serialize",
-            self.cfg.dist.timeout_s,
+            self.timeout_s,
         )
         self.settings = plan.settings
         self._note(f"multistream plan {plan.digest()[:12]}: {plan.describe()}, concurrency {self.concurrency.mode}")
@@ -198,19 +202,19 @@ class MultiStreamBackend(BackendDefaults):
 
     # -- the tuner --------------------------------------------------------------------------------------
     def _cache_path(self):
-        c = self.cfg.comm.tune_cache
+        c = self.comm_cfg.tune_cache
         if c is None:
             return None
         return Path(c).expanduser() if c else tuning.default_cache_path()
 
     def _cache_key(self) -> str:
-        c, d = self.cfg.comm, self.dist
+        c, d = self.comm_cfg, self.dist
         network = c.network
         if network == "auto":
             ifname = os.environ.get("NCCL_SOCKET_IFNAME") or os.environ.get("GLOO_SOCKET_IFNAME") or "default"
             network = f"{d.world_size // max(d.local_world_size, 1)}nodes-x{d.local_world_size}-if:{ifname}"
         dtype = str(self.params[0].dtype).removeprefix("torch.")
-        return tuning.cache_key(self.cfg.model.name, d.world_size, td.get_backend(), dtype, c.compression, network)
+        return tuning.cache_key(self.model_name, d.world_size, td.get_backend(), dtype, c.compression, network)
 
     def _cached_winner(self) -> Settings | None:
         """Rank 0 reads the cache and tells everyone (other machines may not have the file)."""
@@ -308,7 +312,7 @@ class MultiStreamBackend(BackendDefaults):
         if self.engine is None:
             return CommStats(self.name)
         self._account(self.engine.read(wait=True))
-        c, s = self.cfg.comm, self.settings
+        c, s = self.comm_cfg, self.settings
         settings = {
             "bucket_mb": s.bucket_mb,
             "streams": s.streams,

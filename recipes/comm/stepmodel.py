@@ -175,6 +175,7 @@ def messages(
     backend: str,
     specs: list[TensorSpec],
     compute: Compute,
+    *,
     settings: Settings | None = None,
     compression: str = "none",
     bucket_cap_mb: float = 25.0,
@@ -220,9 +221,18 @@ def messages(
 
 
 @functools.lru_cache(maxsize=1024)
-def _messages(backend, specs, compute, settings, compression, bucket_cap_mb, horovod, ranks) -> list[Message]:
+def _messages(backend, specs, compute, *, settings, compression, bucket_cap_mb, horovod, ranks) -> list[Message]:
     """messages(), remembered: a fit or a search asks for the same plan under many network parameters."""
-    return messages(backend, list(specs), compute, settings, compression, bucket_cap_mb, horovod, ranks)
+    return messages(
+        backend,
+        list(specs),
+        compute,
+        settings=settings,
+        compression=compression,
+        bucket_cap_mb=bucket_cap_mb,
+        horovod=horovod,
+        ranks=ranks,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -298,6 +308,7 @@ def predict_step(
     specs: list[TensorSpec],
     compute: Compute,
     net: Network,
+    *,
     settings: Settings | None = None,
     compression: str = "none",
     bucket_cap_mb: float = 25.0,
@@ -313,7 +324,16 @@ def predict_step(
             raise ValueError(f"flows: expected a positive integer, got {flows}")
         net = replace(net, flows_per_comm=flows)
     ranks = net.hosts * net.gpus_per_host
-    msgs = _messages(backend, tuple(specs), compute, settings, compression, bucket_cap_mb, horovod, ranks)
+    msgs = _messages(
+        backend,
+        tuple(specs),
+        compute,
+        settings=settings,
+        compression=compression,
+        bucket_cap_mb=bucket_cap_mb,
+        horovod=horovod,
+        ranks=ranks,
+    )
     end, busy, spans = simulate(msgs, net)
     hidden = sum(max(0.0, min(e, compute.backward_s) - s) for s, e in _union(spans))
     label = {
@@ -353,7 +373,9 @@ def recommend(
     specs: list[TensorSpec], compute: Compute, net: Network, space: list[Settings], compression: str = "none"
 ) -> list[tuple[Settings, float]]:
     """The candidates of `space` with their predicted step times, fastest first."""
-    scored = [(s, predict_step("multistream", specs, compute, net, s, compression).step_s) for s in space]
+    scored = [
+        (s, predict_step("multistream", specs, compute, net, settings=s, compression=compression).step_s) for s in space
+    ]
     return sorted(scored, key=lambda x: (x[1], x[0].streams, x[0].slices, -x[0].bucket_mb))
 
 

@@ -15,7 +15,6 @@ by model, world size, process-group backend, dtypes and network, so that the nex
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
 import math
@@ -55,6 +54,7 @@ class AutoTuner:
         self,
         space: list[Settings],
         start: Settings,
+        *,
         max_candidates: int,
         warmup_steps: int,
         steps_per_window: int,
@@ -161,37 +161,6 @@ def link_figures(comm) -> stepmodel.LinkFigures:
     return stepmodel.LinkFigures(comm.link_gbit, comm.flow_gbit or None, comm.latency_us, "comm.link_gbit")
 
 
-def calibrated_compute(cfg, specs, world: int, gpus_per_host: int, device_name: str | None) -> tuple:
-    """(stepmodel.Compute or None, what it is): one GPU's step at the run's first image size and per-GPU batch, from
-    recipes/timemodel.py's calibrated rates of the run's GPU (comm.gpu_profile: measured ones), with the gradient-
-    ready times of the model's FLOP profile. None where no rate is known (a CPU run, an unlisted GPU)."""
-    from recipes import timemodel as tm
-
-    if cfg.comm.gpu_profile:
-        try:
-            rates = tm.load_gpu_profile(cfg.comm.gpu_profile)
-        except tm.ProfileError as e:
-            raise ConfigError(f"comm.gpu_profile: {e}") from None
-    elif device_name is None:
-        return None, "no calibrated compute on the CPU"
-    else:
-        gpu = tm.gpu_for_device(device_name)
-        if gpu is None or cfg.run.amp not in tm.PUBLISHED[gpu].dtypes:
-            why = f"no published rates for {device_name} with run.amp={cfg.run.amp}"
-            return None, f"{why} (comm.gpu_profile takes make gpu-check's file)"
-        rates = tm.published(gpu, cfg.run.amp)
-    phase = tm.schedule_phases(cfg, world)[0]
-    prof = tm.profile_model(cfg.model.name)
-    if len(prof.ready) != len(specs):  # another model than the profiled one: no gradient is ready before the end
-        prof = dataclasses.replace(prof, ready=tuple(1.0 for _ in specs))
-    comp = tm.step_compute(rates, phase.image_size, phase.batch, gpus_per_host, prof)
-    what = (
-        f"compute {(comp.forward_s + comp.backward_s) * 1000:.0f} ms per step ({rates.name}, {phase.image_size} px, "
-        f"{phase.batch} per GPU)"
-    )
-    return comp, what
-
-
 def model_ranking(
     specs, space: list[Settings], hosts: int, gpus_per_host: int, comm, compute: stepmodel.Compute | None = None
 ) -> list[tuple[Settings, float]]:
@@ -203,12 +172,19 @@ def model_ranking(
     return stepmodel.recommend(specs, compute or stepmodel.no_overlap(specs), net, space, comm.compression)
 
 
-def model_start(cfg, specs, space: list[Settings], hosts: int, gpus_per_host: int, device_name: str | None) -> tuple:
+def model_start(
+    comm, specs, space: list[Settings], hosts: int, gpus_per_host: int, device_name: str | None, *, compute_start=None
+) -> tuple:
     """(ranking, note): the space ranked for this run's cluster, link and calibrated compute, and a line that says
-    where the tuner starts and from which figures."""
-    compute, what = calibrated_compute(cfg, specs, hosts * gpus_per_host, gpus_per_host, device_name)
-    ranked = model_ranking(specs, space, hosts, gpus_per_host, cfg.comm, compute)
-    link = link_figures(cfg.comm)
+    where the tuner starts and from which figures. `comm`: the config's comm section; `compute_start(specs, world,
+    gpus_per_host, device_name)` gives the calibrated compute (recipes.timemodel.calibrated_compute with the run's
+    config bound); None: communication alone is ranked."""
+    if compute_start is None:
+        compute, what = None, "no calibrated compute (no run config given)"
+    else:
+        compute, what = compute_start(specs, hosts * gpus_per_host, gpus_per_host, device_name)
+    ranked = model_ranking(specs, space, hosts, gpus_per_host, comm, compute)
+    link = link_figures(comm)
     flow = f"{link.flow_gbit:g} Gbit/s per flow" if link.flow_gbit else "no per-flow cap"
     note = (
         f"started at the model's best for {hosts} hosts x {gpus_per_host}, {link.link_gbit:g} Gbit/s, {flow} "

@@ -346,7 +346,7 @@ class CommConfig:
     engage_single_rank: bool = _f(
         False,
         help="with one process, still make a process group and run the backend's hooks and collectives (a one-rank "
-        "NCCL communicator launches the same kernels, streams and events; scripts/gpu_check.py on one GPU)",
+        "NCCL communicator launches the same kernels, streams and events; scripts/gpu_check/ on one GPU)",
     )
 
 

@@ -181,7 +181,16 @@ def evaluate_checkpoint(
     )
     dist = setup(cfg)
     try:
-        pipe = create_input(cfg, dist, val_classes=ck.require_model_info().classes)  # val/ alone is enough
+        classes = ck.require_model_info().classes  # val/ alone is enough
+        pipe = create_input(
+            cfg.data,
+            dist,
+            phases=cfg.phases,
+            seed=cfg.run.seed,
+            channels_last=cfg.run.channels_last,
+            amp=cfg.run.amp,
+            val_classes=classes,
+        )
         _check_classes(pipe.classes, ck, cfg.data.root)
         model = TTA[tta](load_model(ck, cfg)).to(dist.device)
         if cfg.run.channels_last:

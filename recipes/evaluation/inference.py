@@ -195,7 +195,9 @@ def build_runner(
     model = copy.deepcopy(model).float().eval().to(device)
     info: dict = {"mode": name, "help": mode.help, "device": str(device), "dtype": str(mode.dtype).split(".")[-1]}
     if mode.engine == "onnxruntime":
-        return _build_onnxruntime(name, mode, model, example, calibration, threads, info)
+        return _build_onnxruntime(
+            name, mode, model, example=example, calibration=calibration, threads=threads, info=info
+        )
     if mode.fold_bn:
         before = count_bn(model)
         model = fold_bn(model)
@@ -258,7 +260,7 @@ class _CalibrationReader:
         return None if image is None else {"image": image.cpu().numpy()}
 
 
-def _build_onnxruntime(name, mode, model, example, calibration, threads, info) -> Runner:
+def _build_onnxruntime(name, mode, model, *, example, calibration, threads, info) -> Runner:
     ort = _need("onnxruntime", name, "onnxruntime")
     device = example.device
     workdir = Path(tempfile.mkdtemp(prefix="onnx-"))

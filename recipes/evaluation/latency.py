@@ -92,6 +92,7 @@ def run_protocol(
     files: Sequence[str],
     labels: Sequence[int],
     size: int,
+    *,
     crop_ratio: float,
     warmup: int = 10,
     chunk: int = 32,
@@ -296,7 +297,7 @@ def latency_checkpoint(
         log(f"building {m} ...")
         runners.append(build_runner(m, model, example, calibration, threads))
     log(f"measuring {len(files)} images at batch size 1, {size} px, on {dev} ({threads} thread(s))")
-    out = run_protocol(runners, files, labels, size, cfg.data.val_crop_ratio, warmup=warmup, log=log)
+    out = run_protocol(runners, files, labels, size, crop_ratio=cfg.data.val_crop_ratio, warmup=warmup, log=log)
     if price_per_hour is not None:
         add_cost(out["results"], price_per_hour)
     hardware = hardware or describe_hardware(dev, threads)

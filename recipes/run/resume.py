@@ -73,8 +73,8 @@ def compare(ck: Checkpoint, cfg: Config, classes: list, num_train: int, world: i
     notes = []
     old_world = ck.ranks
     if old_world != world:
-        a = [e.steps for e in Schedule(cfg, num_train, old_world).epochs]
-        b = [e.steps for e in Schedule(cfg, num_train, world).epochs]
+        a = [e.steps for e in Schedule(cfg.phases, cfg.optim, num_images=num_train, world_size=old_world).epochs]
+        b = [e.steps for e in Schedule(cfg.phases, cfg.optim, num_images=num_train, world_size=world).epochs]
         if a != b:
             problems.append(
                 f"world size: {old_world} -> {world} processes changes the steps per epoch ({a[:3]}... -> "

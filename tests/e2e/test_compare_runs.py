@@ -10,18 +10,13 @@ import sys
 
 import pytest
 from PIL import Image
-from support import ROOT, TINY_OVERRIDES, free_port, tiny_config, torchrun
+from support import ROOT, TINY_OVERRIDES, free_port, horovodrun, needs_horovod, tiny_config, torchrun
 
+from models import create_model
+from recipes.comm.stats import CommStats
+from recipes.config import ModelConfig
 from recipes.trainer import train
-
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import compare_runs  # noqa: E402
-from support import horovodrun, needs_horovod  # noqa: E402
-
-from models import create_model  # noqa: E402
-from recipes.comm.stats import CommStats  # noqa: E402
-from recipes.config import ModelConfig  # noqa: E402
+from scripts import compare_runs
 
 HORIZON = "phases=[{epochs: 1, image_size: 32, batch_size: 12}, {epochs: 1, image_size: 48, batch_size: 12}]"
 CLI = [*TINY_OVERRIDES, HORIZON]

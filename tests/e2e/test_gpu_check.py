@@ -1,4 +1,4 @@
-"""scripts/gpu_check.py without a GPU: its three outcomes from faked driver and CUDA states, and every way it once
+"""scripts/gpu_check/ without a GPU: its three outcomes from faked driver and CUDA states, and every way it once
 passed without testing (a reused run directory, a world of one, a threshold never compared, a hung subprocess left
 running, bf16 on a GPU without it, graphs never counted), each shown to give a fail row and exit 1 now."""
 
@@ -15,15 +15,11 @@ import pytest
 import torch
 from support import ROOT
 
-SCRIPTS = ROOT / "scripts"
-SCRIPT = SCRIPTS / "gpu_check.py"
-sys.path.insert(0, str(SCRIPTS))
-
-import gpu_check  # noqa: E402
-import gpu_check_env as env  # noqa: E402
-import gpu_check_runs as runs  # noqa: E402
-import gpu_check_steps as steps  # noqa: E402
-from gpu_check_rows import failed, guard, judged, markdown_table, row  # noqa: E402
+from scripts.gpu_check import gpu_check
+from scripts.gpu_check import gpu_check_env as env
+from scripts.gpu_check import gpu_check_runs as runs
+from scripts.gpu_check import gpu_check_steps as steps
+from scripts.gpu_check.gpu_check_rows import failed, guard, judged, markdown_table, row
 
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the check would run")
 
@@ -40,7 +36,8 @@ def _fake_smi(tmp_path: Path, line: str | None) -> dict:
 
 
 def _run(args, env_=None):
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120, env=env_)
+    cmd = [sys.executable, "-m", "scripts.gpu_check.gpu_check", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env_, cwd=ROOT)
 
 
 @no_gpu
@@ -170,19 +167,23 @@ def test_a_world_of_one_that_moved_nothing_fails(tmp_path):
     log = tmp_path / "log"
     log.write_text("")
     _summary(tmp_path / "ok")
-    ok = runs.judge_run("r", tmp_path / "ok", log, 0, "nccl", 10)
+    ok = runs.judge_run("r", tmp_path / "ok", log, 0, transport="nccl", classes=10)
     assert ok["result"] == "pass" and ok["threshold"] == ">= 20 % top-1" and "nccl moved 1,579.3 MB" in ok["reference"]
     _summary(tmp_path / "idle", comm={"backend": "ddp", "steps": 0, "bytes": 0})  # the old world-of-one summary
-    idle = runs.judge_run("r", tmp_path / "idle", log, 0, "nccl", 10)
+    idle = runs.judge_run("r", tmp_path / "idle", log, 0, transport="nccl", classes=10)
     assert idle["result"] == "fail: moved 0 bytes over nccl: the backend was never engaged"
     _summary(tmp_path / "resumed", history=[{}], restarts=1)
-    assert runs.judge_run("r", tmp_path / "resumed", log, 0, "nccl", 10)["result"].startswith("fail: trained 1 of 3")
+    assert runs.judge_run("r", tmp_path / "resumed", log, 0, transport="nccl", classes=10)["result"].startswith(
+        "fail: trained 1 of 3"
+    )
     _summary(tmp_path / "chance", final_top1=12.0)
-    assert runs.judge_run("r", tmp_path / "chance", log, 0, "nccl", 10)["result"] == "fail: 12 < 20"
+    assert runs.judge_run("r", tmp_path / "chance", log, 0, transport="nccl", classes=10)["result"] == "fail: 12 < 20"
     _summary(tmp_path / "untuned")
-    tuned = runs.judge_run("r", tmp_path / "untuned", log, 0, "nccl", 10, tuned=True)
+    tuned = runs.judge_run("r", tmp_path / "untuned", log, 0, transport="nccl", classes=10, tuned=True)
     assert tuned["result"] == "fail: comm.autotune=true but the tuner measured no candidate"
-    assert runs.judge_run("r", tmp_path / "none", log, 3, "nccl", 10)["result"].startswith("fail: exit 3")
+    assert runs.judge_run("r", tmp_path / "none", log, 3, transport="nccl", classes=10)["result"].startswith(
+        "fail: exit 3"
+    )
 
 
 def test_thresholds_can_fail():
@@ -199,7 +200,7 @@ def test_thresholds_can_fail():
 def test_bf16_only_where_native_and_rn50_against_nvidia(fake_gpu, monkeypatch, tmp_path):
     calls = []
 
-    def measure(model, optim, amp, size, batch, steps_, work):
+    def measure(model, optim, amp, *, size, batch, steps, work):  # measure_step's signature
         calls.append((model, optim, amp, size, batch))
         return 1000.0, 1010.0
 
@@ -308,7 +309,7 @@ def test_allreduce_worker_on_the_cpu(tmp_path):
     """The worker behind the multistream-vs-DDP rows, on 2 CPU ranks: same weights, bytes moved by both."""
     out = tmp_path / "w.json"
     cmd, _ = runs.torchrun(2, "gpu-check-test")
-    cmd += [str(SCRIPTS / "gpu_check_worker.py"), str(out), "cpu", "3"]
+    cmd += ["-m", "scripts.gpu_check.gpu_check_worker", str(out), "cpu", "3"]
     rc = env.run_logged(cmd, tmp_path / "log", 240, ROOT, {**os.environ, "OMP_NUM_THREADS": "1"})
     assert rc == 0, (tmp_path / "log").read_text()[-3000:]
     r = json.loads(out.read_text())
@@ -333,6 +334,6 @@ def test_trainer_and_bare_loop_run_on_one_prebuilt_batch(monkeypatch, tmp_path):
 
     monkeypatch.setattr(synthetic.SyntheticPipeline, "train_batches", counting)
     with pytest.warns(UserWarning):  # CUDA autocast and GradScaler disabled on the CPU
-        ours, bare = steps.measure_step("resnet10t", "sgd", "bf16", 32, 8, 2, tmp_path)
+        ours, bare = steps.measure_step("resnet10t", "sgd", "bf16", size=32, batch=8, steps=2, work=tmp_path)
     assert ours > 0 and bare > 0
     assert made == [0]  # one batch taken before the clock; the 4 timed epochs never asked the input for more

@@ -207,7 +207,7 @@ for backend in ("ddp", "multistream"):
     dist = setup(cfg)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 5), nn.Linear(5, 3))
-    comm = create_allreduce(cfg, dist)
+    comm = create_allreduce(cfg.comm, dist, timeout_s=cfg.dist.timeout_s, model_name=cfg.model.name)
     tm, opt = comm.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
     for step in range(3):
         opt.zero_grad()
@@ -253,7 +253,7 @@ net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(
 net = nn.Sequential(*net, nn.Flatten(), nn.Linear(64, 3))
 net = net.to(memory_format=torch.channels_last)
 opt = LayerAdaptiveSGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
-comm = create_allreduce(cfg, dist)
+comm = create_allreduce(cfg.comm, dist, timeout_s=cfg.dist.timeout_s, model_name=cfg.model.name)
 tm, opt = comm.prepare(net, opt)
 for step in range(2):
     opt.zero_grad()

@@ -68,4 +68,4 @@ def test_horovod_rejects_bf16_wire(tmp_path):
 
     cfg = load_config(None, ["comm.backend=horovod", "comm.compression=bf16"])
     with pytest.raises(ConfigError, match="comm.compression: horovod supports 'none' or 'fp16'"):
-        create_allreduce(cfg, DistInfo(0, 1, 0, 1, None))
+        create_allreduce(cfg.comm, DistInfo(0, 1, 0, 1, None), timeout_s=cfg.dist.timeout_s, model_name=cfg.model.name)

@@ -609,7 +609,7 @@ def test_a_dying_host_stops_the_whole_job_with_host_and_code_named(tmp_path, tin
 @pytest.mark.netns
 @pytest.mark.skipif(NETLAB_MISSING is not None, reason=NETLAB_MISSING or "")
 def test_two_hosts_in_the_network_lab_train_across_a_shaped_link(tmp_path, sample_root):
-    import netlab
+    from scripts import netlab
 
     run_dir = tmp_path / "lab"
     with netlab.NetLab(2, link_mbit=2000, flow_mbit=700) as lab:

@@ -11,8 +11,7 @@ import time
 import pytest
 from support import ROOT
 
-sys.path.insert(0, str(ROOT / "scripts"))
-import netlab  # noqa: E402
+from scripts import netlab
 
 pytestmark = [
     pytest.mark.netns,
@@ -44,7 +43,8 @@ def test_namespaces_are_removed_on_exception_and_on_sigterm(tmp_path):
     p = subprocess.Popen(
         [
             sys.executable,
-            str(ROOT / "scripts" / "netlab.py"),
+            "-m",
+            "scripts.netlab",
             "--hosts",
             "2",
             "--link-mbit",
@@ -55,6 +55,7 @@ def test_namespaces_are_removed_on_exception_and_on_sigterm(tmp_path):
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        cwd=ROOT,
     )
     tag = f"dbn{p.pid}"
     deadline = time.monotonic() + 30
@@ -143,7 +144,8 @@ def test_cleanup_after_sigkill_removes_namespaces_etc_entries_and_processes():
     p = subprocess.Popen(
         [
             sys.executable,
-            str(ROOT / "scripts" / "netlab.py"),
+            "-m",
+            "scripts.netlab",
             "--hosts",
             "2",
             "--",
@@ -152,6 +154,7 @@ def test_cleanup_after_sigkill_removes_namespaces_etc_entries_and_processes():
             "setsid sleep 300 & sleep 300",
         ],
         stdout=subprocess.PIPE,
+        cwd=ROOT,
     )
     tag = f"dbn{p.pid}"
     assert _wait(lambda: len(lab_namespaces(tag)) == 3 and all(netlab.namespace_pids(f"{tag}-h{i}") for i in (0, 1)))
@@ -172,19 +175,21 @@ def test_cleanup_after_sigkill_removes_namespaces_etc_entries_and_processes():
 def test_braces_in_a_lab_command_and_bad_rates():
     code = "d = {'a': 1}; print(d['a'], '{rank} of {world} {x}')"
     p = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "netlab.py"), "--hosts", "2", "--", sys.executable, "-c", code],
+        [sys.executable, "-m", "scripts.netlab", "--hosts", "2", "--", sys.executable, "-c", code],
         capture_output=True,
         text=True,
         timeout=120,
+        cwd=ROOT,
     )
     assert p.returncode == 0, p.stderr
     assert sorted(p.stdout.splitlines()) == ["[host 0] 1 0 of 2 {x}", "[host 1] 1 1 of 2 {x}"]
     for rate in ("nan", "inf", "0.00001", "-5"):
         p = subprocess.run(
-            [sys.executable, str(ROOT / "scripts" / "netlab.py"), "--link-mbit", rate, "--", "true"],
+            [sys.executable, "-m", "scripts.netlab", "--link-mbit", rate, "--", "true"],
             capture_output=True,
             text=True,
             timeout=60,
+            cwd=ROOT,
         )
         assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
         assert p.stderr.strip().splitlines() == [

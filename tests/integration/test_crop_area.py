@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support import tiny_config
+from support import input_args, tiny_config
 
 import data.transforms as T
 from data import create_input
@@ -45,8 +45,10 @@ def test_both_backends_crop_with_the_bound(backend, tiny_root, tmp_path, monkeyp
 
         monkeypatch.setattr(DaliPipeline, "_pipeline", spy)
     cfg = tiny_config(tiny_root, tmp_path, f"data.backend={backend}", PHASES)
-    pipe = create_input(cfg, DistInfo(0, 1, 0, 1, torch.device("cpu")))
-    x, _ = next(iter(pipe.train_batches(Schedule(cfg, pipe.num_train, 1).epoch_info(0))))
+    pipe = create_input(cfg.data, DistInfo(0, 1, 0, 1, torch.device("cpu")), **input_args(cfg))
+    x, _ = next(
+        iter(pipe.train_batches(Schedule(cfg.phases, cfg.optim, num_images=pipe.num_train, world_size=1).epoch_info(0)))
+    )
     pipe.close()
     assert x.shape == (8, 3, 32, 32) and seen and set(seen) == {0.6}
 

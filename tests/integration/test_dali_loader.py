@@ -8,7 +8,7 @@ import weakref
 
 import pytest
 import torch
-from support import tiny_config
+from support import run_context, tiny_config
 
 from data.dali_loader import DaliPipeline
 from data.folder import Split, scan_split
@@ -29,7 +29,7 @@ def _indexed(split: Split, drop: int = 0) -> Split:
 
 
 def _pipe(cfg, rank, world, train, val) -> DaliPipeline:
-    return DaliPipeline(cfg, _dist(rank, world), train, val, {"full": (train, val)})
+    return DaliPipeline(cfg.data, _dist(rank, world), run_context(cfg), train, val, {"full": (train, val)})
 
 
 def _status(key: str) -> int:
@@ -43,7 +43,7 @@ def test_train_shards_are_disjoint_and_cover_the_set_every_epoch(tiny_root, tmp_
     val = _indexed(scan_split(tiny_root, "val"))
     n = len(train)
     cfg = tiny_config(tiny_root, tmp_path, "data.backend=dali", "phases=[{epochs: 2, image_size: 16, batch_size: 12}]")
-    plan = Schedule(cfg, n, world)
+    plan = Schedule(cfg.phases, cfg.optim, num_images=n, world_size=world)
     streams = []
     for rank in range(world):
         pipe = _pipe(cfg, rank, world, train, val)
@@ -98,7 +98,7 @@ def test_phase_switch_releases_the_old_pipeline(tiny_root, tmp_path):
     )
     train, val = scan_split(tiny_root, "train"), scan_split(tiny_root, "val")
     pipe = _pipe(cfg, 0, 1, train, val)
-    plan = Schedule(cfg, len(train), 1)
+    plan = Schedule(cfg.phases, cfg.optim, num_images=len(train), world_size=1)
     threads0 = _status("Threads")
     rss, refs, threads = [], [], []
     for _cycle in range(6):
@@ -145,7 +145,7 @@ def test_undecodable_file_stops_training_with_its_name(tiny_root, tmp_path):
     train, val = scan_split(tmp_path / "data", "train"), scan_split(tmp_path / "data", "val")
     pipe = _pipe(cfg, 0, 1, train, val)
     with pytest.raises(DataError) as err:
-        list(pipe.train_batches(Schedule(cfg, len(train), 1).epoch_info(0)))
+        list(pipe.train_batches(Schedule(cfg.phases, cfg.optim, num_images=len(train), world_size=1).epoch_info(0)))
     assert any(f"'{p}'" in str(err.value) for p in bad.values()), str(err.value)
     assert "skip_corrupt" in str(err.value)
 
@@ -161,7 +161,7 @@ def test_skip_corrupt_skips_and_reports_every_bad_file(tiny_root, tmp_path, caps
     )
     train, val = scan_split(tmp_path / "data", "train"), scan_split(tmp_path / "data", "val")
     pipe = _pipe(cfg, 0, 1, train, val)
-    plan = Schedule(cfg, len(train), 1)
+    plan = Schedule(cfg.phases, cfg.optim, num_images=len(train), world_size=1)
     for epoch in (0, 1):
         batches = list(pipe.train_batches(plan.epoch_info(epoch)))
         assert len(batches) == plan.epoch_info(epoch).steps  # the plan's step count, bad files or not
@@ -195,13 +195,19 @@ def test_mid_epoch_resume_continues_with_exactly_the_unread_samples(tiny_root, t
     train = _indexed(scan_split(tiny_root, "train"))
     val = _indexed(scan_split(tiny_root, "val"))
     cfg = tiny_config(tiny_root, tmp_path, "data.backend=dali", "phases=[{epochs: 2, image_size: 16, batch_size: 8}]")
-    info = Schedule(cfg, len(train), 2).epoch_info(0)
+    info = Schedule(cfg.phases, cfg.optim, num_images=len(train), world_size=2).epoch_info(0)
     pipe = _pipe(cfg, 1, 2, train, val)
     full = [int(v) for _, y in pipe.train_batches(info) for v in y]
     pipe.close()
     resumed = _pipe(cfg, 1, 2, train, val)  # a new process after a crash, asked to start at step 2
     tail = [int(v) for _, y in resumed.train_batches(info, start_step=2) for v in y]
-    nxt = [int(v) for _, y in resumed.train_batches(Schedule(cfg, len(train), 2).epoch_info(1)) for v in y]
+    nxt = [
+        int(v)
+        for _, y in resumed.train_batches(
+            Schedule(cfg.phases, cfg.optim, num_images=len(train), world_size=2).epoch_info(1)
+        )
+        for v in y
+    ]
     resumed.close()
     assert tail == full[2 * 4 :]  # neither repeats nor skips
     assert nxt == [int(i) for i in train_shard(len(train), 1, 2, 1, cfg.run.seed)]  # and the next epoch is in order
@@ -211,7 +217,7 @@ def test_mid_epoch_resume_gives_the_same_augmented_images(tiny_root, tmp_path):
     """The random crops and flips of a resumed pipeline are those the uninterrupted one gives, in epoch 0 and 1."""
     train, val = scan_split(tiny_root, "train"), scan_split(tiny_root, "val")
     cfg = tiny_config(tiny_root, tmp_path, "data.backend=dali", "phases=[{epochs: 2, image_size: 16, batch_size: 8}]")
-    plan = Schedule(cfg, len(train), 1)
+    plan = Schedule(cfg.phases, cfg.optim, num_images=len(train), world_size=1)
     pipe = _pipe(cfg, 0, 1, train, val)
     full = [x.clone() for e in (0, 1) for x, _ in pipe.train_batches(plan.epoch_info(e))]
     pipe.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from support import tiny_config
+from support import input_args, tiny_config
 
 from data import create_input
 from data.sharding import train_shard, val_shard
@@ -34,8 +34,8 @@ def test_val_shards_count_every_image_once():
 
 def test_torch_batches_shapes_steps_and_labels(tiny_root, tmp_path):
     cfg = tiny_config(tiny_root, tmp_path, "phases=[{epochs: 1, image_size: 40, batch_size: 10}]")
-    pipe = create_input(cfg, dist(1, 2))
-    plan = Schedule(cfg, pipe.num_train, 2)
+    pipe = create_input(cfg.data, dist(1, 2), **input_args(cfg))
+    plan = Schedule(cfg.phases, cfg.optim, num_images=pipe.num_train, world_size=2)
     info = plan.epoch_info(0)
     batches = list(pipe.train_batches(info))
     assert len(batches) == info.steps == 5  # 24 images per rank, local batch 5
@@ -50,8 +50,8 @@ def test_torch_batches_shapes_steps_and_labels(tiny_root, tmp_path):
 
 def test_augmentation_is_deterministic_per_epoch(tiny_root, tmp_path):
     cfg = tiny_config(tiny_root, tmp_path)
-    pipe = create_input(cfg, dist())
-    info = Schedule(cfg, pipe.num_train, 1).epoch_info(0)
+    pipe = create_input(cfg.data, dist(), **input_args(cfg))
+    info = Schedule(cfg.phases, cfg.optim, num_images=pipe.num_train, world_size=1).epoch_info(0)
     a = next(iter(pipe.train_batches(info)))[0]
     b = next(iter(pipe.train_batches(info)))[0]
     assert torch.equal(a, b)

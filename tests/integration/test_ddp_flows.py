@@ -14,11 +14,7 @@ from support import ROOT
 from recipes.comm import ncclenv
 from recipes.config import load_config
 from recipes.errors import ConfigError
-
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import compare_runs  # noqa: E402
-import netlab  # noqa: E402
+from scripts import compare_runs, netlab
 
 
 def _comm(*over):
@@ -56,7 +52,7 @@ def test_ddp_backend_sets_the_variables_before_the_process_group(monkeypatch):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("RANK", "1")  # not rank 0: nothing printed
     cfg = load_config(None, ["comm.backend=ddp", "comm.nccl_preset=gcp-gvnic"])
-    assert backend_class("ddp").process_env(cfg) == {"NCCL_SOCKET_NTHREADS": "4", "NCCL_NSOCKS_PERTHREAD": "1"}
+    assert backend_class("ddp").process_env(cfg.comm) == {"NCCL_SOCKET_NTHREADS": "4", "NCCL_NSOCKS_PERTHREAD": "1"}
 
 
 _WORKER = textwrap.dedent(
@@ -86,7 +82,8 @@ _WORKER = textwrap.dedent(
         before = sockets()
         torch.manual_seed(0)
         model = nn.Sequential(*[nn.Linear(16, 16) for _ in range(6)])
-        backend = DDPBackend(cfg, DistInfo(rank, 2, rank, 2, torch.device("cpu")))
+        dist = DistInfo(rank, 2, rank, 2, torch.device("cpu"))
+        backend = DDPBackend(cfg.comm, dist, timeout_s=cfg.dist.timeout_s, model_name=cfg.model.name)
         ddp, _ = backend.prepare(model, None)
         x = torch.full((4, 16), float(rank + 1))
         ddp(x).sum().backward()

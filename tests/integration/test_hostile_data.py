@@ -17,7 +17,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
-from support import tiny_config
+from support import input_args, run_context, tiny_config
 
 from data import create_input
 from data.check import check_headers, header_size, inspect_file
@@ -137,11 +137,15 @@ def test_dali_scans_both_splits_with_one_rule(tiny_root, tmp_path, split, kind, 
         "phases=[{epochs: 1, image_size: 32, batch_size: 6, min_scale: 1.0}]",
     )
     train, val = scan_split(root, "train"), scan_split(root, "val")
-    pipe = DaliPipeline(cfg, _dist(), train, val, {"full": (train, val)})
+    pipe = DaliPipeline(cfg.data, _dist(), run_context(cfg), train, val, {"full": (train, val)})
     run = (
         (lambda: list(pipe.val_batches(cfg.phases[0])))
         if split == "val"
-        else (lambda: list(pipe.train_batches(Schedule(cfg, len(train), 1).epoch_info(0))))
+        else (
+            lambda: list(
+                pipe.train_batches(Schedule(cfg.phases, cfg.optim, num_images=len(train), world_size=1).epoch_info(0))
+            )
+        )
     )
     try:
         if not skip:
@@ -166,7 +170,7 @@ def test_dali_validation_with_fewer_images_than_ranks(tiny_root, tmp_path, n, wo
     val = Split(val.root, val.classes, val.files[:n], list(range(n)))
     seen = []
     for rank in range(world):
-        pipe = DaliPipeline(cfg, _dist(rank, world), train, val, {"full": (train, val)})
+        pipe = DaliPipeline(cfg.data, _dist(rank, world), run_context(cfg), train, val, {"full": (train, val)})
         seen += [int(y) for _, labels in pipe.val_batches(cfg.phases[0]) for y in labels]
         pipe.close()
     assert sorted(seen) == list(range(n))
@@ -183,10 +187,14 @@ def test_torch_decode_errors_are_one_line_whatever_the_worker_count(tiny_root, t
     victim = sorted((root / split).rglob("*.JPEG"))[0]
     victim.write_bytes(b"not an image at all")
     cfg = tiny_config(root, tmp_path, f"data.workers={workers}", "phases=[{epochs: 1, image_size: 32, batch_size: 6}]")
-    pipe = create_input(cfg, CPU)
+    pipe = create_input(cfg.data, CPU, **input_args(cfg))
     with pytest.raises(DataError) as e:
         if split == "train":
-            list(pipe.train_batches(Schedule(cfg, pipe.num_train, 1).epoch_info(0)))
+            list(
+                pipe.train_batches(
+                    Schedule(cfg.phases, cfg.optim, num_images=pipe.num_train, world_size=1).epoch_info(0)
+                )
+            )
         else:
             list(pipe.val_batches(cfg.phases[0]))
     pipe.close()

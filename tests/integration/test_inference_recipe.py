@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from support import ROOT
+from support import ROOT, input_args
 from timm.loss import JsdCrossEntropy
 
 import evaluate
@@ -49,12 +49,12 @@ def test_augmix_views_are_clean_first_then_randaugmented_and_seeded(tiny_root, t
     cfg = _short(tiny_root, tmp_path)
     assert (cfg.model.name, cfg.data.backend, cfg.data.aug_splits) == ("resnet26d", "torch", 3)
     dist = DistInfo(0, 1, 0, 1, torch.device("cpu"))
-    pipe = create_input(cfg, dist)
-    info = Schedule(cfg, pipe.num_train, 1).epoch_info(0)
+    pipe = create_input(cfg.data, dist, **input_args(cfg))
+    info = Schedule(cfg.phases, cfg.optim, num_images=pipe.num_train, world_size=1).epoch_info(0)
     x, y = next(iter(pipe.train_batches(info)))
     assert x.shape == (24, 3, 32, 32) and torch.equal(y, y[:8].repeat(3))  # [clean; aug 1; aug 2], labels repeated
     assert not torch.equal(x[:8], x[8:16]) and not torch.equal(x[8:16], x[16:])
-    x2, _ = next(iter(create_input(cfg, dist).train_batches(info)))
+    x2, _ = next(iter(create_input(cfg.data, dist, **input_args(cfg)).train_batches(info)))
     assert torch.equal(x, x2)  # the views depend only on (seed, epoch, sample)
     trainer = Trainer(cfg, run_dir=tmp_path / "t")
     try:

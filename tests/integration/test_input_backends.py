@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 import torch
-from support import ROOT, tiny_config
+from support import ROOT, input_args, input_from, run_context, tiny_config
 
 from data import create_input
 from data.make_sample import main as make_sample
@@ -20,8 +20,8 @@ CPU = DistInfo(0, 1, 0, 1, torch.device("cpu"))
 
 
 def _first_batches(cfg):
-    pipe = create_input(cfg, CPU)
-    info = Schedule(cfg, pipe.num_train, 1).epoch_info(0)
+    pipe = create_input(cfg.data, CPU, **input_args(cfg))
+    info = Schedule(cfg.phases, cfg.optim, num_images=pipe.num_train, world_size=1).epoch_info(0)
     train = next(iter(pipe.train_batches(info)))
     val = next(iter(pipe.val_batches(info.phase)))
     pipe.close()
@@ -65,7 +65,7 @@ def test_dali_and_torch_agree_on_classes_labels_and_validation_pixels(tiny_root,
     out = {}
     for backend in ("dali", "torch"):
         cfg = tiny_config(tiny_root, tmp_path, f"data.backend={backend}", "data.val_batch_size=7", phases)
-        pipe = create_input(cfg, CPU)
+        pipe = create_input(cfg.data, CPU, **input_args(cfg))
         batches = [(x.clone(), y.clone()) for x, y in pipe.val_batches(cfg.phases[0])]
         out[backend] = (pipe.classes, batches)
         pipe.close()
@@ -95,7 +95,7 @@ def test_odd_files_decode_as_the_same_rgb_in_every_backend(odd_val_root, tmp_pat
     out = {}
     for backend in ("dali", "torch"):
         cfg = tiny_config(odd_val_root, tmp_path, f"data.backend={backend}", "data.val_batch_size=1", phases)
-        pipe = create_input(cfg, CPU)
+        pipe = create_input(cfg.data, CPU, **input_args(cfg))
         out[backend] = [x for x, _ in pipe.val_batches(cfg.phases[0])]
         pipe.close()
     assert len(out["dali"]) == len(out["torch"]) == 6
@@ -133,10 +133,11 @@ def test_short_last_batch_is_filled_the_same_way_in_torch_and_dali(tiny_root, tm
         cfg = tiny_config(
             tiny_root, tmp_path, f"data.backend={name}", "phases=[{epochs: 1, image_size: 16, batch_size: 8}]"
         )
-        plan = Schedule(cfg, len(train), world)
+        plan = Schedule(cfg.phases, cfg.optim, num_images=len(train), world_size=world)
         info = plan.epoch_info(0)
         for rank in range(world):
-            pipe = cls(cfg, DistInfo(rank, world, rank, world, torch.device("cpu")), train, val, {"full": (train, val)})
+            d = DistInfo(rank, world, rank, world, torch.device("cpu"))
+            pipe = cls(cfg.data, d, run_context(cfg), train, val, {"full": (train, val)})
             batches = list(pipe.train_batches(info))
             assert len(batches) == info.steps
             assert [len(y) for _, y in batches] == [8 // world] * info.steps
@@ -160,8 +161,8 @@ def test_dali_refuses_images_above_the_pixel_limit_and_non_utf8_names(tiny_root,
     bomb = root / "train" / wnid / "bomb.png"
     Image.new("L", (3000, 2000)).save(bomb)  # 6 Mpixel, a few kB on disk
     cfg = tiny_config(root, tmp_path, "data.backend=dali", "data.max_image_pixels=5000000")
-    info = Schedule(cfg, 49, 1).epoch_info(0)
-    pipe = create_input(cfg, CPU)
+    info = Schedule(cfg.phases, cfg.optim, num_images=49, world_size=1).epoch_info(0)
+    pipe = create_input(cfg.data, CPU, **input_args(cfg))
     with pytest.raises(DataError) as e:
         pipe.train_batches(info)  # checked when the phase's pipeline is built, before DALI decodes anything
     pipe.close()
@@ -172,7 +173,7 @@ def test_dali_refuses_images_above_the_pixel_limit_and_non_utf8_names(tiny_root,
     with pytest.raises(DataError, match="above data.max_image_pixels"):
         load_rgb(str(bomb), 5_000_000)
     assert load_rgb(str(bomb), 6_000_000).size == (3000, 2000)
-    pipe = create_input(
+    pipe = input_from(
         tiny_config(root, tmp_path, "data.backend=dali", "data.max_image_pixels=5000000", "data.skip_corrupt=true"), CPU
     )
     assert len(list(pipe.train_batches(info))) == info.steps
@@ -183,7 +184,7 @@ def test_dali_refuses_images_above_the_pixel_limit_and_non_utf8_names(tiny_root,
 
     odd = os.path.join(os.fsencode(root / "val" / wnid), b"caf\xe9.JPEG")
     shutil.copyfile(next((root / "val" / wnid).iterdir()), odd)
-    pipe = create_input(tiny_config(root, tmp_path, "data.backend=dali"), CPU)
+    pipe = input_from(tiny_config(root, tmp_path, "data.backend=dali"), CPU)
     with pytest.raises(DataError) as e:
         pipe.val_batches(cfg.phases[0])
     assert str(e.value) == (
@@ -191,5 +192,5 @@ def test_dali_refuses_images_above_the_pixel_limit_and_non_utf8_names(tiny_root,
         "such files)"
     )
     pipe.close()
-    torch_pipe = create_input(tiny_config(root, tmp_path, "data.backend=torch"), CPU)  # PIL opens it
+    torch_pipe = input_from(tiny_config(root, tmp_path, "data.backend=torch"), CPU)  # PIL opens it
     assert sum(len(y) for _, y in torch_pipe.val_batches(cfg.phases[0])) == 21

@@ -57,7 +57,7 @@ def test_protocol_statistics_agreement_and_rounds(tiny_root):
 
     cpu = torch.device("cpu")
     out = run_protocol(
-        [Runner("ref", ref, cpu), Runner("other", other, cpu)], files, labels, 32, 0.875, warmup=2, chunk=4
+        [Runner("ref", ref, cpu), Runner("other", other, cpu)], files, labels, 32, crop_ratio=0.875, warmup=2, chunk=4
     )
     classes = np.array([_cls(load_image(f, 32, 0.875)) for f in files])
     r, o = out["results"]["ref"], out["results"]["other"]

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from support import ROOT, tiny_config, torchrun
+from support import ROOT, input_args, tiny_config, torchrun
 
 from data import create_input
 from recipes.config import load_config
@@ -33,7 +33,7 @@ def test_record_schedule_reads_as_data_and_gives_its_1159_iterations(tmp_path):
     assert cfg.data.roots == {"160": "/imagenet-160", "full": "/imagenet"}
     assert [p.root for p in cfg.phases] == ["160", "160", "full", "full"]
     assert [p.rect_val for p in cfg.phases] == [False, False, False, True]
-    plan = Schedule(cfg, num_images=1281167, world_size=128)
+    plan = Schedule(cfg.phases, cfg.optim, num_images=1281167, world_size=128)
     shard = math.ceil(1281167 / 128)
     assert [e.phase.image_size for e in plan.epochs] == [96] * 13 + [128] * 11 + [224] * 3 + [288]
     assert [e.steps for e in plan.epochs] == [math.ceil(shard / 256)] * 27 + [math.ceil(shard / 128)]
@@ -53,8 +53,8 @@ def test_every_backend_gives_the_plans_steps_at_each_phases_size(tiny_root, tmp_
         tiny_root, tmp_path, f"data.backend={backend}", "data.synthetic_size=48", "data.synthetic_classes=4", phases
     )
     for rank in range(world):
-        pipe = create_input(cfg, DistInfo(rank, world, 0, world, torch.device("cpu")))
-        plan = Schedule(cfg, pipe.num_train, world)
+        pipe = create_input(cfg.data, DistInfo(rank, world, 0, world, torch.device("cpu")), **input_args(cfg))
+        plan = Schedule(cfg.phases, cfg.optim, num_images=pipe.num_train, world_size=world)
         assert [e.steps for e in plan.epochs] == [5, 3, 3]  # ceil(ceil(48/5) / (batch/5))
         for info in plan.epochs:
             batches = list(pipe.train_batches(info))

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 from PIL import Image
-from support import tiny_config
+from support import input_args, input_from, tiny_config
 
 from data import create_input
 from data.check import OK, inspect_file, quick_problem
@@ -156,8 +156,8 @@ def test_a_phase_reads_the_prepared_copy(odd_src, tmp_path, backend):
         "phases=[{epochs: 1, image_size: 32, batch_size: 4, root: '96'}, {epochs: 1, image_size: 32, batch_size: 4}]"
     )
     cfg = tiny_config(odd_src, tmp_path, f"data.backend={backend}", f"data.roots={{'96': {dst}}}", phases)
-    pipe = create_input(cfg, dist)
-    plan = Schedule(cfg, pipe.num_train, 1)
+    pipe = create_input(cfg.data, dist, **input_args(cfg))
+    plan = Schedule(cfg.phases, cfg.optim, num_images=pipe.num_train, world_size=1)
     batches = list(pipe.train_batches(plan.epoch_info(0)))
     assert len(batches) == plan.epoch_info(0).steps and batches[0][0].shape == (4, 3, 32, 32)
     with pytest.raises(DataError, match="cannot decode"):
@@ -252,9 +252,9 @@ def test_a_copy_beside_data_root_is_found_without_configuring_it(odd_src, tmp_pa
         match=f"'{odd_src}-48' does not exist; make it with: python data/prepare.py "
         f"--src {odd_src} --dst {odd_src}-48 --short-side 48",
     ):
-        create_input(tiny_config(odd_src, tmp_path, phases), dist)
+        input_from(tiny_config(odd_src, tmp_path, phases), dist)
     assert prepare_main(["--src", str(odd_src), "--dst", f"{odd_src}-48", "--short-side", "48", "--workers", "1"]) == 0
-    pipe = create_input(tiny_config(odd_src, tmp_path, phases), dist)
+    pipe = input_from(tiny_config(odd_src, tmp_path, phases), dist)
     train, _ = pipe.roots["48"]
     assert str(train.root) == f"{odd_src}-48/train" and len(train) == pipe.num_train
     pipe.close()

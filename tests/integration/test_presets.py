@@ -36,7 +36,16 @@ def test_a_preset_keeps_the_recipe_and_fits_its_gpu(family, shape):
     world = preset.run.nodes * preset.run.procs_per_node
     assert (preset.run.nodes, preset.run.procs_per_node) == (nodes, gpus)
     assert preset.run.amp == ("fp16" if family == "v100" else "bf16")
-    mine, record = Schedule(preset, IMAGES, world), Schedule(base, IMAGES, base.run.nodes * base.run.procs_per_node)
+    mine, record = (
+        Schedule(preset.phases, preset.optim, num_images=IMAGES, world_size=world, **memory.accumulation(preset)),
+        Schedule(
+            base.phases,
+            base.optim,
+            num_images=IMAGES,
+            world_size=base.run.nodes * base.run.procs_per_node,
+            **memory.accumulation(base),
+        ),
+    )
     assert [p.batch_size for p in preset.phases] == [p.batch_size for p in base.phases]  # global batch kept
     assert preset.optim == base.optim  # the same LR/momentum schedule, per optimizer step
     if world == base.run.nodes * base.run.procs_per_node:

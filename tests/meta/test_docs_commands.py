@@ -2,7 +2,8 @@
 
 Every `python ...`, `torchrun ...`, `horovodrun ...` and `make ...` command, in a code block or an inline code span,
 is checked without training anything:
-- the script (or `-m` module) exists, and every `--flag` it is given appears in its `--help`;
+- the script (or `-m` module) exists, and every `--flag` it is given appears in its `--help` (a `-m` module of
+  the repository's scripts/ too);
 - torchrun's and horovodrun's own flags appear in their `--help`; the command they start is checked the same way;
 - `train.py` / `scripts/launch.py -c FILE key=value ...`: the real config loader accepts the file and the overrides;
 - `make TARGET VAR=...`: `make -n` (print the recipe, run nothing) knows the target.
@@ -137,8 +138,21 @@ def _check(words: list[str]) -> list[str]:
     if args[:2] == ["-m", "torch.distributed.run"]:
         return _check_launcher([sys.executable, "-m", "torch.distributed.run"], "torchrun", args[2:])
     if args[:1] == ["-m"]:
-        return [] if importlib.util.find_spec(args[1]) else [f"module '{args[1]}' not found"]
+        if not importlib.util.find_spec(args[1]):
+            return [f"module '{args[1]}' not found"]
+        return _check_module(args[1], args[2:]) if args[1].split(".")[0] == "scripts" else []
     return _check_script(args[0], args[1:])
+
+
+def _check_module(module: str, args: list[str]) -> list[str]:
+    """`python -m scripts.x ...` (the repository's own tools): every flag it is given appears in its `--help`."""
+    out = help_text(sys.executable, "-m", module, "--help")
+    if not out:
+        return [f"`python -m {module} --help` fails"]
+    problems = [f"{module} has no option {f}" for f in _flags_missing(args, out)]
+    if "--" in args:  # e.g. scripts.netlab ... -- COMMAND: check the command it runs too
+        problems += _check(_strip_prefix(args[args.index("--") + 1 :]))
+    return problems
 
 
 def _check_launcher(argv: list[str], name: str, args: list[str]) -> list[str]:
@@ -236,7 +250,7 @@ def test_a_stale_command_is_named_with_doc_line_and_reason(tmp_path):
     doc.write_text(
         "# A new page\n\n```bash\npython train.py -c configs/quickstart.yaml --no-such-flag\n"
         "python scripts/gone.py --x\n```\n\nThen `make no-such-target` and\n`torchrun --nproc-per-node 2 train.py "
-        "optim.lrr=1`.\n"
+        "optim.lrr=1`.\n\n```sh\npython -m scripts.bench.bench_optim --no-such-flag\npython -m scripts.gone\n```\n"
     )
     problems = check_docs([doc])
     text = "\n".join(problems)
@@ -246,7 +260,12 @@ def test_a_stale_command_is_named_with_doc_line_and_reason(tmp_path):
     assert f"{doc}:8: `make no-such-target`: `make -n no-such-target` fails" in text
     key = "the config loader refuses it: unknown key 'optim.lrr' (did you mean 'optim.lr'?)"
     assert f"{doc}:9: `torchrun --nproc-per-node 2 train.py optim.lrr=1`: {key}" in text
-    assert len(problems) == 4, text
+    assert (
+        f"{doc}:12: `python -m scripts.bench.bench_optim --no-such-flag`: scripts.bench.bench_optim has no option"
+        in text
+    )
+    assert f"{doc}:13: `python -m scripts.gone`: module 'scripts.gone' not found" in text
+    assert len(problems) == 6, text
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")

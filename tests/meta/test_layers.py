@@ -117,6 +117,65 @@ def test_data_and_models_import_nothing_of_the_recipe_but_the_bottom(package):
                 assert target in allowed, f"{path.relative_to(ROOT)}:{line}: {mod} imports {target}"
 
 
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every cycle of `graph` (module -> modules it imports), each once, as [a, b, ..., a]."""
+    cycles, done = [], set()
+
+    def visit(node: str, path: list[str]) -> None:
+        for nxt in sorted(graph.get(node, ())):
+            if nxt in path:
+                cycle = path[path.index(nxt) :] + [nxt]
+                if frozenset(cycle) not in done:
+                    done.add(frozenset(cycle))
+                    cycles.append(cycle)
+            elif nxt not in seen:
+                seen.add(nxt)
+                visit(nxt, path + [nxt])
+
+    for start in sorted(graph):
+        seen = {start}
+        visit(start, [start])
+    return cycles
+
+
+def scripts_graph(modules: dict) -> dict[str, set[str]]:
+    graph = {}
+    for mod, path in modules.items():
+        if mod.split(".")[0] == "scripts":
+            graph[mod] = {t for _, t in imports(path, modules) if t.startswith("scripts") and t != mod}
+    return graph
+
+
+def test_no_import_cycles_in_scripts():
+    """A tool split in two files imports one way only (netlab.py imports netlab_procs.py, never back)."""
+    cycles = import_cycles(scripts_graph(project_modules()))
+    assert not cycles, "import cycles in scripts/: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_cycle_check_finds_a_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert import_cycles(graph) == [["a", "b", "c", "a"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+# Entry points run as files (`python scripts/launch.py`): the repository root is not on the path until they put it
+# there. Everything else in scripts/ is imported as a package or run with `python -m scripts.<package>.<module>`.
+RUN_AS_FILES = {"scripts/launch.py", "scripts/launcher/preflight.py", "scripts/predict.py"}
+RUN_AS_FILES |= {"scripts/compare_runs.py", "scripts/gen_config_reference.py"}
+
+
+def test_scripts_edit_sys_path_only_where_run_as_files():
+    bad = []
+    for path in sorted((ROOT / "scripts").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            chain = node.func.value if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) else None
+            if isinstance(chain, ast.Attribute) and chain.attr == "path" and getattr(chain.value, "id", "") == "sys":
+                if rel not in RUN_AS_FILES:
+                    bad.append(f"{rel}:{node.lineno}")
+    assert not bad, "sys.path edits where `python -m scripts...` or a package import does the job: " + ", ".join(bad)
+
+
 def test_the_layer_check_catches_an_upward_import(tmp_path):
     """The check itself: models importing recipes.config is reported with file and line."""
     fake = tmp_path / "models" / "bad.py"
@@ -131,8 +190,8 @@ def test_the_layer_check_catches_an_upward_import(tmp_path):
 def test_bottom_and_stats_load_without_torch():
     """compare_runs reads CommStats and the run-file names without importing the training stack."""
     code = (
-        "import sys; sys.path[:0] = ['scripts', '.']\n"
-        "import compare_runs, recipes.errors, recipes.registry, recipes.config\n"
+        "import sys\n"
+        "import scripts.compare_runs, recipes.errors, recipes.registry, recipes.config\n"
         "heavy = [m for m in ('torch', 'timm', 'nvidia.dali') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )
@@ -157,6 +216,7 @@ def test_every_error_class_has_one_import_path():
 # (The loss is built from data.aug_splits and optim.label_smoothing; the checkpointer saves the whole config.)
 PART_SECTIONS = {
     "recipes/steps.py": {"data", "optim"},
+    "recipes/schedule.py": set(),  # Schedule(cfg.phases, cfg.optim, num_images=, world_size=)
     "recipes/progress.py": set(),
     "recipes/logger.py": set(),
     "recipes/run/files.py": set(),
@@ -165,6 +225,10 @@ PART_SECTIONS = {
     "recipes/run/directory.py": set(),
     "recipes/run/checkpointer.py": {"checkpoint", "dist", "model"},
 }
+# The allreduce backends are built from the comm section (`create_allreduce(cfg.comm, dist, timeout_s=, model_name=)`).
+PART_SECTIONS |= {p.relative_to(ROOT).as_posix(): set() for p in sorted((ROOT / "recipes" / "comm").glob("*.py"))}
+# The input pipelines are built from the data section (`create_input(cfg.data, dist, phases=, seed=, ...)`).
+PART_SECTIONS |= {p.relative_to(ROOT).as_posix(): set() for p in sorted((ROOT / "data").glob("*.py"))}
 
 
 def config_sections_read(path) -> set[str]:
@@ -184,6 +248,31 @@ def config_sections_read(path) -> set[str]:
 def test_parts_read_only_their_own_config_sections(path):
     extra = config_sections_read(ROOT / path) - PART_SECTIONS[path]
     assert not extra, f"{path} reads cfg.{sorted(extra)}: take the value as a named argument instead"
+
+
+MAX_POSITIONAL = 6  # beyond this a signature takes keyword-only arguments or a small dataclass
+
+
+def long_signatures(path) -> list[str]:
+    """'name (n positional)' for every function of `path` with more than MAX_POSITIONAL positional parameters."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names = [a.arg for a in node.args.posonlyargs + node.args.args if a.arg not in ("self", "cls")]
+            if len(names) > MAX_POSITIONAL:
+                out.append(f"{node.name}:{node.lineno} ({len(names)} positional)")
+    return out
+
+
+def test_no_function_takes_seven_positional_parameters():
+    bad = [f"{path.relative_to(ROOT)}:{s}" for path in project_modules().values() for s in long_signatures(path)]
+    assert not bad, "make these keyword-only (`*,`) or give them a small dataclass:\n" + "\n".join(bad)
+
+
+def test_the_signature_check_counts_positional_parameters(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("def a(p, q, r, s, t, u, v): ...\ndef b(self, p, q, r, s, t, u, *, v): ...\n")
+    assert long_signatures(f) == ["a:1 (7 positional)"]
 
 
 def test_no_test_module_imports_another():

@@ -38,8 +38,8 @@ def test_only_the_horovod_backend_reads_horovodrun_environment(monkeypatch):
     cfg = load_config(None, ["comm.backend=ddp"])
     expected = "comm.backend=ddp: this process was started by horovodrun; set comm.backend=horovod, or launch with"
     with pytest.raises(ConfigError, match=expected):
-        backend_class("ddp").process_env(cfg)
+        backend_class("ddp").process_env(cfg.comm)
     monkeypatch.delenv("HOROVOD_RANK")
-    assert backend_class("horovod").process_env(cfg) == {} == backend_class("ddp").process_env(cfg)
+    assert backend_class("horovod").process_env(cfg.comm) == {} == backend_class("ddp").process_env(cfg.comm)
     # multistream: only NCCL's implicit launch order (its overlap rule, tests/unit/test_comm_concurrency.py)
-    assert backend_class("multistream").process_env(cfg) == {"NCCL_LAUNCH_ORDER_IMPLICIT": "1"}
+    assert backend_class("multistream").process_env(cfg.comm) == {"NCCL_LAUNCH_ORDER_IMPLICIT": "1"}

@@ -62,7 +62,7 @@ def test_the_order_variable_is_set_before_the_group_unless_the_user_set_it(monke
     assert cc.process_env("serialize", {}) == {}
     monkeypatch.delenv(cc.ORDER_ENV, raising=False)
     monkeypatch.setenv("RANK", "1")
-    env = MultiStreamBackend.process_env(load_config(None, ["comm.backend=multistream"]))
+    env = MultiStreamBackend.process_env(load_config(None, ["comm.backend=multistream"]).comm)
     assert env[cc.ORDER_ENV] == "1"
 
 
@@ -201,7 +201,9 @@ def test_serialize_waits_on_its_own_stream_never_backwards(monkeypatch):
 @pytest.mark.parametrize("world", [3, 5, 7])
 def test_communicator_probe_is_exact_for_odd_world_sizes_and_many_communicators(monkeypatch, world):
     cfg = load_config(None, ["comm.backend=multistream", "run.device=cpu"])
-    backend = MultiStreamBackend(cfg, DistInfo(0, world, 0, 1, torch.device("cpu")))
+    backend = MultiStreamBackend(
+        cfg.comm, DistInfo(0, world, 0, 1, torch.device("cpu")), timeout_s=cfg.dist.timeout_s, model_name=cfg.model.name
+    )
     monkeypatch.setattr(td, "new_group", lambda **kw: object())
     monkeypatch.setattr(td, "all_reduce", lambda t, group=None, async_op=False: t.mul_(world))  # W equal ranks
     backend._create_groups(24)  # W^24 is far beyond float32's exact integers

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -56,14 +57,24 @@ def test_search_respects_the_budget_and_keeps_the_fastest(method):
 
 def test_bayes_finds_a_near_optimal_point_with_few_candidates():
     space = tuning.search_space([2, 4, 8, 16, 32], [1, 2, 3, 4], [1, 2, 4])
-    t = tuning.AutoTuner(space, Settings(2.0, 1, 1), 10, 0, 1, 1, "bayes")
+    t = tuning.AutoTuner(
+        space, Settings(2.0, 1, 1), max_candidates=10, warmup_steps=0, steps_per_window=1, windows=1, method="bayes"
+    )
     drive(t)
     best = min(step_time(s) for s in space)
     assert t.winner().score <= best * 1.1  # 10 of 60 points measured, within 10% of the true optimum
 
 
 def test_median_over_windows_ignores_an_outlier_window():
-    t = tuning.AutoTuner([Settings(8, 3, 2)], Settings(4, 1, 1), 2, 0, 2, 3, "grid")
+    t = tuning.AutoTuner(
+        [Settings(8, 3, 2)],
+        Settings(4, 1, 1),
+        max_candidates=2,
+        warmup_steps=0,
+        steps_per_window=2,
+        windows=3,
+        method="grid",
+    )
     drive(t, outlier_every=5)  # one step in five is slow, so one window per candidate is inflated
     assert t.winner().settings == Settings(8, 3, 2)
     assert all(tr.score < 10 for tr in t.trials)
@@ -71,7 +82,9 @@ def test_median_over_windows_ignores_an_outlier_window():
 
 def test_grid_with_a_small_budget_spreads_over_the_space():
     space = tuning.search_space([2, 4, 8, 16, 32], [1, 2, 3, 4], [1, 2, 4])
-    t = tuning.AutoTuner(space, Settings(8, 4, 2), 5, 0, 1, 1, "grid")
+    t = tuning.AutoTuner(
+        space, Settings(8, 4, 2), max_candidates=5, warmup_steps=0, steps_per_window=1, windows=1, method="grid"
+    )
     drive(t)
     tried = [tr.settings for tr in t.trials]
     assert tried[0] == Settings(8, 4, 2)
@@ -80,7 +93,15 @@ def test_grid_with_a_small_budget_spreads_over_the_space():
 
 def test_cache_round_trip(tmp_path):
     path = tmp_path / "sub" / "tune.json"
-    t = tuning.AutoTuner([Settings(16, 3, 2)], Settings(4, 1, 1), 2, 0, 1, 1, "grid")
+    t = tuning.AutoTuner(
+        [Settings(16, 3, 2)],
+        Settings(4, 1, 1),
+        max_candidates=2,
+        warmup_steps=0,
+        steps_per_window=1,
+        windows=1,
+        method="grid",
+    )
     drive(t)
     key = tuning.cache_key("resnet50", 8, "nccl", "float32", "none", "2nodes-x4")
     assert tuning.cache_load(path, key) is None
@@ -144,20 +165,28 @@ def test_model_start_uses_the_calibrated_compute_of_the_runs_gpu(record):
     from recipes import timemodel as tm
 
     cfg, specs, prof, space = record
-    compute, what = tuning.calibrated_compute(cfg, specs, 128, 8, "Tesla V100-SXM2-32GB")
+    compute, what = tm.calibrated_compute(cfg, specs, 128, 8, "Tesla V100-SXM2-32GB")
     v100 = tm.published("v100-32gb")
     step = 256 * v100.per_image_s(96) / v100.host_efficiency  # the first phase: 96 px, 32768 / 128 per GPU
     assert compute.forward_s + compute.backward_s == pytest.approx(step)
     assert 0.06 < step < 0.08 and "v100-32gb, 96 px, 256 per GPU" in what
     assert compute.ready == prof.ready
-    ranked, note = tuning.model_start(cfg, specs, space, 16, 8, "Tesla V100-SXM2-32GB")
+    ranked, note = tuning.model_start(
+        cfg.comm,
+        specs,
+        space,
+        16,
+        8,
+        "Tesla V100-SXM2-32GB",
+        compute_start=functools.partial(tm.calibrated_compute, cfg),
+    )
     assert ranked == tuning.model_ranking(specs, space, 16, 8, cfg.comm, compute)
     assert ranked[0][1] > step  # a step is the compute plus what communication it does not hide
     assert f"compute {step * 1000:.0f} ms per step" in note and ranked[0][0].label() in note
-    fast, _ = tuning.calibrated_compute(cfg, specs, 128, 8, "NVIDIA A100-SXM4-80GB")
+    fast, _ = tm.calibrated_compute(cfg, specs, 128, 8, "NVIDIA A100-SXM4-80GB")
     assert fast.backward_s < 0.6 * compute.backward_s  # an A100 step is about half a V100's
-    assert tuning.calibrated_compute(cfg, specs, 128, 8, None) == (None, "no calibrated compute on the CPU")
-    none, why = tuning.calibrated_compute(cfg, specs, 128, 8, "NVIDIA H200")
+    assert tm.calibrated_compute(cfg, specs, 128, 8, None) == (None, "no calibrated compute on the CPU")
+    none, why = tm.calibrated_compute(cfg, specs, 128, 8, "NVIDIA H200")
     assert none is None and "comm.gpu_profile" in why
 
 
@@ -240,10 +269,10 @@ def test_a_measured_gpu_profile_replaces_the_published_rates(tmp_path, record):
     f = tmp_path / "gpu.json"
     f.write_text(json.dumps(doc))
     measured = load_config(str(ROOT / "configs" / "dawnbench_158s.yaml"), [*RECORD, f"comm.gpu_profile={f}"])
-    comp, what = tuning.calibrated_compute(measured, specs, 128, 8, "NVIDIA H200")
+    comp, what = tm.calibrated_compute(measured, specs, 128, 8, "NVIDIA H200")
     eff = tm.load_gpu_profile(f).host_efficiency
     assert comp.forward_s + comp.backward_s == pytest.approx(256 / 8e3 / eff)  # 32 ms alone, more in a host of 8
     assert "NVIDIA H200 (measured 2026-12-04" in what
     f.write_text(json.dumps(doc | {"dtype": "fp8"}))
     with pytest.raises(ConfigError, match=rf"^comm.gpu_profile: {f}: dtype: expected"):
-        tuning.calibrated_compute(measured, specs, 128, 8, "NVIDIA H200")
+        tm.calibrated_compute(measured, specs, 128, 8, "NVIDIA H200")

@@ -333,7 +333,7 @@ def test_any_accepted_plan_is_laid_out_in_bounded_time(epochs, batch, images):
     second per phase (no per-step work), with the iteration count the sharding rule gives."""
     cfg = load_config(None, [f"phases=[{{epochs: {epochs}, image_size: 32, batch_size: {batch}}}]"])
     start = time.monotonic()
-    plan = Schedule(cfg, images, 1)
+    plan = Schedule(cfg.phases, cfg.optim, num_images=images, world_size=1)
     plan.table()
     assert plan.total_steps == epochs * math.ceil(images / batch)
     assert time.monotonic() - start < 5

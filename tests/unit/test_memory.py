@@ -42,20 +42,32 @@ def _cfg(*overrides):
 def test_a_phase_that_does_not_fit_is_named_with_the_accumulation_that_does():
     cfg = _cfg()
     gpu = memory.gpu_memory_bytes("a100")
-    problems = memory.check_fits(cfg, Schedule(cfg, IMAGES, 1), gpu, "a100")
+    problems = memory.check_fits(
+        cfg, Schedule(cfg.phases, cfg.optim, num_images=IMAGES, world_size=1, **memory.accumulation(cfg)), gpu, "a100"
+    )
     assert [p.split(" ")[0] for p in problems] == ["phases.2", "phases.3"]  # 224 and 288 px; 96/128 px fit
     assert "2048 images per GPU as 1 x 2048" in problems[0] and "set run.accumulate=2" in problems[0]
     fix = problems[0].split("set ")[1].split(" ")[0]
     cap = problems[0].rsplit("run.max_gpu_batch=", 1)[1]
     for override in (fix, f"run.max_gpu_batch={cap}"):
         fixed = _cfg(override)
-        left = memory.check_fits(fixed, Schedule(fixed, IMAGES, 1), gpu, "a100")
+        left = memory.check_fits(
+            fixed,
+            Schedule(fixed.phases, fixed.optim, num_images=IMAGES, world_size=1, **memory.accumulation(fixed)),
+            gpu,
+            "a100",
+        )
         assert not [p for p in left if p.startswith("phases.2")], override
 
 
 def test_nothing_fits_is_said_so():
     cfg = _cfg("phases=[{epochs: 6, image_size: 4096, batch_size: 8}]")
-    (line,) = memory.check_fits(cfg, Schedule(cfg, IMAGES, 1), memory.gpu_memory_bytes("v100"), "v100")
+    (line,) = memory.check_fits(
+        cfg,
+        Schedule(cfg.phases, cfg.optim, num_images=IMAGES, world_size=1, **memory.accumulation(cfg)),
+        memory.gpu_memory_bytes("v100"),
+        "v100",
+    )
     assert "no micro-batch fits" in line
 
 

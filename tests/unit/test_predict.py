@@ -4,15 +4,12 @@ was not fitted on (3 hosts; it was fitted on 2 and 4)."""
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 from support import ROOT
 
-sys.path.insert(0, str(ROOT / "scripts"))
-import bench_allreduce  # noqa: E402
-import netlab  # noqa: E402
-import predict  # noqa: E402
+from scripts import netlab, predict
+from scripts.bench import bench_allreduce
 
 
 def test_bad_input_exits_2(capsys, tmp_path):
@@ -76,8 +73,7 @@ def test_model_reproduces_an_unfitted_lab_run(tmp_path):
 
 def test_network_file_gives_the_link_figures(tmp_path, capsys):
     """--network reads what `launch.py --probe-network` writes (scripts/launcher/netprobe.py's summarize())."""
-    sys.path.insert(0, str(ROOT / "scripts" / "launcher"))
-    from netprobe import summarize
+    from scripts.launcher.netprobe import summarize
 
     pair = {"a": "h0", "b": "h1", "ranks": [0, 1], "one_flow_gbit": 2.0, "n_flows_gbit": 6.0, "latency_us": 80.0}
     f = tmp_path / "network.json"

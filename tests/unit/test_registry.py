@@ -8,6 +8,7 @@ import typing
 import pytest
 import timm
 import torch
+from support import input_args, input_from
 
 from data import create_input
 from data.pipeline import BasePipeline, InputPipeline
@@ -55,7 +56,8 @@ def test_every_allreduce_backend_implements_the_interface(name):
     cls = registry.load(registry.ALLREDUCE_BACKENDS, name, "comm.backend", "backend")
     assert cls.name == name and issubclass(cls, BackendDefaults)
     assert all(callable(getattr(cls, m, None)) for m in BACKEND_METHODS)
-    backend = cls(load_config(None, [f"comm.backend={name}"]), DistInfo(0, 1, 0, 1, torch.device("cpu")))
+    cfg = load_config(None, [f"comm.backend={name}"])
+    backend = cls(cfg.comm, DistInfo(0, 1, 0, 1, torch.device("cpu")), timeout_s=60.0, model_name=cfg.model.name)
     assert isinstance(backend, AllreduceBackend)
     stats = backend.stats()  # one process: nothing reduced, nothing measured
     assert (stats.backend, stats.steps, stats.comm_seconds_per_step) == (name, 0, None)
@@ -74,7 +76,7 @@ def test_pipelines_get_the_dataset_identity_from_their_constructor(tiny_root):
     """create_input sets nothing on a pipeline after building it: the constructor has everything."""
     dist = DistInfo(0, 1, 0, 1, torch.device("cpu"))
     cfg = load_config(None, [f"data.root={tiny_root}", "data.workers=0"])
-    pipe = create_input(cfg, dist)
+    pipe = create_input(cfg.data, dist, **input_args(cfg))
     assert isinstance(pipe, InputPipeline)
     assert (pipe.num_classes, pipe.num_train, pipe.num_val, len(pipe.classes)) == (4, 48, 20, 4)
     overrides = [
@@ -83,7 +85,7 @@ def test_pipelines_get_the_dataset_identity_from_their_constructor(tiny_root):
         "data.synthetic_classes=7",
         "data.val_batch_size=4",
     ]
-    synthetic = create_input(load_config(None, overrides), dist)
+    synthetic = input_from(load_config(None, overrides), dist)
     assert isinstance(synthetic, InputPipeline)
     assert (synthetic.num_classes, synthetic.num_train, synthetic.num_val) == (7, 100, 8)
     assert synthetic.classes[:2] == ["class0000", "class0001"]

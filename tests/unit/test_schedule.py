@@ -13,7 +13,8 @@ IMAGENET = 1_281_167
 
 
 def record_plan(*overrides) -> Schedule:
-    return Schedule(load_config(ROOT / "configs" / "dawnbench_158s.yaml", list(overrides)), IMAGENET, 128)
+    cfg = load_config(ROOT / "configs" / "dawnbench_158s.yaml", list(overrides))
+    return Schedule(cfg.phases, cfg.optim, num_images=IMAGENET, world_size=128)
 
 
 def test_record_layout_is_1159_iterations_in_28_epochs():
@@ -71,7 +72,8 @@ def test_point_of_epoch_and_iteration():
 
 
 def test_eight_gpu_entry():
-    plan = Schedule(load_config(ROOT / "configs" / "dawnbench_8gpu.yaml"), IMAGENET, 8)
+    cfg = load_config(ROOT / "configs" / "dawnbench_8gpu.yaml")
+    plan = Schedule(cfg.phases, cfg.optim, num_images=IMAGENET, world_size=8)
     assert len(plan.epochs) == 21 and plan.total_steps == 626 * 20 + 1252
     assert plan.lr(5 * 626) == pytest.approx(1.2)
     assert plan.lr(plan.total_steps - 1) == pytest.approx(1e-4)
@@ -90,7 +92,7 @@ def _small(*overrides) -> Schedule:
             *overrides,
         ],
     )
-    return Schedule(cfg, 40, 1)  # 5 + 5 + 10 = 20 steps
+    return Schedule(cfg.phases, cfg.optim, num_images=40, world_size=1)  # 5 + 5 + 10 = 20 steps
 
 
 def test_linear_scaling_multiplies_by_the_phase_batch():
@@ -113,11 +115,7 @@ def test_fractional_warmup_and_warmup_over_the_whole_run():
 
 def test_batch_not_divisible_by_world_is_a_config_error():
     with pytest.raises(ConfigError, match="phases.1.batch_size: 4 is not divisible by the world size 3"):
-        Schedule(
-            load_config(
-                None,
-                ["phases=[{epochs: 1, image_size: 32, batch_size: 6}, {epochs: 1, image_size: 32, batch_size: 4}]"],
-            ),
-            40,
-            3,
+        cfg = load_config(
+            None, ["phases=[{epochs: 1, image_size: 32, batch_size: 6}, {epochs: 1, image_size: 32, batch_size: 4}]"]
         )
+        Schedule(cfg.phases, cfg.optim, num_images=40, world_size=3)

@@ -33,7 +33,7 @@ def test_single_bucket_is_a_ring_allreduce(backend, hosts):
     comp = sm.no_overlap(specs, 0.0)
     n = net(hosts, link=10.0, latency=1e-4)
     hv = sm.Horovod(cycle_s=1e-9, negotiation_s_per_rank=0.0)
-    p = sm.predict_step(backend, specs, comp, n, Settings(200, 1, 1), horovod=hv)
+    p = sm.predict_step(backend, specs, comp, n, settings=Settings(200, 1, 1), horovod=hv)
     want = 2 * (hosts - 1) / hosts * seconds(100 * MB, 10.0) + 2 * (hosts - 1) * 1e-4
     assert p.messages == 1
     assert p.step_s == pytest.approx(want, rel=1e-6, abs=2e-9)
@@ -53,7 +53,7 @@ def test_full_overlap_hides_communication():
     """Gradients ready early in a long backward: everything is hidden and the step is compute only."""
     specs = specs_of(8, 8)
     comp = sm.Compute(0.0, 10.0, ready=(0.1, 0.2))
-    p = sm.predict_step("multistream", specs, comp, net(2, link=10.0), Settings(8, 2, 1))
+    p = sm.predict_step("multistream", specs, comp, net(2, link=10.0), settings=Settings(8, 2, 1))
     assert p.step_s == pytest.approx(10.0)
     assert p.exposed_s == 0.0
     assert p.hidden_s == pytest.approx(p.comm_busy_s) and p.comm_busy_s > 0
@@ -72,7 +72,7 @@ def test_a_per_flow_cap_that_does_not_bind_changes_nothing():
 def test_k_streams_on_an_uncapped_link_share_it(k):
     """Without a per-flow cap more communicators cannot beat the link: the same total time for every K."""
     specs = specs_of(64)
-    p = sm.predict_step("multistream", specs, sm.no_overlap(specs), net(2, link=1.0), Settings(64, k, k))
+    p = sm.predict_step("multistream", specs, sm.no_overlap(specs), net(2, link=1.0), settings=Settings(64, k, k))
     assert p.messages == k
     assert p.step_s == pytest.approx(seconds(64 * MB, 1.0), rel=1e-6)
 
@@ -81,7 +81,7 @@ def test_k_streams_on_an_uncapped_link_share_it(k):
 def test_k_streams_under_a_per_flow_cap(k):
     """Link 3 Gbit/s, 1 Gbit/s per flow: K flows reach min(link, K x cap)."""
     specs = specs_of(60)
-    p = sm.predict_step("multistream", specs, sm.no_overlap(specs), net(2, 3.0, 1.0), Settings(60, k, k))
+    p = sm.predict_step("multistream", specs, sm.no_overlap(specs), net(2, 3.0, 1.0), settings=Settings(60, k, k))
     assert p.step_s == pytest.approx(seconds(60 * MB, min(3.0, k * 1.0)), rel=1e-6)
 
 
@@ -127,7 +127,17 @@ def test_tuner_starts_from_the_model_and_reports_what_measurement_changed():
     cfg = load_config(None, ["comm.tune_start=model", "comm.link_gbit=32", "comm.flow_gbit=10"])
     space = tuning.search_space([4, 8, 16], [1, 2, 4], [1, 2])
     ranked = tuning.model_ranking(specs, space, 16, 8, cfg.comm)
-    t = tuning.AutoTuner(space, ranked[0][0], 3, 0, 1, 1, "bayes", dict(ranked), "started at the model's best")
+    t = tuning.AutoTuner(
+        space,
+        ranked[0][0],
+        max_candidates=3,
+        warmup_steps=0,
+        steps_per_window=1,
+        windows=1,
+        method="bayes",
+        predicted=dict(ranked),
+        start_note="started at the model's best",
+    )
     assert t.current == ranked[0][0]
     seen = []
     while not t.done:

@@ -107,8 +107,8 @@ def test_profile_file_replaces_published_rates(tmp_path, prof):
     phases = [tm.Phase(1, 100, 256, 224)]
     cluster = tm.Cluster(1, 8)
     be = tm.backends()[0]
-    measured = tm.estimate(phases, cluster, rates, be, prof).phases[0].step_ms["compute"]
-    published = tm.estimate(phases, cluster, tm.published("v100"), be, prof).phases[0].step_ms["compute"]
+    measured = tm.estimate(phases, cluster, rates, backend=be, prof=prof).phases[0].step_ms["compute"]
+    published = tm.estimate(phases, cluster, tm.published("v100"), backend=be, prof=prof).phases[0].step_ms["compute"]
     assert measured == pytest.approx(256 / 3000 * 1000)
     assert published == pytest.approx(256 / 1200 * 1000)
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
-"""`make bench`: run every scripts/bench_*.py and collect their Markdown tables into one report.
+"""`make bench`: run every benchmark of scripts/bench/ (bench_*.py) and collect their Markdown tables into one report.
 
-python scripts/bench.py [--out bench_report.md] [--quick] [--only trainer,optim]
+python -m scripts.bench.bench [--out bench_report.md] [--quick] [--only trainer,optim]
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
 
 
 def main(argv=None) -> int:
@@ -35,13 +36,13 @@ def main(argv=None) -> int:
     ]
     failed = []
     for script in scripts:
-        cmd = [sys.executable, str(script)] + (["--quick"] if args.quick else [])
+        cmd = [sys.executable, "-m", f"scripts.bench.{script.stem}"] + (["--quick"] if args.quick else [])
         print(f"running {' '.join(cmd[1:])}", flush=True)
         t = time.perf_counter()
-        p = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE.parent)
+        p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         took = time.perf_counter() - t
         parts.append(
-            f"## {script.name}\n\n`python scripts/{script.name}{' --quick' if args.quick else ''}` "
+            f"## {script.name}\n\n`python -m scripts.bench.{script.stem}{' --quick' if args.quick else ''}` "
             f"({took:.0f} s)\n\n{p.stdout.strip()}\n"
         )
         if p.returncode != 0:

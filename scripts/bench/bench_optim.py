@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Optimizer step time on ResNet-50's parameters with random gradients, against torch.optim.SGD(foreach=True).
 
-    python scripts/bench_optim.py            # 20 timed steps per optimizer
-    python scripts/bench_optim.py --quick    # 5 timed steps per optimizer
+    python -m scripts.bench.bench_optim            # 20 timed steps per optimizer
+    python -m scripts.bench.bench_optim --quick    # 5 timed steps per optimizer
 
 Every optimizer steps the same parameters (the record's resnet50_tweaked, with its two parameter groups) with
 fixed random gradients; steps are interleaved round-robin so that a slow moment of the machine hits all of them
@@ -20,13 +20,11 @@ from pathlib import Path
 import torch
 from timm.optim import Lars
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from models import create_model
+from recipes.config import load_config
+from recipes.optim import create_optimizer, param_groups
 
-from models import create_model  # noqa: E402
-from recipes.config import load_config  # noqa: E402
-from recipes.optim import create_optimizer, param_groups  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # The record's optimizer settings (configs/dawnbench_158s.yaml); a small LR keeps repeated steps finite.
 RECORD = [
     "optim.lr=1.0e-3",
@@ -109,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"{steps} steps each, interleaved in rotating order, after {warmup} warm-up step(s); random gradients; "
-        "`python scripts/bench_optim.py" + (" --quick`" if args.quick else "`") + ".\n"
+        "`python -m scripts.bench.bench_optim" + (" --quick`" if args.quick else "`") + ".\n"
     )
     base_ts = times["torch.optim.SGD(foreach=True) (baseline)"]
     base, base_min = statistics.median(base_ts), min(base_ts)

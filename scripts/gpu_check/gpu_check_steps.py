@@ -1,4 +1,4 @@
-"""Checks 1 and 2 of scripts/gpu_check.py, in its own process: training-step throughput (the trainer against a bare
+"""Checks 1 and 2 of gpu_check.py, in its own process: training-step throughput (the trainer against a bare
 loop on identical prebuilt device batches; ResNet-50 v1.5 against NVIDIA's figure; the time model's GPU profile)
 and DALI's GPU decoding timed on a pipeline built before the clock starts."""
 
@@ -13,10 +13,10 @@ import sys
 import time
 from pathlib import Path
 
-from gpu_check_env import REFERENCE_FRACTION, native_bf16, rn50_reference
-from gpu_check_rows import guard, judged, row
+from scripts.gpu_check.gpu_check_env import REFERENCE_FRACTION, native_bf16, rn50_reference
+from scripts.gpu_check.gpu_check_rows import guard, judged, row
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SIZES = (96, 128, 224, 288)
 # Per-GPU batch of each size: the 158 s record's global batch over its 128 GPUs (32768, and 16384 at 288 px).
 BATCH = {96: 256, 128: 256, 224: 256, 288: 128}
@@ -25,7 +25,7 @@ PROFILE_MODEL = "resnet50_tweaked"
 DALI_WORKERS = 8  # DALI CPU threads per GPU in the record's config (configs/dawnbench_158s.yaml data.workers)
 
 
-def step_config(model: str, optim: str, amp: str, size: int, batch: int, steps: int, rounds: int, out: Path):
+def step_config(model: str, optim: str, amp: str, *, size: int, batch: int, steps: int, rounds: int, out: Path):
     from recipes.config import load_config
 
     return load_config(
@@ -59,7 +59,7 @@ def _synced(fn) -> float:
     return time.perf_counter() - t
 
 
-def bare_loop(model, optimizer, criterion, x, y, steps: int, amp_dtype, scaler) -> float:
+def bare_loop(model, optimizer, criterion, x, y, *, steps: int, amp_dtype, scaler) -> float:
     """Images/s of a plain autocast forward/backward/step loop on one prebuilt device batch."""
     import torch
 
@@ -81,7 +81,7 @@ def bare_loop(model, optimizer, criterion, x, y, steps: int, amp_dtype, scaler) 
 
 
 def measure_step(
-    model: str, optim: str, amp: str, size: int, batch: int, steps: int, work: Path
+    model: str, optim: str, amp: str, *, size: int, batch: int, steps: int, work: Path
 ) -> tuple[float, float]:
     """(trainer images/s, bare loop images/s): medians of 3 alternating rounds, on the same prebuilt device batch.
 
@@ -94,7 +94,7 @@ def measure_step(
     from recipes.trainer import Trainer
 
     rounds = 3
-    cfg = step_config(model, optim, amp, size, batch, steps, rounds, work)
+    cfg = step_config(model, optim, amp, size=size, batch=batch, steps=steps, rounds=rounds, out=work)
     with contextlib.redirect_stdout(sys.stderr):
         trainer = Trainer(cfg)
     trainer.log.active = False
@@ -114,11 +114,13 @@ def measure_step(
     dtype = torch.float16 if amp == "fp16" else torch.bfloat16
     scaler = torch.amp.GradScaler("cuda") if amp == "fp16" else None
     criterion = create_criterion(cfg).to(dev)
-    bare_loop(bare_model, bare_opt, criterion, x, y, 3, dtype, scaler)  # warm-up: cuDNN's algorithm search
+    bare_loop(
+        bare_model, bare_opt, criterion, x, y, steps=3, amp_dtype=dtype, scaler=scaler
+    )  # warm-up: cuDNN's algorithm search
     trainer.train_one_epoch(0)
     bare, ours = [], []
     for r in range(rounds):
-        bare.append(bare_loop(bare_model, bare_opt, criterion, x, y, steps, dtype, scaler))
+        bare.append(bare_loop(bare_model, bare_opt, criterion, x, y, steps=steps, amp_dtype=dtype, scaler=scaler))
         ours.append(steps * batch / _synced(functools.partial(trainer.train_one_epoch, r + 1)))
     trainer.close()
     del trainer, bare_model, bare_opt
@@ -150,7 +152,9 @@ def check_steps(rows: list[dict], steps: int, work: Path, profile: dict) -> None
         b = BATCH[size]
         label = f"train step {PROFILE_MODEL} {profile['dtype']} {size}px b{b} (channels_last, hybrid optimizer)"
         with guard(rows, label):
-            ours, bare = measure_step(PROFILE_MODEL, "hybrid", profile["dtype"], size, b, steps, work / f"steps-{size}")
+            ours, bare = measure_step(
+                PROFILE_MODEL, "hybrid", profile["dtype"], size=size, batch=b, steps=steps, work=work / f"steps-{size}"
+            )
             rows.append(step_row(label, ours, bare))
             profile["rates"].append({"image_size": size, "batch_size": b, "images_per_s": round(ours, 1)})
     for size in (128, 224):
@@ -159,14 +163,16 @@ def check_steps(rows: list[dict], steps: int, work: Path, profile: dict) -> None
             rows.append(row(label, f"skip: {name} (compute capability {cap[0]}.{cap[1]}) has no native bf16"))
             continue
         with guard(rows, label):
-            ours, bare = measure_step(PROFILE_MODEL, "hybrid", "bf16", size, BATCH[size], steps, work / f"bf16-{size}")
+            ours, bare = measure_step(
+                PROFILE_MODEL, "hybrid", "bf16", size=size, batch=BATCH[size], steps=steps, work=work / f"bf16-{size}"
+            )
             rows.append(step_row(label, ours, bare))
     label = "train step resnet50 (v1.5) fp16 224px b256, SGD: NVIDIA's published model and setting"
     with guard(rows, label):
-        ours, bare = measure_step("resnet50", "sgd", "fp16", 224, 256, steps, work / "rn50")
+        ours, bare = measure_step("resnet50", "sgd", "fp16", size=224, batch=256, steps=steps, work=work / "rn50")
         ref = rn50_reference(name)
         if ref.images_per_s is None:
-            rows.append(row(label, f"n/a: {ref.text}", ours, "img/s per GPU", f"bare loop {bare:,.0f} img/s"))
+            rows.append(row(label, f"n/a: {ref.text}", ours, "img/s per GPU", reference=f"bare loop {bare:,.0f} img/s"))
         else:
             rows.append(
                 judged(
@@ -205,7 +211,14 @@ def check_dali(rows: list[dict], sample: Path, rates: dict[int, float]) -> None:
                 ROOT / "configs" / "base.yaml",
                 ["data.backend=dali", f"data.root={sample}", f"data.workers={DALI_WORKERS}", f"phases=[{phase}]"],
             )
-            pipe = create_input(cfg, DistInfo(0, 1, 0, 1, dev))
+            pipe = create_input(
+                cfg.data,
+                DistInfo(0, 1, 0, 1, dev),
+                phases=cfg.phases,
+                seed=cfg.run.seed,
+                channels_last=cfg.run.channels_last,
+                amp=cfg.run.amp,
+            )
             first = EpochInfo(0, 0, cfg.phases[0], 0, math.ceil(pipe.num_train / batch))
             for _ in pipe.train_batches(first):  # epoch 0: builds the pipeline and fills its queue
                 pass
@@ -241,7 +254,14 @@ def check_dali(rows: list[dict], sample: Path, rates: dict[int, float]) -> None:
             ROOT / "configs" / "base.yaml",
             ["data.backend=dali", f"data.root={sample}", "data.workers=4", f"phases=[{phase}]"],
         )
-        pipe = create_input(cfg, DistInfo(0, 1, 0, 1, dev))
+        pipe = create_input(
+            cfg.data,
+            DistInfo(0, 1, 0, 1, dev),
+            phases=cfg.phases,
+            seed=cfg.run.seed,
+            channels_last=cfg.run.channels_last,
+            amp=cfg.run.amp,
+        )
         n = sum(x.shape[0] for x, _ in pipe.val_batches(cfg.phases[0]))
         expected = pipe.num_val
         pipe.close()

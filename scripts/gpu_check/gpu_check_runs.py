@@ -1,4 +1,4 @@
-"""Checks 3 and 4 of scripts/gpu_check.py: the allreduce backends on CUDA tensors (scripts/gpu_check_worker.py), the
+"""Checks 3 and 4 of gpu_check.py: the allreduce backends on CUDA tensors (gpu_check_worker.py), the
 trainer end to end with each backend (train.py under torchrun, horovodrun), evaluate.py on the resulting checkpoint,
 and the batch-1 inference modes with their CUDA graphs counted.
 
@@ -18,10 +18,10 @@ import sys
 import time
 from pathlib import Path
 
-from gpu_check_env import run_logged
-from gpu_check_rows import guard, judged, row
+from scripts.gpu_check.gpu_check_env import run_logged
+from scripts.gpu_check.gpu_check_rows import guard, judged, row
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # A reduced-precision mode fails below this top-1 agreement with fp32 (a 3-epoch model has near-ties to flip).
 AGREEMENT_MIN = 90.0
 WEIGHTS_ATOL = 1e-4  # multistream vs DDP after WORKER_STEPS fp32 SGD steps: summation order only
@@ -72,7 +72,7 @@ def check_allreduce(rows: list[dict], work: Path, gpus: int) -> None:
         with guard(rows, name):
             out, log = fresh(work / f"allreduce-{transport}.json"), work / f"allreduce-{transport}.log"
             cmd, port = torchrun(world, f"gpu-check-{transport}-{os.getpid()}")
-            cmd += [str(ROOT / "scripts" / "gpu_check_worker.py"), str(out), transport, str(WORKER_STEPS)]
+            cmd += ["-m", "scripts.gpu_check.gpu_check_worker", str(out), transport, str(WORKER_STEPS)]
             rc = run_logged(cmd, log, RUN_TIMEOUT, ROOT)
             if rc != 0 or not out.is_file():
                 err = json.loads(out.read_text()).get("error", "") if out.is_file() else ""
@@ -132,7 +132,9 @@ def _tuner_lines(log: Path) -> list[str]:
     return [ln.strip() for ln in log.read_text(errors="replace").splitlines() if "multistream autotune:" in ln]
 
 
-def judge_run(name: str, run_dir: Path, log: Path, rc: int, transport: str, classes: int, tuned: bool = False) -> dict:
+def judge_run(
+    name: str, run_dir: Path, log: Path, rc: int, *, transport: str, classes: int, tuned: bool = False
+) -> dict:
     """A trainer run's row: it ran all 3 epochs from nothing, its backend moved bytes, top-1 beat 2x chance."""
     summary = run_dir / "summary.json"
     if rc != 0 or not summary.is_file():
@@ -162,7 +164,7 @@ def check_e2e(rows: list[dict], sample: Path, work: Path, gpus: int) -> Path | N
             cmd, port = torchrun(gpus, f"gpu-check-{backend}-{os.getpid()}")
             cmd += ["train.py", *train_overrides(sample, run_dir), f"comm.backend={backend}", *extra]
             rc = run_logged(cmd, log, RUN_TIMEOUT, ROOT)
-            rows.append(judge_run(name, run_dir, log, rc, "nccl", classes, tuned=bool(extra)))
+            rows.append(judge_run(name, run_dir, log, rc, transport="nccl", classes=classes, tuned=bool(extra)))
             rows[-1]["reference"] += f"; rendezvous port {port}"
             if backend == "ddp" and rows[-1]["result"] == "pass":
                 ckpt = run_dir / "checkpoint.pt"
@@ -213,7 +215,7 @@ def check_horovod(rows: list[dict], sample: Path, work: Path, gpus: int, classes
         cmd = [hvdrun, "--gloo", "-np", str(gpus), "-H", f"localhost:{gpus}"]
         cmd += [sys.executable, "train.py", *train_overrides(sample, run_dir)]
         rc = run_logged(cmd + ["comm.backend=horovod"], log, RUN_TIMEOUT, ROOT)
-        rows.append(judge_run(name, run_dir, log, rc, "horovod/nccl", classes))
+        rows.append(judge_run(name, run_dir, log, rc, transport="horovod/nccl", classes=classes))
 
 
 # --- 4. evaluate.py and the inference modes ----------------------------------------------------------------------

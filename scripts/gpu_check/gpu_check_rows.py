@@ -1,4 +1,4 @@
-"""The GPU check's result rows (scripts/gpu_check.py): one per check, each with the threshold that decides it and
+"""The GPU check's result rows (gpu_check.py): one per check, each with the threshold that decides it and
 the seconds it took; a Markdown table of them; the failures.
 
 A row passes only by meeting a threshold that could have failed: `judged` is the only way to a 'pass'. Other
@@ -19,6 +19,7 @@ def row(
     result: str,
     number: float | None = None,
     unit: str = "",
+    *,
     reference: str = "",
     threshold: str = "",
     seconds: float | None = None,
@@ -74,7 +75,7 @@ def judged(
         result = f"fail: {fmt(value)} > {fmt(at_most)}"
     else:
         result = "pass"
-    return row(name, result, value, unit, reference, threshold)
+    return row(name, result, value, unit, reference=reference, threshold=threshold)
 
 
 def markdown_table(rows: list[dict]) -> str:

@@ -14,9 +14,9 @@ bandwidth, 2(n-1)/n x bytes / time, for:
 A "step" is backward over a graph that touches every parameter, then the gradient averaging; the same step
 without any communication is timed too, and communication time = step time - that compute time.
 
-    python scripts/bench_allreduce.py            # 2 and 4 ranks, loopback and lab (the lab needs root)
-    python scripts/bench_allreduce.py --quick    # 2 ranks, fewer steps and candidates
-    python scripts/bench_allreduce.py --no-loopback --worlds 8 16 --link-mbit 100 --fraction 0.125 --rounds 3 \
+    python -m scripts.bench.bench_allreduce            # 2 and 4 ranks, loopback and lab (the lab needs root)
+    python -m scripts.bench.bench_allreduce --quick    # 2 ranks, fewer steps and candidates
+    python -m scripts.bench.bench_allreduce --no-loopback --worlds 8 16 --link-mbit 100 --fraction 0.125 --rounds 3 \
         --json lab.json                          # more hosts: gradients at 1/8 size, contenders alternated
 
 Each rank's CPU time per step (getrusage, all threads) is reported beside the step time, to show whether the
@@ -39,11 +39,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+from scripts import netlab
 
-import netlab  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
+MODULE = "scripts.bench.bench_allreduce"  # ranks and the Horovod rendezvous run it again, from ROOT
 
 METHODS = ["per-tensor", "ddp", "ddp-flows", "multistream", "tuned", "tuned-model"]
 
@@ -209,7 +208,12 @@ def worker(args) -> None:
                     f"comm.tune_max_candidates={max(1, args.candidates // 2)}",
                 ]
             cfg = load_config(None, over)
-            backend = MultiStreamBackend(cfg, DistInfo(rank, world, 0, 1, torch.device("cpu")))
+            backend = MultiStreamBackend(
+                cfg.comm,
+                DistInfo(rank, world, 0, 1, torch.device("cpu")),
+                timeout_s=cfg.dist.timeout_s,
+                model_name=cfg.model.name,
+            )
             m, ps = fresh()
             tm, _ = backend.prepare(m, None)
 
@@ -308,7 +312,8 @@ def _worker_cmd(kind: str, out: Path, args, lab) -> list[str]:
     steps = args.steps if lab else args.loopback_steps
     cmd = [
         sys.executable,
-        str(Path(__file__).resolve()),
+        "-m",
+        MODULE,
         kind,
         "--out",
         str(out),
@@ -407,7 +412,8 @@ def _run_horovod(n: int, lab, args, tmp: Path) -> dict | str:
     iface = "eth0" if lab else "lo"
     rdv_cmd = [
         sys.executable,
-        str(Path(__file__).resolve()),
+        "-m",
+        MODULE,
         "--hvd-rendezvous",
         "--hosts",
         hosts,
@@ -417,9 +423,9 @@ def _run_horovod(n: int, lab, args, tmp: Path) -> dict | str:
         str(args.timeout),
     ]
     rdv = (
-        lab.popen(0, rdv_cmd, stdout=subprocess.PIPE, text=True)
+        lab.popen(0, rdv_cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT)
         if lab
-        else subprocess.Popen(rdv_cmd, stdout=subprocess.PIPE, text=True, start_new_session=True)
+        else subprocess.Popen(rdv_cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True)
     )
     try:
         port = int(rdv.stdout.readline())
@@ -573,9 +579,9 @@ def main(argv: list[str] | None = None) -> int:
     worlds = args.worlds or ([2] if args.quick else [2, 4])
     flow = args.flow_mbit
     lines = [
-        "## Allreduce benchmark (scripts/bench_allreduce.py)",
+        "## Allreduce benchmark (scripts/bench/bench_allreduce.py)",
         "",
-        f"command: `python scripts/bench_allreduce.py {' '.join(argv if argv is not None else sys.argv[1:])}`; "
+        f"command: `python -m scripts.bench.bench_allreduce {' '.join(argv if argv is not None else sys.argv[1:])}`; "
         f"gloo on CPU, {os.cpu_count()} cores, torch threads 1 per rank",
     ]
     record: list[dict] = []

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Trainer overhead: the trainer's images/s against a bare forward/backward/step loop, same model and batches.
 
-    python scripts/bench_trainer.py [--model resnet18 --image-size 64 --batch 32 --steps 20 --rounds 5] [--quick]
+    python -m scripts.bench.bench_trainer [--model resnet18 --image-size 64 --batch 32 --steps 20 --rounds 5] [--quick]
 
 Both contenders run in this process, alternating over rounds; the table reports medians. On a machine with a
 GPU the same comparison runs on the GPU.
@@ -14,15 +14,12 @@ import contextlib
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from recipes.config import load_config  # noqa: E402
-from recipes.optim import create_optimizer  # noqa: E402
-from recipes.trainer import Trainer  # noqa: E402
+from recipes.config import load_config
+from recipes.optim import create_optimizer
+from recipes.trainer import Trainer
 
 
 def bare_loop(model, optimizer, criterion, x, y, steps: int) -> float:
@@ -75,11 +72,11 @@ def main(argv=None) -> int:
     bare_opt = create_optimizer(cfg.optim, bare_model)
     x, y = next(iter(trainer.data.train_batches(trainer.plan.epoch_info(0))))
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=cfg.optim.label_smoothing)
-    bare_loop(bare_model, bare_opt, criterion, x, y, 3)  # warm-up
+    bare_loop(bare_model, bare_opt, criterion, x, y, steps=3)  # warm-up
     trainer.train_one_epoch(0)
     bare, ours = [], []
     for r in range(args.rounds):
-        bare.append(bare_loop(bare_model, bare_opt, criterion, x, y, args.steps))
+        bare.append(bare_loop(bare_model, bare_opt, criterion, x, y, steps=args.steps))
         res = trainer.train_one_epoch(r + 1)
         ours.append(res["images"] / res["seconds"])
     trainer.close()

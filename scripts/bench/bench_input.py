@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Input pipeline throughput: DALI against torchvision, against the decode-only ceiling, full size and pre-resized.
 
-    python scripts/bench_input.py [--data DIR] [--threads 2] [--rounds 5] [--quick]
+    python -m scripts.bench.bench_input [--data DIR] [--threads 2] [--rounds 5] [--quick]
 
 All contenders read the same folder of JPEGs (default: 1500 images generated into data/sample_bench, and its
 --short-side 160 copy made with data/prepare.py) with the same number of CPU threads (DALI threads, DataLoader
@@ -29,16 +29,15 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from data import create_input
+from data.folder import scan_split
+from data.make_sample import main as make_sample
+from data.prepare import main as prepare_main
+from recipes.config import load_config
+from recipes.distributed import DistInfo
+from recipes.schedule import EpochInfo
 
-from data import create_input  # noqa: E402
-from data.folder import scan_split  # noqa: E402
-from data.make_sample import main as make_sample  # noqa: E402
-from data.prepare import main as prepare_main  # noqa: E402
-from recipes.config import load_config  # noqa: E402
-from recipes.distributed import DistInfo  # noqa: E402
-from recipes.schedule import EpochInfo  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 BATCH = 64
 
@@ -111,7 +110,14 @@ def pipeline_run(backend: str, size: int, args, device: torch.device, copy: Path
         "run.seed=1",
     ] + ([f"data.roots={{small: {copy}}}"] if copy else [])
     cfg = load_config(ROOT / "configs" / "base.yaml", overrides)
-    pipe = create_input(cfg, DistInfo(0, 1, 0, 1, device))
+    pipe = create_input(
+        cfg.data,
+        DistInfo(0, 1, 0, 1, device),
+        phases=cfg.phases,
+        seed=cfg.run.seed,
+        channels_last=cfg.run.channels_last,
+        amp=cfg.run.amp,
+    )
     info = EpochInfo(0, 0, cfg.phases[0], 0, math.ceil(pipe.num_train / BATCH))  # every image once
     if backend == "dali":
         # The trainer builds a DALI pipeline once per phase and then streams epoch after epoch: measure an epoch

@@ -3,7 +3,7 @@
 DALI nvJPEG input, the allreduce backends on CUDA tensors, the trainer end to end (ddp, multistream + autotune,
 horovod), evaluate.py and the batch-1 inference modes.
 
-    python scripts/gpu_check.py [--out gpu_check.json] [--steps 20] [--work DIR]      (make gpu-check)
+    python -m scripts.gpu_check.gpu_check [--out gpu_check.json] [--steps 20] [--work DIR]      (make gpu-check)
 
 Three outcomes, one line each where nothing ran:
   no GPU                       exit 0, "gpu-check: no CUDA GPU present: nothing GPU-only ran"
@@ -23,12 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
-
-from gpu_check_env import NO_GPU, probe  # noqa: E402, F401  (NO_GPU: the no-GPU line, read by the tests)
-from gpu_check_rows import failed, judged, markdown_table, row  # noqa: E402
+from scripts.gpu_check.gpu_check_env import NO_GPU, probe  # noqa: F401  (NO_GPU: the no-GPU line, read by the tests)
+from scripts.gpu_check.gpu_check_rows import failed, judged, markdown_table, row
 
 BUDGET_S = 480.0  # the whole check on one GPU
 
@@ -55,11 +51,11 @@ def write_profile(path: Path, rates: list[dict], dtype: str) -> dict:
 
 def run_checks(rows: list[dict], work: Path, steps: int, gpus: int, profile: dict) -> None:
     import torch
-    from gpu_check_env import native_bf16
-    from gpu_check_runs import check_allreduce, check_e2e, check_eval
-    from gpu_check_steps import check_dali, check_steps
 
     from data.make_sample import main as make_sample
+    from scripts.gpu_check.gpu_check_env import native_bf16
+    from scripts.gpu_check.gpu_check_runs import check_allreduce, check_e2e, check_eval
+    from scripts.gpu_check.gpu_check_steps import check_dali, check_steps
 
     sample = work / "sample"
     with contextlib.redirect_stdout(sys.stderr):
@@ -104,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row("gpu-check", f"fail: {type(e).__name__}: {e}"))
     finally:
         seconds = time.perf_counter() - t0
-        from gpu_check_runs import SETUP_SECONDS
+        from scripts.gpu_check.gpu_check_runs import SETUP_SECONDS
 
         setup = sum(SETUP_SECONDS.values())
         ref = f"{gpus} GPU(s); per-row seconds in the last column"

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Batch-1 inference latency: eager fp32, every --optimize mode and ONNX Runtime (the peer), on the same images.
 
-    python scripts/bench_inference.py [--models resnet50_tweaked,resnet26d] [--images 200] [--threads 2] [--quick]
-    python scripts/bench_inference.py --checkpoint runs/x/checkpoint.pt        # a trained model instead
+    python -m scripts.bench.bench_inference [--models resnet50_tweaked,resnet26d] [--images 200] [--threads 2] [--quick]
+    python -m scripts.bench.bench_inference --checkpoint runs/x/checkpoint.pt        # a trained model instead
 
 The DAWNBench protocol of evaluate.py --latency (recipes/evaluation/latency.py): images decoded and cropped at
 224 px, the contenders alternating in rounds of 32 images, medians compared. Without --checkpoint each network is a
@@ -21,15 +21,14 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from data.folder import scan_split
+from data.transforms import normalize
+from models import create_model
+from recipes.config import ModelConfig
+from recipes.evaluation.inference import build_runner
+from recipes.evaluation.latency import latency_table, load_image, run_protocol, select_images
 
-from data.folder import scan_split  # noqa: E402
-from data.transforms import normalize  # noqa: E402
-from models import create_model  # noqa: E402
-from recipes.config import ModelConfig  # noqa: E402
-from recipes.evaluation.inference import build_runner  # noqa: E402
-from recipes.evaluation.latency import latency_table, load_image, run_protocol, select_images  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 CPU_MODES = ["none", "fuse", "compile", "int8", "onnxruntime", "onnxruntime-int8"]
 GPU_MODES = ["none", "fuse", "compile", "fp16", "bf16"]
@@ -76,7 +75,7 @@ def probe_model(name: str, images: list[torch.Tensor], labels: list[int]) -> tor
     return model
 
 
-def bench_model(label: str, model, args, files, labels, calibration, device) -> str:
+def bench_model(label: str, model, args, *, files, labels, calibration, device) -> str:
     size = args.image_size
     example = load_image(files[0], size, 0.875).to(device)
     modes = args.modes.split(",") if args.modes else (GPU_MODES if device.type == "cuda" else CPU_MODES)
@@ -91,7 +90,7 @@ def bench_model(label: str, model, args, files, labels, calibration, device) -> 
         runners.append(build_runner(mode, model, example, calibration, args.threads))
         build_s[mode] = time.perf_counter() - t
         print(f"  built {label} {mode} in {build_s[mode]:.1f} s", file=sys.stderr, flush=True)
-    out = run_protocol(runners, files, labels, size, 0.875, warmup=args.warmup)
+    out = run_protocol(runners, files, labels, size, crop_ratio=0.875, warmup=args.warmup)
     res = out["results"]
     base = "onnxruntime" if "onnxruntime" in res else "none"
     extra = {m: {"build s": f"{build_s[m]:.0f}"} for m in res}
@@ -158,11 +157,24 @@ def main(argv=None) -> int:
 
         ck = load_checkpoint(args.checkpoint)
         cfg = config_from_checkpoint(ck)
-        print(bench_model(cfg.model.name, load_model(ck, cfg), args, files, labels, calibration, device))
+        print(
+            bench_model(
+                cfg.model.name,
+                load_model(ck, cfg),
+                args,
+                files=files,
+                labels=labels,
+                calibration=calibration,
+                device=device,
+            )
+        )
         return 0
     for name in args.models.split(","):
         model = probe_model(name, calibration, calib_labels)
-        print(bench_model(name, model, args, files, labels, calibration, device), flush=True)
+        print(
+            bench_model(name, model, args, files=files, labels=labels, calibration=calibration, device=device),
+            flush=True,
+        )
     return 0
 
 

@@ -1,5 +1,5 @@
-"""What scripts/gpu_check.py finds before it runs anything: which of its three outcomes applies (no GPU, a GPU that
-torch cannot use, a run), what the GPU can do natively, the published figure to compare with, and how to stop a
+"""What the GPU check (gpu_check.py) finds before it runs anything: which of its three outcomes applies (no GPU, a
+GPU that torch cannot use, a run), what the GPU can do natively, the published figure to compare with, and how to stop a
 subprocess with everything it started."""
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""One rank of scripts/gpu_check.py's allreduce check, under torchrun: DDP and multistream train the same small
+"""One rank of gpu_check.py's allreduce check, under torchrun: DDP and multistream train the same small
 network from the same weights on the same per-rank batches for N steps, on CUDA tensors; rank 0 writes what they
 moved (CommStats) and how far apart their weights ended.
 
-    torchrun --nproc-per-node W scripts/gpu_check_worker.py OUT.json TRANSPORT STEPS
+    torchrun --nproc-per-node W -m scripts.gpu_check.gpu_check_worker OUT.json TRANSPORT STEPS
 
 TRANSPORT cpu: the same on the CPU over gloo (the tests). TRANSPORT gloo: every rank on cuda:0 (gloo reduces CUDA
 tensors; NCCL refuses two ranks on one device), so the multistream engine's streams and events run with W > 1 on one
@@ -18,11 +18,8 @@ import sys
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
+import torch
+from torch import nn
 
 
 def net() -> nn.Module:
@@ -45,7 +42,7 @@ def train(cfg, dist, model: nn.Module, steps: int):
 
     m = copy.deepcopy(model)
     opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
-    comm = create_allreduce(cfg, dist)
+    comm = create_allreduce(cfg.comm, dist, timeout_s=cfg.dist.timeout_s, model_name=cfg.model.name)
     tm, opt = comm.prepare(m, opt)
     for step in range(steps):
         g = torch.Generator().manual_seed(1000 * dist.rank + step)
