@@ -161,7 +161,7 @@ def test_the_cycle_check_finds_a_cycle():
 # Entry points run as files (`python scripts/launch.py`): the repository root is not on the path until they put it
 # there. Everything else in scripts/ is imported as a package or run with `python -m scripts.<package>.<module>`.
 RUN_AS_FILES = {"scripts/launch.py", "scripts/launcher/preflight.py", "scripts/predict.py"}
-RUN_AS_FILES |= {"scripts/compare_runs.py", "scripts/gen_config_reference.py"}
+RUN_AS_FILES |= {"scripts/compare_runs.py", "scripts/gen_config_reference.py", "scripts/gen_presets.py"}
 
 
 def test_scripts_edit_sys_path_only_where_run_as_files():

@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from recipes import memory
 from recipes.config import load_config
 from recipes.errors import ConfigError
 from recipes.run.payload import State
@@ -30,15 +31,19 @@ def test_micro_batches_is_run_accumulate_or_the_smallest_even_split_that_fits(pe
     assert micro_batches(per_gpu, accumulate, limit) == expected
 
 
+def _plan(cfg, num_images: int, world_size: int) -> Schedule:
+    return Schedule(cfg.phases, cfg.optim, num_images=num_images, world_size=world_size, **memory.accumulation(cfg))
+
+
 def _cfg(*overrides):
     phases = "phases=[{epochs: 1, image_size: 96, batch_size: 2048}, {epochs: 1, image_size: 288, batch_size: 1024}]"
     return load_config(None, [phases, *overrides])
 
 
 def test_each_phase_accumulates_to_fit_the_per_gpu_limit():
-    plan = Schedule(_cfg("run.max_gpu_batch=128"), 1_281_167, 8)
+    plan = _plan(_cfg("run.max_gpu_batch=128"), 1_281_167, 8)
     assert [(e.micro_batches, plan.micro_batch(e.epoch)) for e in plan.epochs] == [(2, 128), (1, 128)]
-    same = Schedule(_cfg(), 1_281_167, 8)
+    same = _plan(_cfg(), 1_281_167, 8)
     assert [e.steps for e in plan.epochs] == [e.steps for e in same.epochs]  # the schedule is per optimizer step
     assert "micro-batches x images/GPU" in plan.table() and "2 x 128" in plan.table()
     assert "micro-batches" not in same.table()
@@ -46,9 +51,9 @@ def test_each_phase_accumulates_to_fit_the_per_gpu_limit():
 
 def test_a_per_gpu_batch_that_cannot_be_split_is_refused_naming_the_phase():
     with pytest.raises(ConfigError, match=r"phases\.0: the per-GPU batch of 2048 .*run.accumulate=3"):
-        Schedule(_cfg("run.accumulate=3"), 1_281_167, 1)
+        _plan(_cfg("run.accumulate=3"), 1_281_167, 1)
     with pytest.raises(ConfigError, match="data.aug_splits"):
-        Schedule(_cfg("run.accumulate=2", "data.aug_splits=3"), 1_281_167, 8)
+        _plan(_cfg("run.accumulate=2", "data.aug_splits=3"), 1_281_167, 8)
 
 
 class _Comm:
@@ -119,7 +124,7 @@ def test_the_trainer_check_refuses_a_phase_too_big_for_the_cuda_device(monkeypat
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
     cfg = _cfg("run.amp=fp16")
     with pytest.raises(ConfigError, match=r"^phases\.1 \(288 px, 1024 images per GPU .* Tesla V100-SXM2-16GB"):
-        memory.refuse_if_too_big(cfg, Schedule(cfg, 1_281_167, 1), torch.device("cuda", 0))
+        memory.refuse_if_too_big(cfg, _plan(cfg, 1_281_167, 1), torch.device("cuda", 0))
     fits = _cfg("run.amp=fp16", "run.max_gpu_batch=128")
-    memory.refuse_if_too_big(fits, Schedule(fits, 1_281_167, 1), torch.device("cuda", 0))  # nothing raised
-    memory.refuse_if_too_big(cfg, Schedule(cfg, 1_281_167, 1), torch.device("cpu"))  # CPU: not checked
+    memory.refuse_if_too_big(fits, _plan(fits, 1_281_167, 1), torch.device("cuda", 0))  # nothing raised
+    memory.refuse_if_too_big(cfg, _plan(cfg, 1_281_167, 1), torch.device("cpu"))  # CPU: not checked
