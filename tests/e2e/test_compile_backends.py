@@ -1,7 +1,7 @@
 """run.compile on 2 gloo ranks: DDP (compiled around its wrapper) and multistream (its gradient hooks outside the
-compiled graph, the kind Horovod's are too; `run_two_ranks` takes "horovod" for a local check) still average the gradients, so the compiled runs end with the eager run's weights (each
-tensor within 1e-2 relative, in norm, after 4 steps), with run.ema on (its BN statistics averaged over ranks before
-validation)."""
+compiled graph, the kind Horovod's are too; `run_two_ranks` takes "horovod" for a local check) still average the
+gradients, so the compiled runs end with the eager run's weights (each tensor within 1e-2 relative, in norm, after
+4 steps), with run.ema on (its BN statistics averaged over ranks before validation)."""
 
 from __future__ import annotations
 

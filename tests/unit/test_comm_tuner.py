@@ -158,7 +158,12 @@ def exposed_ms(specs, compute, settings: Settings, cfg) -> float:
     from recipes.comm import stepmodel as sm
 
     net = sm.Network(16, 8, 32.0, 10.0, 50e-6)
-    return sm.predict_step("multistream", specs, compute, net, settings=settings, compression=cfg.comm.compression).exposed_s * 1000
+    return (
+        sm.predict_step(
+            "multistream", specs, compute, net, settings=settings, compression=cfg.comm.compression
+        ).exposed_s
+        * 1000
+    )
 
 
 def test_model_start_uses_the_calibrated_compute_of_the_runs_gpu(record):
