@@ -80,5 +80,11 @@ def compile_for_training(module: nn.Module, mode: str, *, shapes: int = 1) -> nn
         return module
     import torch._dynamo
 
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, shapes + 1)
+    dyn = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):  # the name differs across torch versions and can be hidden
+        try:
+            setattr(dyn, name, max(getattr(dyn, name), shapes + 1))
+            break
+        except AttributeError:
+            continue
     return torch.compile(module, mode=mode, dynamic=False)
