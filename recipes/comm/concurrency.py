@@ -108,6 +108,20 @@ def process_env(requested: str, environ=os.environ) -> dict[str, str]:
     return {ORDER_ENV: "1"}
 
 
+def cuda_driver_version(lib: str = "libcuda.so.1") -> int | None:
+    """The CUDA version the installed driver supports (e.g. 13000), from the driver API's `cuDriverGetVersion`;
+    None where the driver library cannot be loaded. (torch exposes no public call for it; its private
+    `torch._C._cuda_getDriverVersion` is absent from torch 2.11 and later CUDA builds, found on an H200.)"""
+    import ctypes
+
+    try:
+        get = ctypes.CDLL(lib).cuDriverGetVersion
+    except (OSError, AttributeError):
+        return None
+    version = ctypes.c_int(0)
+    return version.value if get(ctypes.byref(version)) == 0 else None
+
+
 def probe(transport: str) -> Facts:
     """The facts of this process (call after the process group exists)."""
     import torch
@@ -117,7 +131,7 @@ def probe(transport: str) -> Facts:
     if transport != "nccl":
         return Facts(transport, env)
     nccl = tuple(torch.cuda.nccl.version())
-    driver = torch._C._cuda_getDriverVersion() if torch.cuda.is_available() else None
+    driver = cuda_driver_version() if torch.cuda.is_available() else None
     major, minor = (int(x) for x in (torch.version.cuda or "0.0").split(".")[:2])
     pipe = Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", MPS_PIPE_DEFAULT))
     mps = (pipe / "control").exists() or "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" in os.environ

@@ -239,3 +239,19 @@ def test_unused_parameter_gets_a_gradient_in_its_own_memory_format(monkeypatch):
     assert g.stride() == model.unused.stride()  # CUDA's fused SGD rejects a gradient of another layout
     assert g.is_contiguous(memory_format=torch.channels_last)
     eng.close()
+
+
+def test_probe_on_a_cuda_machine_reads_the_driver_through_the_driver_api(monkeypatch):
+    """Found on an H200 (torch 2.11): torch._C._cuda_getDriverVersion does not exist, and probe() crashed every
+    multistream run over NCCL. The driver's version comes from libcuda's cuDriverGetVersion instead."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda.nccl, "version", lambda: (2, 28, 9))
+    monkeypatch.setattr(cc, "cuda_driver_version", lambda: 13000)
+    facts = cc.probe("nccl")
+    assert facts.nccl_version == (2, 28, 9) and facts.cuda_driver == 13000
+
+
+def test_driver_version_without_a_driver_library_is_none():
+    assert cc.cuda_driver_version("libcuda-that-does-not-exist.so.1") is None
