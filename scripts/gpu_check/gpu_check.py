@@ -3,7 +3,8 @@
 DALI nvJPEG input, the allreduce backends on CUDA tensors, the trainer end to end (ddp, multistream + autotune,
 horovod), evaluate.py and the batch-1 inference modes.
 
-    python -m scripts.gpu_check.gpu_check [--out gpu_check.json] [--steps 20] [--work DIR]      (make gpu-check)
+    python -m scripts.gpu_check.gpu_check [--out gpu_check.json] [--steps 25] [--work DIR]      (make gpu-check)
+    python -m scripts.gpu_check.gpu_check --parts steps          # only the train-step rows and the GPU profile
 
 Three outcomes, one line each where nothing ran:
   no GPU                       exit 0, "gpu-check: no CUDA GPU present: nothing GPU-only ran"
@@ -49,7 +50,20 @@ def write_profile(path: Path, rates: list[dict], dtype: str) -> dict:
     return profile
 
 
-def run_checks(rows: list[dict], work: Path, steps: int, gpus: int, profile: dict) -> None:
+# The check's parts in the order they run, each with the parts it needs: the DALI rows are held to the step rates,
+# evaluation reads the ddp run's checkpoint.
+PARTS = {"steps": (), "dali": ("steps",), "allreduce": (), "e2e": (), "eval": ("e2e",)}
+
+
+def with_needs(parts: list[str]) -> list[str]:
+    """`parts` and every part they need, in the order the check runs them."""
+    chosen = set(parts)
+    for p in parts:
+        chosen.update(PARTS[p])
+    return [p for p in PARTS if p in chosen]
+
+
+def run_checks(rows: list[dict], work: Path, steps: int, gpus: int, profile: dict, parts: list[str]) -> None:
     import torch
 
     from data.make_sample import main as make_sample
@@ -58,24 +72,38 @@ def run_checks(rows: list[dict], work: Path, steps: int, gpus: int, profile: dic
     from scripts.gpu_check.gpu_check_steps import check_dali, check_steps
 
     sample = work / "sample"
+    ckpt = None
     with contextlib.redirect_stdout(sys.stderr):
-        make_sample(["--out", str(sample)])
-        check_steps(rows, steps, work, profile)
-        rates = {r["image_size"]: r["images_per_s"] for r in profile["rates"]}
-        check_dali(rows, sample, rates)
-        check_allreduce(rows, work, gpus)
-        ckpt = check_e2e(rows, sample, work, gpus)
-        check_eval(rows, ckpt, sample, work, native_bf16(torch.cuda.get_device_capability(0)))
+        if {"dali", "e2e", "eval"} & set(parts):
+            make_sample(["--out", str(sample)])
+        if "steps" in parts:
+            check_steps(rows, steps, work, profile)
+        if "dali" in parts:
+            check_dali(rows, sample, {r["image_size"]: r["images_per_s"] for r in profile["rates"]})
+        if "allreduce" in parts:
+            check_allreduce(rows, work, gpus)
+        if "e2e" in parts:
+            ckpt = check_e2e(rows, sample, work, gpus)
+        if "eval" in parts:
+            check_eval(rows, ckpt, sample, work, native_bf16(torch.cuda.get_device_capability(0)))
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="gpu_check.json", help="write the rows as JSON here (gpu_profile.json beside it)")
-    ap.add_argument("--steps", type=int, default=20, help="timed training steps per round (check 2)")
+    ap.add_argument("--steps", type=int, default=25, help="timed training steps per round (the step rows)")
+    ap.add_argument(
+        "--parts",
+        nargs="+",
+        choices=list(PARTS),
+        default=list(PARTS),
+        help="run only these parts (and the parts they need: dali needs steps, eval needs e2e); default: all",
+    )
     ap.add_argument(
         "--work", help="keep the sample data, runs and logs in a new folder inside this one (default: temporary)"
     )
     args = ap.parse_args(argv)
+    parts = with_needs(args.parts)
     outcome = probe()
     if outcome.kind != "run":
         print(outcome.line)
@@ -95,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     t0 = time.perf_counter()
     try:
-        run_checks(rows, work, args.steps, gpus, profile)
+        run_checks(rows, work, args.steps, gpus, profile, parts)
     except Exception as e:  # noqa: BLE001 - whatever stopped the check is a failed row, and the table still prints
         rows.append(row("gpu-check", f"fail: {type(e).__name__}: {e}"))
     finally:
@@ -106,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         ref = f"{gpus} GPU(s); per-row seconds in the last column"
         if setup:
             ref += "; not counted: " + ", ".join(f"{k} {v:.0f} s" for k, v in SETUP_SECONDS.items())
-        rows.append(judged("the whole check", seconds - setup, "s", at_most=BUDGET_S, reference=ref))
+        name = "the whole check" if parts == list(PARTS) else f"the check's parts: {' '.join(parts)}"
+        rows.append(judged(name, seconds - setup, "s", at_most=BUDGET_S, reference=ref))
         if profile["rates"]:
             write_profile(out.with_name("gpu_profile.json"), profile["rates"], dtype)
         report = {
@@ -117,13 +146,16 @@ def main(argv: list[str] | None = None) -> int:
             "cuda": torch.version.cuda,
             "date": time.strftime("%Y-%m-%d"),
             "seconds": seconds,
+            "parts": parts,
             "work": str(work),
             "rows": rows,
         }
         out.write_text(json.dumps(report, indent=2) + "\n")
         print(
             f"### GPU check: {report['gpu']} x{gpus}, torch {torch.__version__} (CUDA {torch.version.cuda}), "
-            f"{report['date']}, {seconds:.0f} s\n"
+            f"{report['date']}, {seconds:.0f} s"
+            + ("" if parts == list(PARTS) else f"; parts: {' '.join(parts)}")
+            + "\n"
         )
         print(markdown_table(rows))
         if tmp is not None:

@@ -101,8 +101,9 @@ def fake_gpu(monkeypatch):
 
 
 def test_a_failed_row_exits_1_and_every_row_prints_its_threshold(fake_gpu, monkeypatch, tmp_path, capsys):
-    def checks(rows, work, steps_, gpus, profile):
-        rows.append(steps.step_row("train step x", 90.0, 100.0))  # 10% slower than the bare loop
+    def checks(rows, work, steps_, gpus, profile, parts):
+        slow = steps.StepTiming([90.0, 91.0, 89.0], [100.0, 100.0, 100.0], kernel_ms=1.5)  # 10% slower than bare
+        rows.append(steps.step_row("train step x", slow, 256))
         profile["rates"].append({"image_size": 96, "batch_size": 256, "images_per_s": 90.0})
 
     monkeypatch.setattr(gpu_check, "run_checks", checks)
@@ -110,10 +111,12 @@ def test_a_failed_row_exits_1_and_every_row_prints_its_threshold(fake_gpu, monke
     assert gpu_check.main(["--out", str(out), "--work", str(tmp_path / "w")]) == 1
     report = json.loads(out.read_text())
     first, whole = report["rows"]
-    assert first["result"] == "fail: 90 < 97" and first["threshold"] == ">= 97 img/s per GPU"
+    assert first["result"] == "fail: 10 > 3" and first["threshold"] == "<= 3 % slower than bare loop"
+    assert "trainer 90 img/s per GPU (rounds 89-91)" in first["reference"]
+    assert "GPU kernels 1.5 of 2560.0 ms per step" in first["reference"]
     assert whole["name"] == "the whole check" and whole["result"] == "pass" and whole["threshold"] == "<= 480 s"
     table = capsys.readouterr().out
-    assert "| train step x | fail: 90 < 97 | 90 | img/s per GPU | >= 97 img/s per GPU |" in table
+    assert "| train step x | fail: 10 > 3 | 10 | % slower than bare loop | <= 3 % slower than bare loop |" in table
     profile = json.loads((tmp_path / "gpu_profile.json").read_text())
     assert set(profile) == {"gpu", "torch", "date", "commit", "model", "channels_last", "dtype", "rates"}
     assert profile["gpu"] == "NVIDIA A100-SXM4-80GB" and profile["model"] == "resnet50_tweaked"
@@ -125,7 +128,7 @@ def test_a_failed_row_exits_1_and_every_row_prints_its_threshold(fake_gpu, monke
 def test_a_rerun_into_the_same_work_starts_from_nothing(fake_gpu, monkeypatch, tmp_path):
     seen = []
 
-    def checks(rows, work, steps_, gpus, profile):
+    def checks(rows, work, steps_, gpus, profile, parts):
         seen.append((work, sorted(work.iterdir())))
         runs.fresh(work / "run-ddp").mkdir()  # what a run leaves behind
         rows.append(judged("x", 1.0, "", at_least=1.0))
@@ -187,8 +190,30 @@ def test_a_world_of_one_that_moved_nothing_fails(tmp_path):
 
 
 def test_thresholds_can_fail():
-    assert steps.step_row("s", 97.5, 100.0)["result"] == "pass"
-    assert steps.step_row("s", 96.0, 100.0)["result"] == "fail: 96 < 97"
+    assert steps.step_row("s", steps.StepTiming([97.5], [100.0]), 256)["result"] == "pass"
+    assert steps.step_row("s", steps.StepTiming([96.0], [100.0]), 256)["result"] == "fail: 4 > 3"
+
+
+def test_the_overhead_is_judged_on_paired_rounds():
+    """A drift that slows both sides of a round cancels: the medians of each side alone would show 9%."""
+    t = steps.StepTiming(ours=[100.0, 90.0, 80.0, 99.0, 89.0], bare=[101.0, 91.0, 81.0, 100.0, 90.0])
+    assert round(t.overhead_pct, 2) == 1.1 and t.rate == 90.0 and t.bare_rate == 91.0
+    assert steps.step_row("s", t, 256)["result"] == "pass"
+    slower = steps.StepTiming(ours=[95.0, 96.0, 94.0], bare=[100.0, 100.0, 100.0])
+    assert steps.step_row("s", slower, 256)["result"] == "fail: 5 > 3"
+
+
+def test_parts_bring_what_they_need(fake_gpu, monkeypatch, tmp_path, capsys):
+    assert gpu_check.with_needs(["eval"]) == ["e2e", "eval"]
+    assert gpu_check.with_needs(["dali", "allreduce"]) == ["steps", "dali", "allreduce"]
+    assert gpu_check.with_needs(list(gpu_check.PARTS)) == list(gpu_check.PARTS)
+    ran = []
+    monkeypatch.setattr(gpu_check, "run_checks", lambda rows, work, s, g, profile, parts: ran.append(parts))
+    assert gpu_check.main(["--out", str(tmp_path / "g.json"), "--parts", "steps"]) == 0
+    report = json.loads((tmp_path / "g.json").read_text())
+    assert ran == [["steps"]] and report["parts"] == ["steps"]
+    assert report["rows"][-1]["name"] == "the check's parts: steps"
+    assert "; parts: steps" in capsys.readouterr().out
     assert judged("w", 2e-3, "max |w| diff", at_most=1e-4)["result"] == "fail: 0.002 > 0.0001"
     assert judged("w", float("nan"), "x", at_most=1.0)["result"] == "fail: no number"
     assert judged("w", 0.0, "x", at_most=1.0, why="moved 0 bytes")["result"] == "fail: moved 0 bytes"
@@ -198,11 +223,11 @@ def test_thresholds_can_fail():
 
 
 def test_bf16_only_where_native_and_rn50_against_nvidia(fake_gpu, monkeypatch, tmp_path):
-    calls = []
+    calls, timing = [], steps.StepTiming
 
     def measure(model, optim, amp, *, size, batch, steps, work):  # measure_step's signature
         calls.append((model, optim, amp, size, batch))
-        return 1000.0, 1010.0
+        return timing([1000.0], [1010.0], kernel_ms=2.0)
 
     monkeypatch.setattr(steps, "measure_step", measure)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "Tesla V100-SXM2-16GB")
@@ -218,6 +243,7 @@ def test_bf16_only_where_native_and_rn50_against_nvidia(fake_gpu, monkeypatch, t
     assert rows[-1]["result"] == "fail: 1,000 < 1,080"  # 90% of ~1,200 img/s
     assert [r["image_size"] for r in profile["rates"]] == [96, 128, 224, 288]
     assert [r["batch_size"] for r in profile["rates"]] == [256, 256, 256, 128]
+    assert all(r["kernel_ms_per_step"] == 2.0 and r["images_per_s"] == 1000.0 for r in profile["rates"])
     assert all(r["seconds"] is not None for r in rows if not r["result"].startswith("skip"))
     calls.clear()
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (9, 0))
@@ -334,6 +360,7 @@ def test_trainer_and_bare_loop_run_on_one_prebuilt_batch(monkeypatch, tmp_path):
 
     monkeypatch.setattr(synthetic.SyntheticPipeline, "train_batches", counting)
     with pytest.warns(UserWarning):  # CUDA autocast and GradScaler disabled on the CPU
-        ours, bare = steps.measure_step("resnet10t", "sgd", "bf16", size=32, batch=8, steps=2, work=tmp_path)
-    assert ours > 0 and bare > 0
+        t = steps.measure_step("resnet10t", "sgd", "bf16", size=32, batch=8, steps=2, work=tmp_path, rounds=2)
+    assert len(t.ours) == len(t.bare) == 2 and min(t.ours + t.bare) > 0
+    assert t.kernel_ms is None  # no CUDA: nothing to profile
     assert made == [0]  # one batch taken before the clock; the 4 timed epochs never asked the input for more
