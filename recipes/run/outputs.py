@@ -66,11 +66,16 @@ class RunOutputs:
 
     def progress(self, step: int, epoch: int) -> None:
         if self.dist.is_main:
-            self._keep_going(write_json, self.dir / files.PROGRESS, {"step": step, "epoch": epoch}, None)
+            # a hint (how many steps a restart redoes), written every log window: no fsync stalling the loop
+            self._keep_going(self._hint, self.dir / files.PROGRESS, {"step": step, "epoch": epoch})
 
     def history(self, rows: list[dict]) -> None:
         if self.dist.is_main:
             self._keep_going(write_tsv, self.dir / files.TSV, rows)
+
+    @staticmethod
+    def _hint(path: Path, value: dict) -> None:
+        write_json(path, value, None, durable=False)
 
     @staticmethod
     def _keep_going(write, path: Path, *args) -> None:

@@ -1,8 +1,9 @@
 """Every file a training writes into its run directory goes through here: no symlink followed, never half-written.
 
 A file is written to a temp file in the same directory (opened with O_NOFOLLOW | O_EXCL, so a planted link is never
-written through), fsynced and renamed over its name; a name that is a symbolic link is refused with one line that
-names it (the rename would replace the link, but a planted link means someone else uses the directory). A writer
+written through), fsynced and renamed over its name. progress.json, a hint rewritten at every log window, skips the
+fsync, which would stall the training loop for milliseconds. A name that is a symbolic link is refused with one line
+that names it (the rename would replace the link, but a planted link means someone else uses the directory). A writer
 killed between the temp file and the rename leaves `.<name>.tmp<pid>`: `remove_stale_temps` deletes them when the
 next training takes the directory's lock. JSON is strict: NaN and infinities are written as null, never as the
 `NaN` that JSON readers refuse.
@@ -36,8 +37,10 @@ def refuse_link(path: Path) -> None:
         )
 
 
-def write_atomic(path: str | Path, data: bytes | str) -> None:
-    """Write `data` as `path`: the old complete file or the new complete file, never a mix, never through a link."""
+def write_atomic(path: str | Path, data: bytes | str, *, durable: bool = True) -> None:
+    """Write `data` as `path`: the old complete file or the new complete file, never a mix, never through a link.
+
+    durable=False skips the fsync: after a power loss the file may be the old one (the rename is still atomic)."""
     path = Path(path)
     refuse_link(path)
     if isinstance(data, str):
@@ -49,7 +52,8 @@ def write_atomic(path: str | Path, data: bytes | str) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -71,8 +75,8 @@ def to_json(value, indent: int | None = 1) -> str:
     return json.dumps(finite(value), indent=indent, allow_nan=False) + "\n"
 
 
-def write_json(path: str | Path, value, indent: int | None = 1) -> None:
-    write_atomic(path, to_json(value, indent))
+def write_json(path: str | Path, value, indent: int | None = 1, *, durable: bool = True) -> None:
+    write_atomic(path, to_json(value, indent), durable=durable)
 
 
 def remove_stale_temps(run_dir: Path) -> list[str]:
