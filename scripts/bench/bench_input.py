@@ -99,6 +99,20 @@ class Meter:
         return self.images / self.wall, 1000 * self.cpu / self.images
 
 
+def standalone_input(overrides: list[str], device: torch.device):
+    """(config, input pipeline) of configs/base.yaml with `overrides`, for one process on `device`."""
+    cfg = load_config(ROOT / "configs" / "base.yaml", overrides)
+    pipe = create_input(
+        cfg.data,
+        DistInfo(0, 1, 0, 1, device),
+        phases=cfg.phases,
+        seed=cfg.run.seed,
+        channels_last=cfg.run.channels_last,
+        amp=cfg.run.amp,
+    )
+    return cfg, pipe
+
+
 def pipeline_run(backend: str, size: int, args, device: torch.device, copy: Path | None = None) -> tuple[float, float]:
     """The project's own pipeline (create_input), reading the full-size data or, as a phase would, the copy."""
     phase = f"{{epochs: 1, image_size: {size}, batch_size: {BATCH}, root: {'small' if copy else 'full'}}}"
@@ -109,15 +123,7 @@ def pipeline_run(backend: str, size: int, args, device: torch.device, copy: Path
         f"phases=[{phase}]",
         "run.seed=1",
     ] + ([f"data.roots={{small: {copy}}}"] if copy else [])
-    cfg = load_config(ROOT / "configs" / "base.yaml", overrides)
-    pipe = create_input(
-        cfg.data,
-        DistInfo(0, 1, 0, 1, device),
-        phases=cfg.phases,
-        seed=cfg.run.seed,
-        channels_last=cfg.run.channels_last,
-        amp=cfg.run.amp,
-    )
+    cfg, pipe = standalone_input(overrides, device)
     info = EpochInfo(0, 0, cfg.phases[0], 0, math.ceil(pipe.num_train / BATCH))  # every image once
     if backend == "dali":
         # The trainer builds a DALI pipeline once per phase and then streams epoch after epoch: measure an epoch

@@ -16,7 +16,6 @@ from pathlib import Path
 from scripts.gpu_check.gpu_check_env import REFERENCE_FRACTION, native_bf16, rn50_reference
 from scripts.gpu_check.gpu_check_rows import guard, judged, row
 
-ROOT = Path(__file__).resolve().parents[2]
 SIZES = (96, 128, 224, 288)
 # Per-GPU batch of each size: the 158 s record's global batch over its 128 GPUs (32768, and 16384 at 288 px).
 BATCH = {96: 256, 128: 256, 224: 256, 288: 128}
@@ -249,10 +248,8 @@ def check_dali(rows: list[dict], sample: Path, rates: dict[int, float]) -> None:
     the training step's rate at that size (`rates`, from check_steps) where one was measured."""
     import torch
 
-    from data import create_input
-    from recipes.config import load_config
-    from recipes.distributed import DistInfo
     from recipes.schedule import EpochInfo
+    from scripts.bench.bench_input import standalone_input
 
     dev = torch.device("cuda", 0)
     batch = 64
@@ -260,18 +257,8 @@ def check_dali(rows: list[dict], sample: Path, rates: dict[int, float]) -> None:
         label = f"DALI mixed decode + random-resized-crop {size}px (sample JPEGs)"
         with guard(rows, label):
             phase = f"{{epochs: 2, image_size: {size}, batch_size: {batch}}}"
-            cfg = load_config(
-                ROOT / "configs" / "base.yaml",
-                ["data.backend=dali", f"data.root={sample}", f"data.workers={DALI_WORKERS}", f"phases=[{phase}]"],
-            )
-            pipe = create_input(
-                cfg.data,
-                DistInfo(0, 1, 0, 1, dev),
-                phases=cfg.phases,
-                seed=cfg.run.seed,
-                channels_last=cfg.run.channels_last,
-                amp=cfg.run.amp,
-            )
+            over = ["data.backend=dali", f"data.root={sample}", f"data.workers={DALI_WORKERS}", f"phases=[{phase}]"]
+            cfg, pipe = standalone_input(over, dev)
             first = EpochInfo(0, 0, cfg.phases[0], 0, math.ceil(pipe.num_train / batch))
             for _ in pipe.train_batches(first):  # epoch 0: builds the pipeline and fills its queue
                 pass
@@ -303,17 +290,8 @@ def check_dali(rows: list[dict], sample: Path, rates: dict[int, float]) -> None:
     label = "DALI mixed rect validation (each image once)"
     with guard(rows, label):
         phase = "{epochs: 1, image_size: 128, batch_size: 64, rect_val: true}"
-        cfg = load_config(
-            ROOT / "configs" / "base.yaml",
-            ["data.backend=dali", f"data.root={sample}", "data.workers=4", f"phases=[{phase}]"],
-        )
-        pipe = create_input(
-            cfg.data,
-            DistInfo(0, 1, 0, 1, dev),
-            phases=cfg.phases,
-            seed=cfg.run.seed,
-            channels_last=cfg.run.channels_last,
-            amp=cfg.run.amp,
+        cfg, pipe = standalone_input(
+            ["data.backend=dali", f"data.root={sample}", "data.workers=4", f"phases=[{phase}]"], dev
         )
         n = sum(x.shape[0] for x, _ in pipe.val_batches(cfg.phases[0]))
         expected = pipe.num_val
