@@ -1056,6 +1056,22 @@ def out_of_sample_lines(path: str | Path, prof: GradProfile) -> list[str]:
     return lines
 
 
+def out_of_sample_step_lines(path: str | Path, prof: GradProfile) -> list[str]:
+    """The model's per-step terms (ms) of every out-of-sample segment, with the software each entry ran."""
+    keys = ("compute", "step floor", "intra-host", "exposed comm", "sync", "small collectives")
+    lines = [
+        "| entry | software (allreduce) | px | batch/GPU | " + " | ".join(f"{k} ms" for k in keys) + " | step ms |",
+        "|---|---|---:|---:|" + "---:|" * (len(keys) + 1),
+    ]
+    for r in out_of_sample(path, prof):
+        sw = ENTRY_SOFTWARE[r["software"]]
+        for i, (size, batch, ms) in enumerate(r["step_ms"]):
+            head = f"{r['source'].split('.json')[0]} | {sw.backend.label}" if i == 0 else " | "
+            cells = " | ".join(f"{ms[k]:.1f}" for k in keys)
+            lines.append(f"| {head} | {size} | {batch} | {cells} | {sum(ms[k] for k in keys):.0f} |")
+    return lines
+
+
 def calibrated_compute(cfg, specs, world: int, gpus_per_host: int, device_name: str | None) -> tuple:
     """(stepmodel.Compute or None, what it is): one GPU's step at the run's first image size and per-GPU batch, from
     recipes/timemodel.py's calibrated rates of the run's GPU (comm.gpu_profile: measured ones), with the gradient-
