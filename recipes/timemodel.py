@@ -71,10 +71,15 @@ class GpuRates:
 
     floor_source: str = ""  # where the step floor comes from (the rate table; see step_floor)
     floor_steps: tuple[float, ...] | None = None  # the floor measured elsewhere on the same host (None: the table's)
+    # False: the table comes from another software stack (no floor in its steps), so its rates are the GPU's own and
+    # the floor only bounds them from below
+    floor_in_table: bool = True
 
     @functools.cached_property
     def _split(self) -> tuple[tuple[Rate, ...], tuple[float, ...]]:
         """(the GPU's own rates, the floor's steps): see split_floor."""
+        if not self.floor_in_table:
+            return tuple(sorted(self.rates, key=lambda r: r.image_size)), tuple(self.floor_steps or ())
         return split_floor(self.rates, self.floor_steps)
 
     @property
@@ -128,9 +133,9 @@ def split_floor(
     The evidence of a floor: at the same per-GPU batch, a smaller image's step is not shorter than a larger one's
     (the GPU's arithmetic shrinks with the pixels; this step did not). Those steps are the floor, unless
     `floor_steps` gives it (measured on the same host and trainer). A point whose step is within the floor's
-    spread is floor-bound: its GPU time, hidden under the floor, becomes the per-pixel share of the next larger
-    GPU-bound point (the most the GPU's arithmetic can shrink; a lower bound, as small images use the GPU less
-    well). Returns (the GPU's rates, the floor's steps in seconds)."""
+    spread (and its own uncertainty) is floor-bound: its GPU time, hidden under the floor, becomes the per-pixel
+    share of the next larger GPU-bound point (the most the GPU's arithmetic can shrink; a lower bound, as small
+    images use the GPU less well). Returns (the GPU's rates, the floor's steps in seconds)."""
     pts = sorted(rates, key=lambda r: r.image_size)
     step = {r.image_size: r.batch_size / r.images_per_s for r in pts}
     if floor_steps is None:
@@ -146,7 +151,7 @@ def split_floor(
     ref = pts[-1]
     for i in range(len(pts) - 2, -1, -1):
         r = pts[i]
-        if step[r.image_size] <= max(floor_steps):  # at the floor, within its measured spread
+        if step[r.image_size] <= max(floor_steps) * (1 + r.uncertainty):  # at the floor, within the spreads
             per_pixel = (r.image_size / ref.image_size) ** 2 / ref.images_per_s  # seconds per image
             gpu[i] = Rate(r.image_size, r.batch_size, 1.0 / per_pixel, r.uncertainty)
         else:
@@ -203,6 +208,7 @@ PUBLISHED: dict[str, GpuRates] = {
         f"{_DLE}: 8x V100 16 GB 8,322 img/s vs 1x 1,200",
         floor_source=_HOST_FLOOR,
         floor_steps=HOST_FLOOR_STEPS,
+        floor_in_table=False,
     ),
     "v100-32gb": GpuRates(
         "v100-32gb",
@@ -213,6 +219,7 @@ PUBLISHED: dict[str, GpuRates] = {
         f"{_DLE}: 8x V100 32 GB 8,056 img/s vs 1x 1,156",
         floor_source=_HOST_FLOOR,
         floor_steps=HOST_FLOOR_STEPS,
+        floor_in_table=False,
     ),
     "a100": GpuRates(
         "a100",
@@ -224,6 +231,7 @@ PUBLISHED: dict[str, GpuRates] = {
         f"{_DLE}: 8x A100 80 GB 16,621 img/s vs 1x 2,470",
         floor_source=_HOST_FLOOR,
         floor_steps=HOST_FLOOR_STEPS,
+        floor_in_table=False,
     ),
     "v100-tf-xla": GpuRates(
         "v100-tf-xla",
