@@ -1095,10 +1095,13 @@ def calibrated_compute(cfg, specs, world: int, gpus_per_host: int, device_name: 
         return None, "no calibrated compute on the CPU"
     else:
         gpu = gpu_for_device(device_name)
-        if gpu is None or cfg.run.amp not in PUBLISHED[gpu].dtypes:
-            why = f"no published rates for {device_name} with run.amp={cfg.run.amp}"
+        try:
+            rates = published(gpu, cfg.run.amp) if gpu is not None else None
+        except ValueError:
+            rates = None
+        if rates is None:
+            why = f"no published or measured rates for {device_name} with run.amp={cfg.run.amp}"
             return None, f"{why} (comm.gpu_profile takes make gpu-check's file)"
-        rates = published(gpu, cfg.run.amp)
     phase = schedule_phases(cfg, world)[0]
     prof = profile_model(cfg.model.name)
     if len(prof.ready) != len(specs):  # another model than the profiled one: no gradient is ready before the end
