@@ -1,13 +1,17 @@
 """How long a schedule takes on a cluster: a time model with every cost a term of its own, calibrated on published runs.
 
 A phase of the schedule costs, per step (training clock):
-    compute       one GPU's full training step at the phase's image size and batch, from a rate table per GPU
-                  (published PyTorch figures, or a profile measured by `make gpu-check`): per resolution, not per pixel
+    compute       the GPU's own arithmetic for a full training step at the phase's image size and batch, from a
+                  rate table per GPU (published PyTorch figures, the H200 measured here, or a `make gpu-check`
+                  profile): per resolution, not per pixel
+    step floor    the part of the step the GPU waits for the host: a step costs max(arithmetic, floor), the floor
+                  found in a rate table without a fit (split_floor: small images whose steps stop shrinking)
     intra-host    the same step inside a host of G GPUs: they share the host's CPUs, PCIe and NVLink (published
                   1-GPU vs 8-GPU throughput of the same code)
     exposed comm  the inter-host allreduce that backward does not hide (recipes/comm/stepmodel.py, per backend)
     sync          every step ends in a collective that waits for the slowest of N GPUs: a GPU's step-time jitter
                   sigma costs sigma x (sqrt(2 ln N) - sqrt(2 ln G)) more on H hosts than on one
+    small coll.   latency-bound collectives besides the gradients' (none in this trainer; old published code)
 and, per phase, the input pipeline's rebuild and the autotuning of new convolution shapes when the image size or
 batch changes. The wall clock adds, per epoch, the BN-statistics allreduce and validation, and once the start-up.
 DAWNBench's training clock (the TSV's hours) stops during validation and starts after start-up: in both Alibaba
