@@ -1,13 +1,17 @@
 """How long a schedule takes on a cluster: a time model with every cost a term of its own, calibrated on published runs.
 
 A phase of the schedule costs, per step (training clock):
-    compute       one GPU's full training step at the phase's image size and batch, from a rate table per GPU
-                  (published PyTorch figures, or a profile measured by `make gpu-check`): per resolution, not per pixel
+    compute       the GPU's own arithmetic for a full training step at the phase's image size and batch, from a
+                  rate table per GPU (published PyTorch figures, the H200 measured here, or a `make gpu-check`
+                  profile): per resolution, not per pixel
+    step floor    the part of the step the GPU waits for the host: a step costs max(arithmetic, floor), the floor
+                  found in a rate table without a fit (split_floor: small images whose steps stop shrinking)
     intra-host    the same step inside a host of G GPUs: they share the host's CPUs, PCIe and NVLink (published
                   1-GPU vs 8-GPU throughput of the same code)
     exposed comm  the inter-host allreduce that backward does not hide (recipes/comm/stepmodel.py, per backend)
     sync          every step ends in a collective that waits for the slowest of N GPUs: a GPU's step-time jitter
                   sigma costs sigma x (sqrt(2 ln N) - sqrt(2 ln G)) more on H hosts than on one
+    small coll.   latency-bound collectives besides the gradients' (none in this trainer; old published code)
 and, per phase, the input pipeline's rebuild and the autotuning of new convolution shapes when the image size or
 batch changes. The wall clock adds, per epoch, the BN-statistics allreduce and validation, and once the start-up.
 DAWNBench's training clock (the TSV's hours) stops during validation and starts after start-up: in both Alibaba
@@ -69,10 +73,42 @@ class GpuRates:
     phase_change_source: str = "estimate (DALI pipeline rebuild and prefetch refill); not yet measured on a GPU"
     autotune_source: str = "estimate (cudnn.benchmark times each algorithm once per new conv shape); not yet measured"
 
+    floor_source: str = ""  # where the step floor comes from (the rate table; see step_floor)
+    floor_steps: tuple[float, ...] | None = None  # the floor measured elsewhere on the same host (None: the table's)
+    # False: the table comes from another software stack (no floor in its steps), so its rates are the GPU's own and
+    # the floor only bounds them from below
+    floor_in_table: bool = True
+
+    @functools.cached_property
+    def _split(self) -> tuple[tuple[Rate, ...], tuple[float, ...]]:
+        """(the GPU's own rates, the floor's steps): see split_floor."""
+        if not self.floor_in_table:
+            return tuple(sorted(self.rates, key=lambda r: r.image_size)), tuple(self.floor_steps or ())
+        return split_floor(self.rates, self.floor_steps)
+
+    @property
+    def step_floor(self) -> tuple[float, float, float]:
+        """(low, mid, high) seconds: a full step is never shorter, whatever the pixels (host-side dispatch of every
+        layer's kernels and the optimizer's; see split_floor). (0, 0, 0) where no table point runs at a floor."""
+        steps = self._split[1]
+        if not steps:
+            return 0.0, 0.0, 0.0
+        mid = sum(steps) / len(steps)
+        if len(steps) == 1:
+            u = min(r.uncertainty for r in self.rates)
+            return mid * (1 - u), mid, mid * (1 + u)
+        return min(steps), mid, max(steps)
+
+    def step_s(self, image_size: int, batch: int) -> float:
+        """One GPU's full step: the GPU's arithmetic or the step floor, whichever is longer (the host runs ahead of
+        the GPU: the trainer does not wait for a step's end before dispatching the next)."""
+        return max(batch * self.per_image_s(image_size), self.step_floor[1])
+
     def per_image_s(self, image_size: int) -> float:
-        """Seconds per image at `image_size`: linear in the pixel count between table points (a fixed part per
-        image plus a part per pixel), the nearest segment's line outside them."""
-        pts = sorted({r.image_size: 1.0 / r.images_per_s for r in self.rates}.items())
+        """The GPU's own seconds per image at `image_size` (floor-bound table points replaced, see split_floor):
+        linear in the pixel count between table points (a fixed part per image plus a part per pixel), the
+        nearest segment's line outside them."""
+        pts = sorted({r.image_size: 1.0 / r.images_per_s for r in self._split[0]}.items())
         if len(pts) == 1:
             return pts[0][1] * (image_size / pts[0][0]) ** 2
         p = image_size**2
@@ -91,6 +127,46 @@ class GpuRates:
         near = [by_size[max(below)]] if below else []
         near += [by_size[min(above)]] if above else []
         return max(near) * (1.0 if below and above else 1.5)
+
+
+def split_floor(
+    rates: tuple[Rate, ...], floor_steps: tuple[float, ...] | None = None
+) -> tuple[tuple[Rate, ...], tuple[float, ...]]:
+    """Separate the step floor from the GPU's arithmetic in a rate table; no number is fitted.
+
+    The evidence of a floor: at the same per-GPU batch, a smaller image's step is not shorter than a larger one's
+    (the GPU's arithmetic shrinks with the pixels; this step did not). Those steps are the floor, unless
+    `floor_steps` gives it (measured on the same host and trainer). A point whose step is within the floor's
+    spread (and its own uncertainty) is floor-bound: its GPU time, hidden under the floor, becomes the per-pixel
+    share of the next larger GPU-bound point (the most the GPU's arithmetic can shrink; a lower bound, as small
+    images use the GPU less well). Returns (the GPU's rates, the floor's steps in seconds)."""
+    pts = sorted(rates, key=lambda r: r.image_size)
+    step = {r.image_size: r.batch_size / r.images_per_s for r in pts}
+    if floor_steps is None:
+        found: set[int] = set()
+        for i, small in enumerate(pts):
+            for large in pts[i + 1 :]:
+                if small.batch_size == large.batch_size and step[small.image_size] >= step[large.image_size]:
+                    found |= {small.image_size, large.image_size}
+        floor_steps = tuple(step[s] for s in sorted(found))
+    if not floor_steps:
+        return tuple(pts), ()
+    gpu = list(pts)
+    ref = pts[-1]
+    for i in range(len(pts) - 2, -1, -1):
+        r = pts[i]
+        if step[r.image_size] <= max(floor_steps) * (1 + r.uncertainty):  # at the floor, within the spreads
+            per_pixel = (r.image_size / ref.image_size) ** 2 / ref.images_per_s  # seconds per image
+            gpu[i] = Rate(r.image_size, r.batch_size, 1.0 / per_pixel, r.uncertainty)
+        else:
+            ref = r
+    return tuple(gpu), tuple(floor_steps)
+
+
+FLOOR_WHY = (
+    "the shortest step in the table, where the GPU's per-pixel arithmetic would be shorter: a cost per step that "
+    "does not shrink with the pixels"
+)
 
 
 # Alibaba's 1 x 8 V100 entry (ImageNet/train/alibabacloud_resnet50_gn6e_1_machine_tensorflow.tsv, TensorFlow 2.1 +
@@ -114,6 +190,15 @@ def _alibaba_shape(level_224: float, unc_224: float, unc_other: float) -> tuple[
     )
 
 
+# The step floor of this repository's trainer (PyTorch eager, resnet50_tweaked, hybrid optimizer) on a 16-core host:
+# the floor-bound steps of the H200 profile (96 and 128 px at 256 per GPU; tests check them against the file). It
+# is set on the host (Python dispatch and kernel launches of ~160 layers forward and backward, and the optimizer),
+# so it holds for this trainer on any GPU whose arithmetic is shorter; an older or busier host has a higher one.
+HOST_FLOOR_STEPS = (256 / 6799.6, 256 / 7377.1)
+_HOST_FLOOR = (
+    "docs/data/gpu_profile-h200-2026-12-04.json: this trainer's floor-bound steps (96 and 128 px, 256 per GPU) on "
+    "a 16-core host (measured); set on the host, so the same on this GPU"
+)
 _SHAPE = "other sizes in the proportions of Alibaba's 1 x 8 V100 entry (TensorFlow + XLA: fitted, and PyTorch eager "
 _SHAPE += "loses more at small images, hence +-15% there)"
 _DLE = "NVIDIA DeepLearningExamples PyTorch RN50 v1.5 README, pytorch-21.03 container, AMP"
@@ -125,6 +210,9 @@ PUBLISHED: dict[str, GpuRates] = {
         f"{_DLE}: 1x V100 16 GB 1,200 img/s at 224 px, batch 256; {_SHAPE}",
         8322 / (8 * 1200),
         f"{_DLE}: 8x V100 16 GB 8,322 img/s vs 1x 1,200",
+        floor_source=_HOST_FLOOR,
+        floor_steps=HOST_FLOOR_STEPS,
+        floor_in_table=False,
     ),
     "v100-32gb": GpuRates(
         "v100-32gb",
@@ -133,6 +221,9 @@ PUBLISHED: dict[str, GpuRates] = {
         f"{_DLE}: 1x V100 32 GB 1,156 img/s at 224 px, batch 256; {_SHAPE}",
         8056 / (8 * 1156),
         f"{_DLE}: 8x V100 32 GB 8,056 img/s vs 1x 1,156",
+        floor_source=_HOST_FLOOR,
+        floor_steps=HOST_FLOOR_STEPS,
+        floor_in_table=False,
     ),
     "a100": GpuRates(
         "a100",
@@ -142,6 +233,9 @@ PUBLISHED: dict[str, GpuRates] = {
         "per-step costs at small images: +-25%",
         16621 / (8 * 2470),
         f"{_DLE}: 8x A100 80 GB 16,621 img/s vs 1x 2,470",
+        floor_source=_HOST_FLOOR,
+        floor_steps=HOST_FLOOR_STEPS,
+        floor_in_table=False,
     ),
     "v100-tf-xla": GpuRates(
         "v100-tf-xla",
@@ -173,17 +267,83 @@ PUBLISHED["v100-pytorch-2018"] = GpuRates(
     PUBLISHED["v100"].host_efficiency,
     PUBLISHED["v100"].host_source,
 )
-NO_PUBLISHED = {"h100": "no published PyTorch ResNet-50 training figure is in this model's sources"}
+NO_PUBLISHED: dict[str, str] = {}
+
+# Measured on this repository's trainer (`make gpu-check`, one NVIDIA H200, torch 2.11.0+cu130, 16-core host,
+# 2026-12-04): the fp16 profile file, and the bf16 rows of the same check (docs/data/gpu_check-h200-2026-12-04.json,
+# rows "train step resnet50_tweaked bf16 128px b256" and "... 224px b256").
+DATA = Path(__file__).resolve().parent.parent / "docs" / "data"
+H200_PROFILE = DATA / "gpu_profile-h200-2026-12-04.json"
+H200_CHECK = DATA / "gpu_check-h200-2026-12-04.json"
+H200_BF16 = {128: (256, 6722.3), 224: (256, 3780.7)}  # image size: (batch, images/s)
+# H100 SXM against H200: the same Hopper die (132 SMs, the same clocks), 3.35 against 4.8 TB/s of memory bandwidth.
+# A step the GPU bounds runs between 3.35/4.8 = 0.70 (all of it memory-bound) and 1.0 (all of it compute-bound)
+# of the H200's rate: the middle, 0.85, with +-22% of its time covering both ends. A floor-bound step is set on the
+# host: unchanged.
+H100_OF_H200 = (3.35 / 4.8 + 1.0) / 2
+MEASURED = ("h200", "h100")
+
+
+def _bf16_rates(fp16: GpuRates) -> tuple[Rate, ...]:
+    """The check's bf16 rows, and 288 px from the fp16 profile at the bf16/fp16 ratio measured at 224 px (bf16
+    ran 20% slower there: the ratio of the largest measured size, not extrapolated from the floor-bound 128 px)."""
+    out = [Rate(sz, b, ips, 0.03) for sz, (b, ips) in sorted(H200_BF16.items())]
+    f224 = next(r for r in fp16.rates if r.image_size == 224)
+    ratio = H200_BF16[224][1] / f224.images_per_s
+    out += [Rate(r.image_size, r.batch_size, r.images_per_s * ratio, 0.05) for r in fp16.rates if r.image_size > 224]
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=8)
+def measured(gpu: str, dtype: str) -> GpuRates:
+    """The H200's measured table (fp16: the profile file; bf16: the check's rows) or the H100's, derived from it."""
+    fp16 = load_gpu_profile(H200_PROFILE)
+    h200 = fp16
+    if dtype == "bf16":  # the floor is the host's: the fp16 profile's, measured on the same host and trainer
+        h200 = dataclasses.replace(
+            fp16,
+            name="NVIDIA H200 bf16 (measured 2026-12-04, torch 2.11.0+cu130)",
+            dtypes=("bf16",),
+            rates=_bf16_rates(fp16),
+            floor_steps=fp16._split[1],
+            source=f"{_shown(H200_CHECK)} (bf16 rows at 128 and 224 px; 288 px: the fp16 profile's x the bf16/fp16 "
+            "ratio measured at 224 px; resnet50_tweaked, channels_last)",
+            floor_source=f"{fp16.floor_source}; the same host and trainer as the bf16 rows",
+        )
+    if gpu == "h200":
+        return h200
+    gpu_rates = h200._split[0]
+    rates = tuple(
+        r if g.images_per_s != r.images_per_s else Rate(r.image_size, r.batch_size, r.images_per_s * H100_OF_H200, 0.22)
+        for r, g in zip(sorted(h200.rates, key=lambda r: r.image_size), gpu_rates, strict=True)
+    )
+    return dataclasses.replace(
+        h200,
+        floor_steps=h200._split[1],
+        name=f"h100 ({dtype}, from the H200's measured rates)",
+        rates=rates,
+        source=f"{h200.source}; H100 SXM = H200 x {H100_OF_H200:.2f} (time +-22%) where the GPU bounds the step "
+        "(the same SMs and clocks, 3.35 against 4.8 TB/s: between 0.70 and 1.0 of the H200's rate), unchanged at "
+        "the floor",
+    )
 
 
 def gpu_names() -> list[str]:
-    return sorted([*PUBLISHED, *NO_PUBLISHED])
+    return sorted([*PUBLISHED, *MEASURED, *NO_PUBLISHED])
 
 
 def published(gpu: str, dtype: str = "fp16") -> GpuRates:
-    """The published rate table of `gpu` (ValueError with a one-line message if none or the dtype does not run)."""
+    """The rate table of `gpu`: published, or measured here (H200; H100 from it). ValueError with a one-line
+    message if there is none or the dtype does not run."""
     if gpu in NO_PUBLISHED:
         raise ValueError(f"--gpu {gpu}: {NO_PUBLISHED[gpu]}; measure it (make gpu-check) and pass --gpu-profile FILE")
+    if gpu in MEASURED:
+        if dtype not in DTYPES:
+            raise ValueError(f"--dtype: {gpu} trains in {', '.join(DTYPES)}, got {dtype!r}")
+        try:
+            return measured(gpu, dtype)
+        except ProfileError as e:
+            raise ValueError(f"--gpu {gpu}: {e}") from None
     if gpu not in PUBLISHED:
         raise ValueError(f"--gpu: expected one of {', '.join(gpu_names())}, got {gpu!r}")
     g = PUBLISHED[gpu]
@@ -193,11 +353,19 @@ def published(gpu: str, dtype: str = "fp16") -> GpuRates:
 
 
 def gpu_for_device(device_name: str) -> str | None:
-    """The published rate table of a CUDA device (torch.cuda.get_device_name), or None when there is none."""
+    """The rate table of a CUDA device (torch.cuda.get_device_name), or None when there is none."""
     n = device_name.lower().replace(" ", "").replace("-", "")
     if "v100" in n:
         return "v100-32gb" if "32gb" in n else "v100"
-    return "a100" if "a100" in n else None
+    return next((g for g in ("a100", "h200", "h100") if g in n), None)
+
+
+def _shown(path: Path) -> str:
+    """`path` relative to the repository when inside it (the same text on every machine)."""
+    try:
+        return str(path.resolve().relative_to(DATA.parent.parent))
+    except ValueError:
+        return str(path)
 
 
 def load_gpu_profile(path: str | Path, host_efficiency: float | None = None) -> GpuRates:
@@ -242,15 +410,17 @@ def load_gpu_profile(path: str | Path, host_efficiency: float | None = None) -> 
                 best[r.image_size] = r
         out = list(best.values())
     name = f"{doc['gpu']} (measured {doc['date']}, torch {doc['torch']}, commit {doc['commit'][:12]})"
-    base = PUBLISHED["a100" if "a100" in doc["gpu"].lower() else "v100"]
+    # an NVSwitch host (A100, H100, H200) shares like the A100's; older ones like the V100's
+    base = PUBLISHED["v100" if "v100" in doc["gpu"].lower() else "a100"]
     eff = host_efficiency if host_efficiency is not None else base.host_efficiency
     return GpuRates(
         name,
         (doc["dtype"],),
         tuple(sorted(out, key=lambda r: r.image_size)),
-        f"{path} ({doc['model']}, {doc['dtype']}, channels_last {doc['channels_last']})",
+        f"{_shown(path)} ({doc['model']}, {doc['dtype']}, channels_last {doc['channels_last']})",
         eff,
         f"one GPU measured; the 8-GPU host's share borrowed from {base.name}: {base.host_source}",
+        floor_source=f"{_shown(path)}: {FLOOR_WHY} (measured)",
     )
 
 
@@ -434,6 +604,17 @@ class Backend:
     name: str  # stepmodel backend
     kwargs: dict = field(default_factory=dict, hash=False, compare=False)
     overlap: bool = True  # False: every gradient ready at backward's end (XLA compiles backward as one cluster)
+    # Latency-bound collectives every step besides the gradients', in passes around a flat ring of all N ranks
+    # (a broadcast 1, an allreduce 2; NCCL before 2.4 had rings only): 0 for this trainer (DDP with
+    # broadcast_buffers=False, no per-step metric allreduce; the finite check is deferred).
+    small_ring_passes: int = 0
+    small_source: str = "none: this trainer runs no per-step collective besides the gradients'"
+
+    def small_collectives_s(self, cluster: Cluster) -> float:
+        """Per step, over the same on one host (the single-host rates include it): (N - 1) ring steps of the
+        per-message latency per pass."""
+        one = (cluster.gpus_per_host - 1) * cluster.latency_s
+        return self.small_ring_passes * ((cluster.world - 1) * cluster.latency_s - one)
 
 
 def schedule_phases(cfg, world: int) -> list[Phase]:
@@ -555,7 +736,7 @@ class Estimate:
 def step_compute(rates: GpuRates, image_size: int, batch: int, gpus_per_host: int, prof: GradProfile) -> sm.Compute:
     """One GPU's calibrated training step at `image_size` and per-GPU `batch` inside a host of `gpus_per_host` GPUs
     (compute plus the intra-host share), split into forward and backward with the profile's gradient-ready times."""
-    step = batch * rates.per_image_s(image_size)
+    step = rates.step_s(image_size, batch)
     if gpus_per_host > 1:
         step /= rates.host_efficiency  # compute + intra-host, as estimate() counts them
     return sm.Compute(step * prof.forward_share, step * (1 - prof.forward_share), prof.ready, 0.0)
@@ -586,8 +767,10 @@ def estimate(
     prof: GradProfile,
     sync: Sync = Sync(),
     startup: StartUp = StartUp(),
+    startup_in_clock: bool = False,
 ) -> Estimate:
-    """Every term of every phase, on the training and wall clocks."""
+    """Every term of every phase, on the training and wall clocks (`startup_in_clock`: the run's clock starts
+    before its set-up, as some published entries' code does)."""
     h, g, n = cluster.hosts, cluster.gpus_per_host, cluster.world
     cu, val = CommUncertainty(), Validation()
     out = []
@@ -596,8 +779,10 @@ def estimate(
         per_img = gpu.per_image_s(ph.image_size)
         u = gpu.uncertainty(ph.image_size)
         compute = ph.batch * per_img
-        intra = compute * (1 / gpu.host_efficiency - 1) if g > 1 else 0.0
-        step = compute + intra
+        flo = gpu.step_floor
+        floor = [max(0.0, f - compute) for f in flo]  # the part of the step the GPU waits for the host
+        intra = (compute + floor[1]) * (1 / gpu.host_efficiency - 1) if g > 1 else 0.0
+        step = compute + floor[1] + intra
         exposed = 0.0
         if h > 1:
             exposed = max(
@@ -605,9 +790,11 @@ def estimate(
                 exposed_comm_s(backend, prof, step, cluster, h) - exposed_comm_s(backend, prof, step, cluster, 1),
             )
         sy = sync.seconds(h, g)
+        small = backend.small_collectives_s(cluster)
         st = ph.steps
         terms = [
             Term("compute", "train", st * compute * (1 - u), st * compute, st * compute * (1 + u), gpu.source),
+            Term("step floor", "train", *(st * f for f in floor), gpu.floor_source or FLOOR_WHY),
             Term(
                 "intra-host",
                 "train",
@@ -625,6 +812,7 @@ def estimate(
                 f"{backend.label}: {cu.source}",
             ),
             Term("sync", "train", st * sy * sync.low_high[0], st * sy, st * sy * sync.low_high[1], sync.source),
+            Term("small collectives", "train", st * small * 0.5, st * small, st * small * 2.0, backend.small_source),
         ]
         shape = (ph.image_size, ph.batch)
         changed = i > 0 and shape != prev_shape
@@ -643,12 +831,15 @@ def estimate(
             Term("BN allreduce", "wall", bn * 0.5, bn, bn * 3.0, BnAllreduce().source),
         ]
         if i == 0:
-            terms.append(Term("start-up", "wall", *startup.seconds, startup.source))
+            clock = "train" if startup_in_clock else "wall"
+            terms.append(Term("start-up", clock, *startup.seconds, startup.source))
         step_ms = {
             "compute": compute * 1e3,
+            "step floor": floor[1] * 1e3,
             "intra-host": intra * 1e3,
             "exposed comm": exposed * 1e3,
             "sync": sy * 1e3,
+            "small collectives": small * 1e3,
         }
         out.append(PhaseEstimate(ph, terms, step_ms))
     return Estimate(backend.label, gpu.name, cluster, out)
@@ -770,22 +961,73 @@ def predict(
 # Out of sample: published multi-host V100 entries the model was not fitted on.
 
 
-def out_of_sample(path: str | Path, prof: GradProfile) -> list[dict]:
-    """Each entry of `path` (tests/data/dawnbench_entries/out_of_sample.json) against the model, per image size.
+@dataclass(frozen=True)
+class EntrySoftware:
+    """What an out-of-sample entry ran, from its JSON and its code: the rate table, the allreduce, the per-flow cap."""
 
-    Compute from fast.ai's own 1 x 8 entry (its era's software), PyTorch DDP with fp16 gradients, 25 Gbit/s per
-    host, 10 Gbit/s per flow (AWS's single-flow limit in a cluster placement group)."""
+    gpu: str
+    backend: Backend
+    flow_gbit: float | None
+    source: str
+    startup_in_clock: bool = False
+    startup_source: str = "the clock starts after set-up"
+
+
+ENTRY_SOFTWARE = {
+    # fast.ai's imagenet18 (training/train_imagenet_nv.py, diux-dev/imagenet18) on PyTorch 0.4/0.5 and NCCL 2.2:
+    # torch.nn.parallel.DistributedDataParallel with the NCCL backend reduces all gradients in one step after
+    # backward (_register_nccl_grad_hook: 256 MB buckets, nothing overlapped), broadcasts the BN buffers from rank 0
+    # in every forward (_sync_params, one ring pass) and the loop all-reduces its metrics every step and copies
+    # them to the host (dist_utils.sum_tensor(metrics).cpu(), two passes). NCCL 2.2 had rings only (trees: 2.4).
+    "pytorch-0.4-ddp": EntrySoftware(
+        "v100-pytorch-2018",
+        Backend(
+            "PyTorch 0.4 DDP, NCCL (one allreduce after backward)",
+            "ddp",
+            {"bucket_cap_mb": 256.0, "compression": "fp16"},
+            overlap=False,
+            small_ring_passes=3,
+            small_source="imagenet18's loop: BN buffers broadcast in DDP's forward (1 pass) and a metrics "
+            "all_reduce + .cpu() every step (2 passes), each (N - 1) ring steps over all N ranks (NCCL 2.2: rings)",
+        ),
+        10.0,
+        "AWS: 10 Gbit/s per flow in a cluster placement group, 25 Gbit/s per p3.16xlarge",
+        True,
+        "imagenet18 takes start_time before its first collective (NCCL set-up) and before the loaders' workers "
+        "start: the first epoch carries the start-up (its TSVs: +15 to +47 s over the second)",
+    ),
+    # Huawei's ModelArts entry (TensorFlow 1.13 + XLA, AMP, Horovod 0.15.2 with fp16 compression, NCCL 2.4.2, GPUDirect
+    # RDMA over InfiniBand): the record's kind of software, so the Alibaba 1 x 8 rates; Horovod's fusion buffer
+    # 64 MB (its default then); XLA's backward as one cluster, so nothing is ready before its end (as for AIACC).
+    "tf-xla-horovod-ib": EntrySoftware(
+        "v100-tf-xla",
+        Backend(
+            "Horovod 0.15 (fp16, after backward: XLA)",
+            "horovod",
+            {"horovod": sm.Horovod(fusion_mb=64.0), "compression": "fp16"},
+            overlap=False,
+        ),
+        None,
+        "InfiniBand: no per-flow cap (RDMA); the link rate is not published: 100 Gbit/s (EDR) assumed",
+    ),
+}
+
+
+def out_of_sample(path: str | Path, prof: GradProfile) -> list[dict]:
+    """Each entry of `path` (tests/data/dawnbench_entries/out_of_sample.json) against the model, per image size,
+    with the software its JSON and code name (ENTRY_SOFTWARE): nothing is fitted on these entries."""
     doc = json.loads(Path(path).read_text())
-    be = Backend("ddp (fp16 gradients)", "ddp", {"bucket_cap_mb": 25.0, "compression": "fp16"})
     out = []
     for e in doc["entries"]:
-        cluster = Cluster(e["hosts"], e["gpus_per_host"], e["link_gbit"], 10.0)
+        sw = ENTRY_SOFTWARE[e["software"]]
+        cluster = Cluster(e["hosts"], e["gpus_per_host"], e["link_gbit"], sw.flow_gbit)
         est = estimate(
             entry_phases([tuple(r) for r in e["rows"]], e["hosts"], e["gpus_per_host"]),
             cluster,
-            PUBLISHED["v100-pytorch-2018"],
-            backend=be,
+            PUBLISHED[sw.gpu],
+            backend=sw.backend,
             prof=prof,
+            startup_in_clock=sw.startup_in_clock,
         )
         by_size: dict[int, list[float]] = {}
         for p in est.phases:
@@ -807,6 +1049,8 @@ def out_of_sample(path: str | Path, prof: GradProfile) -> list[dict]:
             {
                 "name": e["name"],
                 "source": e["source"],
+                "software": e["software"],
+                "step_ms": [(p.phase.image_size, p.phase.batch, p.step_ms) for p in est.phases],
                 "sizes": sizes,
                 "published_s": pub_total,
                 "low": est.total("train", "low"),
@@ -835,6 +1079,22 @@ def out_of_sample_lines(path: str | Path, prof: GradProfile) -> list[str]:
     return lines
 
 
+def out_of_sample_step_lines(path: str | Path, prof: GradProfile) -> list[str]:
+    """The model's per-step terms (ms) of every out-of-sample segment, with the software each entry ran."""
+    keys = ("compute", "step floor", "intra-host", "exposed comm", "sync", "small collectives")
+    lines = [
+        "| entry | software (allreduce) | px | batch/GPU | " + " | ".join(f"{k} ms" for k in keys) + " | step ms |",
+        "|---|---|---:|---:|" + "---:|" * (len(keys) + 1),
+    ]
+    for r in out_of_sample(path, prof):
+        sw = ENTRY_SOFTWARE[r["software"]]
+        for i, (size, batch, ms) in enumerate(r["step_ms"]):
+            head = f"{r['source'].split('.json')[0]} | {sw.backend.label}" if i == 0 else " | "
+            cells = " | ".join(f"{ms[k]:.1f}" for k in keys)
+            lines.append(f"| {head} | {size} | {batch} | {cells} | {sum(ms[k] for k in keys):.0f} |")
+    return lines
+
+
 def calibrated_compute(cfg, specs, world: int, gpus_per_host: int, device_name: str | None) -> tuple:
     """(stepmodel.Compute or None, what it is): one GPU's step at the run's first image size and per-GPU batch, from
     recipes/timemodel.py's calibrated rates of the run's GPU (comm.gpu_profile: measured ones), with the gradient-
@@ -848,10 +1108,13 @@ def calibrated_compute(cfg, specs, world: int, gpus_per_host: int, device_name: 
         return None, "no calibrated compute on the CPU"
     else:
         gpu = gpu_for_device(device_name)
-        if gpu is None or cfg.run.amp not in PUBLISHED[gpu].dtypes:
-            why = f"no published rates for {device_name} with run.amp={cfg.run.amp}"
+        try:
+            rates = published(gpu, cfg.run.amp) if gpu is not None else None
+        except ValueError:
+            rates = None
+        if rates is None:
+            why = f"no published or measured rates for {device_name} with run.amp={cfg.run.amp}"
             return None, f"{why} (comm.gpu_profile takes make gpu-check's file)"
-        rates = published(gpu, cfg.run.amp)
     phase = schedule_phases(cfg, world)[0]
     prof = profile_model(cfg.model.name)
     if len(prof.ready) != len(specs):  # another model than the profiled one: no gradient is ready before the end

@@ -8,8 +8,10 @@
     python scripts/predict.py --out-of-sample tests/data/dawnbench_entries/out_of_sample.json
     python scripts/predict.py --validate lab.json --fit-hosts 2 4            # the comm model against the lab
 
-Compute comes per image size from a rate table (published PyTorch figures per GPU, or `--gpu-profile` from `make
-gpu-check`); the intra-host share, the exposed inter-host communication (recipes/comm/stepmodel.py), a per-step
+Compute comes per image size from a rate table (published PyTorch figures per GPU, the H200 measured here and the
+H100 derived from it, or `--gpu-profile` from `make gpu-check`), never shorter than the step floor (a per-step cost
+set on the host, found in the rate table: the "floor ms" column is the part of a step the GPU waits for it); the
+intra-host share, the exposed inter-host communication (recipes/comm/stepmodel.py), a per-step
 synchronisation cost, pipeline rebuilds and autotuning at phase changes are training-clock terms; validation, the
 BN-statistics allreduce and start-up are wall-clock terms. Every run prints the calibration on the two published
 Alibaba runs (fitted, with residuals); a prediction is a range with the term of the widest uncertainty named.
@@ -45,9 +47,11 @@ from scripts.predict_lab import (  # noqa: E402, F401
 RECORD_S = 157.55  # the record's TSV: hours 0.043763889 at its last epoch (DAWNBench training clock)
 TERMS = (
     "compute",
+    "step floor",
     "intra-host",
     "exposed comm",
     "sync",
+    "small collectives",
     "pipeline rebuild",
     "autotune",
     "validation",
@@ -93,6 +97,13 @@ def report(
         f"{cluster.efficiency:.0%}",
         f"link figures: {link_source or 'given (--link-gbit, --flow-gbit, --latency-us)'}",
         f"compute: {rates.source}",
+        "step floor: "
+        + (
+            f"{rates.step_floor[1] * 1e3:.1f} ms ({rates.step_floor[0] * 1e3:.1f}-{rates.step_floor[2] * 1e3:.1f}): "
+            f"{rates.floor_source or tm.FLOOR_WHY}"
+            if rates.step_floor[1]
+            else "none in this rate table (its smallest steps still shrink with the pixels)"
+        ),
         f"intra-host: efficiency {rates.host_efficiency:.3f} ({rates.host_source})",
         f"gradients: {len(prof.specs)} tensors, {sum(s.nbytes for s in prof.specs) / 1e6:.1f} MB fp32; ready times "
         f"from the layers' FLOPs at {prof.image_size} px",
@@ -100,16 +111,17 @@ def report(
         "Per step (ms) and per phase (s); training clock = DAWNBench's (the TSV's hours), wall = + validation, BN "
         "allreduce, start-up.",
         "",
-        "| backend | phase | px | batch/GPU | steps | compute ms | intra-host ms | exposed comm ms | sync ms | "
-        "rebuild+autotune s | validation+BN s | training s | wall s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| backend | phase | px | batch/GPU | steps | compute ms | floor ms | intra-host ms | exposed comm ms | "
+        "sync ms | rebuild+autotune s | validation+BN s | training s | wall s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for e in ests:
         for i, p in enumerate(e.phases):
             t = {x.name: x.mid for x in p.terms}
             lines.append(
                 f"| {e.backend if i == 0 else ''} | {i + 1} | {p.phase.image_size} | {p.phase.batch} | "
-                f"{p.phase.steps} | {p.step_ms['compute']:.1f} | {p.step_ms['intra-host']:.1f} | "
+                f"{p.phase.steps} | {p.step_ms['compute']:.1f} | {p.step_ms['step floor']:.1f} | "
+                f"{p.step_ms['intra-host']:.1f} | "
                 f"{p.step_ms['exposed comm']:.1f} | {p.step_ms['sync']:.1f} | "
                 f"{t['pipeline rebuild'] + t['autotune']:.1f} | {t['validation'] + t['BN allreduce']:.1f} | "
                 f"{p.total('train'):.1f} | {p.total('wall'):.1f} |"
@@ -185,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("overrides", nargs="*", help="config overrides key=value (e.g. comm.compression=fp16)")
     ap.add_argument("--hosts", type=int, default=None, help="hosts (default: run.nodes of the config)")
     ap.add_argument("--gpus-per-host", type=int, default=None, help="GPUs per host (default: run.procs_per_node)")
-    ap.add_argument("--gpu", default="v100-32gb", help=f"published rates: {', '.join(tm.gpu_names())}")
+    ap.add_argument("--gpu", default="v100-32gb", help=f"rate table: {', '.join(tm.gpu_names())}")
     ap.add_argument("--dtype", default="fp16", choices=tm.DTYPES)
     ap.add_argument("--gpu-profile", default="", help="measured rates (make gpu-check) instead of --gpu's")
     ap.add_argument("--link-gbit", type=float, default=None, help="link per host and direction (Gbit/s; 32)")
@@ -247,8 +259,14 @@ def main(argv: list[str] | None = None) -> int:
     prof = tm.profile_model(cfg.model.name, args.profile_size)
     lines, ests = report(cfg, cluster, rates, prof, args.record_s or None, link_source)
     if args.out_of_sample:
-        lines += ["", "Out of sample (not fitted): published entries on other V100 clusters.", ""]
+        lines += [
+            "",
+            "Out of sample (not fitted): published entries on other V100 clusters, each with the software it ran.",
+            "",
+        ]
         lines += tm.out_of_sample_lines(args.out_of_sample, prof)
+        lines += ["", "Out of sample, the model's step by term:", ""]
+        lines += tm.out_of_sample_step_lines(args.out_of_sample, prof)
     if args.png:
         plot(cfg, cluster, rates, prof, args.png, args.max_hosts)
         lines.append(f"\nplot: {args.png}")

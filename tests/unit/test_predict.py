@@ -20,8 +20,9 @@ def test_bad_input_exits_2(capsys, tmp_path):
     assert predict.main(["--gpu-profile", str(bad)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and str(bad) in err and "torch" in err
-    assert predict.main(["--gpu", "h100"]) == 2
-    assert "--gpu-profile" in capsys.readouterr().err
+    assert predict.main(["--gpu", "k80"]) == 2
+    err = capsys.readouterr().err
+    assert "--gpu: expected" in err and "h200" in err
 
 
 def test_json_has_every_backend_phase_and_term(tmp_path, capsys):
@@ -42,9 +43,29 @@ def test_json_has_every_backend_phase_and_term(tmp_path, capsys):
         assert [p["image_size"] for p in b["phases"]] == [96, 128, 224, 288]
         for p in b["phases"]:
             names = [t["name"] for t in p["terms"]]
-            assert names[:4] == ["compute", "intra-host", "exposed comm", "sync"]
+            assert names[:6] == ["compute", "step floor", "intra-host", "exposed comm", "sync", "small collectives"]
             assert sum(t["mid"] for t in p["terms"] if t["clock"] == "train") == pytest.approx(p["train_s"])
         assert b["phases"][0]["step_ms"]["exposed comm"] == 0.0  # one host: no inter-host communication
+
+
+def test_gpu_profile_prints_the_step_floor_per_phase(tmp_path, capsys):
+    """--gpu-profile with the H200's measured file: the floor line, a floor column, and at 96 and 128 px a step of
+    compute + floor no shorter than the floor (the GPU's arithmetic alone would be 10-18 ms)."""
+    out = tmp_path / "h200.json"
+    profile = ROOT / "docs" / "data" / "gpu_profile-h200-2026-12-04.json"
+    assert predict.main(["--gpu-profile", str(profile), "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "step floor: 36.2 ms (34.7-37.6): docs/data/gpu_profile-h200-2026-12-04.json" in text
+    assert "| floor ms |" in text
+    for b in json.loads(out.read_text())["backends"]:
+        for p in b["phases"]:
+            step = p["step_ms"]["compute"] + p["step_ms"]["step floor"]
+            assert step >= 34.7
+            if p["image_size"] in (96, 128):
+                assert p["step_ms"]["step floor"] > 15.0
+            else:
+                assert p["step_ms"]["step floor"] == 0.0
+    assert predict.main(["--gpu", "h200"]) == 0 and "step floor: 36.2 ms" in capsys.readouterr().out
 
 
 def _lab_run(tmp_path, flow_ratio: int, contenders: str) -> dict:
