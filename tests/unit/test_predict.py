@@ -65,7 +65,7 @@ def test_gpu_profile_prints_the_step_floor_per_phase(tmp_path, capsys):
                 assert p["step_ms"]["step floor"] > 15.0
             else:
                 assert p["step_ms"]["step floor"] == 0.0
-    assert predict.main(["--gpu", "h200"]) == 0 and "step floor: 36.2 ms" in capsys.readouterr().out
+    assert predict.main(["--gpu", "h200"]) == 0 and "step floor: 35.0 ms (25.9-41.6)" in capsys.readouterr().out
 
 
 def _lab_run(tmp_path, flow_ratio: int, contenders: str) -> dict:
