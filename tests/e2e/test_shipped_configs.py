@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 from support import ROOT, TINY_CONFIG, TINY_OVERRIDES, horovodrun, needs_horovod, quiet_env, torchrun
 
+from data.make_sample import main as make_sample
 from recipes import registry
 from recipes.config import load_config
 from recipes.config.load import load_yaml_tree
@@ -35,7 +36,8 @@ from recipes.schedule import Schedule
 
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml")) + sorted((ROOT / "configs" / "presets").glob("*.yaml"))
 WORKER = str(ROOT / "tests" / "train_worker.py")
-TRAIN_IMAGES, VAL_IMAGES = 48, 20  # the `tiny_root` fixture's dataset
+CLASSES, TRAIN_PER_CLASS, VAL_PER_CLASS = 4, 6, 3  # the `few_images` dataset: 2 steps of 12 images an epoch
+TRAIN_IMAGES, VAL_IMAGES = CLASSES * TRAIN_PER_CLASS, CLASSES * VAL_PER_CLASS
 BLACKLISTED = 2  # a config with data.val_blacklist gets a blacklist of this many tiny validation images
 IMAGENET_TRAIN = 1_281_167  # whether a config accumulates is decided at its own size
 
@@ -76,12 +78,12 @@ MATRIX = (
 # Keys replaced at tiny size, and what takes their place.
 SIZED = {
     "phases.*.epochs": "one epoch per tiny phase: the first phase, and the last where the config has more",
-    "phases.*.image_size": "32 px (40 px in a last phase whose images are larger)",
-    "phases.*.batch_size": "24 images (16 in a last phase whose batch is smaller)",
+    "phases.*.image_size": "32 px (40 px in a last phase whose images are larger); smaller leaves layer4 1 x 1 px",
+    "phases.*.batch_size": "12 images (8 in a last phase whose batch is smaller)",
     "phases.*.val_image_size": "the tiny phase's size",
     "phases.*.root": "the tiny dataset has one copy",
     "data.roots": "the tiny dataset has one copy",
-    "data.root": "the tiny dataset (tests/conftest.py: tiny_root)",
+    "data.root": f"{CLASSES} classes of {TRAIN_PER_CLASS} training and {VAL_PER_CLASS} validation images (few_images)",
     "data.workers": "0 (tests/tiny.yaml)",
     "data.val_batch_size": "8 (tests/tiny.yaml)",
     "data.val_blacklist": f"a blacklist of {BLACKLISTED} tiny validation images where the config names one",
@@ -176,10 +178,10 @@ def _accumulates(cfg: Config) -> bool:
 def _tiny_phases(cfg: Config) -> list[dict]:
     """The first phase, and the last where there are more (a resolution and batch change, rect validation)."""
     first, last = cfg.phases[0], cfg.phases[-1]
-    kinds = [(first, 32, 24)]
+    kinds = [(first, 32, 12)]
     if len(cfg.phases) > 1:
         kinds.append(
-            (last, 40 if last.image_size > first.image_size else 32, 16 if last.batch_size < first.batch_size else 24)
+            (last, 40 if last.image_size > first.image_size else 32, 8 if last.batch_size < first.batch_size else 12)
         )
     return [
         {"epochs": 1, "image_size": size, "batch_size": batch, "min_scale": p.min_scale}
@@ -198,14 +200,14 @@ class Combination:
     configs: list[str] = field(default_factory=list)
     crossed_from: str = ""  # the backend the configs ship with, where this one is another
 
-    def overrides(self, tiny_root: Path, blacklist: Path) -> list[str]:
+    def overrides(self, data_root: Path, blacklist: Path) -> list[str]:
         s = self.settings
-        out = [*TINY_OVERRIDES, *TINY_LR, f"data.root={tiny_root}", "data.roots={}", "run.device=cpu"]
+        out = [*TINY_OVERRIDES, *TINY_LR, f"data.root={data_root}", "data.roots={}", "run.device=cpu"]
         out += ["run.nodes=1", f"run.procs_per_node={self.world}", "dist.timeout_s=60", "dawnbench.require=false"]
         out += [f"comm.backend={s['comm.backend']}", f"phases={json.dumps(s['phases'])}", "checkpoint.keep=1"]
         out.append(f"data.val_blacklist={blacklist if s['blacklist'] else ''}")
         if s["accumulates"]:
-            out += ["run.accumulate=1", f"run.max_gpu_batch={24 // self.world // 2}"]
+            out += ["run.accumulate=1", f"run.max_gpu_batch={12 // self.world // 2}"]
         if s["comm.autotune"]:
             out += ["comm.tune_max_candidates=2", "comm.tune_warmup_steps=0", "comm.tune_steps_per_window=1"]
             out += ["comm.tune_windows=1", "comm.tune_cache=null"]
@@ -298,13 +300,24 @@ def _params(launcher: str) -> list:
 
 
 @pytest.fixture(scope="module")
+def few_images(tmp_path_factory) -> Path:
+    """Fewer images than `tiny_root`: each of the many runs trains two short epochs."""
+    out = tmp_path_factory.mktemp("few")
+    make_sample(
+        ["--out", str(out), "--classes", str(CLASSES), "--train-per-class", str(TRAIN_PER_CLASS)]
+        + ["--val-per-class", str(VAL_PER_CLASS)]
+    )
+    return out
+
+
+@pytest.fixture(scope="module")
 def blacklist(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("blacklist") / "blacklist.txt"
     path.write_text("".join(f"{i}\n" for i in range(1, BLACKLISTED + 1)))  # 1-based, as the devkit's file
     return path
 
 
-def _jobs(launcher: str, tiny_root: Path, blacklist: Path, out: Path) -> tuple[list[dict], dict]:
+def _jobs(launcher: str, few_images: Path, blacklist: Path, out: Path) -> tuple[list[dict], dict]:
     jobs, by_name = [], {}
     for param in _params(launcher):
         (combo,) = param.values
@@ -316,16 +329,16 @@ def _jobs(launcher: str, tiny_root: Path, blacklist: Path, out: Path) -> tuple[l
             {
                 "id": combo.name,
                 "config": str(combo.config.relative_to(ROOT)),
-                "overrides": combo.overrides(tiny_root, blacklist),
+                "overrides": combo.overrides(few_images, blacklist),
                 "run_dir": str(run_dir),
             }
         )
     return jobs, by_name
 
 
-def _run_group(launcher: str, tiny_root: Path, blacklist: Path, out: Path) -> dict:
+def _run_group(launcher: str, few_images: Path, blacklist: Path, out: Path) -> dict:
     """Run every combination of `launcher` in one process group; {name: (run_dir, process output)}."""
-    jobs, by_name = _jobs(launcher, tiny_root, blacklist, out)
+    jobs, by_name = _jobs(launcher, few_images, blacklist, out)
     jobs_file = out / "jobs.json"
     jobs_file.write_text(json.dumps(jobs))
     if launcher == "single":
@@ -346,18 +359,18 @@ def _run_group(launcher: str, tiny_root: Path, blacklist: Path, out: Path) -> di
 
 
 @pytest.fixture(scope="module")
-def torchrun_runs(tiny_root, blacklist, tmp_path_factory):
-    return _run_group("torchrun", tiny_root, blacklist, tmp_path_factory.mktemp("torchrun"))
+def torchrun_runs(few_images, blacklist, tmp_path_factory):
+    return _run_group("torchrun", few_images, blacklist, tmp_path_factory.mktemp("torchrun"))
 
 
 @pytest.fixture(scope="module")
-def horovodrun_runs(tiny_root, blacklist, tmp_path_factory):
-    return _run_group("horovodrun", tiny_root, blacklist, tmp_path_factory.mktemp("horovodrun"))
+def horovodrun_runs(few_images, blacklist, tmp_path_factory):
+    return _run_group("horovodrun", few_images, blacklist, tmp_path_factory.mktemp("horovodrun"))
 
 
 @pytest.fixture(scope="module")
-def single_runs(tiny_root, blacklist, tmp_path_factory):
-    return _run_group("single", tiny_root, blacklist, tmp_path_factory.mktemp("single"))
+def single_runs(few_images, blacklist, tmp_path_factory):
+    return _run_group("single", few_images, blacklist, tmp_path_factory.mktemp("single"))
 
 
 # ---------------------------------------------------------------------------------------------------------------
