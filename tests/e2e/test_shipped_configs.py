@@ -355,6 +355,11 @@ def _run_group(launcher: str, few_images: Path, blacklist: Path, out: Path) -> d
     else:
         p = horovodrun(2, [WORKER, str(jobs_file)], timeout=600)
     output = p.stdout[-4000:] + p.stderr[-4000:]
+    failed = [(name, f) for name, run_dir in by_name.items() for f in sorted(run_dir.glob("rank*.json"))]
+    failed = [(name, json.loads(f.read_text())) for name, f in failed]
+    first = next(((name, r["exception"]) for name, r in failed if "exception" in r), None)
+    if first:  # the worker stops at its first failure: the runs after it did not run
+        output = f"the run that failed first in this process: {first[0]}\n{first[1][-3000:]}"
     return {name: (run_dir, output) for name, run_dir in by_name.items()}
 
 
@@ -383,7 +388,7 @@ def _rank_results(run_dir: Path, world: int, output: str) -> list[dict]:
     results = []
     for r in range(world):
         f = run_dir / f"rank{r}.json"
-        assert f.is_file(), f"rank {r} did not finish this run (an earlier run of its process failed?):\n{output}"
+        assert f.is_file(), f"rank {r} did not finish this run:\n{output}"
         results.append(json.loads(f.read_text()))
         assert "exception" not in results[-1], results[-1]["exception"]
     return results
