@@ -137,6 +137,20 @@ def rank_results(out: Path, nproc: int, output: str) -> list[dict]:
     return results
 
 
+def start_torchrun(max_restarts: int, *train_args: str) -> subprocess.Popen:
+    """train.py under torchrun with two local ranks, started in the background in a session of its own (so that a
+    test can signal a worker, then kill what is left with os.killpg)."""
+    return subprocess.Popen(
+        torchrun_cmd(max_restarts, *train_args),
+        cwd=ROOT,
+        env=quiet_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
 def _children(pid: int) -> list[int]:
     out = []
     for d in Path("/proc").iterdir():
