@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from support import ROOT, TINY_CONFIG, TINY_OVERRIDES, horovodrun, needs_horovod, quiet_env, torchrun
+from support import ROOT, TINY_CONFIG, TINY_OVERRIDES, horovodrun, needs_horovod, quiet_env, rank_results, torchrun
 
 from data.make_sample import main as make_sample
 from recipes import registry
@@ -384,22 +384,12 @@ def single_runs(few_images, blacklist, tmp_path_factory):
 STEP_LOSS = re.compile(r"^epoch \d+/\d+  step \d+/\d+ .* loss (\S+) ", re.M)
 
 
-def _rank_results(run_dir: Path, world: int, output: str) -> list[dict]:
-    results = []
-    for r in range(world):
-        f = run_dir / f"rank{r}.json"
-        assert f.is_file(), f"rank {r} did not finish this run:\n{output}"
-        results.append(json.loads(f.read_text()))
-        assert "exception" not in results[-1], results[-1]["exception"]
-    return results
-
-
 def _check_run(combo: Combination, run_dir: Path, output: str) -> None:
     from recipes.evaluation.accuracy import config_from_checkpoint, load_model
     from recipes.run.checkpoint_files import load_checkpoint
 
     s = combo.settings
-    rank0 = _rank_results(run_dir, combo.world, output)[0]
+    rank0 = rank_results(run_dir, combo.world, output)[0]
     summary, log = rank0["summary"], rank0["stdout"]
     steps = sum(math.ceil(TRAIN_IMAGES / p["batch_size"]) for p in s["phases"])
     assert summary["epochs"] == len(s["phases"]) and summary["steps"] == steps
