@@ -1,13 +1,16 @@
-"""What the tests share besides fixtures: the repository root, the tiny run's config, and the command builders and
-process helpers for runs in subprocesses (torchrun, horovodrun, the launcher's two local hosts)."""
+"""What the tests share besides fixtures: the repository root, the tiny run's config, the command builders and
+process helpers for runs in subprocesses (torchrun, horovodrun, the launcher's two local hosts), and the
+auto-tuner's test driver."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -106,6 +109,48 @@ def torchrun_cmd(max_restarts: int, *train_args: str) -> list[str]:
     return torchrun_argv(2, "train.py", *train_args, max_restarts=max_restarts)
 
 
+def wait_for_step(run_dir: Path, proc: subprocess.Popen, step: int, timeout: float = 300) -> None:
+    """Wait until the run in `run_dir` (started as `proc`) has done `step` optimizer steps (its progress.json);
+    AssertionError with the job's output if it ends first, or when `timeout` seconds pass."""
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            if json.loads((run_dir / "progress.json").read_text())["step"] >= step:
+                return
+        except (OSError, ValueError, KeyError):
+            pass
+        if proc.poll() is not None:
+            raise AssertionError(f"the job ended before step {step}: {(proc.stderr or proc.stdout).read()[-3000:]}")
+        time.sleep(0.02)
+    raise AssertionError(f"step {step} not reached in {timeout} s")
+
+
+def rank_results(out: Path, nproc: int, output: str) -> list[dict]:
+    """The `rank<r>.json` each rank of a worker (tests/comm_worker.py, tests/train_worker.py) wrote in `out`;
+    AssertionError with `output` (the processes' output) for a rank that wrote none, or with a rank's exception."""
+    results = []
+    for r in range(nproc):
+        f = out / f"rank{r}.json"
+        assert f.is_file(), f"rank {r} wrote nothing:\n{output}"
+        results.append(json.loads(f.read_text()))
+        assert "exception" not in results[-1], results[-1]["exception"]
+    return results
+
+
+def start_torchrun(max_restarts: int, *train_args: str) -> subprocess.Popen:
+    """train.py under torchrun with two local ranks, started in the background in a session of its own (so that a
+    test can signal a worker, then kill what is left with os.killpg)."""
+    return subprocess.Popen(
+        torchrun_cmd(max_restarts, *train_args),
+        cwd=ROOT,
+        env=quiet_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
 def _children(pid: int) -> list[int]:
     out = []
     for d in Path("/proc").iterdir():
@@ -175,3 +220,31 @@ def horovodrun(np_: int, args: list[str], timeout: float = 600) -> subprocess.Co
     env = quiet_env(PATH=f"{bindir}:{os.environ['PATH']}")
     env.pop("RANK", None)
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def tuner(space, start, **kw):
+    """A `recipes.comm.tuner.AutoTuner` over `space` from `start`; short windows unless `kw` says otherwise."""
+    from recipes.comm.tuner import AutoTuner
+
+    args = {"max_candidates": 2, "warmup_steps": 0, "steps_per_window": 1, "windows": 1, "method": "grid"} | kw
+    return AutoTuner(space, start, **args)
+
+
+def drive_tuner(t, cost, outlier_every: int = 0) -> tuple[list, int]:
+    """Run the tuner `t` to the end the way the backend does (rank 0 proposes, everyone begins), each step taking
+    `cost(settings)` seconds (plus 100 s every `outlier_every` steps); returns the settings in force at every step
+    and the number of steps."""
+    seen, steps = [], 0
+    while not t.done:
+        seen.append(t.current)
+        seconds = cost(t.current)
+        steps += 1
+        if outlier_every and steps % outlier_every == 0:
+            seconds += 100.0  # e.g. the first step after validation
+        if t.record(seconds):
+            nxt = t.propose()
+            if nxt is None:
+                t.done = True
+            else:
+                t.begin(nxt)
+    return seen, steps

@@ -3,23 +3,11 @@ weights of one batch of A x the size, with the allreduce once per optimizer step
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from support import ROOT, horovodrun, needs_horovod, torchrun
+from support import ROOT, horovodrun, needs_horovod, rank_results, torchrun
 
 WORKER = str(ROOT / "tests" / "comm_worker.py")
 EXACT = 1e-5  # float32: the same sums in another order, over 3 SGD steps with momentum
-
-
-def _ranks(out, nproc: int, p) -> list[dict]:
-    results = []
-    for r in range(nproc):
-        f = out / f"rank{r}.json"
-        assert f.is_file(), f"rank {r} wrote nothing:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
-        results.append(json.loads(f.read_text()))
-        assert "exception" not in results[-1], results[-1]["exception"]
-    return results
 
 
 def _check(results: list[dict], bytes_counted: bool = True) -> None:
@@ -37,10 +25,11 @@ def test_accumulated_micro_batches_match_one_large_batch(tmp_path, backend):
     out = tmp_path / backend
     out.mkdir()
     p = torchrun(2, [WORKER, "accumulate", str(out), backend, "3"], timeout=300)
-    _check(_ranks(out, 2, p))
+    _check(rank_results(out, 2, f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}"))
 
 
 @needs_horovod
 def test_accumulated_micro_batches_match_one_large_batch_under_horovod(tmp_path):
     p = horovodrun(2, [WORKER, "accumulate", str(tmp_path), "horovod", "3"], timeout=300)
-    _check(_ranks(tmp_path, 2, p), bytes_counted=False)  # Horovod asserts if a held pass had allreduced
+    results = rank_results(tmp_path, 2, f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+    _check(results, bytes_counted=False)  # Horovod asserts if a held pass had allreduced

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from support import ROOT, tiny_config, torchrun  # noqa: F401
+from support import ROOT, rank_results, tiny_config, torchrun  # noqa: F401
 
 WORKER = str(ROOT / "tests" / "comm_worker.py")
 
@@ -21,13 +21,7 @@ def run_worker(tmp_path: Path, nproc: int, scenario: str, *args: str, env: dict 
     out = tmp_path / scenario
     out.mkdir(exist_ok=True)
     p = torchrun(nproc, [WORKER, scenario, str(out), *args], timeout=timeout, env=env)
-    results = []
-    for r in range(nproc):
-        f = out / f"rank{r}.json"
-        assert f.is_file(), f"rank {r} wrote nothing:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
-        results.append(json.loads(f.read_text()))
-        assert "exception" not in results[-1], results[-1]["exception"]
-    return results, p
+    return rank_results(out, nproc, f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}"), p
 
 
 @pytest.mark.parametrize("nproc", [2, pytest.param(3, marks=pytest.mark.slow), pytest.param(4, marks=pytest.mark.slow)])

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from support import ROOT, free_port, tiny_config, torchrun_cmd, worker_pid
+from support import ROOT, free_port, start_torchrun, tiny_config, wait_for_step, worker_pid
 
 from recipes.errors import CheckpointError, NonFiniteError, TrainingError
 from recipes.run import checkpoint_files as ckpt
@@ -143,27 +143,8 @@ def test_failed_checkpoint_write_keeps_last_good(small_disk):
 
 
 def _start_torchrun(run_dir: Path, root: Path, extra: list[str], max_restarts: int) -> subprocess.Popen:
-    cmd = torchrun_cmd(
-        max_restarts, "-c", "configs/quickstart.yaml", "--run-dir", str(run_dir), f"data.root={root}", *extra
-    )
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-
-
-def _wait_for_step(run_dir: Path, proc: subprocess.Popen, step: int, timeout: float) -> None:
-    end = time.time() + timeout
-    while time.time() < end:
-        try:
-            if json.loads((run_dir / "progress.json").read_text())["step"] >= step:
-                return
-        except (OSError, ValueError, KeyError):
-            pass
-        if proc.poll() is not None:
-            raise AssertionError(f"the job ended early: {(proc.stderr or proc.stdout).read()[-3000:]}")
-        time.sleep(0.2)
-    raise AssertionError(f"step {step} not reached in {timeout} s")
+    args = ["-c", "configs/quickstart.yaml", "--run-dir", str(run_dir), f"data.root={root}", *extra]
+    return start_torchrun(max_restarts, *args)
 
 
 @pytest.mark.slow
@@ -171,7 +152,7 @@ def test_sigkill_of_a_worker_restarts_and_finishes(sample_root, tmp_path):
     run = tmp_path / "run"
     proc = _start_torchrun(run, sample_root, ["checkpoint.every_steps=5"], max_restarts=3)
     try:
-        _wait_for_step(run, proc, 32, timeout=600)  # epoch 3 of 9, after the step-30 checkpoint
+        wait_for_step(run, proc, 32, timeout=600)  # epoch 3 of 9, after the step-30 checkpoint
         victim = worker_pid(proc.pid, 1)
         assert victim, "rank 1 not found"
         os.kill(victim, signal.SIGKILL)
@@ -193,7 +174,7 @@ def test_hung_peer_fails_with_timeout_naming_the_collective(sample_root, tmp_pat
     proc = _start_torchrun(run, sample_root, ["dist.timeout_s=10"], max_restarts=0)
     victim = None
     try:
-        _wait_for_step(run, proc, 5, timeout=600)
+        wait_for_step(run, proc, 5, timeout=600)
         victim = worker_pid(proc.pid, 1)
         assert victim, "rank 1 not found"
         os.kill(victim, signal.SIGSTOP)
@@ -248,7 +229,7 @@ def test_sigkill_through_the_launcher_with_two_local_hosts(sample_root, tmp_path
         cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
     try:
-        _wait_for_step(run, proc, 32, timeout=600)
+        wait_for_step(run, proc, 32, timeout=600)
         victim = worker_pid(proc.pid, 1)
         assert victim, "rank 1 not found"
         os.kill(victim, signal.SIGKILL)

@@ -8,12 +8,11 @@ import os
 import re
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from support import ROOT, TINY_OVERRIDES, quiet_env, torchrun_cmd, worker_pid
+from support import TINY_OVERRIDES, start_torchrun, wait_for_step, worker_pid
 
 from recipes.run import checkpoint_files as ckpt
 
@@ -29,16 +28,7 @@ TINY = [
 
 
 def _start(run_dir: Path, data: Path, *extra: str) -> subprocess.Popen:
-    cmd = torchrun_cmd(0, "--run-dir", str(run_dir), *TINY, f"data.root={data}", *extra)
-    return subprocess.Popen(
-        cmd,
-        cwd=ROOT,
-        env=quiet_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    return start_torchrun(0, "--run-dir", str(run_dir), *TINY, f"data.root={data}", *extra)
 
 
 def _finish(proc: subprocess.Popen, timeout: float = 600) -> tuple[str, str]:
@@ -50,19 +40,6 @@ def _finish(proc: subprocess.Popen, timeout: float = 600) -> tuple[str, str]:
             proc.communicate()
 
 
-def _wait_step(run_dir: Path, proc: subprocess.Popen, step: int, timeout: float = 300) -> None:
-    end = time.time() + timeout
-    while time.time() < end:
-        try:
-            if json.loads((run_dir / "progress.json").read_text())["step"] >= step:
-                return
-        except (OSError, ValueError, KeyError):
-            pass
-        assert proc.poll() is None, proc.stderr.read()[-3000:]
-        time.sleep(0.02)
-    raise AssertionError(f"step {step} not reached in {timeout} s")
-
-
 @pytest.mark.slow
 def test_sigterm_to_one_rank_checkpoints_exits_75_and_the_resume_is_bit_identical(tiny_root, tmp_path):
     ref, run = tmp_path / "ref", tmp_path / "run"
@@ -70,7 +47,7 @@ def test_sigterm_to_one_rank_checkpoints_exits_75_and_the_resume_is_bit_identica
     assert f"{STEPS} steps" in out + err, (out + err)[-3000:]
 
     proc = _start(run, tiny_root)
-    _wait_step(run, proc, 5)
+    wait_for_step(run, proc, 5)
     victim = worker_pid(proc.pid, 1)
     assert victim, "rank 1 not found"
     os.kill(victim, signal.SIGTERM)

@@ -6,7 +6,7 @@ import functools
 import json
 
 import pytest
-from support import ROOT
+from support import ROOT, drive_tuner, tuner
 
 from recipes.comm import tuner as tuning
 from recipes.comm.plan import Settings
@@ -21,31 +21,12 @@ def step_time(s: Settings) -> float:
     return 1.0 / min(s.streams, 3) + 0.05 * abs(math.log2(s.bucket_mb / 8)) + 0.02 / s.slices
 
 
-def drive(tuner: tuning.AutoTuner, cost=step_time, outlier_every: int = 0) -> tuple[list[Settings], int]:
-    """Run the tuner to the end the way the backend does (rank 0 proposes, everyone begins); returns the
-    settings in force at every step and the number of steps."""
-    seen, steps = [], 0
-    while not tuner.done:
-        seen.append(tuner.current)
-        t = cost(tuner.current)
-        steps += 1
-        if outlier_every and steps % outlier_every == 0:
-            t += 100.0  # e.g. the first step after validation
-        if tuner.record(t):
-            nxt = tuner.propose()
-            if nxt is None:
-                tuner.done = True
-            else:
-                tuner.begin(nxt)
-    return seen, steps
-
-
 @pytest.mark.parametrize("method", ["bayes", "grid"])
 def test_search_respects_the_budget_and_keeps_the_fastest(method):
     space = tuning.search_space([2, 4, 8, 16, 32], [1, 2, 3, 4], [1, 2, 4])
     start = Settings(2.0, 1, 1)
-    t = tuning.AutoTuner(space, start, max_candidates=10, warmup_steps=3, steps_per_window=2, windows=3, method=method)
-    seen, steps = drive(t)
+    t = tuner(space, start, max_candidates=10, warmup_steps=3, steps_per_window=2, windows=3, method=method)
+    seen, steps = drive_tuner(t, step_time)
     assert len(t.trials) == 10
     assert len({tr.settings for tr in t.trials}) == 10  # never the same candidate twice
     assert steps == 3 + 10 * (1 + 3 * 2)  # warm-up, then per candidate one settling step and 3 windows of 2
@@ -57,35 +38,23 @@ def test_search_respects_the_budget_and_keeps_the_fastest(method):
 
 def test_bayes_finds_a_near_optimal_point_with_few_candidates():
     space = tuning.search_space([2, 4, 8, 16, 32], [1, 2, 3, 4], [1, 2, 4])
-    t = tuning.AutoTuner(
-        space, Settings(2.0, 1, 1), max_candidates=10, warmup_steps=0, steps_per_window=1, windows=1, method="bayes"
-    )
-    drive(t)
+    t = tuner(space, Settings(2.0, 1, 1), max_candidates=10, method="bayes")
+    drive_tuner(t, step_time)
     best = min(step_time(s) for s in space)
     assert t.winner().score <= best * 1.1  # 10 of 60 points measured, within 10% of the true optimum
 
 
 def test_median_over_windows_ignores_an_outlier_window():
-    t = tuning.AutoTuner(
-        [Settings(8, 3, 2)],
-        Settings(4, 1, 1),
-        max_candidates=2,
-        warmup_steps=0,
-        steps_per_window=2,
-        windows=3,
-        method="grid",
-    )
-    drive(t, outlier_every=5)  # one step in five is slow, so one window per candidate is inflated
+    t = tuner([Settings(8, 3, 2)], Settings(4, 1, 1), steps_per_window=2, windows=3)
+    drive_tuner(t, step_time, outlier_every=5)  # one step in five is slow, so one window per candidate is inflated
     assert t.winner().settings == Settings(8, 3, 2)
     assert all(tr.score < 10 for tr in t.trials)
 
 
 def test_grid_with_a_small_budget_spreads_over_the_space():
     space = tuning.search_space([2, 4, 8, 16, 32], [1, 2, 3, 4], [1, 2, 4])
-    t = tuning.AutoTuner(
-        space, Settings(8, 4, 2), max_candidates=5, warmup_steps=0, steps_per_window=1, windows=1, method="grid"
-    )
-    drive(t)
+    t = tuner(space, Settings(8, 4, 2), max_candidates=5)
+    drive_tuner(t, step_time)
     tried = [tr.settings for tr in t.trials]
     assert tried[0] == Settings(8, 4, 2)
     assert {s.bucket_mb for s in tried[1:]} >= {2.0, 32.0}  # both ends of the grid, not just its start
@@ -93,16 +62,8 @@ def test_grid_with_a_small_budget_spreads_over_the_space():
 
 def test_cache_round_trip(tmp_path):
     path = tmp_path / "sub" / "tune.json"
-    t = tuning.AutoTuner(
-        [Settings(16, 3, 2)],
-        Settings(4, 1, 1),
-        max_candidates=2,
-        warmup_steps=0,
-        steps_per_window=1,
-        windows=1,
-        method="grid",
-    )
-    drive(t)
+    t = tuner([Settings(16, 3, 2)], Settings(4, 1, 1))
+    drive_tuner(t, step_time)
     key = tuning.cache_key("resnet50", 8, "nccl", "float32", "none", "2nodes-x4")
     assert tuning.cache_load(path, key) is None
     tuning.cache_store(path, key, t)

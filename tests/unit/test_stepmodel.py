@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from support import drive_tuner, tuner
 
 from recipes.comm import stepmodel as sm
 from recipes.comm import tuner as tuning
@@ -127,28 +128,17 @@ def test_tuner_starts_from_the_model_and_reports_what_measurement_changed():
     cfg = load_config(None, ["comm.tune_start=model", "comm.link_gbit=32", "comm.flow_gbit=10"])
     space = tuning.search_space([4, 8, 16], [1, 2, 4], [1, 2])
     ranked = tuning.model_ranking(specs, space, 16, 8, cfg.comm)
-    t = tuning.AutoTuner(
+    t = tuner(
         space,
         ranked[0][0],
         max_candidates=3,
-        warmup_steps=0,
-        steps_per_window=1,
-        windows=1,
         method="bayes",
         predicted=dict(ranked),
         start_note="started at the model's best",
     )
     assert t.current == ranked[0][0]
-    seen = []
-    while not t.done:
-        seen.append(t.current)
-        cost = 1.0 if t.current != ranked[1][0] else 0.5  # measurement disagrees with the model's top pick
-        if t.record(cost):
-            nxt = t.propose()
-            if nxt is None:
-                t.done = True
-            else:
-                t.begin(nxt)
+    # the measurement disagrees with the model's top pick
+    seen, _ = drive_tuner(t, lambda s: 1.0 if s != ranked[1][0] else 0.5)
     assert [s for s in dict.fromkeys(seen)] == [r[0] for r in ranked[:3]]  # predicted order, 3 candidates
     assert t.winner().settings == ranked[1][0]
     assert "measurement changed it to" in t.summary() and "started at the model's best" in t.summary()
