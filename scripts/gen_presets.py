@@ -4,13 +4,13 @@
     python scripts/gen_presets.py            # (re)write the presets
     python scripts/gen_presets.py --check    # exit 1 if a preset differs from what this script writes
 
-A preset `extends:` a record config (1 GPU and 1 x 8: configs/dawnbench_8gpu.yaml, the 8-GPU entry's schedule;
-2, 4 and 16 x 8: configs/dawnbench_158s.yaml, the record's) and sets only the cluster shape, the autocast dtype
-(fp16 on V100, which has no bf16, and on H100, where it was measured faster; bf16 on A100) and, where a phase would not fit the GPU's memory
-(recipes/memory.py), `run.max_gpu_batch`: the largest power of two with which every phase fits, so those phases
-accumulate gradients and keep the recipe's global batch. Its header gives the time model's predicted training
-clock (recipes/timemodel.py, calibrated on the published Alibaba runs) and a cost per run: predicted wall-clock
-hours x GPUs x PRICE_PER_GPU_HOUR. Generated, so the labels never drift from the model.
+A preset `extends:` a record config (1 GPU and 1 x 8: configs/dawnbench_8gpu.yaml, the 8-GPU entry's schedule; 2, 4
+and 16 x 8: configs/dawnbench_158s.yaml, the record's) and sets only the cluster shape, the autocast dtype (fp16 on
+V100, which has no bf16, and on H100, where it was measured faster; bf16 on A100) and, where a phase would not fit the
+GPU's memory (recipes/memory.py), `run.max_gpu_batch`: the largest power of two with which every phase fits, so those
+phases accumulate gradients and keep the recipe's global batch. Its header gives the time model's predicted training
+clock (recipes/timemodel.py, calibrated on the published Alibaba runs) and a cost per run: predicted wall-clock hours
+x GPUs x PRICE_PER_GPU_HOUR. Generated, so the labels never drift from the model.
 """
 
 from __future__ import annotations
