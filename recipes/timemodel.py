@@ -940,7 +940,7 @@ def predict(
     dtype: str = "fp16",
     *,
     config: str | None = None,
-    backend: str = "multistream",
+    backend: str = "multistream",  # a label of backends(): "ddp", "ddp (4 flows)", "horovod", "multistream"
     link_gbit: float = 32.0,
     flow_gbit: float | None = 10.0,
     flows_per_comm: int = 1,
@@ -954,9 +954,9 @@ def predict(
     cfg = load_config(config or str(root / "configs" / "dawnbench_158s.yaml"), [])
     rates = load_gpu_profile(gpu_profile) if gpu_profile else published(gpu, dtype)
     cluster = Cluster(hosts, gpus_per_host, link_gbit, flow_gbit or None, flows_per_comm)
-    be = {b.name: b for b in backends(cfg)}
+    be = {b.label: b for b in backends(cfg)}  # by label: two rows run the stepmodel's "ddp" (1 and 4 flows)
     if backend not in be:
-        raise ValueError(f"backend: expected one of {', '.join(be)}, got {backend!r}")
+        raise ValueError(f"backend: expected one of {', '.join(repr(k) for k in be)}, got {backend!r}")
     prof = profile_model(cfg.model.name)
     est = estimate(schedule_phases(cfg, cluster.world), cluster, rates, backend=be[backend], prof=prof)
     return est.range(clock)

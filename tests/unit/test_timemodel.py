@@ -152,6 +152,16 @@ def test_predict_api_returns_an_ordered_range():
     assert wall[1] > mid
 
 
+def test_predict_api_ddp_is_the_one_flow_row():
+    """backend="ddp" is DDP with one TCP flow per communicator (260 s on the record's 16 x 8 V100 cluster), not the
+    4-flow row that shares its stepmodel name (153 s)."""
+    one = tm.predict(16, 8, "v100-32gb", "fp16", backend="ddp")[1]
+    four = tm.predict(16, 8, "v100-32gb", "fp16", backend="ddp (4 flows)")[1]
+    assert 240 < one < 280 and 140 < four < 165
+    with pytest.raises(ValueError, match="'ddp \\(4 flows\\)'.*got 'nccl'"):
+        tm.predict(16, 8, "v100-32gb", "fp16", backend="nccl")
+
+
 def test_out_of_sample_entries(prof):
     """Four published V100-cluster entries never fitted on, each with the software its JSON and code name: the
     errors docs/scaling.md reports (fast.ai 4, 8, 16 x 8 on PyTorch 0.4 DDP: +20%, +14%, -9%; Huawei 16 x 8 on
