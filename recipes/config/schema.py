@@ -326,7 +326,7 @@ class CommConfig:
     gpu_profile: str = _f(
         "",
         help="tune_start model: the GPU's measured rates (make gpu-check) for the step's compute; '' = the published "
-        "rates of the run's GPU (recipes/timemodel.py)",
+        "rates of the run's GPU (recipes/timemodel/)",
         trains=False,
     )
     tune_max_candidates: int = _f(10, help="autotune: candidates measured before the best is kept", domain=">0 <=1000")

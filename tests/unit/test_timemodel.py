@@ -1,4 +1,4 @@
-"""recipes/timemodel.py: calibration on the two published Alibaba runs within 10% per phase (fitted), the published
+"""recipes/timemodel/: calibration on the two published Alibaba runs within 10% per phase (fitted), the published
 constants equal the TSVs, a GPU profile file replaces the published rates, bad profile files give one-line errors,
 and the model against three fast.ai entries it was not fitted on."""
 
