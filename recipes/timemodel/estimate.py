@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from recipes import registry
 from recipes.comm import stepmodel as sm
-from recipes.comm.plan import Settings
 from recipes.timemodel.imagenet import IMAGENET_TRAIN_IMAGES, VAL_IMAGES
 from recipes.timemodel.profile import GradProfile
 from recipes.timemodel.rates import FLOOR_WHY, GpuRates
@@ -95,21 +95,15 @@ def entry_phases(rows: list[tuple[int, int, int]], hosts: int, gpus_per_host: in
 
 
 def backends(cfg=None) -> list[Backend]:
-    """ddp, horovod and multistream as scripts/predict.py compares them (the config's comm settings if given)."""
+    """The time model's row of every registered allreduce backend (recipes/registry.py), one per TCP-flow count of
+    its record (ddp: 1 and 4), with the config's comm settings if given: what scripts/predict.py compares."""
     c = cfg.comm if cfg is not None else None
-    ms = Settings(float(c.bucket_mb), c.streams, c.slices) if c is not None else Settings(8.0, 4, 2)
-    comp = c.compression if c is not None else "none"
-    return [
-        Backend("ddp", "ddp", {"bucket_cap_mb": c.bucket_cap_mb if c is not None else 25.0, "compression": "none"}),
-        # The strongest plain DDP: NCCL told to open several sockets per connection (comm.nccl_preset: flows-4).
-        Backend(
-            "ddp (4 flows)",
-            "ddp",
-            {"bucket_cap_mb": c.bucket_cap_mb if c is not None else 25.0, "compression": "none", "flows": 4},
-        ),
-        Backend("horovod", "horovod", {"horovod": sm.Horovod(fusion_mb=128.0), "compression": "none"}),
-        Backend("multistream", "multistream", {"settings": ms, "compression": comp}),
-    ]
+    out = []
+    for rec in registry.ALLREDUCE_BACKENDS.values():
+        kwargs = {**sm.backend_kwargs(rec.name, c), "compression": c.compression if c and rec.compression else "none"}
+        for flows in rec.time_flows:
+            out.append(Backend(rec.row_label(flows), rec.name, {**kwargs, **({"flows": flows} if flows > 1 else {})}))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------
