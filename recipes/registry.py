@@ -9,9 +9,11 @@ lives, and what the rest of the tree shows or checks of it.
 The config schema takes its `Literal` types from these tables, so a wrong name is a `ConfigError` (with "did you
 mean") when the config loads; the factories (`recipes.comm.create_allreduce`, `data.create_input`,
 `recipes.optim.create_optimizer`, `models.create_model`) import the implementation from here when it is asked
-for; the time model, `train.py --plan`, scripts/predict.py, compare_runs, predict_lab and bench_allreduce list the
-backends from `ALLREDUCE_BACKENDS`. A new backend or optimizer is one record here plus its module. The records are
-plain data, and nothing of this repository is imported at import time: the schema and the torch-free tools read them.
+for; the time model, `train.py --plan --gpu`, scripts/predict.py and compare_runs list the backends from
+`ALLREDUCE_BACKENDS`, and `--print-config` the inert keys from `OPTIMIZERS`. A new backend or optimizer is one
+record here plus its module (a backend: also its step-time model in recipes/comm/stepmodel.py). The records are
+plain data, and nothing of this repository is imported at import time: the schema and the torch-free tools read
+them.
 """
 
 from __future__ import annotations
