@@ -15,7 +15,7 @@ A phase of the schedule costs, per step (training clock):
 and, per phase, the input pipeline's rebuild and the autotuning of new convolution shapes when the image size or
 batch changes. The wall clock adds, per epoch, the BN-statistics allreduce and validation, and once the start-up.
 DAWNBench's training clock (the TSV's hours) stops during validation and starts after start-up: in both Alibaba
-entries the first epoch takes as long as the next, and the trainer here counts the same way (recipes/progress.py).
+entries the first epoch takes as long as the next, and the trainer here counts the same way (recipes/epoch_clock.py).
 
 Each term carries a low-mid-high range; a prediction's range is the sum, and it names the term that contributes the
 widest part. Numbers that come from a fit say so (`Calibration`): the V100 shape of rate against resolution

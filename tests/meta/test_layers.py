@@ -27,7 +27,7 @@ BOTTOM = ["recipes", "recipes.errors", "recipes.registry", "recipes.run.files", 
 BOTTOM += ["recipes.environment"]
 RECIPE_PARTS = ["recipes.lars", "recipes.optim", "recipes.schedule", "recipes.schedule_report", "recipes.distributed"]
 RECIPE_PARTS += ["recipes.run", "recipes.logger", "recipes.dawnbench", "recipes.comm"]
-RECIPE_PARTS += ["recipes.steps", "recipes.progress", "recipes.preemption", "recipes.ema"]
+RECIPE_PARTS += ["recipes.steps", "recipes.epoch_clock", "recipes.preemption", "recipes.ema"]
 RECIPE_PARTS += ["recipes.report", "recipes.timemodel", "recipes.memory"]
 LAYERS: list[tuple[str, list[str]]] = [
     ("bottom", BOTTOM),
@@ -220,7 +220,7 @@ def test_every_error_class_has_one_import_path():
 PART_SECTIONS = {
     "recipes/steps.py": {"data", "optim"},
     "recipes/schedule.py": set(),  # Schedule(cfg.phases, cfg.optim, num_images=, world_size=)
-    "recipes/progress.py": set(),
+    "recipes/epoch_clock.py": set(),
     "recipes/logger.py": set(),
     "recipes/run/files.py": set(),
     "recipes/run/payload.py": set(),
