@@ -90,6 +90,9 @@ class StepRunner:
             loss = self._backward(x, y, micro_batches)
             if self.scaler.is_enabled():
                 scale_before = self.scaler._get_scale_async().clone()
+                # Unscale in place, in the one fused kernel that checks for inf/NaN anyway (GradScaler would run
+                # it with a scale of 1 and hand the optimizer the scale to divide by, a second pass and copy).
+                self.scaler.unscale_(self.optimizer)
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
                 # GradScaler lowers the scale exactly when it skipped the step (fp16 overflow)
