@@ -77,6 +77,7 @@ class _Engine:
         # backward's stream, reached only when communication is done, or host times on CPU (recipes/comm/timing.py).
         self.clock = Stopwatch(self.device)
         self.marks: list[tuple] = []  # steps not yet read, oldest first
+        self.timing = True  # False once the step is a CUDA graph: a replay runs no Python, so it marks nothing
         self.serialize = serialize
         self._queue: queue.Queue | None = None
         self._error: BaseException | None = None
@@ -91,7 +92,7 @@ class _Engine:
     def grad_ready(self, i: int) -> None:
         if not self.active:
             self.active = True
-            self.t_start = self.clock.mark()
+            self.t_start = self.clock.mark() if self.timing else None
             self.pending = list(self.counts)
             self.next_bucket = 0
             self.works = []
@@ -179,7 +180,7 @@ class _Engine:
             while self.next_bucket < len(self.pending):
                 self._launch(self.next_bucket)
                 self.next_bucket += 1
-            t_wait = self.clock.mark()
+            t_wait = self.clock.mark() if self.timing else None
             if self.serialize:
                 self._queue.join()
                 if self._error is not None:
@@ -197,7 +198,8 @@ class _Engine:
                 if wire is not buf:  # the fp16/bf16 wire copy holds the averages: back into the gradients' buffer
                     buf.copy_(wire)
             # after the copy-back, which the current stream runs only once it waited for every communicator
-            self.marks.append((self.t_start, t_wait, self.clock.mark()))
+            if self.timing:
+                self.marks.append((self.t_start, t_wait, self.clock.mark()))
         finally:
             self.works = []
             self.active = False
