@@ -280,8 +280,14 @@ class GraphStep(StepRunner):
             self.pool = torch.cuda.graph_pool_handle()
         self.optimizer.zero_grad(set_to_none=True)
         # thread_local: other threads (the input pipeline's) may keep calling CUDA while this thread captures
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            self._body(xs, ys, out)
+        try:
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+                self._body(xs, ys, out)
+        except Exception as e:
+            raise TrainingError(
+                f"run.cuda_graph: capturing the training step for input {list(xs.shape)} failed: "
+                f"{type(e).__name__}: {e}. Set run.cuda_graph=false to run every step eagerly"
+            ) from e
         self.graph = graph
         graph.replay()  # capturing ran nothing: this is the step
         if log is not None:
