@@ -5,6 +5,7 @@ must train exactly like the eager StepRunner, through a skipped non-finite step 
 from __future__ import annotations
 
 import copy
+from contextlib import nullcontext
 from functools import partial
 
 import pytest
@@ -176,3 +177,74 @@ def test_graph_decision_says_why_it_stays_eager():
             criterion=nn.CrossEntropyLoss(),
             device=torch.device("cpu"),
         )
+
+
+class _Stream:
+    def wait_stream(self, other):
+        pass
+
+
+def test_capture_replay_and_recapture_with_a_stand_in_graph(monkeypatch):
+    """The capture path's control flow on CPU, with torch.cuda's graph and streams replaced: a capture runs nothing
+    (the stand-in restores every tensor the step wrote), a replay runs the captured body on the static buffers.
+    Warm-up steps, then one capture per shape, replays in between, the same weights as the eager step."""
+    monkeypatch.setattr(td, "all_reduce", lambda t, group=None, async_op=False: _Done())
+    ref_model, new_model = _net(), _net()
+    ref = _runner(StepRunner, ref_model, amp="fp16", engine=True)
+    new = _runner(partial(GraphStep, capture=True, warmup=2), new_model, amp="fp16", engine=True)
+    captured, replays = [], []
+
+    def written():
+        opt_state = [t for s in new.optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+        return [
+            *new_model.parameters(),
+            *new_model.buffers(),
+            *opt_state,
+            new.scaler._scale,
+            new.scaler._growth_tracker,
+        ]
+
+    class Graph:
+        def replay(self):
+            replays.append(tuple(self.shape))
+            self.body()
+
+    class capture_graph:  # torch.cuda.graph(graph, pool=..., capture_error_mode=...)
+        def __init__(self, graph, pool=None, capture_error_mode=None):
+            self.g = graph
+
+        def __enter__(self):
+            self.before = [t.detach().clone() for t in written()]
+
+        def __exit__(self, *exc):
+            with torch.no_grad():
+                for t, b in zip(written(), self.before, strict=True):
+                    t.copy_(b)
+            self.g.shape, self.g.body = new.static[0].shape, partial(new._body, *new.static)
+            captured.append(tuple(new.static[0].shape))
+
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: _Stream())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: object())
+    monkeypatch.setattr(torch.cuda, "graph", capture_graph)
+    st_ref, st_new, log_ref, log_new = State(), State(), _Log(), _Log()
+    for i, (x, y) in enumerate(_batches()):
+        for runner in (ref, new):
+            set_lr_momentum(runner.optimizer, 0.05 + 0.1 * i, 0.98 - 0.01 * i)
+        ref(x, y, st_ref, log_ref)
+        new(x.clone(), y.clone(), st_new, log_new)
+    ref.settle(st_ref, log_ref)
+    new.settle(st_new, log_new)
+    # 8 px: 2 eager, captured at step 2 (and replayed: that is the step), 3 more replays incl. the NaN step 3;
+    # 12 px: a new shape, 2 eager, captured and replayed at step 8
+    assert captured == [(4, 3, 8, 8), (4, 3, 12, 12)]
+    assert replays == [(4, 3, 8, 8)] * 4 + [(4, 3, 12, 12)]
+    assert [m for m in log_new.lines if "captured" in m] == [
+        "run.cuda_graph: step captured for input [4, 3, 8, 8] (torch.float32)",
+        "run.cuda_graph: step captured for input [4, 3, 12, 12] (torch.float32)",
+    ]
+    for (name, a), b in zip(ref_model.state_dict().items(), new_model.state_dict().values(), strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, equal_nan=True, msg=name)
+    assert st_new.skipped_steps == st_ref.skipped_steps == 1
