@@ -22,10 +22,14 @@ The two agree while r stays constant; once r moves (it does every step), the tor
 ratio and the tf buffer takes today's ratio for all its history, so the record's eta and clip carry over exactly
 only under tf.
 
-`lars` is this with no clipping (trust_min=0, trust_max=inf). The step is a few `torch._foreach_*` calls per
-(device, dtype) group, not a Python loop over the model's tensors; the momentum and weight update is torch's fused
-SGD kernel, so the optimizer understands GradScaler's `grad_scale`/`found_inf` like torch's fused optimizers: a
-step with non-finite gradients is skipped on the device, with no host synchronisation.
+`lars` is this with no clipping (trust_min=0, trust_max=inf). The step is a fixed number of kernels per
+(device, dtype) group, whatever the number of tensors: multi-tensor `torch._foreach_*` calls, and whole-group
+operations on a flat workspace that holds d for every tensor (views into it with each parameter's strides, built
+once), where the per-tensor trust ratio is spread over the elements (`repeat_interleave`) and the non-finite
+values of a skipped step are zeroed in one kernel. `.grad` is never modified. The optimizer understands
+GradScaler's `grad_scale`/`found_inf` like torch's fused optimizers: a step with non-finite gradients is skipped on
+the device, with no host synchronisation. `lr` and `momentum` may be 0-dim tensors on the device (a CUDA graph
+replays the step with the values they hold), or floats.
 """
 
 from __future__ import annotations
@@ -35,6 +39,45 @@ from collections import defaultdict
 
 import torch
 from torch import Tensor
+
+
+def _dense(p: Tensor) -> bool:
+    """Whether `p` covers exactly `p.numel()` consecutive elements in some dimension order (contiguous,
+    channels_last, any permutation), so a view with its strides fits a flat segment of that size."""
+    expected = 1
+    for size, stride in sorted(zip(p.shape, p.stride(), strict=True), key=lambda t: t[1]):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def strided_view(flat: Tensor, like: Tensor, offset: int) -> Tensor:
+    """A view of `like`'s shape into the 1-d `flat` at element `offset`: with `like`'s strides where it is dense,
+    so multi-tensor kernels see view and tensor in the same layout (their fast path); contiguous otherwise."""
+    if _dense(like):
+        return flat.as_strided(like.shape, like.stride(), flat.storage_offset() + offset)
+    return flat[offset : offset + like.numel()].view(like.shape)
+
+
+class _Workspace:
+    """One flat buffer for a list of tensors, with a view per tensor (`strided_view`), built once."""
+
+    def __init__(self, params: list[Tensor]):
+        self.params = list(params)
+        numels = [p.numel() for p in params]
+        self.total = sum(numels)
+        self.flat = torch.empty(self.total, dtype=params[0].dtype, device=params[0].device)
+        offsets = [sum(numels[:i]) for i in range(len(numels))]
+        self.views = [strided_view(self.flat, p, off) for p, off in zip(params, offsets, strict=True)]
+        self.counts = torch.tensor(numels, device=params[0].device)
+
+    def fits(self, params: list[Tensor]) -> bool:
+        return len(params) == len(self.params) and all(a is b for a, b in zip(params, self.params, strict=True))
+
+    def spread(self, per_tensor: Tensor) -> Tensor:
+        """A 1-d tensor of one value per tensor, repeated over that tensor's elements (no host sync)."""
+        return torch.repeat_interleave(per_tensor, self.counts, output_size=self.total)
 
 
 def trust_ratios(w_norm: Tensor, g_norm: Tensor, eta: float, weight_decay: float, lo: float, hi: float) -> Tensor:
@@ -111,41 +154,55 @@ class LayerAdaptiveSGD(torch.optim.Optimizer):
                 )
         return loss
 
+    def _workspace(self, key: tuple, params: list[Tensor]) -> _Workspace:
+        spaces = self.__dict__.setdefault("_spaces", {})
+        ws = spaces.get(key)
+        if ws is None or not ws.fits(params):
+            ws = spaces[key] = _Workspace(params)
+        return ws
+
+    def _momentum_buffers(self, params: list[Tensor]) -> list[Tensor]:
+        bufs = []
+        for p in params:
+            state = self.state[p]
+            if "momentum_buffer" not in state:
+                # m * 0 + d == d: a zero buffer starts exactly like buf = d, and stays zero if the step is skipped
+                state["momentum_buffer"] = torch.zeros_like(p)
+            bufs.append(state["momentum_buffer"])
+        return bufs
+
     def _step_tensors(
         self, group: dict, params: list[Tensor], grad_scale: Tensor | None, found_inf: Tensor | None
     ) -> None:
         lr, m, wd = group["lr"], group["momentum"], group["weight_decay"]
-        grads = [p.grad for p in params]
+        ws = self._workspace((id(group), params[0].device, params[0].dtype), params)
+        d = ws.views
+        torch._foreach_copy_(d, [p.grad for p in params])  # d lives in the workspace: `.grad` is left alone
         if grad_scale is not None:  # fp16 gradients still carry GradScaler's scale
-            grads = torch._foreach_div(grads, grad_scale)
-        d = torch._foreach_add(grads, params, alpha=wd) if wd else torch._foreach_mul(grads, 1.0)
+            ws.flat.div_(grad_scale)
         ratios = None
         if group["adapt"]:
             ratios = trust_ratios(
                 torch.stack(torch._foreach_norm(params)),
-                torch.stack(torch._foreach_norm(grads)),
+                torch.stack(torch._foreach_norm(d)),
                 group["eta"],
                 wd,
                 group["trust_min"],
                 group["trust_max"],
             )
+        if wd:
+            torch._foreach_add_(d, params, alpha=wd)
         tf = ratios is not None and group.get("momentum_convention", "torch") == "tf"
         if ratios is not None and not tf:
-            torch._foreach_mul_(d, ratios.unbind(0))
-        bufs = []
-        if m:
-            for p in params:
-                state = self.state[p]
-                if "momentum_buffer" not in state:
-                    # m * 0 + d == d: a zero buffer starts exactly like buf = d, and stays zero if the step is skipped
-                    state["momentum_buffer"] = torch.zeros_like(p)
-                bufs.append(state["momentum_buffer"])
-        if not tf:
+            ws.flat.mul_(ws.spread(ratios))
+        tensor_m = isinstance(m, Tensor)
+        if not tf and not tensor_m:
             # buf = m * buf + d; w -= lr * (d + m * buf) (Nesterov) or lr * buf; nothing at all when found_inf is set.
+            # `lr` may be a tensor (the kernel's tensor-lr form); the momentum must be a float here.
             torch._fused_sgd_(
                 params,
                 d,
-                bufs,
+                self._momentum_buffers(params) if m else [],
                 weight_decay=0.0,
                 momentum=m,
                 lr=lr,
@@ -157,32 +214,45 @@ class LayerAdaptiveSGD(torch.optim.Optimizer):
                 found_inf=found_inf,
             )
             return
-        self._step_tf(group, params, d, bufs, ratios, found_inf)
+        self._step_foreach(group, params, ws, ratios if tf else None, found_inf)
 
-    @staticmethod
-    def _step_tf(
-        group: dict, params: list[Tensor], d: list[Tensor], bufs: list[Tensor], ratios: Tensor, found_inf: Tensor | None
+    def _step_foreach(
+        self, group: dict, params: list[Tensor], ws: _Workspace, ratios: Tensor | None, found_inf: Tensor | None
     ) -> None:
-        """TensorFlow's LARS: the buffer holds raw (decayed) gradients and lr x trust ratio scales the whole update.
+        """The momentum and weight update in multi-tensor and whole-workspace kernels: TensorFlow's LARS (`ratios`
+        given: lr x trust ratio scales the whole update, the buffer holds raw decayed gradients), or torch's
+        convention with a tensor momentum (d already carries the ratio).
 
         A step with `found_inf` set changes nothing, decided on the device (keep = 1 - found_inf), like the fused
-        kernel: the non-finite values are zeroed first, since 0 x inf would still be NaN."""
-        lr, m = group["lr"], group["momentum"]
+        kernel: the non-finite values are zeroed first (one kernel over the workspace), since 0 x inf is NaN."""
+        lr, m, d = group["lr"], group["momentum"], ws.views
+        tensor_m = isinstance(m, Tensor)
         keep = None
         if found_inf is not None:
-            # 0-dim: GradScaler and the trainer hand a flag of shape (1,), and _foreach_mul_ takes only a 0-dim tensor
-            keep = 1.0 - found_inf.to(d[0].dtype).reshape(())
-            for x in d:
-                torch.nan_to_num_(x, nan=0.0, posinf=0.0, neginf=0.0)
-            torch._foreach_mul_(d, keep)
-            ratios = torch.nan_to_num(ratios, nan=0.0, posinf=0.0, neginf=0.0)
-        if m:
+            keep = 1.0 - found_inf.to(ws.flat.dtype).reshape(())
+            torch.nan_to_num_(ws.flat, nan=0.0, posinf=0.0, neginf=0.0)
+            ws.flat.mul_(keep)
+            if ratios is not None:
+                ratios = torch.nan_to_num(ratios, nan=0.0, posinf=0.0, neginf=0.0)
+        if tensor_m or m:
+            bufs = self._momentum_buffers(params)
             torch._foreach_mul_(bufs, m if keep is None else 1.0 + keep * (m - 1.0))  # a skipped step keeps buf
             torch._foreach_add_(bufs, d)
-            upd = torch._foreach_add(d, bufs, alpha=m) if group["nesterov"] else torch._foreach_mul(bufs, 1.0)
+            if not group["nesterov"]:
+                torch._foreach_copy_(d, bufs)  # u = buf
+            elif tensor_m:  # u = d + m * buf, m * buf in a second workspace (no allocation per tensor)
+                mb = self._workspace((id(group), params[0].device, params[0].dtype, "m*buf"), params)
+                torch._foreach_copy_(mb.views, bufs)
+                mb.flat.mul_(m)
+                torch._foreach_add_(d, mb.views)
+            else:
+                torch._foreach_add_(d, bufs, alpha=m)
             if keep is not None:
-                torch._foreach_mul_(upd, keep)
+                ws.flat.mul_(keep)
+        if ratios is not None:
+            ws.flat.mul_(ws.spread(ratios))  # lr x trust ratio on the whole (Nesterov) update
+        if isinstance(lr, Tensor):
+            ws.flat.mul_(lr)
+            torch._foreach_sub_(params, d)
         else:
-            upd = d
-        torch._foreach_mul_(upd, ratios.unbind(0))  # lr x trust ratio on the whole (Nesterov) update
-        torch._foreach_add_(params, upd, alpha=-lr)
+            torch._foreach_add_(params, d, alpha=-lr)

@@ -90,6 +90,9 @@ class StepRunner:
             loss = self._backward(x, y, micro_batches)
             if self.scaler.is_enabled():
                 scale_before = self.scaler._get_scale_async().clone()
+                # Unscale in place, in the one fused kernel that checks for inf/NaN anyway (GradScaler would run
+                # it with a scale of 1 and hand the optimizer the scale to divide by, a second pass and copy).
+                self.scaler.unscale_(self.optimizer)
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
                 # GradScaler lowers the scale exactly when it skipped the step (fp16 overflow)
@@ -152,3 +155,159 @@ class StepRunner:
             if self.on_nonfinite == "halt":
                 raise TrainingError(f"{what}: halting (run.on_nonfinite=halt; 'skip' skips such steps)")
             log.warn(f"{what}: step skipped ({st.skipped_steps} so far; run.on_nonfinite=skip)")
+
+
+class GraphStep(StepRunner):
+    """The whole training step as one CUDA graph per phase shape (`run.cuda_graph`), or the same code run eagerly.
+
+    Per step, outside the graph: the loader's batch is copied into static input buffers, each group's lr and
+    momentum (floats, set by the trainer) are written into 0-dim device tensors, and the step's loss, non-finite
+    flag and fp16 scale are copied out of static outputs into the pending list (`settle` reads them later). Inside:
+    forward, backward (with the allreduce backend's hooks), GradScaler's unscale and inf check, the optimizer step
+    reading the tensor lr and momentum, the scale update. With `capture` (a CUDA device, decided by the trainer),
+    `warmup` steps of each new (input shape, dtype) run eagerly on a side stream, then the step is captured once
+    (all shapes share one memory pool) and replayed; a new shape (a phase change) captures again. Without, the same
+    body runs eagerly every step: the CPU tests run it. One micro-batch per step only (accumulation stays eager).
+    """
+
+    def __init__(self, *, capture: bool, warmup: int = 3, **kw):
+        super().__init__(**kw)
+        if not skips_on_device(self.optimizer):
+            raise TrainingError(
+                f"{type(self.optimizer).__name__} decides on the host whether to step; it cannot run as one graph"
+            )
+        self.capture, self.warmup = capture, warmup
+        if capture and self.amp_ctx is not nullcontext:
+            # autocast's cache of cast weights would be freed at the end of the capture (torch's CUDA-graph notes)
+            dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[kw.get("amp", "none")]
+            self.amp_ctx = lambda: torch.autocast(self.device.type, dtype=dtype, cache_enabled=False)
+        groups = self.optimizer.param_groups
+        self.hp = [{k: torch.zeros((), device=self.device) for k in ("lr", "momentum") if k in g} for g in groups]
+        self.shape = None
+        self.graph = None  # the current shape's CUDA graph, once captured
+        self.static: tuple = ()  # the current shape's input buffers and (loss, flag, scale) output
+        self.pool = None  # one memory pool for every capture
+        self.seen = 0  # eager steps of the current shape so far
+        self.said: str | None = None  # the last reason logged for running eager
+
+    def _body(self, x: torch.Tensor, y: torch.Tensor, out: torch.Tensor) -> None:
+        """One step on the static inputs; writes (loss, non-finite flag, fp16 scale before the step) into `out`."""
+        self.optimizer.zero_grad(set_to_none=True)  # no kernel: the fresh gradients are the step's (graph's) own
+        with self.amp_ctx():
+            loss = self.criterion(self.train_model(x), y)
+        self.scaler.scale(loss).backward()
+        groups = self.optimizer.param_groups
+        floats = [{k: g[k] for k in hp} for g, hp in zip(groups, self.hp, strict=True)]
+        for g, hp in zip(groups, self.hp, strict=True):
+            g.update(hp)  # the step reads the device tensors (a replay reads the values they hold then)
+        try:
+            if self.scaler.is_enabled():
+                scale_before = self.scaler._get_scale_async().reshape(()).clone()
+                self.scaler.unscale_(self.optimizer)
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+                flag = (self.scaler._get_scale_async().reshape(()) < scale_before).float()
+            else:
+                scale_before = torch.zeros((), device=out.device)
+                flag = self.nonfinite_flag().reshape(())
+                self.optimizer.found_inf = flag.reshape(1)
+                try:
+                    self.optimizer.step()
+                finally:
+                    del self.optimizer.found_inf
+        finally:
+            for g, saved in zip(groups, floats, strict=True):
+                g.update(saved)  # the groups keep plain floats: checkpoints and logs see what they always saw
+        out.copy_(torch.stack([loss.detach().float().reshape(()), flag, scale_before.float()]))
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, st, log=None, micro_batches: int = 1) -> torch.Tensor:
+        if micro_batches != 1:
+            raise TrainingError("GraphStep runs one micro-batch per step; accumulation runs in StepRunner")
+        shape = (tuple(x.shape), x.dtype, tuple(y.shape), y.dtype)
+        if shape != self.shape:  # a new phase: new static buffers, captured again (the old graph is dropped)
+            self.shape, self.seen = shape, 0
+            self.graph = None
+            self.static = (torch.empty_like(x), torch.empty_like(y), torch.zeros(3, device=x.device))
+        graph, (xs, ys, out) = self.graph, self.static
+        xs.copy_(x, non_blocking=True)
+        ys.copy_(y, non_blocking=True)
+        for g, hp in zip(self.optimizer.param_groups, self.hp, strict=True):
+            for k, t in hp.items():
+                t.fill_(g[k])
+        ready = self.capture and self._comm_ready(log)
+        what = f"gradient allreduce (comm.backend={self.backend})"
+        with collective_guard(what, st.step, self.timeout_s):
+            if graph is not None and ready:
+                graph.replay()
+            elif ready and self.seen >= self.warmup:
+                self._capture(xs, ys, out, log)
+            else:
+                self._eager(xs, ys, out)
+                self.seen += 1
+        saved = out.clone()
+        loss, flag, scale = saved[0], saved[1], saved[2]
+        self.pending.append((st.step, st.epoch, flag, loss, scale if self.scaler.is_enabled() else None))
+        st.step += 1
+        st.epoch_step += 1
+        self.comm.on_step_end(st.step, log)
+        return loss
+
+    def _comm_ready(self, log) -> bool:
+        """Whether the allreduce backend's work can be captured now (multistream: not while its tuner measures);
+        one line per new reason for running eager."""
+        ask = getattr(self.comm, "capture_blocker", None)
+        why = None if ask is None else ask()
+        if why is not None and why != self.said:
+            self.said = why
+            msg = f"run.cuda_graph: step runs eager: {why}"
+            log.info(msg) if log is not None else print(msg, flush=True)
+        return why is None
+
+    def _eager(self, xs, ys, out) -> None:
+        if not self.capture:
+            self._body(xs, ys, out)
+            return
+        # Warm-up before a capture, on a side stream (torch's CUDA-graph notes: cuDNN/cuBLAS workspaces, lazy state)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            self._body(xs, ys, out)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+
+    def _capture(self, xs, ys, out, log) -> None:
+        graph = torch.cuda.CUDAGraph()
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        self.optimizer.zero_grad(set_to_none=True)
+        # thread_local: other threads (the input pipeline's) may keep calling CUDA while this thread captures
+        try:
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+                self._body(xs, ys, out)
+        except Exception as e:
+            raise TrainingError(
+                f"run.cuda_graph: capturing the training step for input {list(xs.shape)} failed: "
+                f"{type(e).__name__}: {e}. Set run.cuda_graph=false to run every step eagerly"
+            ) from e
+        self.graph = graph
+        graph.replay()  # capturing ran nothing: this is the step
+        if log is not None:
+            log.info(f"run.cuda_graph: step captured for input {list(xs.shape)} ({xs.dtype})")
+
+
+def graph_decision(
+    run, *, backend: str, optim_name: str, device: torch.device, world_size: int, optimizer
+) -> tuple[bool, str]:
+    """(capture the step as a CUDA graph?, why not), from the run section, `comm.backend`, `optim.name`:
+    `run.cuda_graph` captures where it is known to be safe."""
+    if not run.cuda_graph:
+        return False, "run.cuda_graph=false"
+    reasons = [
+        (device.type != "cuda", f"no CUDA device ({device.type})"),
+        (run.accumulate > 1 or run.max_gpu_batch is not None, "gradient accumulation (run.accumulate/max_gpu_batch)"),
+        (run.compile != "none", f"run.compile={run.compile} (inductor handles its own graphs)"),
+        (not skips_on_device(optimizer), f"optim.name={optim_name} decides on the host whether to step"),
+        (backend == "horovod" and world_size > 1, "comm.backend=horovod (Horovod's allreduce runs on its own thread)"),
+        (backend == "ddp" and world_size > 1, "comm.backend=ddp across ranks (DDP's reducer runs host logic per step)"),
+    ]
+    why = [r for bad, r in reasons if bad]
+    return (False, "; ".join(why)) if why else (True, "")

@@ -40,7 +40,7 @@ from recipes.run.directory import open_run
 from recipes.run.outputs import RunOutputs
 from recipes.run.payload import State
 from recipes.schedule import Schedule
-from recipes.steps import StepRunner, create_criterion
+from recipes.steps import GraphStep, StepRunner, create_criterion, graph_decision
 from recipes.timemodel import calibrated_compute
 
 
@@ -114,7 +114,17 @@ class Trainer:
         # the graph at DDP's buckets so that their allreduce still overlaps the backward).
         shapes = len({(e.phase.image_size, e.phase.batch_size) for e in self.plan.epochs})
         self.train_model = compile_for_training(self.train_model, cfg.run.compile, shapes=shapes)
-        self.steps = StepRunner(
+        capture, why = graph_decision(
+            cfg.run,
+            backend=cfg.comm.backend,
+            optim_name=cfg.optim.name,
+            device=dist.device,
+            world_size=dist.world_size,
+            optimizer=self.optimizer,
+        )
+        if why and cfg.run.cuda_graph:
+            self.log.info(f"run.cuda_graph: step runs eager: {why}")
+        self.steps = (functools.partial(GraphStep, capture=True) if capture else StepRunner)(
             model=model,
             train_model=self.train_model,
             optimizer=self.optimizer,

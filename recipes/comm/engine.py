@@ -1,13 +1,23 @@
 """The per-step engine of `comm.backend: multistream`: launches, waits for and writes back one FusionPlan's buckets.
 
 How a step goes (see plan.py for the plan itself):
+- the gradients end in the buckets: every parameter has a view into its bucket's flat buffer, with the
+  parameter's own shape and strides (channels_last stays channels_last), built once;
 - every parameter has a post-accumulate-grad hook; when all gradients of bucket b are ready (and all buckets
-  before it were launched, so every rank issues collectives in the same order), the gradients are copied into
-  the bucket's flat buffer, divided by the world size in fp32, optionally cast to the fp16/bf16 wire format, and
-  its S slices are allreduced asynchronously, slice j on communicator (b*S + j) mod K, while backward goes on;
+  before it were launched, so every rank issues collectives in the same order), the bucket's gradients are
+  copied into it by one multi-tensor copy (`_foreach_copy_`, not one `copy_` per parameter) and each `.grad`
+  becomes its view, the bucket is divided by the world size in fp32, optionally cast to the fp16/bf16 wire
+  format, and its S slices are allreduced asynchronously, slice j on communicator (b*S + j) mod K, while
+  backward goes on. A gradient that already is its view (`.grad` was not set to None since the last step, so
+  autograd accumulated into the bucket in place) is not copied;
 - a callback queued on the autograd engine runs when backward ends: it launches any bucket not launched yet
-  (unused parameters count as zeros), waits for every slice, and writes the averages back into `.grad`, so
-  `loss.backward()` returns with averaged gradients exactly as with DDP and the optimizer step needs nothing.
+  (unused parameters count as zeros), waits for every slice, and casts compressed buckets back (one copy per
+  bucket). `loss.backward()` returns with averaged gradients in `.grad`, views into the buckets as with DDP's
+  `gradient_as_bucket_view`, and the optimizer step needs nothing. Nothing is copied out of the buckets.
+
+Why copy in rather than let autograd accumulate into the views: with `.grad` set to None before backward (the
+trainer's `zero_grad(set_to_none=True)`), autograd hands over each fresh gradient without a kernel, and the copy is
+one kernel per bucket; gradients kept as views would cost a zeroing per bucket plus one `add_` per parameter.
 
 Concurrency (recipes/comm/concurrency.py decides which, docs/allreduce.md states the rule): `overlap` issues
 every slice at once from the thread that runs the hooks, in plan order on every rank; `serialize` hands them to
@@ -29,6 +39,7 @@ from torch import nn
 from recipes.comm.plan import WIRE_DTYPES, FusionPlan
 from recipes.comm.timing import Stopwatch
 from recipes.errors import CommError
+from recipes.lars import strided_view
 
 
 class _Engine:
@@ -54,12 +65,19 @@ class _Engine:
         wire = WIRE_DTYPES[plan.compression]
         self.wire = [buf if wire is None else torch.empty_like(buf, dtype=wire) for buf in self.buffers]
         self.slices = [plan.slice_bounds(b) for b in range(len(plan.buckets))]
+        # built once: the slices' views of the wire buffers and every parameter's gradient view into its bucket
+        self.slice_views = [[w[lo:hi] for lo, hi in bounds] for w, bounds in zip(self.wire, self.slices, strict=True)]
+        self.views = [
+            strided_view(self.buffers[self.bucket_of[i]], p, self.offset[i]) if i in self.bucket_of else None
+            for i, p in enumerate(params)
+        ]
         self.counts = [len(idxs) for idxs in plan.buckets]
         self.active = False
         # Per step, three marks (first gradient, backward ended, averages written back): CUDA events on the
         # backward's stream, reached only when communication is done, or host times on CPU (recipes/comm/timing.py).
         self.clock = Stopwatch(self.device)
         self.marks: list[tuple] = []  # steps not yet read, oldest first
+        self.timing = True  # False once the step is a CUDA graph: a replay runs no Python, so it marks nothing
         self.serialize = serialize
         self._queue: queue.Queue | None = None
         self._error: BaseException | None = None
@@ -74,7 +92,7 @@ class _Engine:
     def grad_ready(self, i: int) -> None:
         if not self.active:
             self.active = True
-            self.t_start = self.clock.mark()
+            self.t_start = self.clock.mark() if self.timing else None
             self.pending = list(self.counts)
             self.next_bucket = 0
             self.works = []
@@ -87,13 +105,18 @@ class _Engine:
 
     def _launch(self, b: int) -> None:
         buf = self.buffers[b]
+        dst, src = [], []
         for i in self.plan.buckets[b]:
-            p, n = self.params[i], self.plan.tensors[i].numel
-            seg = buf[self.offset[i] : self.offset[i] + n]
-            if p.grad is None:
-                seg.zero_()  # an unused parameter contributes zeros, as in DDP
-            else:
-                seg.view(p.shape).copy_(p.grad)
+            p, view = self.params[i], self.views[i]
+            g = p.grad
+            if g is None:
+                view.zero_()  # an unused parameter contributes zeros, as in DDP
+            elif g is not view:
+                dst.append(view)
+                src.append(g)
+            p.grad = view
+        if dst:
+            torch._foreach_copy_(dst, src)
         buf.div_(self.world)  # average in the gradients' own precision, before any cast to the wire format
         wire = self.wire[b]
         if wire is not buf:
@@ -102,12 +125,12 @@ class _Engine:
         if self.serialize and wire.is_cuda:
             event = torch.cuda.Event()
             event.record()
-        for j, (lo, hi) in enumerate(self.slices[b]):
+        for j, part in enumerate(self.slice_views[b]):
             k = self.plan.communicator(b, j)
             if self.serialize:
-                self._queue.put((b, j, k, wire[lo:hi], event))
+                self._queue.put((b, j, k, part, event))
             else:
-                self.works.append((b, j, k, td.all_reduce(wire[lo:hi], group=self.groups[k], async_op=True)))
+                self.works.append((b, j, k, td.all_reduce(part, group=self.groups[k], async_op=True)))
 
     def _serial_loop(self) -> None:
         if self.device.type == "cuda":
@@ -152,12 +175,12 @@ class _Engine:
         )
 
     def finalize(self) -> None:
-        """End of backward: launch what is left, wait for every slice, write the averages into `.grad`."""
+        """End of backward: launch what is left, wait for every slice; compressed buckets cast back into `.grad`."""
         try:
             while self.next_bucket < len(self.pending):
                 self._launch(self.next_bucket)
                 self.next_bucket += 1
-            t_wait = self.clock.mark()
+            t_wait = self.clock.mark() if self.timing else None
             if self.serialize:
                 self._queue.join()
                 if self._error is not None:
@@ -171,18 +194,12 @@ class _Engine:
                         work.wait()
                     except Exception as e:
                         raise self._comm_error(b, j, k, e) from e
-            for b, idxs in enumerate(self.plan.buckets):
-                src = self.wire[b]
-                for i in idxs:
-                    p, n = self.params[i], self.plan.tensors[i].numel
-                    avg = src[self.offset[i] : self.offset[i] + n].view(p.shape)
-                    if p.grad is None:  # an unused parameter: a gradient with its memory format (channels_last)
-                        p.grad = torch.empty_like(p, memory_format=torch.preserve_format)
-                        p.grad.copy_(avg)
-                    else:
-                        p.grad.copy_(avg)
+            for buf, wire in zip(self.buffers, self.wire, strict=True):
+                if wire is not buf:  # the fp16/bf16 wire copy holds the averages: back into the gradients' buffer
+                    buf.copy_(wire)
             # after the copy-back, which the current stream runs only once it waited for every communicator
-            self.marks.append((self.t_start, t_wait, self.clock.mark()))
+            if self.timing:
+                self.marks.append((self.t_start, t_wait, self.clock.mark()))
         finally:
             self.works = []
             self.active = False

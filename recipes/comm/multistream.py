@@ -191,6 +191,19 @@ class MultiStreamBackend(BackendDefaults):
         if not self._held:
             self.engine.grad_ready(i)
 
+    def capture_blocker(self) -> str | None:
+        """Whether the engine's work may be captured in a CUDA graph now (recipes/steps.py's GraphStep): not while
+        the tuner measures steps, nor under `serialize` (its helper thread synchronises on the host). From then on
+        the engine marks no times: a replayed step runs no Python, so the stats cover the eager steps only."""
+        if self.engine is None:
+            return None
+        if self.tuner is not None and not self.tuner.done:
+            return "the multistream tuner measures eager steps"
+        if self.concurrency.mode == "serialize":
+            return "comm.concurrency=serialize (its helper thread waits on the host)"
+        self.engine.timing = False
+        return None
+
     @contextmanager
     def no_sync(self, model: nn.Module):
         """The hooks skip the engine: gradients accumulate in `.grad`, and the next backward pass reduces the sum."""

@@ -97,6 +97,14 @@ class RunConfig:
         "image and batch size); none = eager. Validation and checkpoints use the eager module",
         trains=False,
     )
+    cuda_graph: bool = _f(
+        True,
+        help="on a CUDA device, the whole training step (forward, backward, allreduce, unscale, optimizer) "
+        "is one CUDA graph per phase shape, captured after 3 warm-up steps; it runs eager, with one log line "
+        "saying why, under accumulation, run.compile, Horovod or DDP across ranks, an optimizer that decides on "
+        "the host (lamb), or while the multistream tuner measures (docs/recipe.md)",
+        trains=False,
+    )
     ema: bool = _f(
         False,
         help="keep an exponential moving average of the weights and BN statistics (timm's ModelEmaV3), "

@@ -5,6 +5,7 @@ horovod), evaluate.py and the batch-1 inference modes.
 
     python -m scripts.gpu_check.gpu_check [--out gpu_check.json] [--steps 25] [--work DIR]      (make gpu-check)
     python -m scripts.gpu_check.gpu_check --parts steps          # only the train-step rows and the GPU profile
+    python -m scripts.gpu_check.gpu_check --parts speed          # the record's step, eager vs CUDA graph
 
 Three outcomes, one line each where nothing ran:
   no GPU                       exit 0, "gpu-check: no CUDA GPU present: nothing GPU-only ran"
@@ -52,7 +53,8 @@ def write_profile(path: Path, rates: list[dict], dtype: str) -> dict:
 
 # The check's parts in the order they run, each with the parts it needs: the DALI rows are held to the step rates,
 # evaluation reads the ddp run's checkpoint.
-PARTS = {"steps": (), "dali": ("steps",), "allreduce": (), "e2e": (), "eval": ("e2e",)}
+PARTS = {"steps": (), "dali": ("steps",), "allreduce": (), "e2e": (), "eval": ("e2e",), "speed": ()}
+WHOLE = [p for p in PARTS if p != "speed"]  # speed (gpu_check_speed.py, minutes) runs when asked: --parts speed
 
 
 def with_needs(parts: list[str]) -> list[str]:
@@ -86,6 +88,10 @@ def run_checks(rows: list[dict], work: Path, steps: int, gpus: int, profile: dic
             ckpt = check_e2e(rows, sample, work, gpus)
         if "eval" in parts:
             check_eval(rows, ckpt, sample, work, native_bf16(torch.cuda.get_device_capability(0)))
+        if "speed" in parts:  # the record's step, eager vs CUDA graph (gpu_check_speed.py): its JSON beside --out
+            from scripts.gpu_check.gpu_check_speed import check_speed
+
+            check_speed(rows, Path(profile.get("speed_json", work / "gpu_speed.json")))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         "--parts",
         nargs="+",
         choices=list(PARTS),
-        default=list(PARTS),
+        default=WHOLE,
         help="run only these parts (and the parts they need: dali needs steps, eval needs e2e); default: all",
     )
     ap.add_argument(
@@ -119,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     cap = torch.cuda.get_device_capability(0)
     dtype = "fp16"  # the record's AMP (configs/dawnbench_158s.yaml run.amp)
-    profile = {"dtype": dtype, "rates": []}
+    profile = {"dtype": dtype, "rates": [], "speed_json": str(out.with_name("gpu_speed.json"))}
     rows: list[dict] = []
     t0 = time.perf_counter()
     try:
@@ -134,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         ref = f"{gpus} GPU(s); per-row seconds in the last column"
         if setup:
             ref += "; not counted: " + ", ".join(f"{k} {v:.0f} s" for k, v in SETUP_SECONDS.items())
-        name = "the whole check" if parts == list(PARTS) else f"the check's parts: {' '.join(parts)}"
+        name = "the whole check" if parts == WHOLE else f"the check's parts: {' '.join(parts)}"
         rows.append(judged(name, seconds - setup, "s", at_most=BUDGET_S, reference=ref))
         if profile["rates"]:
             write_profile(out.with_name("gpu_profile.json"), profile["rates"], dtype)
@@ -153,9 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         out.write_text(json.dumps(report, indent=2) + "\n")
         print(
             f"### GPU check: {report['gpu']} x{gpus}, torch {torch.__version__} (CUDA {torch.version.cuda}), "
-            f"{report['date']}, {seconds:.0f} s"
-            + ("" if parts == list(PARTS) else f"; parts: {' '.join(parts)}")
-            + "\n"
+            f"{report['date']}, {seconds:.0f} s" + ("" if parts == WHOLE else f"; parts: {' '.join(parts)}") + "\n"
         )
         print(markdown_table(rows))
         if tmp is not None:
