@@ -42,7 +42,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from recipes.comm.stats import CommStats  # noqa: E402
-from recipes.config.schema import not_training_keys  # noqa: E402
+from recipes.config import to_yaml  # noqa: E402
+from recipes.config.schema import Config, not_training_keys  # noqa: E402
 from recipes.run import files as run_files  # noqa: E402
 
 DEFAULT_TARGET = {"top5": 93.0}
@@ -167,7 +168,9 @@ def _trains(key: str, inert: tuple[str, ...]) -> bool:
 
 def differences(runs: list[Run]) -> tuple[list[tuple], list[tuple]]:
     """([(key, values)] that change what is trained, [(key, values)] that do not), comm.* and run names left out."""
-    flat = [flatten(r.config) for r in runs]
+    # A key missing from a run's config.yaml (a run older than the key) holds the schema's default.
+    defaults = flatten(yaml.safe_load(to_yaml(Config())))
+    flat = [{**{k: v for k, v in defaults.items() if not k.startswith("phases")}, **flatten(r.config)} for r in runs]
     inert = not_training_keys()
     recipe, other = [], []
     for key in sorted(set().union(*flat)):

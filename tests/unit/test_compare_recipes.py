@@ -91,6 +91,14 @@ def test_two_backends_of_one_recipe_compare_with_each_comm_window_named(tmp_path
     # data.workers does not change what is trained: listed, not refused; comm.* and run.name are not differences.
     assert "- data.workers: 4 / 8" in out and "comm.backend" not in out and "run.name" not in out
     assert png.read_bytes()[:4] == b"\x89PNG"
+    # A run older than a key: its config.yaml lacks the key, which then holds the default (no difference).
+    cfg = yaml.safe_load((ms / "config.yaml").read_text())
+    cfg["run"]["stop_at_target"] = False
+    cfg["optim"]["nesterov"] = True
+    (ms / "config.yaml").write_text(yaml.safe_dump(cfg))
+    assert compare_runs.main([str(ddp), str(ms), "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "nesterov" not in out and "stop_at_target" not in out
 
 
 def test_runs_with_other_epochs_are_refused_in_one_line_unless_forced(tmp_path, capsys):
