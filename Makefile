@@ -127,7 +127,9 @@ CONFIG      = $(value DAWNBENCH_CONFIG)
 cfg = $(or $(CONFIG),$(1))
 cfg_name = $(basename $(notdir $(call cfg,$(1))))
 DRY_RUN = $(filter --dry-run,$(LAUNCH_ARGS))
-LAUNCH = $(PY) scripts/launch.py --python $(PY) --port $(call q,$(PORT)) $(if $(GPUS),--gpus-per-host $(call q,$(GPUS))) \
+# The make command that resumes a run (the launcher's "next:" line and the workers' preemption line name it).
+RERUN_MAKE = $(strip make $@$(foreach v,HOSTS DATA CONFIG RUN_DIR GPUS OVERRIDES,$(if $(filter command line,$(origin $(v))), $(v)=$(call q,$(value $(v))))))
+LAUNCH = DAWNBENCH_RERUN=$(call q,$(RERUN_MAKE)) $(PY) scripts/launch.py --python $(PY) --port $(call q,$(PORT)) $(if $(GPUS),--gpus-per-host $(call q,$(GPUS))) \
 	$(if $(TRANSPORT),--transport $(call q,$(TRANSPORT))) $(if $(IFACE),--iface $(call q,$(IFACE))) \
 	$(if $(LAUNCH_ARGS),--args-text $(call q,$(LAUNCH_ARGS))) $(if $(OVERRIDES),--overrides-text $(call q,$(OVERRIDES)))
 DATA_ARG = $(if $(DATA),$(call q,data.root=$(DATA)))
