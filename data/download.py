@@ -307,6 +307,9 @@ def extract_val(val_tar: Path, dst: Path, val_wnids: list[str], *, stream=None) 
                 for member in _members(tar, where):
                     wnid, name = _val_destination(_plain_name(member.name, where), labels, where)
                     out = dst / "val" / wnid / name
+                    if out.is_file() and out.stat().st_size == member.size:
+                        progress.skipped += 1  # written by an interrupted run (files appear complete or not at all)
+                        continue
                     out.parent.mkdir(parents=True, exist_ok=True)
                     _write_atomic(tar.extractfile(member), out)
                     progress.images += 1

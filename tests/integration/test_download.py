@@ -137,6 +137,16 @@ def test_an_interrupted_train_tar_resumes_from_the_finished_classes(tmp_path, ca
     assert first.stat().st_mtime_ns == 1  # a finished class is not written again
     assert _layout(dst) == EXPECTED
     assert "(2 from an earlier run)" in capsys.readouterr().err
+    # Validation interrupted after some images: those are kept, the missing ones written.
+    (dst / ".prepare-progress" / "val").unlink()
+    kept, lost = (
+        dst / "val" / VAL[0] / "ILSVRC2012_val_00000001.JPEG",
+        dst / "val" / VAL[1] / "ILSVRC2012_val_00000002.JPEG",
+    )
+    os.utime(kept, ns=(1, 1))
+    lost.unlink()
+    assert prepare_main(["--download", str(src), "--dst", str(dst)]) == 0
+    assert kept.stat().st_mtime_ns == 1 and lost.is_file() and _layout(dst) == EXPECTED
 
 
 @pytest.mark.parametrize("form", ["tree", "zip"])
