@@ -191,9 +191,13 @@ def _network(run: Run) -> str:
     named = run.config.get("comm", {}).get("network") or "auto"
     if not run.network:
         return f"comm.network={named}; no link probe"
-    figures = {k: v for k, v in run.network.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    shown = ", ".join(f"{k}={v:g}" for k, v in list(figures.items())[:3])
-    return f"comm.network={named}; probe: {shown or 'recorded'}"
+    units = {"link_gbit": " Gbit/s link", "flow_gbit": " Gbit/s per flow", "latency_us": " us latency"}
+    shown = [
+        f"{v:g}{unit}"
+        for k, unit in units.items()
+        if isinstance(v := run.network.get(k), (int, float)) and not isinstance(v, bool)
+    ]
+    return f"comm.network={named}; probe: {', '.join(shown) or 'no link figures'}"
 
 
 def _autotune(run: Run) -> str:

@@ -74,6 +74,7 @@ def _rows(text: str) -> dict[str, dict[str, str]]:
 def test_two_backends_of_one_recipe_compare_with_each_comm_window_named(tmp_path, capsys):
     ddp = _run(tmp_path / "ddp", "ddp")
     ms = _run(tmp_path / "multistream", "multistream", data__workers=8)
+    (ms / "network.json").write_text(json.dumps({"link_gbit": 9.4, "flow_gbit": 4.7, "latency_us": 61.0, "pairs": []}))
     png = tmp_path / "c.png"
     assert compare_runs.main([str(ddp), str(ms), "--plot", str(png)]) == 0
     out = capsys.readouterr().out
@@ -88,6 +89,8 @@ def test_two_backends_of_one_recipe_compare_with_each_comm_window_named(tmp_path
     )
     assert rows["multistream"]["autotune"] == "on (kept bucket_mb=8, streams=2, slices=1)"
     assert rows["ddp"]["autotune"] == "off" and rows["ddp"]["network"] == "comm.network=10gbit; no link probe"
+    probe = "comm.network=10gbit; probe: 9.4 Gbit/s link, 4.7 Gbit/s per flow, 61 us latency"
+    assert rows["multistream"]["network"] == probe
     # data.workers does not change what is trained: listed, not refused; comm.* and run.name are not differences.
     assert "- data.workers: 4 / 8" in out and "comm.backend" not in out and "run.name" not in out
     assert png.read_bytes()[:4] == b"\x89PNG"
