@@ -37,7 +37,12 @@ def run_cli(args) -> int:
                 if value is not None and not 1 <= value <= limit:
                     raise ConfigError(f"{flag}: expected an integer in [1, {limit:,}], got {value}")
 
-            return print_plan(cfg, args.num_images, args.world_size, gpu=getattr(args, "gpu", None))
+            gpu = getattr(args, "gpu", None) or cfg.run.gpu or None
+            if gpu is not None:
+                where = "--gpu" if getattr(args, "gpu", None) else "run.gpu of the config"
+                dtype = cfg.run.amp if cfg.run.amp != "none" else "fp32 (run.amp=none)"
+                print(f"GPU: {gpu} ({where}), dtype: {dtype}" + (" (run.amp)" if cfg.run.amp != "none" else ""))
+            return print_plan(cfg, args.num_images, args.world_size, gpu=gpu)
         from recipes.trainer import run_dir_for, train
 
         run_dir = Path(args.run_dir) if args.run_dir else run_dir_for(cfg)

@@ -283,7 +283,7 @@ def test_dry_run_prints_every_host_command_and_starts_nothing(tmp_path, tiny_roo
     assert len(per_host) == 2
     assert "is_host=1" in per_host[0] and "is_host=0" in per_host[1]
     assert all("--nnodes 2 --nproc-per-node 1" in ln for ln in per_host)
-    assert all("--grace 10 --" in ln and "--shutdown-timeout 10 " in ln for ln in per_host)
+    assert all("--grace 100 --" in ln and "--shutdown-timeout 100 " in ln for ln in per_host)  # time to checkpoint
     assert f"{tiny_root}/train, {tiny_root}/val" in lines[-1] and "nothing started" in lines[-1]
     assert not run_dir.exists()
 
@@ -783,23 +783,23 @@ def test_make_targets_run_the_launcher_with_the_record_settings():
     assert (
         "scripts/launch.py --python .venv/bin/python --port '29555' --gpus-per-host '8' --overrides-text "
         "'optim.lr=24 run.seed=1' --hostfile 'hosts.txt' --run-dir 'runs/dawnbench_158s-multistream' "
-        "-c configs/dawnbench_158s.yaml 'data.root=/data/imagenet' comm.backend=multistream "
+        "-c 'configs/dawnbench_158s.yaml' 'data.root=/data/imagenet' comm.backend=multistream "
         "comm.autotune=true"
     ) in out
     out = _make("reproduce-158s", "RUN_DIR=runs/mine", "LAUNCH_ARGS=--dry-run")  # inside SLURM: no HOSTS
     assert "--hostfile" not in out and "--run-dir 'runs/mine'" in out and "--args-text '--dry-run'" in out
     out = _make("reproduce-8gpu")
-    assert "--hosts localhost --transport local --run-dir 'runs/dawnbench_8gpu' -c configs/dawnbench_8gpu.yaml" in out
+    assert "--hosts localhost --transport local --run-dir 'runs/dawnbench_8gpu' -c 'configs/dawnbench_8gpu.yaml'" in out
     out = _make("baseline-horovod", "HOSTS=hosts.txt", "IFACE=eth1")
     assert "PY=.venv/bin/python bash scripts/install_horovod.sh" in out
     assert (
         "--iface 'eth1' --engine horovod --hostfile 'hosts.txt' --run-dir 'runs/dawnbench_158s-horovod' "
-        "-c configs/dawnbench_158s.yaml comm.backend=horovod"
+        "-c 'configs/dawnbench_158s.yaml' comm.backend=horovod"
     ) in out
     assert "scripts/compare_runs.py 'runs/dawnbench_158s-multistream' 'runs/dawnbench_158s-horovod'" in _make("compare")
     out = _make("probe-network", "HOSTS=hosts.txt")
     assert (
-        "--hostfile 'hosts.txt' --run-dir 'runs/dawnbench_158s-multistream' -c configs/dawnbench_158s.yaml "
+        "--hostfile 'hosts.txt' --run-dir 'runs/dawnbench_158s-multistream' -c 'configs/dawnbench_158s.yaml' "
         "--probe-network" in out
     )
 
