@@ -1,7 +1,7 @@
 """Imports run downwards only: every module of the repository sits in one layer of `LAYERS`, and imports (at the top
 of the file or inside a function) only modules of lower layers, or of its own layer and top-level package.
 
-    bottom            recipes.errors, recipes.registry, recipes.run.files, recipes.comm.stats, recipes.environment:
+    bottom            recipes.errors, recipes.registry, recipes.run.files, recipes.comm.stats, recipes.environment, recipes.reader:
                       no project imports
     data and models   data/, models/: take the config as a plain object, never import recipes.config or above
     config            recipes.config: the schema, with the names from recipes.registry
@@ -24,7 +24,7 @@ import pytest
 from support import ROOT
 
 BOTTOM = ["recipes", "recipes.errors", "recipes.registry", "recipes.run.files", "recipes.comm.stats"]
-BOTTOM += ["recipes.environment"]
+BOTTOM += ["recipes.environment", "recipes.reader"]
 RECIPE_PARTS = ["recipes.lars", "recipes.optim", "recipes.schedule", "recipes.schedule_report", "recipes.distributed"]
 RECIPE_PARTS += ["recipes.run", "recipes.logger", "recipes.dawnbench", "recipes.comm"]
 RECIPE_PARTS += ["recipes.steps", "recipes.progress", "recipes.preemption", "recipes.ema"]
