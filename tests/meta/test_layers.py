@@ -1,8 +1,8 @@
 """Imports run downwards only: every module of the repository sits in one layer of `LAYERS`, and imports (at the top
 of the file or inside a function) only modules of lower layers, or of its own layer and top-level package.
 
-    bottom            recipes.errors, recipes.registry, recipes.run.files, recipes.comm.stats, recipes.environment, recipes.reader:
-                      no project imports
+    bottom            recipes.errors, recipes.registry, recipes.run.files, recipes.comm.stats, recipes.environment,
+                      recipes.reader: no project imports
     data and models   data/, models/: take the config as a plain object, never import recipes.config or above
     config            recipes.config: the schema, with the names from recipes.registry
     recipe parts      schedule, optimizers, allreduce backends, the run package (checkpoints, resume, outputs), ...
