@@ -15,15 +15,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from recipes.argtypes import bounded_float, bounded_int
+from recipes.argtypes import OneLineParser, bounded_float, bounded_int
 from recipes.evaluation.accuracy import TTA
 from recipes.evaluation.cli import run_evaluate_cli
 from recipes.evaluation.inference import MODES
 
 
-def parser() -> argparse.ArgumentParser:
+def parser() -> OneLineParser:
     """The command line (tests read its numeric flags' bounds)."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(prog="evaluate.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("checkpoint", help="checkpoint.pt written by train.py")
     ap.add_argument("--data", help="dataset root with val/, or the val folder (default: the checkpoint's data.root)")
     ap.add_argument("--image-size", type=bounded_int(1, 4096), help="validation crop size (default: the last phase's)")

@@ -9,13 +9,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from recipes.argtypes import bounded_int
+from recipes.argtypes import OneLineParser, bounded_int
 from recipes.cli import run_cli
 
 
-def parser() -> argparse.ArgumentParser:
+def parser() -> OneLineParser:
     """The command line (tests read its numeric flags' bounds)."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(prog="train.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-c", "--config", help="YAML config file (may 'extends:' another)")
     ap.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. optim.lr=0.4")
     ap.add_argument("--print-config", action="store_true", help="print the resolved config and exit")

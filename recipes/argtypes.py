@@ -47,3 +47,11 @@ def bounded_float(lo: float, hi: float, *, low_open: bool = False):
 
     parse.__name__ = "number"
     return parse
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one `error:` line and exit 2, like every other user error of the project
+    (argparse's own print the usage block first)."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")

@@ -46,5 +46,7 @@ def test_the_refusal_is_one_line_and_exit_2(capsys):
     with pytest.raises(SystemExit) as e:
         train.main(["--stop-after-epochs", "-1"])
     assert e.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.split(": ", 1)[1] == "error: argument --stop-after-epochs: expected an integer in [1, 10,000], got '-1'"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        "error: argument --stop-after-epochs: expected an integer in [1, 10,000]"
+    )
