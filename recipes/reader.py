@@ -55,7 +55,8 @@ def read_text(path: str | Path, *, what: str, error: type[Exception] = ValueErro
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise error(f"{what} '{path}' is not UTF-8 text (byte {e.start}: {data[e.start : e.start + 1]!r})") from None
+        # the offset only: the file may be anything readable, and an error never shows what it holds
+        raise error(f"{what} '{path}' is not UTF-8 text (byte {e.start})") from None
 
 
 def _refuse_constant(name: str):
