@@ -73,10 +73,6 @@ def crop_and_flip(img: Image.Image, size: int, min_area: float, rng: np.random.G
     return TF.hflip(img) if rng.random() < 0.5 else img
 
 
-def train_transform(img: Image.Image, size: int, min_area: float, rng: np.random.Generator) -> torch.Tensor:
-    return TF.pil_to_tensor(crop_and_flip(img, size, min_area, rng))  # uint8 CHW; normalized on the device
-
-
 def timm_augmentation(spec: str, size: int):
     """timm's PIL augmentation for `spec`: 'rand-...' (RandAugment) or 'augmix-...' (AugMix's mixing chains)."""
     from timm.data.auto_augment import augment_and_mix_transform, rand_augment_transform

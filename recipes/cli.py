@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
-from recipes.config import load_config, reference_table, to_yaml
+from recipes.config import load_config, reference_table
+from recipes.config.inert import inert_settings, marked_yaml
 from recipes.errors import CheckpointError, ConfigError, DataError, Preempted, TrainingError
 from recipes.preemption import EXIT_PREEMPTED, ignore_stop_signals
 from recipes.run import files
@@ -19,8 +21,11 @@ def run_cli(args) -> int:
             print(reference_table())
             return 0
         cfg = load_config(args.config, args.overrides)
+        if os.environ.get("RANK", "0") == "0":  # once per run, not once per process
+            for line in inert_settings(cfg):
+                print(f"warning: {line}", file=sys.stderr)
         if args.print_config:
-            print(to_yaml(cfg), end="")
+            print(marked_yaml(cfg), end="")
             return 0
         if args.plan:
             from recipes.schedule_report import print_plan

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from recipes import registry
 from recipes.config import Config
 from recipes.environment import Environment, collect
 from recipes.errors import ConfigError
@@ -213,10 +214,11 @@ def entry(
 
 def _trust_ratio(o) -> dict:
     """The layer trust-ratio hyperparameters under the record entry's names (etta, min/max_trust_ratio)."""
-    if o.name not in ("lars", "hybrid"):
+    reads = registry.OPTIMIZERS[o.name].reads
+    if "eta" not in reads:
         return {"use_lars": False}
     out = {"use_lars": True, "etta": o.eta, "lars_momentum": o.lars_momentum, "adapt_bn_bias": o.adapt_bn_bias}
-    if o.name == "hybrid":
+    if "trust_clip_min" in reads:
         out.update(min_trust_ratio=o.trust_clip_min, max_trust_ratio=o.trust_clip_max)
     return out
 

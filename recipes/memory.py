@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from recipes.errors import ConfigError
 
 GIB = 2**30
-# GPU memory in GiB; the names are recipes/timemodel.py's GPU names where it has one.
+# GPU memory in GiB; the names are recipes/timemodel/'s GPU names where it has one.
 GPU_MEMORY_GIB: dict[str, float] = {
     "v100": 16.0,
     "v100-32gb": 32.0,

@@ -149,3 +149,38 @@ def set_lr_momentum(optimizer: torch.optim.Optimizer, lr: float, momentum: float
         g["lr"] = lr
         if "momentum" in g:
             g["momentum"] = momentum
+
+
+# Set every step by the schedule (set_lr_momentum), so a restored value never outlives the first step.
+_SCHEDULED = ("params", "lr", "momentum")
+
+
+def apply_config(optimizer: torch.optim.Optimizer, cfg, model: nn.Module) -> list[str]:
+    """Give `optimizer`'s groups the hyperparameters `create_optimizer(cfg, model)` would (weight decay, Nesterov,
+    eta, trust clip, adapt flags, betas, eps, ...): `load_state_dict` brings back the checkpoint's values, and a run
+    resumed with checkpoint.resume=force trains with its config's. Returns 'group label: key old -> new' per change.
+    """
+    fresh = create_optimizer(cfg, model)  # the builders are the one place that maps config keys to group keys
+    if len(fresh.param_groups) != len(optimizer.param_groups):
+        raise ConfigError(
+            f"optim: the config makes {len(fresh.param_groups)} parameter group(s), the restored optimizer has "
+            f"{len(optimizer.param_groups)}"
+        )
+    changes = []
+    for mine, new in zip(optimizer.param_groups, fresh.param_groups, strict=True):
+        for key, value in new.items():
+            old = mine.get(key)
+            if key in _SCHEDULED or _same(old, value):
+                continue
+            changes.append(f"{new.get('label', '-')}: {key} {old!r} -> {value!r}")
+            if isinstance(old, torch.Tensor):  # in place: a captured CUDA graph reads this tensor
+                old.copy_(torch.as_tensor(value, dtype=old.dtype))
+            else:
+                mine[key] = value
+    return changes
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return torch.equal(torch.as_tensor(a).cpu().double(), torch.as_tensor(b).cpu().double())
+    return a == b

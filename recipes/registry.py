@@ -1,24 +1,56 @@
-"""The names a config may choose at each plug-in seam, and where each implementation lives.
+"""The plug-ins a config may choose at each seam, each described by one record: its name, where its implementation
+lives, and what the rest of the tree shows or checks of it.
+
+    Allreduce   comm.backend: the class, its label in tables, its rows in the time model, whether comm.compression
+                applies to it
+    Optimizer   optim.name: the builder, the optim.* keys it reads (the others are inert for it: said when set,
+                marked by --print-config)
 
 The config schema takes its `Literal` types from these tables, so a wrong name is a `ConfigError` (with "did you
 mean") when the config loads; the factories (`recipes.comm.create_allreduce`, `data.create_input`,
 `recipes.optim.create_optimizer`, `models.create_model`) import the implementation from here when it is asked
-for. A new backend, pipeline or optimizer is one line here plus its module. Nothing of this repository is
-imported at import time.
+for; the time model, `train.py --plan --gpu`, scripts/predict.py and compare_runs list the backends from
+`ALLREDUCE_BACKENDS`, and `--print-config` the inert keys from `OPTIMIZERS`. A new backend or optimizer is one
+record here plus its module (a backend: also its step-time model in recipes/comm/stepmodel.py). The records are
+plain data, and nothing of this repository is imported at import time: the schema and the torch-free tools read
+them.
 """
 
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from typing import Any
 
 from recipes.errors import ConfigError
 
-# comm.backend -> a class implementing recipes.comm.base.AllreduceBackend
+
+@dataclass(frozen=True)
+class Allreduce:
+    """A gradient allreduce backend (comm.backend)."""
+
+    name: str
+    impl: str  # "module:Class" implementing recipes.comm.base.AllreduceBackend
+    label: str  # in tables: predict.py, train.py --plan --gpu, compare_runs
+    compression: bool  # reads comm.compression (the gradients' wire format)
+    # The time model's rows (recipes/timemodel/estimate.py::backends): TCP flows per communicator of each, modelled
+    # by recipes/comm/stepmodel.py under `name`. ddp has two: NCCL's one flow, and 4 (comm.nccl_preset flows-4),
+    # the strongest plain-DDP baseline.
+    time_flows: tuple[int, ...] = (1,)
+
+    def row_label(self, flows: int = 1) -> str:
+        """The label of its time-model row or run with `flows` TCP flows per peer ("ddp (4 flows)")."""
+        return self.label if flows <= 1 else f"{self.label} ({flows} flows)"
+
+
+# comm.backend -> its record
 ALLREDUCE_BACKENDS = {
-    "ddp": "recipes.comm.ddp:DDPBackend",
-    "multistream": "recipes.comm.multistream:MultiStreamBackend",
-    "horovod": "recipes.comm.horovod_backend:HorovodBackend",
+    r.name: r
+    for r in (
+        Allreduce("ddp", "recipes.comm.ddp:DDPBackend", "ddp", compression=False, time_flows=(1, 4)),
+        Allreduce("multistream", "recipes.comm.multistream:MultiStreamBackend", "multistream", compression=True),
+        Allreduce("horovod", "recipes.comm.horovod_backend:HorovodBackend", "horovod", compression=True),
+    )
 }
 
 # comm.nccl_preset -> (NCCL_SOCKET_NTHREADS, NCCL_NSOCKS_PERTHREAD, NCCL_MIN_NCHANNELS); None leaves NCCL's
@@ -40,12 +72,31 @@ INPUT_PIPELINES = {
     "synthetic": "data.synthetic:SyntheticPipeline",
 }
 
-# optim.name -> a function (optim_cfg, param_groups) -> torch.optim.Optimizer
+
+@dataclass(frozen=True)
+class Optimizer:
+    """An optimizer (optim.name): its builder and the optim.* keys it reads."""
+
+    name: str
+    impl: str  # "module:function" (optim_cfg, param_groups) -> torch.optim.Optimizer
+    reads: tuple[str, ...]  # optim.* keys its update reads, besides those of every optimizer (OPTIM_SHARED_KEYS)
+
+
+# Every optimizer reads these: the LR schedule, the decay and its groups, the loss's smoothing.
+OPTIM_SHARED_KEYS = ("name", "lr", "lr_scaling", "warmup_epochs", "warmup_start_lr", "final_lr", "weight_decay")
+OPTIM_SHARED_KEYS += ("no_bn_decay", "label_smoothing")
+_MOMENTUM = ("momentum", "momentum_end", "momentum_schedule", "nesterov")  # SGD's heavy ball (Lamb has Adam's betas)
+_LAYER_ADAPTIVE = (*_MOMENTUM, "eta", "lars_momentum", "adapt_bn_bias")
+
+# optim.name -> its record
 OPTIMIZERS = {
-    "sgd": "recipes.optim:build_sgd",
-    "lars": "recipes.optim:build_lars",
-    "hybrid": "recipes.optim:build_hybrid",
-    "lamb": "recipes.optim:build_lamb",
+    r.name: r
+    for r in (
+        Optimizer("sgd", "recipes.optim:build_sgd", _MOMENTUM),
+        Optimizer("lars", "recipes.optim:build_lars", _LAYER_ADAPTIVE),
+        Optimizer("hybrid", "recipes.optim:build_hybrid", (*_LAYER_ADAPTIVE, "trust_clip_min", "trust_clip_max")),
+        Optimizer("lamb", "recipes.optim:build_lamb", ("adapt_bn_bias",)),
+    )
 }
 
 # model.name -> timm architecture. `resnet50_tweaked` is ResNet-D (deep stem, average-pool downsampling in the
@@ -67,8 +118,10 @@ def check_name(table: dict[str, Any], name: str, key: str, what: str) -> None:
         raise ConfigError(f"{key}: unknown {what} '{name}' (expected one of {', '.join(table)})")
 
 
-def load(table: dict[str, str], name: str, key: str, what: str) -> Any:
-    """The implementation registered under `name` ('module:attribute'), imported now."""
+def load(table: dict[str, Any], name: str, key: str, what: str) -> Any:
+    """The implementation registered under `name` (a record's `impl`, or the table's 'module:attribute'), imported
+    now."""
     check_name(table, name, key, what)
-    module, _, attr = table[name].partition(":")
+    entry = table[name]
+    module, _, attr = getattr(entry, "impl", entry).partition(":")
     return getattr(importlib.import_module(module), attr)

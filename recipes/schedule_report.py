@@ -9,8 +9,7 @@ import numpy as np
 
 from recipes import memory
 from recipes.schedule import Schedule
-
-IMAGENET_TRAIN_IMAGES = 1_281_167
+from recipes.timemodel import IMAGENET_TRAIN_IMAGES, predicted_seconds
 
 
 def count_images(cfg) -> int | None:
@@ -52,32 +51,6 @@ def plot_plan(plan: Schedule, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
-
-
-def cluster_shape(world: int, gpus_per_host: int = 8) -> tuple[int, int]:
-    """(hosts, GPUs per host) of `world` GPUs: whole hosts of `gpus_per_host`, or one smaller host."""
-    if world <= gpus_per_host:
-        return 1, world
-    if world % gpus_per_host:
-        raise ValueError(f"--world-size {world}: expected at most {gpus_per_host} or a multiple of it")
-    return world // gpus_per_host, gpus_per_host
-
-
-def predicted_seconds(cfg, world: int, gpu: str, clock: str = "train") -> tuple[tuple[float, float, float] | None, str]:
-    """The time model's (low, mid, high) seconds of `cfg` on `world` GPUs (`clock`: "train" or "wall") and what
-    it assumed, or None and why not. Accumulation is not a term of the model: a step costs its per-GPU batch."""
-    from recipes import timemodel as tm
-
-    dtype = cfg.run.amp if cfg.run.amp in tm.DTYPES else "fp16"
-    try:
-        rates = tm.published(gpu, dtype)
-        hosts, per_host = cluster_shape(world)
-    except ValueError as e:
-        return None, str(e)
-    be = next(b for b in tm.backends(cfg) if b.label == cfg.comm.backend)
-    prof = tm.profile_model(cfg.model.name, 64)
-    est = tm.estimate(tm.schedule_phases(cfg, world), tm.Cluster(hosts, per_host), rates, backend=be, prof=prof)
-    return est.range(clock), f"{hosts} x {per_host} {rates.name} {dtype}, {be.label}, 32 Gbit/s links"
 
 
 def hardware_table(cfg, plan: Schedule, gpu: str) -> tuple[list[str], list[str]]:
@@ -127,7 +100,7 @@ def print_plan(
         print(f"predicted time: none ({what})")
     else:
         low, mid, high = seconds
-        print(f"predicted training clock: {mid:,.0f} s ({low:,.0f}-{high:,.0f}) on {what} (recipes/timemodel.py)")
+        print(f"predicted training clock: {mid:,.0f} s ({low:,.0f}-{high:,.0f}) on {what} (recipes/timemodel/)")
     for line in problems:
         print(f"error: does not fit: {line}", file=sys.stderr)
     return 2 if problems else 0

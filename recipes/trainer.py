@@ -5,7 +5,7 @@ The loop talks to four pieces through factories chosen by name in the config: th
 and the gradient allreduce backend (`recipes.comm.create_allreduce`). The rest is in one module each:
 
     recipes/steps.py       one optimizer step without a host sync, and the deferred finite-gradient check
-    recipes/progress.py    an epoch's training time, the step log's window, the ETA
+    recipes/epoch_clock.py an epoch's training time, the step log's window, the ETA
     recipes/run/           the run directory: its files, the checkpoints (`Checkpointer.save` / `restore`)
     recipes/report.py      the end-of-run summary
     recipes/evaluation/    validation accuracy (and evaluate.py's checkpoint evaluation and latency)
@@ -27,13 +27,13 @@ from recipes.config import Config
 from recipes.dawnbench import check_required
 from recipes.distributed import collective_guard, setup, teardown
 from recipes.ema import create_ema, update_ema
+from recipes.epoch_clock import EpochClock
 from recipes.errors import ConfigError, Preempted
 from recipes.evaluation.accuracy import average_bn_stats, evaluate
 from recipes.logger import RunLogger, format_seconds
 from recipes.memory import accumulation, refuse_if_too_big
 from recipes.optim import create_optimizer, describe_groups, set_lr_momentum
 from recipes.preemption import StopSignal
-from recipes.progress import EpochClock
 from recipes.report import summarize, summary_table, targets_reached
 from recipes.run.checkpointer import Checkpointer, Parts
 from recipes.run.directory import open_run

@@ -32,6 +32,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from recipes import registry  # noqa: E402
 from recipes.comm.stats import CommStats  # noqa: E402
 from recipes.run import files as run_files  # noqa: E402
 
@@ -156,12 +157,16 @@ def _cell(value: float | None, fmt: str, unit: str = "") -> str:
 
 
 def backend_label(run: Run) -> str:
-    """The backend, with the TCP flows per peer when a ddp run asked for several (comm.gloo_devices or NCCL's
-    multi-flow settings): the strongest plain-DDP baseline reads "ddp (16 flows)" beside "ddp"."""
+    """The backend's label (recipes/registry.py), with the TCP flows per peer when a run asked for several
+    (ddp: comm.gloo_devices or NCCL's multi-flow settings): the strongest plain-DDP baseline reads "ddp (16 flows)"
+    beside "ddp", as in the time model's rows."""
     name = run.summary.get("comm_backend") or run.config.get("comm", {}).get("backend", "?")
     stats = run.comm
     flows = stats.settings.get("flows") if stats is not None else None
-    return f"{name} ({flows} flows)" if name == "ddp" and isinstance(flows, int) and flows > 1 else name
+    record = registry.ALLREDUCE_BACKENDS.get(name)
+    if record is None:  # a run of a backend this checkout does not know
+        return name
+    return record.row_label(flows if isinstance(flows, int) else 1)
 
 
 def compare(runs: list[Run], target: dict[str, float] | None = None) -> list[dict]:

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 from recipes import memory  # noqa: E402
 from recipes.config import load_config  # noqa: E402
 from recipes.schedule import Schedule  # noqa: E402
-from recipes.schedule_report import IMAGENET_TRAIN_IMAGES, predicted_seconds  # noqa: E402
+from recipes.timemodel import IMAGENET_TRAIN_IMAGES, predicted_seconds  # noqa: E402
 
 OUT = ROOT / "configs" / "presets"
 # family -> (GPU name in recipes/memory.py and recipes/timemodel.py, run.amp, what the reader is told)

@@ -79,7 +79,7 @@ def estimates(cfg, cluster, rates, prof) -> list[tm.Estimate]:
     bes = tm.backends(cfg)
     if cluster.hosts > 1:
         rec = recommend_settings(cfg, phases, cluster, rates, prof)
-        ms = bes[-1]
+        ms = next(b for b in bes if b.name == "multistream")  # the recommendation is multistream's settings
         bes.append(
             tm.Backend(f"multistream (recommended: {rec.label()})", "multistream", {**ms.kwargs, "settings": rec})
         )

@@ -29,11 +29,14 @@ import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from recipes import registry
 from recipes.comm.plan import Settings, TensorSpec, build_plan
 
 WIRE_BYTES = {"none": None, "fp16": 2, "bf16": 2}
 DDP_FIRST_BUCKET_MB = 1.0  # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES
-BACKENDS = ("ddp", "horovod", "multistream", "per-tensor")
+# Every registered allreduce backend (recipes/registry.py; tests/unit/test_plugin_records.py checks each has a model
+# here), and "per-tensor": one allreduce per gradient, the lab's baseline.
+BACKENDS = (*registry.ALLREDUCE_BACKENDS, "per-tensor")
 # TCP flows per peer that one NCCL communicator opens by default (NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD,
 # per channel), by NIC: NCCL's src/transport/net_socket.cc picks 2 x 8 on AWS ENA and 4 x 1 on GCP gVNIC, 1 x 1
 # elsewhere. Pass one of these (or a preset's product, recipes/registry.py NCCL_PRESETS) as `flows`.
@@ -303,6 +306,27 @@ def simulate(msgs: list[Message], net: Network) -> tuple[float, float, list[tupl
     return t, busy, spans
 
 
+def backend_kwargs(backend: str, comm=None) -> dict:
+    """predict_step's settings of `backend` from a config's comm section (None: the defaults), wire format aside."""
+    if backend == "ddp":
+        return {"bucket_cap_mb": comm.bucket_cap_mb if comm is not None else 25.0}
+    if backend == "multistream":
+        return {"settings": Settings(float(comm.bucket_mb), comm.streams, comm.slices) if comm else Settings(8.0, 4, 2)}
+    if backend == "horovod":  # Horovod's defaults (its fusion threshold, 128 MB)
+        return {"horovod": Horovod()}
+    raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
+
+
+def _settings_label(backend: str, n: int, settings: Settings | None, bucket_cap_mb: float, horovod: Horovod) -> str:
+    if backend == "ddp":
+        return f"bucket_cap_mb {bucket_cap_mb:g}"
+    if backend == "horovod":
+        return f"fusion {horovod.fusion_mb:g} MB, cycle {horovod.cycle_s * 1000:g} ms"
+    if backend == "multistream":
+        return (settings or Settings(8.0, 4, 2)).label().replace("bucket ", "")
+    return f"{n} allreduces"
+
+
 def predict_step(
     backend: str,
     specs: list[TensorSpec],
@@ -336,12 +360,7 @@ def predict_step(
     )
     end, busy, spans = simulate(msgs, net)
     hidden = sum(max(0.0, min(e, compute.backward_s) - s) for s, e in _union(spans))
-    label = {
-        "ddp": f"bucket_cap_mb {bucket_cap_mb:g}",
-        "per-tensor": f"{len(specs)} allreduces",
-        "horovod": f"fusion {horovod.fusion_mb:g} MB, cycle {horovod.cycle_s * 1000:g} ms",
-        "multistream": (settings or Settings(8.0, 4, 2)).label().replace("bucket ", ""),
-    }[backend]
+    label = _settings_label(backend, len(specs), settings, bucket_cap_mb, horovod)
     if compression != "none":
         label += f", wire {compression}"
     if net.flows_per_comm != 1:

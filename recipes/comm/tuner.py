@@ -7,7 +7,7 @@ device (CUDA events on the stream that waited for every communicator; wall time 
 The next candidate is chosen from the measurements by rank 0 (a small Gaussian-process
 Bayesian optimisation with expected improvement, or a fixed grid) and broadcast, so every rank switches plan at
 the same step boundary. With `comm.tune_start: model` the step-time model (stepmodel.py) ranks the space for the
-cluster first, with the calibrated compute of the run's GPU (recipes/timemodel.py) and the link probe's figures:
+cluster first, with the calibrated compute of the run's GPU (recipes/timemodel/) and the link probe's figures:
 the search starts at its best and measures candidates in predicted order, so a few suffice.
 After `max_candidates` candidates the fastest one wins, and is kept in a JSON cache keyed
 by model, world size, process-group backend, dtypes and network, so that the next run starts tuned.

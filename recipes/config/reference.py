@@ -1,11 +1,13 @@
-"""The reference table of every config key (docs/config.md, `python train.py --help-config`)."""
+"""The reference table of every config key (docs/config.md, `python train.py --help-config`), and the plug-in tables
+of docs/config.md, from the records of recipes/registry.py."""
 
 from __future__ import annotations
 
 import dataclasses
 import typing
 
-from recipes.config.schema import Config, Phase, _plain, _type_name, domain_text
+from recipes import registry
+from recipes.config.schema import Config, OptimConfig, Phase, _plain, _type_name, domain_text
 
 
 def reference_table() -> str:
@@ -36,4 +38,30 @@ def reference_table() -> str:
             rows.append(f"| `{key}` | {_type_name(tp)} | {allowed} | `{default!r}` | {f.metadata['help']} |")
 
     walk(Config, "")
+    return "\n".join(rows)
+
+
+def plugin_tables() -> str:
+    """Markdown tables of the registered allreduce backends and optimizers, from their records."""
+    rows = [
+        "| `comm.backend` | implementation | rows in the time model (scripts/predict.py) | reads `comm.compression` |",
+        "|---|---|---|---|",
+    ]
+    for r in registry.ALLREDUCE_BACKENDS.values():
+        shown = ", ".join(f'"{r.row_label(f)}"' for f in r.time_flows) or "none"
+        rows.append(f"| `{r.name}` | `{r.impl}` | {shown} | {'yes' if r.compression else 'no'} |")
+    every = ", ".join(f"`{k}`" for k in registry.OPTIM_SHARED_KEYS if k != "name")
+    rows += [
+        "",
+        f"Every optimizer reads {every}; the other `optim.*` keys only where listed (elsewhere they are inert: a set "
+        "value is warned about, `--print-config` marks them).",
+        "",
+        "| `optim.name` | implementation | also reads | inert |",
+        "|---|---|---|---|",
+    ]
+    keys = [f.name for f in dataclasses.fields(OptimConfig) if f.name not in registry.OPTIM_SHARED_KEYS]
+    for r in registry.OPTIMIZERS.values():
+        reads = ", ".join(f"`{k}`" for k in keys if k in r.reads) or "-"
+        inert = ", ".join(f"`{k}`" for k in keys if k not in r.reads) or "-"
+        rows.append(f"| `{r.name}` | `{r.impl}` | {reads} | {inert} |")
     return "\n".join(rows)

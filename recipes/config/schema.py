@@ -1,19 +1,30 @@
 """The configuration schema: every hyperparameter declared exactly once, with its default, its meaning (the
 `help` metadata) and its domain (the values allowed besides the type).
 
-Loading YAML into it is recipes/config/load.py; the reference table of docs/config.md is recipes/config/reference.py.
+How a field is declared (`_f`: its domain, and `unbounded` / `cross`, which the tests read) is recipes/config/fields.py;
+loading YAML into it is recipes/config/load.py; the reference table of docs/config.md is recipes/config/reference.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
-import types
 import typing
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Literal
 
 from recipes import registry
+from recipes.config.fields import (  # noqa: F401 (load.py and reference.py take these from the schema)
+    _COUNT,
+    _FACTOR,
+    _FIGURE,
+    DOMAINS,
+    _f,
+    _is_name,
+    _plain,
+    _type_name,
+    domain_rule,
+    domain_text,
+)
 
 # The names each plug-in seam accepts, from its registry: a wrong name fails when the config loads.
 AllreduceName = Literal[tuple(registry.ALLREDUCE_BACKENDS)]
@@ -21,60 +32,6 @@ InputName = Literal[tuple(registry.INPUT_PIPELINES)]
 ModelName = Literal[tuple(registry.MODELS)]
 OptimizerName = Literal[tuple(registry.OPTIMIZERS)]
 NcclPreset = Literal[tuple(registry.NCCL_PRESETS)]
-
-
-def _f(
-    default: Any = dataclasses.MISSING, help: str = "", factory: Any = None, domain: str = "", trains: bool = True
-) -> Any:
-    """A schema field: default (or factory), meaning, and `domain`: the values allowed besides the type
-    (keys of DOMAINS, space-separated; on a list, "nonempty" is about the list and the others about its items).
-    `trains=False`: the value does not change what is trained (logging, output, where the data lives, timeouts),
-    so a resume may change it; on a section, every key of the section."""
-    meta = {"help": help, "domain": domain, "trains": trains}
-    if factory is not None:
-        return field(default_factory=factory, metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-def _is_name(v: str) -> bool:
-    return bool(v.strip()) and "/" not in v and "\\" not in v and "\0" not in v and v not in (".", "..")
-
-
-# Domain -> (test, what the error and the reference say). Every number is also required to be finite.
-DOMAINS: dict[str, tuple[Any, str]] = {
-    ">0": (lambda v: v > 0, "> 0"),
-    ">=0": (lambda v: v >= 0, ">= 0"),
-    "(0,1]": (lambda v: 0 < v <= 1, "in (0, 1]"),
-    "[0,1]": (lambda v: 0 <= v <= 1, "in [0, 1]"),
-    "[0,1)": (lambda v: 0 <= v < 1, "in [0, 1)"),
-    "[0,100]": (lambda v: 0 <= v <= 100, "in [0, 100]"),
-    "nonempty": (lambda v: len(v) > 0 and (not isinstance(v, str) or bool(v.strip())), "that is not empty"),
-    "name": (_is_name, "that is a single path component (not empty, no '/', not '.' or '..')"),
-}
-
-
-_BOUND = re.compile(r"(<=|>=)(-?[0-9][0-9_.e+]*)")
-
-
-def domain_rule(d: str) -> tuple[Any, str]:
-    """(test, text) of one domain word: a key of DOMAINS, or a bound such as `<=4096` or `>=0.05` (a limit of what
-    the code can do with the value: a thread count, an image size, a seed NumPy accepts)."""
-    if d in DOMAINS:
-        return DOMAINS[d]
-    m = _BOUND.fullmatch(d)
-    if not m:
-        raise KeyError(f"unknown domain {d!r}")
-    op, text = m.groups()
-    limit = float(text) if any(c in text for c in ".e") else int(text)
-    shown = f"{limit:,}" if isinstance(limit, int) else f"{limit:g}"
-    if op == "<=":
-        return (lambda v: v <= limit), f"<= {shown}"
-    return (lambda v: v >= limit), f">= {shown}"
-
-
-def domain_text(domain: str) -> str:
-    """The allowed values of a domain, as the reference and the errors say them ('' = any value of the type)."""
-    return ", ".join(domain_rule(d)[1].removeprefix("that is ") for d in domain.split())
 
 
 @dataclass
@@ -212,7 +169,7 @@ class DataConfig:
 class ModelConfig:
     name: ModelName = _f("resnet18", help="model name (recipes/registry.py; built by models/factory.py)")
     bn_momentum: float = _f(0.1, help="BatchNorm momentum (PyTorch convention)", domain="[0,1]")
-    bn_eps: float = _f(1e-5, help="BatchNorm epsilon", domain=">0")
+    bn_eps: float = _f(1e-5, help="BatchNorm epsilon", domain=">0", unbounded=_FACTOR)
     zero_init_last_bn: bool = _f(True, help="zero gamma of the last BN in each residual block")
     drop_rate: float = _f(0.0, help="dropout before the classifier", domain="[0,1)")
 
@@ -220,27 +177,50 @@ class ModelConfig:
 @dataclass
 class OptimConfig:
     name: OptimizerName = _f("sgd", help="optimizer: sgd, lars, hybrid (LARS with clipped trust ratio), lamb")
-    lr: float = _f(0.1, help="peak learning rate (after warm-up)", domain=">=0")
+    lr: float = _f(0.1, help="peak learning rate (after warm-up)", domain=">=0", unbounded=_FACTOR)
     lr_scaling: Literal["none", "linear"] = _f(
         "none", help="linear: the LR values are per 256 images, times global_batch / 256 of the current phase"
     )
-    warmup_epochs: float = _f(0.0, help="epochs of linear warm-up from warmup_start_lr to lr", domain=">=0")
-    warmup_start_lr: float = _f(0.0, help="learning rate at step 0", domain=">=0")
-    final_lr: float = _f(0.0, help="learning rate at the last iteration (linear decay)", domain=">=0")
+    warmup_epochs: float = _f(
+        0.0,
+        help="epochs of linear warm-up from warmup_start_lr to lr",
+        domain=">=0",
+        unbounded=_COUNT,
+        cross="optim.warmup_epochs <= the schedule's epochs",
+    )
+    warmup_start_lr: float = _f(0.0, help="learning rate at step 0", domain=">=0", unbounded=_FACTOR)
+    final_lr: float = _f(
+        0.0, help="learning rate at the last iteration (linear decay)", domain=">=0", unbounded=_FACTOR
+    )
     momentum: float = _f(0.9, help="momentum (start value when momentum_schedule is not constant)", domain="[0,1)")
     momentum_end: float | None = _f(
         None, help="linear: momentum at the last iteration; cyclic: at the end of warm-up", domain="[0,1)"
     )
     momentum_schedule: Literal["constant", "linear", "cyclic"] = _f("constant", help="momentum shape")
     nesterov: bool = _f(True, help="Nesterov momentum")
-    weight_decay: float = _f(1e-4, help="L2 weight decay", domain=">=0")
+    weight_decay: float = _f(1e-4, help="L2 weight decay", domain=">=0", unbounded=_FACTOR)
     no_bn_decay: bool = _f(True, help="no weight decay on BatchNorm parameters and biases")
     label_smoothing: float = _f(0.1, help="label smoothing of the cross-entropy loss", domain="[0,1)")
     eta: float = _f(
-        1e-3, help="lars/hybrid: layer trust ratio = eta * norm(w) / (norm(g) + weight_decay * norm(w))", domain=">0"
+        1e-3,
+        help="lars/hybrid: layer trust ratio = eta * norm(w) / (norm(g) + weight_decay * norm(w))",
+        domain=">0",
+        unbounded=_FACTOR,
     )
-    trust_clip_min: float = _f(1e-5, help="hybrid: lower clip of the layer trust ratio", domain=">0")
-    trust_clip_max: float = _f(1.0, help="hybrid: upper clip of the layer trust ratio", domain=">0")
+    trust_clip_min: float = _f(
+        1e-5,
+        help="hybrid: lower clip of the layer trust ratio",
+        domain=">0",
+        unbounded=_FACTOR,
+        cross="optim.trust_clip_min <= optim.trust_clip_max",
+    )
+    trust_clip_max: float = _f(
+        1.0,
+        help="hybrid: upper clip of the layer trust ratio",
+        domain=">0",
+        unbounded=_FACTOR,
+        cross="optim.trust_clip_min <= optim.trust_clip_max",
+    )
     lars_momentum: Literal["torch", "tf"] = _f(
         "torch",
         help="lars/hybrid momentum: torch = trust ratio inside the buffer (timm, apex); tf = buffer of raw "
@@ -326,7 +306,7 @@ class CommConfig:
     gpu_profile: str = _f(
         "",
         help="tune_start model: the GPU's measured rates (make gpu-check) for the step's compute; '' = the published "
-        "rates of the run's GPU (recipes/timemodel.py)",
+        "rates of the run's GPU (recipes/timemodel/)",
         trains=False,
     )
     tune_max_candidates: int = _f(10, help="autotune: candidates measured before the best is kept", domain=">0 <=1000")
@@ -360,7 +340,7 @@ class DistConfig:
 
 @dataclass
 class LogConfig:
-    every_steps: int = _f(10, help="console line every N steps (rank 0)", domain=">0")
+    every_steps: int = _f(10, help="console line every N steps (rank 0)", domain=">0", unbounded=_COUNT)
     tensorboard: bool = _f(True, help="write TensorBoard scalars to <run_dir>/tb")
 
 
@@ -368,10 +348,16 @@ class LogConfig:
 class CheckpointConfig:
     enabled: bool = _f(True, help="write a checkpoint at the end of every epoch (checkpoint.pt = the newest)")
     every_steps: int = _f(
-        0, help="also every N optimizer steps, for mid-epoch recovery; 0 = epoch ends only", domain=">=0"
+        0,
+        help="also every N optimizer steps, for mid-epoch recovery; 0 = epoch ends only",
+        domain=">=0",
+        unbounded=_COUNT,
     )
     keep: int = _f(
-        2, help="keep the newest K checkpoints (an older one is the fallback if the newest is damaged)", domain=">0"
+        2,
+        help="keep the newest K checkpoints (an older one is the fallback if the newest is damaged)",
+        domain=">0",
+        unbounded=_COUNT,
     )
     resume: bool | Literal["force"] = _f(
         True,
@@ -389,7 +375,7 @@ class DawnbenchConfig:
     model: str = _f("", help="DAWNBench entry: model; empty: model.name")
     hardware: str = _f("", help="DAWNBench entry: hardware; empty: detected (machines x processes x device)")
     cost_per_hour: float | None = _f(
-        None, help="DAWNBench entry: USD per hour for all machines (costPerHour)", domain=">=0"
+        None, help="DAWNBench entry: USD per hour for all machines (costPerHour)", domain=">=0", unbounded=_FIGURE
     )
     require: bool = _f(
         False, help="refuse to start without author and author_email (fields the entries repository requires)"
@@ -422,30 +408,6 @@ class Config:
 # Describing a schema type (the loader's errors and the reference table).
 
 
-def _type_name(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(tp))
-    if origin is list:
-        return f"a list of {_type_name(typing.get_args(tp)[0])}"
-    if origin is dict:
-        return "a mapping"
-    if tp is type(None):
-        return "null"
-    if dataclasses.is_dataclass(tp):
-        return "a mapping"
-    return {int: "an integer", float: "a number", bool: "true/false", str: "a string"}.get(tp, str(tp))
-
-
-def _plain(tp: Any) -> Any:
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return args[0] if len(args) == 1 else tp
-    return tp
-
-
 def not_training_keys(cls: type = Config, prefix: str = "") -> tuple[str, ...]:
     """Dotted keys (a section as `name.`) whose value does not change what is trained: `_f(trains=False)`."""
     out: list[str] = []
@@ -457,3 +419,15 @@ def not_training_keys(cls: type = Config, prefix: str = "") -> tuple[str, ...]:
         elif dataclasses.is_dataclass(hints[f.name]):
             out += not_training_keys(hints[f.name], key + ".")
     return tuple(out)
+
+
+def field_of(key: str) -> dataclasses.Field:
+    """The schema field of a dotted key ("optim.eta"; "phases.0.min_scale" or "phases.min_scale": a phase's)."""
+    cls = Config
+    *path, name = key.split(".")
+    for part in path:
+        if part.isdigit():
+            continue
+        tp = typing.get_type_hints(cls)[part]
+        cls = typing.get_args(tp)[0] if typing.get_origin(tp) is list else tp
+    return {f.name: f for f in dataclasses.fields(cls)}[name]

@@ -19,6 +19,7 @@ from models.factory import check_compatible, describe_model
 from recipes.config import Config, to_dict
 from recipes.distributed import DistInfo, all_gather_object, collective_guard
 from recipes.errors import CheckpointError, RunDirError
+from recipes.optim import apply_config
 from recipes.run import checkpoint_files as ckpt
 from recipes.run.directory import RunDir
 from recipes.run.payload import Checkpoint, ModelInfo, State
@@ -180,6 +181,10 @@ class Checkpointer:
                 raise CheckpointError(
                     f"checkpoint '{path}': entry '{name}' does not fit this run's {name} ({ckpt.first_line(e)})"
                 ) from None
+        if "optimizer" not in fresh:
+            # load_state_dict restored the checkpoint's weight decay, eta, trust clip, ...: train with the config's
+            # (they differ only under checkpoint.resume=force)
+            notes += [f"optimizer group {c} (config)" for c in apply_config(parts.optimizer, cfg.optim, parts.model)]
         for line in notes:
             log.info(f"resume: {line}")
         if problems:

@@ -21,6 +21,7 @@ import torch
 from timm.optim import Lars
 
 from models import create_model
+from recipes import registry
 from recipes.config import load_config
 from recipes.optim import create_optimizer, param_groups
 
@@ -51,7 +52,7 @@ def build(device: torch.device, model_name: str):
             model.parameters(), lr=1e-3, momentum=0.9, nesterov=True, weight_decay=1e-4, foreach=False
         ),
     }
-    for name in ("sgd", "lars", "hybrid", "lamb"):
+    for name in registry.OPTIMIZERS:
         optimizers[f"optim.name={name}"] = create_optimizer(
             load_config(None, [f"optim.name={name}", *RECORD]).optim, model
         )

@@ -97,7 +97,7 @@ def test_bad_enum_is_a_config_error():
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The model's starting point: calibrated compute (recipes/timemodel.py) and the link probe's figures.
+# The model's starting point: calibrated compute (recipes/timemodel/) and the link probe's figures.
 
 RECORD = ["comm.tune_start=model", "comm.link_gbit=32", "comm.flow_gbit=10"]
 

@@ -18,6 +18,7 @@ from support import ROOT
 
 import train
 from recipes.config import Config, load_config, reference_table
+from recipes.config.schema import field_of
 from recipes.errors import ConfigError
 
 # The allowed values of each domain, written out again here (an oracle independent of recipes/config/).
@@ -64,9 +65,6 @@ def outside(d: str) -> list[str]:
     if op == "<=":
         return [str(limit + 1), str(limit * 10)]
     return [repr(limit / 2), repr(limit * 0.999)]
-
-
-CROSS_KEY = {"optim.warmup_epochs", "optim.trust_clip_min", "optim.trust_clip_max"}  # also checked against others
 
 
 def _plain(tp):
@@ -196,6 +194,8 @@ def test_messages_name_the_allowed_range():
         assert str(e.value) == message
 
 
+# Keys also checked against other keys (their schema field's `cross` metadata) load or not by more than their domain.
+CROSS_KEY = {k for k, _, _ in KEYS if field_of(k).metadata["cross"]}
 NUMERIC = [(k, tp, d) for k, tp, d in KEYS if _plain(tp) in (int, float) and k not in CROSS_KEY]
 
 

@@ -21,7 +21,7 @@ import train
 from data.sharding import train_shard
 from recipes.config import Config, load_config
 from recipes.config.load import MAX_VAL_RESIZE, MAX_YAML_VALUES
-from recipes.config.schema import domain_rule
+from recipes.config.schema import domain_rule, field_of
 from recipes.errors import ConfigError
 from recipes.schedule import Schedule
 
@@ -235,26 +235,12 @@ def _numeric_keys():
 
 
 NUMERIC = _numeric_keys()
-# Keys without an upper bound, whose consumer takes any finite value of the type: a rate or a factor (an absurd
-# one gives non-finite steps, which run.on_nonfinite handles), a price or network figure that is only computed
-# with, or a step count the code compares against (never allocates or loops over). Network figures are bounded:
-# the step model's search spins on a link of 1e308 Gbit/s. Fractions and percentages
-# have interval domains, bounded on both sides.
-ANY_FINITE = {
-    "model.bn_eps",
-    "optim.lr",
-    "optim.warmup_epochs",
-    "optim.warmup_start_lr",
-    "optim.final_lr",
-    "optim.weight_decay",
-    "optim.eta",
-    "optim.trust_clip_min",
-    "optim.trust_clip_max",
-    "log.every_steps",
-    "checkpoint.every_steps",
-    "checkpoint.keep",
-    "dawnbench.cost_per_hour",
-}
+
+
+# Keys without an upper bound, whose consumer takes any finite value of the type: the schema says so, and why, in
+# each field's `unbounded` metadata (a rate or factor, a figure only computed with, a step count compared against).
+# Fractions and percentages have interval domains, bounded on both sides.
+ANY_FINITE = {k for k, *_ in NUMERIC if field_of(k).metadata["unbounded"]}
 
 
 def _upper(domain: str):

@@ -1,10 +1,10 @@
-"""recipes.progress.EpochClock: training time excludes checkpoints, the window's images/s and mean loss, the ETA."""
+"""recipes.epoch_clock.EpochClock: training time excludes checkpoints, the window's images/s and mean loss, the ETA."""
 
 from __future__ import annotations
 
 import torch
 
-from recipes import progress
+from recipes import epoch_clock as progress
 from recipes.run.payload import State
 
 

@@ -1,4 +1,4 @@
-"""recipes/timemodel.py: calibration on the two published Alibaba runs within 10% per phase (fitted), the published
+"""recipes/timemodel/: calibration on the two published Alibaba runs within 10% per phase (fitted), the published
 constants equal the TSVs, a GPU profile file replaces the published rates, bad profile files give one-line errors,
 and the model against three fast.ai entries it was not fitted on."""
 
@@ -150,6 +150,16 @@ def test_predict_api_returns_an_ordered_range():
     assert lo < 157.55 < hi  # our multistream on the record's cluster: the record is inside the calibrated range
     wall = tm.predict(16, 8, "v100-32gb", "fp16", clock="wall")
     assert wall[1] > mid
+
+
+def test_predict_api_ddp_is_the_one_flow_row():
+    """backend="ddp" is DDP with one TCP flow per communicator (260 s on the record's 16 x 8 V100 cluster), not the
+    4-flow row that shares its stepmodel name (153 s)."""
+    one = tm.predict(16, 8, "v100-32gb", "fp16", backend="ddp")[1]
+    four = tm.predict(16, 8, "v100-32gb", "fp16", backend="ddp (4 flows)")[1]
+    assert 240 < one < 280 and 140 < four < 165
+    with pytest.raises(ValueError, match="'ddp \\(4 flows\\)'.*got 'nccl'"):
+        tm.predict(16, 8, "v100-32gb", "fp16", backend="nccl")
 
 
 def test_out_of_sample_entries(prof):

@@ -1,0 +1,81 @@
+"""Every registered plug-in has what the rest of the tree shows of it, derived from its record (recipes/registry.py):
+each allreduce backend a step-time model, a row and a prediction in the time model, a row in scripts/predict.py's
+table and `train.py --plan --gpu`, and its label in compare_runs; each optimizer key is read by some optimizer."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from support import ROOT
+
+import recipes.timemodel as tm
+from recipes import registry
+from recipes.comm import stepmodel as sm
+from recipes.config import load_config
+from recipes.config.schema import OptimConfig
+from scripts import compare_runs, predict
+
+BACKENDS = list(registry.ALLREDUCE_BACKENDS.values())
+
+
+@pytest.fixture(scope="module")
+def record_cfg():
+    return load_config(ROOT / "configs" / "dawnbench_158s.yaml", [])
+
+
+@pytest.mark.parametrize("rec", BACKENDS, ids=lambda r: r.name)
+def test_every_backend_has_a_step_model(rec):
+    specs = [sm.TensorSpec(f"g{i}", (1 << 20,), "float32") for i in range(8)]
+    comp = sm.no_overlap(specs, 0.1)
+    net = sm.Network(4, 8, 32.0, 10.0, 50e-6)
+    step = sm.predict_step(rec.name, specs, comp, net, **sm.backend_kwargs(rec.name)).step_s
+    assert 0.1 < step < 10.0  # the 0.1 s of compute, then 32 MB over 32 Gbit/s links
+    assert rec.name in sm.BACKENDS
+
+
+@pytest.mark.parametrize("rec", BACKENDS, ids=lambda r: r.name)
+def test_every_backend_has_its_rows_and_predictions(rec, record_cfg):
+    rows = {b.label: b for b in tm.backends(record_cfg)}
+    assert rec.time_flows, f"{rec.name}: no time-model row"
+    for flows in rec.time_flows:
+        label = rec.row_label(flows)
+        assert rows[label].name == rec.name
+        lo, mid, hi = tm.predict(16, 8, "v100-32gb", "fp16", backend=label)
+        assert 60 < lo < mid < hi < 1200  # seconds of the record's schedule on its 128 V100s
+    cfg = dataclasses.replace(record_cfg, comm=dataclasses.replace(record_cfg.comm, backend=rec.name))
+    seconds, what = tm.predicted_seconds(cfg, 128, "v100-32gb")  # train.py --plan --gpu
+    assert seconds is not None and f", {rec.label}, " in what
+
+
+def test_predict_script_table_has_every_row(record_cfg):
+    cluster = tm.Cluster(16, 8)
+    prof = tm.profile_model(record_cfg.model.name)
+    labels = [e.backend for e in predict.estimates(record_cfg, cluster, tm.published("v100-32gb"), prof)]
+    want = [r.row_label(f) for r in BACKENDS for f in r.time_flows]
+    assert labels[: len(want)] == want
+    assert labels[len(want)].startswith("multistream (recommended: ")
+
+
+@pytest.mark.parametrize("rec", BACKENDS, ids=lambda r: r.name)
+def test_compare_runs_labels_every_backend(rec):
+    summary = {"comm_backend": rec.name, "world_size": 2, "comm": {"backend": rec.name, "settings": {"flows": 4}}}
+    assert compare_runs.backend_label(compare_runs.Run(Path("r"), summary, {}, [])) == rec.row_label(4)
+    summary["comm"]["settings"] = {}
+    assert compare_runs.backend_label(compare_runs.Run(Path("r"), summary, {}, [])) == rec.label
+    unknown = {"comm_backend": "nccl_direct", "world_size": 2}
+    assert compare_runs.backend_label(compare_runs.Run(Path("r"), unknown, {}, [])) == "nccl_direct"
+
+
+def test_compression_reaches_only_the_backends_that_read_it(record_cfg):
+    cfg = dataclasses.replace(record_cfg, comm=dataclasses.replace(record_cfg.comm, compression="fp16"))
+    wire = {b.label: b.kwargs["compression"] for b in tm.backends(cfg)}
+    assert wire == {"ddp": "none", "ddp (4 flows)": "none", "horovod": "fp16", "multistream": "fp16"}
+
+
+def test_every_optimizer_key_is_read_by_some_optimizer():
+    keys = {f.name for f in dataclasses.fields(OptimConfig)}
+    read = set(registry.OPTIM_SHARED_KEYS) | {k for r in registry.OPTIMIZERS.values() for k in r.reads}
+    assert read <= keys, read - keys  # no record names a key the schema lacks
+    assert keys <= read, keys - read  # no key is read by no optimizer
