@@ -9,7 +9,7 @@
 # The plain names make takes from the environment: every `NAME ?=` of this file (read from it, so a new one is
 # guarded without a list to keep), and PY.
 USER_VARS := $(shell sed -n 's/^\([A-Z][A-Z0-9_]*\) *?=.*/\1/p' $(firstword $(MAKEFILE_LIST))) PY
-ENV_ROUTE := HOSTS DATA GPUS PORT TRANSPORT IFACE OVERRIDES LAUNCH_ARGS CUDA
+ENV_ROUTE := HOSTS DATA GPUS PORT TRANSPORT IFACE OVERRIDES LAUNCH_ARGS CUDA CONFIG
 dollar_fix = $(if $(filter $(1),$(ENV_ROUTE)),export DAWNBENCH_$(1)=... instead,$(if $(filter DAWNBENCH_%,$(1)),export $(1)=... instead of giving it on the command line,give it without '$$'))
 $(foreach v,$(.VARIABLES),$(if $(and $(filter command line,$(origin $(v))),$(findstring $$,$(value $(v)))),\
   $(error $(v): a value with '$$' on the make command line is expanded by make (a $$(shell ...) in it would run); \
@@ -110,7 +110,9 @@ clean:
 # (a rerun into the same one resumes from its checkpoint), OVERRIDES='key=value ...' (split before each key=, so a
 # value may hold spaces: 'data.roots={160: /data/imagenet-160} phases.0.root=160'), TRANSPORT=ssh|slurm|local,
 # IFACE=network interface, LAUNCH_ARGS=any other scripts/launch.py options (e.g. --dry-run; split by launch.py as a
-# shell would split them, quotes included, but never run by a shell).
+# shell would split them, quotes included, but never run by a shell), CONFIG=another config than the target's record
+# config (a preset: CONFIG=configs/presets/a100_4x8.yaml; the run directory is then runs/<its name>-<backend>).
+# LAUNCH_ARGS=--dry-run prints the per-host commands and builds nothing (no Horovod build).
 # Each is taken from the make command line, or from the environment as DAWNBENCH_<NAME> (DAWNBENCH_DATA=...):
 # a PORT or DATA that happens to be set in the shell does not apply. Every value is passed quoted.
 HOSTS       = $(value DAWNBENCH_HOSTS)
@@ -121,7 +123,15 @@ TRANSPORT   = $(value DAWNBENCH_TRANSPORT)
 IFACE       = $(value DAWNBENCH_IFACE)
 OVERRIDES   = $(value DAWNBENCH_OVERRIDES)
 LAUNCH_ARGS = $(value DAWNBENCH_LAUNCH_ARGS)
-LAUNCH = $(PY) scripts/launch.py --python $(PY) --port $(call q,$(PORT)) $(if $(GPUS),--gpus-per-host $(call q,$(GPUS))) \
+CONFIG      = $(value DAWNBENCH_CONFIG)
+# $(call cfg,RECORD): CONFIG when given, else the target's record config; $(call cfg_name,RECORD): its file name
+# without .yaml, which names the run directory (a preset never trains into, nor resumes, the record's directory).
+cfg = $(or $(CONFIG),$(1))
+cfg_name = $(basename $(notdir $(call cfg,$(1))))
+DRY_RUN = $(filter --dry-run,$(LAUNCH_ARGS))
+# The make command that resumes a run (the launcher's "next:" line and the workers' preemption line name it).
+RERUN_MAKE = $(strip make $@$(foreach v,HOSTS DATA CONFIG RUN_DIR GPUS OVERRIDES,$(if $(filter command line,$(origin $(v))), $(v)=$(call q,$(value $(v))))))
+LAUNCH = DAWNBENCH_RERUN=$(call q,$(RERUN_MAKE)) $(PY) scripts/launch.py --python $(PY) --port $(call q,$(PORT)) $(if $(GPUS),--gpus-per-host $(call q,$(GPUS))) \
 	$(if $(TRANSPORT),--transport $(call q,$(TRANSPORT))) $(if $(IFACE),--iface $(call q,$(IFACE))) \
 	$(if $(LAUNCH_ARGS),--args-text $(call q,$(LAUNCH_ARGS))) $(if $(OVERRIDES),--overrides-text $(call q,$(OVERRIDES)))
 DATA_ARG = $(if $(DATA),$(call q,data.root=$(DATA)))
@@ -130,39 +140,40 @@ HOSTFILE_ARG = $(if $(HOSTS),--hostfile $(call q,$(HOSTS)))
 .PHONY: reproduce-158s reproduce-8gpu baseline-horovod baseline-ddp-flows compare probe-network
 
 # 16 machines x 8 GPUs: one torchrun agent per host, c10d rendezvous on the first, NCCL, multistream + auto-tuning.
-reproduce-158s: RUN_DIR = runs/dawnbench_158s-multistream
+reproduce-158s: RUN_DIR = runs/$(call cfg_name,configs/dawnbench_158s.yaml)-multistream
 reproduce-158s: install
-	$(LAUNCH) $(HOSTFILE_ARG) --run-dir $(call q,$(RUN_DIR)) -c configs/dawnbench_158s.yaml $(DATA_ARG) \
+	$(LAUNCH) $(HOSTFILE_ARG) --run-dir $(call q,$(RUN_DIR)) -c $(call q,$(call cfg,configs/dawnbench_158s.yaml)) $(DATA_ARG) \
 		comm.backend=multistream comm.autotune=true
 
 # One machine with 8 GPUs, with the allreduce backend the config chooses (HOSTS may name one remote machine).
-reproduce-8gpu: RUN_DIR = runs/dawnbench_8gpu
+reproduce-8gpu: RUN_DIR = runs/$(call cfg_name,configs/dawnbench_8gpu.yaml)
 reproduce-8gpu: install
 	$(LAUNCH) $(if $(HOSTS),$(HOSTFILE_ARG),--hosts localhost $(if $(TRANSPORT),,--transport local)) \
-		--run-dir $(call q,$(RUN_DIR)) -c configs/dawnbench_8gpu.yaml $(DATA_ARG)
+		--run-dir $(call q,$(RUN_DIR)) -c $(call q,$(call cfg,configs/dawnbench_8gpu.yaml)) $(DATA_ARG)
 
 # The same 158 s recipe with Horovod's allreduce under horovodrun --gloo, into its own run directory.
-baseline-horovod: RUN_DIR = runs/dawnbench_158s-horovod
+baseline-horovod: RUN_DIR = runs/$(call cfg_name,configs/dawnbench_158s.yaml)-horovod
 baseline-horovod: install
-	PY=$(PY) bash scripts/install_horovod.sh
-	$(LAUNCH) --engine horovod $(HOSTFILE_ARG) --run-dir $(call q,$(RUN_DIR)) -c configs/dawnbench_158s.yaml \
+	$(if $(DRY_RUN),@echo "dry run: Horovod is not built",PY=$(PY) bash scripts/install_horovod.sh)
+	$(LAUNCH) --engine horovod $(HOSTFILE_ARG) --run-dir $(call q,$(RUN_DIR)) -c $(call q,$(call cfg,configs/dawnbench_158s.yaml)) \
 		$(DATA_ARG) comm.backend=horovod
 
 # The strongest plain-DDP baseline: the same recipe on DDP with NCCL's multi-flow sockets (NCCL_PRESET=aws-ena
 # is NCCL's own choice on AWS; recipes/registry.py NCCL_PRESETS lists the others).
 NCCL_PRESET ?= flows-16-ch4
-baseline-ddp-flows: RUN_DIR = runs/dawnbench_158s-ddp-flows
+baseline-ddp-flows: RUN_DIR = runs/$(call cfg_name,configs/dawnbench_158s.yaml)-ddp-flows
 baseline-ddp-flows: install
-	$(LAUNCH) $(HOSTFILE_ARG) --run-dir $(call q,$(RUN_DIR)) -c configs/dawnbench_158s.yaml $(DATA_ARG) \
+	$(LAUNCH) $(HOSTFILE_ARG) --run-dir $(call q,$(RUN_DIR)) -c $(call q,$(call cfg,configs/dawnbench_158s.yaml)) $(DATA_ARG) \
 		comm.backend=ddp $(call q,comm.nccl_preset=$(NCCL_PRESET))
 
 # Every host pair's bandwidth (1 and N flows) and latency through gloo, into <RUN_DIR>/network.json; no training.
-probe-network: RUN_DIR = runs/dawnbench_158s-multistream
+probe-network: RUN_DIR = runs/$(call cfg_name,configs/dawnbench_158s.yaml)-multistream
 probe-network: install
-	$(LAUNCH) $(HOSTFILE_ARG) --run-dir $(call q,$(RUN_DIR)) -c configs/dawnbench_158s.yaml --probe-network
+	$(LAUNCH) $(HOSTFILE_ARG) --run-dir $(call q,$(RUN_DIR)) -c $(call q,$(call cfg,configs/dawnbench_158s.yaml)) --probe-network
 
 # Side-by-side table and plot of the runs above (the multi-flow DDP run as a third column when it exists; RUNS= to
 # compare others).
-RUNS ?= runs/dawnbench_158s-multistream $(wildcard runs/dawnbench_158s-ddp-flows) runs/dawnbench_158s-horovod
+RUN_BASE = runs/$(call cfg_name,configs/dawnbench_158s.yaml)
+RUNS ?= $(RUN_BASE)-multistream $(wildcard $(RUN_BASE)-ddp-flows) $(RUN_BASE)-horovod
 compare: install
 	$(PY) scripts/compare_runs.py $(call qw,$(RUNS)) --plot runs/compare.png --markdown runs/compare.md

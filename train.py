@@ -11,6 +11,7 @@ import sys
 
 from recipes.argtypes import OneLineParser, bounded_int
 from recipes.cli import run_cli
+from recipes.memory import GPU_MEMORY_GIB
 
 
 def parser() -> OneLineParser:
@@ -28,8 +29,9 @@ def parser() -> OneLineParser:
     ap.add_argument(
         "--gpu",
         default=None,
-        help="--plan: per-GPU batch, accumulation and estimated memory on this GPU (v100, v100-32gb, a100-40gb, "
-        "a100, h100, h200), and the time model's prediction where it has the GPU's rates",
+        choices=list(GPU_MEMORY_GIB),
+        help="--plan: per-GPU batch, accumulation and estimated memory on this GPU (default: the config's run.gpu), "
+        "and the time model's prediction where it has the GPU's rates",
     )
     ap.add_argument("--run-dir", help="run directory (default: <run.out_dir>/<run.name>)")
     ap.add_argument(

@@ -1,9 +1,15 @@
 #!/usr/bin/env python
 """ImageNet as downloaded -> the folder layout the loaders read; pre-resized copies; a check of every file.
 
+    python data/prepare.py --download ~/Downloads/imagenet --dst /imagenet [--short-side 160]   (one command)
     python data/prepare.py --sort-val /imagenet --devkit ILSVRC2012_devkit_t12.tar.gz     (or --val-solution CSV)
     python data/prepare.py --src /imagenet --dst /imagenet-160 --short-side 160 [--splits train] [--workers 16]
     python data/prepare.py --check /imagenet [--out bad_files.tsv]
+
+--download reads the download as it is (image-net.org's ILSVRC2012_img_train.tar, ILSVRC2012_img_val.tar and
+ILSVRC2012_devkit_t12.tar.gz in one folder; or Kaggle's folder with ILSVRC/Data/CLS-LOC, LOC_synset_mapping.txt and
+LOC_val_solution.csv; or Kaggle's zip), streams the tars (see data/download.py), writes <dst>/{train,val}/<wnid>/ and
+<dst>/ILSVRC2012_validation_blacklist.txt, and with --short-side N also the copy <dst>-N. A rerun resumes.
 
 --sort-val moves the flat validation folder (<root>/val/ILSVRC2012_val_00000001.JPEG ...) into class folders
 (<root>/val/<wnid>/...), with the labels of the devkit (parsed by torchvision's ImageNet devkit parser; needs scipy)
@@ -18,19 +24,17 @@ the settings and, once done, the totals. A phase with `root: '160'` reads the co
 data.root), or the one `data.roots: {160: /elsewhere}` names.
 
 --check decodes every image and lists each file that is not a decodable RGB JPEG (CMYK, grayscale, PNG content
-named .JPEG, truncated, empty, not an image), with what it is; the exit status is 1 when some cannot be decoded.
+named .JPEG, truncated, empty, not an image), with what it is; the exit status is 1 when some cannot be decoded,
+2 (one line) when ROOT holds no image or still holds .tar archives (a download not yet extracted: use --download).
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
-import re
 import struct
 import sys
-import tarfile
 from collections import Counter
 from multiprocessing import get_context
 from pathlib import Path
@@ -40,6 +44,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from PIL import Image  # noqa: E402
 
 from data.check import OK, inspect_file, open_image, too_many_pixels  # noqa: E402
+from data.download import (  # noqa: E402
+    BLACKLIST,
+    VAL_NAME,
+    devkit_blacklist_bytes,
+    from_download,
+    is_class_name,
+    read_devkit,
+    solution_labels,
+    write_blacklist,
+)
 from data.folder import IMAGE_EXTENSIONS, scan_split  # noqa: E402
 from recipes.errors import DataError  # noqa: E402
 
@@ -188,83 +202,18 @@ def prepare(src: Path, dst: Path, short_side: int, *, splits: list[str], quality
 # ---------------------------------------------------------------------------------------------------------
 # The flat validation folder -> class folders.
 
-VAL_NAME = re.compile(r"^ILSVRC2012_val_(\d{8})\.JPEG$", re.IGNORECASE)
-BLACKLIST = "ILSVRC2012_validation_blacklist.txt"
-
 
 def devkit_labels(devkit: Path, out_dir: Path) -> list[str]:
-    """The wnid of validation image 1, 2, ... from the devkit archive (torchvision's parser), and the devkit's
-    blacklist written to `out_dir`."""
-    from torchvision.datasets.imagenet import load_meta_file, parse_devkit_archive
-
-    if not devkit.is_file():
-        raise DataError(f"--devkit: '{devkit}' not found (ILSVRC2012_devkit_t12.tar.gz from image-net.org)")
-    try:
-        parse_devkit_archive(str(devkit.parent), devkit.name)  # writes meta.bin beside the archive
-        wnids = load_meta_file(str(devkit.parent))[1]
-    except (RuntimeError, OSError, KeyError) as e:
-        raise DataError(f"--devkit: cannot read '{devkit}': {e}") from None
-    devkit_blacklist(devkit, out_dir)
-    return list(wnids)
+    """The wnid of validation image 1, 2, ... from the devkit archive (read in memory: nothing is written beside
+    it), and the devkit's blacklist written to `out_dir`."""
+    kit = read_devkit(devkit)
+    write_blacklist(kit.blacklist, f"data/{BLACKLIST} of '{devkit}'", out_dir)
+    return kit.val_wnids
 
 
 def devkit_blacklist(devkit: Path, out_dir: Path) -> Path:
     """The devkit's data/ILSVRC2012_validation_blacklist.txt, checked and written to `out_dir`."""
-    try:
-        with tarfile.open(devkit) as tar:
-            member = next((m for m in tar.getmembers() if m.name.endswith("/data/" + BLACKLIST)), None)
-            if member is None or not member.isfile():
-                raise DataError(f"--devkit: '{devkit}' has no data/{BLACKLIST}")
-            data = tar.extractfile(member).read(1 << 20)
-    except (tarfile.TarError, OSError) as e:
-        raise DataError(f"--devkit: cannot read '{devkit}': {e}") from None
-    return write_blacklist(data, f"data/{BLACKLIST} of '{devkit}'", out_dir)
-
-
-def write_blacklist(data: bytes, source: str, out_dir: Path) -> Path:
-    """Check a blacklist (one image number in 1..50000 a line) and write it to `out_dir` as data.val_blacklist
-    reads it; the same file whichever route sorted the validation set."""
-    try:
-        lines = data.decode("utf-8").split()
-        numbers = [int(x) for x in lines]
-    except (UnicodeDecodeError, ValueError):
-        raise DataError(f"{source}: expected one image number (1..50000) a line") from None
-    if not numbers or not all(1 <= n <= 50_000 for n in numbers) or len(set(numbers)) != len(numbers):
-        raise DataError(f"{source}: expected distinct image numbers in 1..50000, one a line")
-    out = out_dir / BLACKLIST
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text("".join(f"{n}\n" for n in numbers))
-    os.replace(tmp, out)
-    return out
-
-
-def solution_labels(csv_path: Path) -> dict[int, str]:
-    """{image number: wnid} from Kaggle's LOC_val_solution.csv (ImageId, PredictionString 'wnid x y x y ...')."""
-    if not csv_path.is_file():
-        raise DataError(f"--val-solution: '{csv_path}' not found (LOC_val_solution.csv of Kaggle's ImageNet)")
-    out = {}
-    text = _read_text(csv_path, "--val-solution")
-    reader = csv.DictReader(text.splitlines())
-    if not {"ImageId", "PredictionString"} <= set(reader.fieldnames or ()):
-        raise DataError(f"{csv_path}:1: expected the header 'ImageId,PredictionString' (Kaggle's LOC_val_solution.csv)")
-    for n, row in enumerate(reader, 2):
-        m = VAL_NAME.match(f"{row.get('ImageId') or ''}.JPEG")
-        parts = (row.get("PredictionString") or "").split()
-        if not m or not parts:
-            # What is wrong, not the row: the file may be anything the user pointed at.
-            raise DataError(
-                f"{csv_path}:{n}: expected columns ImageId (ILSVRC2012_val_NNNNNNNN) and PredictionString "
-                "('<wnid> x y x y ...')"
-            )
-        out[int(m.group(1))] = parts[0]
-    return out
-
-
-_CLASS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,99}")
-
-
-def _is_class_name(name) -> bool:
-    return isinstance(name, str) and _CLASS_NAME.fullmatch(name) is not None
+    return write_blacklist(devkit_blacklist_bytes(devkit), f"data/{BLACKLIST} of '{devkit}'", out_dir)
 
 
 def sort_val(root: Path, labels: list[str] | dict[int, str], log=print) -> int:
@@ -284,7 +233,7 @@ def sort_val(root: Path, labels: list[str] | dict[int, str], log=print) -> int:
             raise DataError(f"--sort-val: no label for '{p}' (expected ILSVRC2012_val_NNNNNNNN.JPEG of the labels)")
         # The class name comes from a file: it must name one folder inside val/, never a path out of it.
         dst = val / str(wnid) / p.name
-        if not _is_class_name(wnid) or dst.parent.resolve().parent != inside:
+        if not is_class_name(wnid) or dst.parent.resolve().parent != inside:
             raise DataError(
                 f"--sort-val: the label of '{p.name}' is not a class folder name (expected a WordNet id such as "
                 "n01440764: letters, digits, '_' or '-'); nothing was moved"
@@ -299,11 +248,27 @@ def sort_val(root: Path, labels: list[str] | dict[int, str], log=print) -> int:
 
 
 def _image_files(root: Path) -> list[str]:
+    """Every image under `root`; a DataError when there is none, or when archives are still to be extracted (a
+    folder of per-class tars checks as 0 files otherwise, and would pass)."""
     if not root.is_dir():
         raise DataError(f"--check: '{root}' is not a folder")
-    return sorted(
-        str(p) for p in root.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS and ".tmp" not in p.name
-    )
+    files, archives = [], []
+    for p in root.rglob("*"):
+        if not p.is_file():
+            continue
+        if p.suffix.lower() in IMAGE_EXTENSIONS and ".tmp" not in p.name:
+            files.append(str(p))
+        elif p.name.lower().endswith((".tar", ".tar.gz", ".tgz", ".zip")):
+            archives.append(p)
+    if archives:
+        raise DataError(
+            f"--check: '{root}' holds {len(archives)} unextracted archive(s), e.g. "
+            f"'{os.path.relpath(min(archives), root)}': make the layout with python data/prepare.py --download "
+            "DOWNLOAD_FOLDER --dst ROOT"
+        )
+    if not files:
+        raise DataError(f"--check: '{root}' holds no image (.JPEG, .jpg, .png); expected <root>/<split>/<wnid>/*.JPEG")
+    return sorted(files)
 
 
 def check(root: Path, workers: int, out: Path | None = None, log=print) -> list:
@@ -326,6 +291,29 @@ def check(root: Path, workers: int, out: Path | None = None, log=print) -> list:
     return odd
 
 
+def _download(ap: argparse.ArgumentParser, args) -> int:
+    """--download FOLDER --dst ROOT [--short-side N]: the layout, the blacklist and the copy ROOT-N in one go."""
+    if args.dst is None:
+        ap.error("--download needs --dst ROOT (where the train/ and val/ class folders are written)")
+    if args.devkit is not None and args.blacklist is not None:
+        ap.error("--blacklist: the devkit already holds the blacklist (give one of the two)")
+    if args.short_side is not None and args.short_side < 8:
+        ap.error(f"--short-side: expected at least 8 pixels, got {args.short_side}")
+    done = from_download(args.download, args.dst, devkit=args.devkit, blacklist=args.blacklist)
+    if not done["blacklist"]:
+        print(
+            f"warning: no {BLACKLIST} written: Kaggle's download does not hold it; rerun with --devkit ARCHIVE or "
+            "--blacklist FILE (the record configs count accuracy without the blacklisted images)",
+            file=sys.stderr,
+        )
+    if args.short_side is None:
+        return 0
+    copy = Path(f"{args.dst}-{args.short_side}")  # where a phase's `root: 'N'` finds it (<data.root>-N)
+    result = prepare(args.dst, copy, args.short_side, splits=args.splits, quality=args.quality, workers=args.workers)
+    print(f"wrote {copy}: {result['resized']} resized, {result['copied']} copied, {result['undecodable']} undecodable")
+    return 1 if result["bad"] and not args.skip_corrupt else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--src", type=Path, help="dataset root with train/ (and val/) in ImageNet folder layout")
@@ -335,19 +323,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quality", type=int, default=90, help="JPEG quality of re-encoded images")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes (default: all cores)")
     ap.add_argument("--skip-corrupt", action="store_true", help="exit 0 even if some source files cannot be decoded")
+    ap.add_argument(
+        "--download",
+        type=Path,
+        metavar="FOLDER",
+        help="ImageNet as downloaded (image-net.org's tars + devkit, Kaggle's tree or zip) -> the layout in --dst",
+    )
     ap.add_argument("--check", type=Path, metavar="ROOT", help="inspect every image under ROOT instead of copying")
     ap.add_argument("--out", type=Path, help="--check: also write the list as TSV to this file")
     ap.add_argument("--sort-val", type=Path, metavar="ROOT", help="move ROOT/val's flat images into class folders")
-    ap.add_argument("--devkit", type=Path, help="--sort-val: ILSVRC2012_devkit_t12.tar.gz (labels, blacklist)")
+    ap.add_argument(
+        "--devkit", type=Path, help="--sort-val/--download: ILSVRC2012_devkit_t12.tar.gz (labels, blacklist)"
+    )
     ap.add_argument("--val-solution", type=Path, help="--sort-val: Kaggle's LOC_val_solution.csv (labels)")
     ap.add_argument(
         "--blacklist",
         type=Path,
-        help="--sort-val --val-solution: the devkit's ILSVRC2012_validation_blacklist.txt (or give --devkit too): "
-        "written beside the sorted set, as the devkit route writes it",
+        help="--sort-val --val-solution, --download of Kaggle's: the devkit's ILSVRC2012_validation_blacklist.txt "
+        "(or give --devkit): written beside the sorted set, as the devkit route writes it",
     )
     args = ap.parse_args(argv)
     try:
+        if args.download is not None:
+            return _download(ap, args)
         if args.sort_val is not None:
             if args.devkit is None and args.val_solution is None:
                 ap.error("--sort-val needs --devkit or --val-solution")

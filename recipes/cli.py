@@ -30,7 +30,12 @@ def run_cli(args) -> int:
         if args.plan:
             from recipes.schedule_report import print_plan
 
-            return print_plan(cfg, args.num_images, args.world_size, gpu=getattr(args, "gpu", None))
+            gpu = getattr(args, "gpu", None) or cfg.run.gpu or None
+            if gpu is not None:
+                where = "--gpu" if getattr(args, "gpu", None) else "run.gpu of the config"
+                dtype = cfg.run.amp if cfg.run.amp != "none" else "fp32 (run.amp=none)"
+                print(f"GPU: {gpu} ({where}), dtype: {dtype}" + (" (run.amp)" if cfg.run.amp != "none" else ""))
+            return print_plan(cfg, args.num_images, args.world_size, gpu=gpu)
         from recipes.trainer import run_dir_for, train
 
         run_dir = Path(args.run_dir) if args.run_dir else run_dir_for(cfg)

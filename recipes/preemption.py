@@ -5,14 +5,17 @@ grace period, SIGKILL. The signal may reach one rank only, so the handler merely
 `StopSignal.agreed()` at a boundary where it synchronises anyway (each log window), which takes the maximum of every
 rank's flag with one one-element all_reduce on the training device (gloo on CPU). When it says stop, every rank
 saves the checkpoint together (`Checkpointer.save`), then the run ends with `Preempted`, which the command line
-turns into one line and exit code `EXIT_PREEMPTED` (75, EX_TEMPFAIL in sysexits.h: "try again later"). A rerun
-with `--resume` (the SLURM script's requeue) continues from that checkpoint. Signals that arrive after the first,
+turns into one line and exit code `EXIT_PREEMPTED` (75, EX_TEMPFAIL in sysexits.h: "try again later"). Rerunning
+the command that started the run continues from that checkpoint (checkpoint.resume); `rerun_hint` names that command
+for the way the run was started: make or scripts/launch.py (which pass it to the workers as DAWNBENCH_RERUN),
+torchrun, or train.py alone. Signals that arrive after the first,
 during the save included, are counted and otherwise ignored, so the save is never cut short by one; a SIGKILL can
 still end it, and then the previous checkpoint is intact (checkpoints are written to a temporary file and renamed).
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 
@@ -22,6 +25,19 @@ import torch.distributed as td
 from recipes.distributed import DistInfo, collective_guard
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL
+RERUN_ENV = "DAWNBENCH_RERUN"  # the command that resumes this run, set by make and scripts/launch.py for the workers
+
+
+def rerun_hint(environ: dict | None = None) -> str:
+    """What to run to continue after a stop, for the way this process was started."""
+    env = os.environ if environ is None else environ
+    if env.get(RERUN_ENV):
+        return f"rerun `{env[RERUN_ENV]}` to resume from it"
+    if "TORCHELASTIC_RUN_ID" in env:
+        return "rerun the same torchrun command to resume from it (the run directory's checkpoint is found)"
+    return "rerun the same train.py command to resume from it (the run directory's checkpoint is found)"
+
+
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -73,4 +89,4 @@ def ignore_stop_signals() -> None:
             signal.signal(s, signal.SIG_IGN)
 
 
-__all__ = ["EXIT_PREEMPTED", "SIGNALS", "StopSignal", "ignore_stop_signals"]
+__all__ = ["EXIT_PREEMPTED", "RERUN_ENV", "SIGNALS", "StopSignal", "ignore_stop_signals", "rerun_hint"]

@@ -7,6 +7,7 @@ Batch size changes between phases, so iterations per epoch do too; `Schedule` la
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -208,4 +209,22 @@ class Schedule:
                 lines[-1] = f"{lines[-1]:<79}  {info.micro_batches} x {self.micro_batch(ep)}"
             ep += p.epochs
         lines.append(f"total: {self.total_steps} iterations in {len(self.epochs)} epochs")
+        lines.append(self.lr_summary())
         return "\n".join(lines)
+
+    def lr_summary(self) -> str:
+        """One line: the LR at the end of warm-up and at its peak (the plot's two landmarks, as numbers)."""
+        w = self.warmup_steps()
+        # The LR is linear between these steps (warm-up end, phase boundaries): its peak is at one of them.
+        starts = [e.first_step for e in self.epochs]
+        marks = {0, math.floor(w), math.ceil(w), self.last_step, *starts, *(s - 1 for s in starts if s > 0)}
+        peak = max(sorted(m for m in marks if 0 <= m <= self.last_step), key=self.lr)
+        warm = (
+            f"end of warm-up {self.lr(w):.4g} at step {w:.0f} (epoch {self.epoch_of_step(w):.2f})"
+            if w > 0
+            else "no warm-up"
+        )
+        return (
+            f"lr: {self.lr(0):.4g} at step 0, {warm}, peak {self.lr(peak):.4g} at step {peak}, "
+            f"{self.lr(self.last_step):.4g} at the last step ({self.last_step})"
+        )

@@ -33,7 +33,7 @@ from recipes.evaluation.accuracy import average_bn_stats, evaluate
 from recipes.logger import RunLogger, format_seconds
 from recipes.memory import accumulation, refuse_if_too_big
 from recipes.optim import create_optimizer, describe_groups, set_lr_momentum
-from recipes.preemption import StopSignal
+from recipes.preemption import StopSignal, rerun_hint
 from recipes.report import summarize, summary_table, targets_reached
 from recipes.run.checkpointer import Checkpointer, Parts
 from recipes.run.directory import open_run
@@ -246,7 +246,7 @@ class Trainer:
         """Every rank agreed to stop at this step boundary, after the checkpoint (if any) was written."""
         st, saved = self.state, self.cfg.checkpoint.enabled
         where = f"step {st.step} (epoch {st.epoch + 1}, {st.epoch_step} step(s) into it)"
-        kept = f"checkpoint of step {st.step} in {self.run_dir}; rerun with --resume" if saved else "no checkpoint"
+        kept = f"checkpoint of step {st.step} in {self.run_dir}; {rerun_hint()}" if saved else "no checkpoint"
         raise Preempted(f"stopped by {self.stop.describe()} at {where}: {kept}")
 
     def summary(self) -> dict:

@@ -9,12 +9,21 @@ Reads what train.py leaves in each run directory (summary.json with the per-epoc
 DAWNBench TSV when the history is missing), prints two Markdown tables and writes a PNG with top-5 against wall-clock
 time and images/s per phase.
 
+Only what is comparable is compared. The report starts with what sets the runs apart: every config value that
+differs (beyond the allreduce backend and its comm.* settings), the data root, the validation images counted, the
+network (the launcher's link probe, comm.network) and the autotune setting. Runs whose recipes differ beyond the
+backend (another schedule, model, optimizer, ...: any key that changes what is trained) are refused with one line;
+--force compares them anyway, the differences printed above the table. A run without summary.json (interrupted)
+is compared up to its last finished epoch (dawnbench.tsv), marked "interrupted" in the table and the plot.
+
 - time to target: training time (DAWNBench's clock: no validation, no checkpoints) until the first epoch at the
   target. The target is --target for every run, else each run's own run.target_top1/top5, else top-5 >= 93%.
 - images/s: training images per second over the whole run, in total and per process (GPU).
 - communication per step and its share of the step: the allreduce backend's `CommStats` in summary.json's `comm`
-  (recipes/comm/stats.py: comm_seconds over steps, each backend timing its own communication window); "n/a" for
-  a single process (nothing to reduce) or a run directory older than the record.
+  (recipes/comm/stats.py: comm_seconds over steps); "n/a" for a single process (nothing to reduce) or a run
+  directory older than the record. Each backend times its own window (docs/allreduce.md), so the table's "comm
+  window" column and the plot's legend name it: multistream's window includes backward, DDP's starts at the first
+  bucket, and a larger share there does not mean slower communication.
 - scaling efficiency: images/s / (processes x images/s of the single-process run), when a single-process run is
   among the arguments.
 """
@@ -34,9 +43,19 @@ sys.path.insert(0, str(REPO))
 
 from recipes import registry  # noqa: E402
 from recipes.comm.stats import CommStats  # noqa: E402
+from recipes.config import to_yaml  # noqa: E402
+from recipes.config.schema import Config, not_training_keys  # noqa: E402
 from recipes.run import files as run_files  # noqa: E402
 
 DEFAULT_TARGET = {"top5": 93.0}
+# What each backend's comm_seconds times (docs/allreduce.md, "What each backend measures"): not the same window.
+COMM_WINDOWS = {
+    "ddp": "first bucket -> last bucket reduced",
+    "multistream": "backward + sync",
+    "horovod": "first gradient -> synchronize()",
+}
+# Keys that name a run rather than its recipe: never listed as a difference.
+_IDENTITY = ("run.name", "run.out_dir")
 
 
 class CompareError(ValueError):
@@ -49,6 +68,8 @@ class Run:
     summary: dict
     config: dict
     history: list[dict]  # one row per epoch: epoch, train_seconds, top1, top5 (+ wall_seconds, images_per_s)
+    interrupted: bool = False  # no summary.json: the summary is rebuilt from the epochs finished
+    network: dict | None = None  # the launcher's network.json (link probe), when it ran one
 
     @property
     def name(self) -> str:
@@ -74,23 +95,152 @@ def _read_tsv(path: Path) -> list[dict]:
     return rows
 
 
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise CompareError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise CompareError(f"{path}: expected a JSON object")
+    return data
+
+
+def _interrupted_summary(path: Path, history: list[dict]) -> dict:
+    """What summary.json would say of the epochs an interrupted run finished (meta.json gives the processes)."""
+    meta = _read_json(path / run_files.META) if (path / run_files.META).is_file() else {}
+    progress = _read_json(path / run_files.PROGRESS) if (path / run_files.PROGRESS).is_file() else {}
+    last = history[-1]
+    return {
+        "epochs": last["epoch"],
+        "steps": None,  # progress.json counts steps past the last epoch: not the steps of these epochs
+        "last_step_logged": progress.get("step"),
+        "world_size": int(meta.get("world_size") or 1),
+        "wall_seconds": last.get("wall_seconds"),
+        "train_seconds": last["train_seconds"],
+        "images_per_s": last.get("images_per_s"),
+        "final_top1": last["top1"],
+        "final_top5": last["top5"],
+        "val_count": last.get("val_count"),
+    }
+
+
 def load_run(path: str | Path) -> Run:
     path = Path(path)
     if not path.is_dir():
         raise CompareError(f"{path}: not a directory")
-    summary_path = path / run_files.SUMMARY
-    if not summary_path.is_file():
-        raise CompareError(f"{path}: no summary.json (not a run directory, or the run has not finished)")
-    try:
-        summary = json.loads(summary_path.read_text())
-    except json.JSONDecodeError as e:
-        raise CompareError(f"{summary_path}: not valid JSON ({e})") from None
-    config_path, tsv = path / run_files.CONFIG, path / run_files.TSV
+    summary_path, config_path, tsv = path / run_files.SUMMARY, path / run_files.CONFIG, path / run_files.TSV
     config = yaml.safe_load(config_path.read_text()) if config_path.is_file() else {}
+    network = _read_json(path / run_files.NETWORK) if (path / run_files.NETWORK).is_file() else None
+    if not summary_path.is_file():
+        history = _read_tsv(tsv) if tsv.is_file() else []
+        if not history:
+            raise CompareError(
+                f"{path}: no summary.json (not a run directory, or the run has not finished) and no finished epoch "
+                "in dawnbench.tsv"
+            )
+        return Run(path, _interrupted_summary(path, history), config or {}, history, True, network)
+    summary = _read_json(summary_path)
     history = summary.get("history")
     if history is None and tsv.is_file():
         history = _read_tsv(tsv)
-    return Run(path, summary, config or {}, history or [])
+    return Run(path, summary, config or {}, history or [], False, network)
+
+
+def flatten(config: dict, prefix: str = "") -> dict[str, object]:
+    """{'optim.lr': 2.0, 'phases[0].epochs': 9, ...} of a config.yaml."""
+    out: dict[str, object] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, name + "."))
+        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            out[f"{name}.count"] = len(value)
+            for i, v in enumerate(value):
+                out.update(flatten(v, f"{name}[{i}]."))
+        else:
+            out[name] = value
+    return out
+
+
+def _trains(key: str, inert: tuple[str, ...]) -> bool:
+    plain = key.split("[")[0] if key.startswith("phases[") else key
+    return not any(plain == k or (k.endswith(".") and plain.startswith(k)) for k in inert)
+
+
+def differences(runs: list[Run]) -> tuple[list[tuple], list[tuple]]:
+    """([(key, values)] that change what is trained, [(key, values)] that do not), comm.* and run names left out."""
+    # A key missing from a run's config.yaml (a run older than the key) holds the schema's default.
+    defaults = flatten(yaml.safe_load(to_yaml(Config())))
+    flat = [{**{k: v for k, v in defaults.items() if not k.startswith("phases")}, **flatten(r.config)} for r in runs]
+    inert = not_training_keys()
+    recipe, other = [], []
+    for key in sorted(set().union(*flat)):
+        if key.startswith("comm.") or key in _IDENTITY:
+            continue
+        values = tuple(f.get(key, "-") for f in flat)
+        if len({json.dumps(v, sort_keys=True, default=str) for v in values}) > 1:
+            (recipe if _trains(key, inert) else other).append((key, values))
+    return recipe, other
+
+
+def comm_window(run: Run) -> str:
+    name = run.summary.get("comm_backend") or run.config.get("comm", {}).get("backend", "?")
+    return COMM_WINDOWS.get(name, "the backend's own (docs/allreduce.md)") if run.comm is not None else "-"
+
+
+def _network(run: Run) -> str:
+    named = run.config.get("comm", {}).get("network") or "auto"
+    if not run.network:
+        return f"comm.network={named}; no link probe"
+    units = {"link_gbit": " Gbit/s link", "flow_gbit": " Gbit/s per flow", "latency_us": " us latency"}
+    shown = [
+        f"{v:g}{unit}"
+        for k, unit in units.items()
+        if isinstance(v := run.network.get(k), (int, float)) and not isinstance(v, bool)
+    ]
+    return f"comm.network={named}; probe: {', '.join(shown) or 'no link figures'}"
+
+
+def _autotune(run: Run) -> str:
+    comm = run.config.get("comm", {})
+    if not comm.get("autotune"):
+        return "off"
+    stats = run.comm
+    chosen = {k: v for k, v in (stats.settings if stats else {}).items() if k in ("bucket_mb", "streams", "slices")}
+    return "on" + (f" (kept {', '.join(f'{k}={v}' for k, v in chosen.items())})" if chosen else "")
+
+
+def _val_count(run: Run) -> str:
+    n = run.summary.get("val_count")
+    if n is None and run.history:
+        n = run.history[-1].get("val_count")
+    excluded = run.summary.get("val_excluded")
+    return "n/a" if n is None else f"{n}" + (f" ({excluded} blacklisted left out)" if excluded else "")
+
+
+def context(runs: list[Run], recipe: list[tuple], other: list[tuple]) -> str:
+    """What sets the runs apart, as Markdown: status, data, validation, network and autotune per run, then every
+    config difference."""
+    lines = [
+        "| run | status | epochs (steps) | data root | validation images | network | autotune |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in runs:
+        status = f"interrupted (up to epoch {r.summary['epochs']})" if r.interrupted else "finished"
+        steps = r.summary.get("steps")
+        root = r.config.get("data", {}).get("root", "?")
+        lines.append(
+            f"| {r.name} | {status} | {r.summary['epochs']} ({steps if steps is not None else 'n/a'}) | {root} "
+            f"| {_val_count(r)} | {_network(r)} | {_autotune(r)} |"
+        )
+    names = " / ".join(r.name for r in runs)
+    for title, diffs in (("recipe (changes what is trained)", recipe), ("settings (do not change training)", other)):
+        if diffs:
+            lines += ["", f"Config differences, {title}: {names}"]
+            lines += [f"- {k}: " + " / ".join(json.dumps(v, default=str) for v in values) for k, values in diffs]
+    if not recipe and not other:
+        lines += ["", "Config differences: none beyond the allreduce backend (comm.*)"]
+    return "\n".join(lines)
 
 
 def parse_target(text: str | None) -> dict[str, float] | None:
@@ -169,6 +319,11 @@ def backend_label(run: Run) -> str:
     return record.row_label(flows if isinstance(flows, int) else 1)
 
 
+def _efficiency(ips: float | None, world: int, single: Run | None) -> float | None:
+    base = single.summary.get("images_per_s") if single is not None else None
+    return ips / (world * float(base)) if ips is not None and base else None
+
+
 def compare(runs: list[Run], target: dict[str, float] | None = None) -> list[dict]:
     """One row of numbers per run (None where not available)."""
     single = next((r for r in runs if r.world == 1), None)
@@ -177,24 +332,25 @@ def compare(runs: list[Run], target: dict[str, float] | None = None) -> list[dic
         s = run.summary
         t = run_target(run, target)
         hit = time_to_target(run, t)
-        ips = float(s["images_per_s"])
+        ips = float(s["images_per_s"]) if s.get("images_per_s") is not None else None
         step_s = s["train_seconds"] / s["steps"] if s.get("steps") else None
         comm = comm_per_step(run)
         rows.append(
             {
-                "run": run.name,
+                "run": run.name + (" (interrupted)" if run.interrupted else ""),
                 "backend": backend_label(run),
+                "comm_window": comm_window(run),
                 "processes": run.world,
                 "target": _fmt_target(t),
                 "time_to_target_s": hit["train_seconds"] if hit else None,
                 "epoch_at_target": hit["epoch"] if hit else None,
-                "wall_s": float(s["wall_seconds"]),
+                "wall_s": float(s["wall_seconds"]) if s.get("wall_seconds") is not None else None,
                 "train_s": float(s["train_seconds"]),
                 "images_per_s": ips,
-                "images_per_s_per_process": ips / run.world,
+                "images_per_s_per_process": ips / run.world if ips is not None else None,
                 "comm_ms_per_step": comm * 1000 if comm is not None else None,
                 "comm_share": comm / step_s if comm is not None and step_s else None,
-                "scaling_efficiency": ips / (run.world * float(single.summary["images_per_s"])) if single else None,
+                "scaling_efficiency": _efficiency(ips, run.world, single),
                 "final_top1": s["final_top1"],
                 "final_top5": s["final_top5"],
             }
@@ -205,7 +361,7 @@ def compare(runs: list[Run], target: dict[str, float] | None = None) -> list[dic
 def markdown(runs: list[Run], rows: list[dict]) -> str:
     head = (
         "| run | backend | processes | target | time to target | total time | images/s | images/s per process "
-        "| comm per step | comm share | scaling efficiency | final top-1 / top-5 |"
+        "| comm per step | comm window | comm share | scaling efficiency | final top-1 / top-5 |"
     )
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     for r in rows:
@@ -213,9 +369,10 @@ def markdown(runs: list[Run], rows: list[dict]) -> str:
         if r["time_to_target_s"] is not None:
             ttt = f"{r['time_to_target_s']:.1f} s (epoch {r['epoch_at_target']})"
         lines.append(
-            f"| {r['run']} | {r['backend']} | {r['processes']} | {r['target']} | {ttt} | {r['wall_s']:.1f} s "
-            f"| {r['images_per_s']:.1f} | {r['images_per_s_per_process']:.1f} "
-            f"| {_cell(r['comm_ms_per_step'], '.1f', ' ms')} "
+            f"| {r['run']} | {r['backend']} | {r['processes']} | {r['target']} | {ttt} "
+            f"| {_cell(r['wall_s'], '.1f', ' s')} "
+            f"| {_cell(r['images_per_s'], '.1f')} | {_cell(r['images_per_s_per_process'], '.1f')} "
+            f"| {_cell(r['comm_ms_per_step'], '.1f', ' ms')} | {r['comm_window']} "
             f"| {_cell(None if r['comm_share'] is None else 100 * r['comm_share'], '.1f', '%')} "
             f"| {_cell(None if r['scaling_efficiency'] is None else 100 * r['scaling_efficiency'], '.1f', '%')} "
             f"| {_cell(r['final_top1'], '.2f', '%')} / {_cell(r['final_top5'], '.2f', '%')} |"
@@ -232,6 +389,13 @@ def markdown(runs: list[Run], rows: list[dict]) -> str:
         for run, p in zip(runs, phases, strict=True):
             cells = [_cell(v, ".1f") for _, v in p] + ["-"] * (width - len(p))
             lines.append(f"| {run.name} | " + " | ".join(cells) + " |")
+    windows = {r["comm_window"] for r in rows if r["comm_window"] != "-"}
+    if len(windows) > 1:
+        lines += [
+            "",
+            "The comm columns time a different window per backend (comm window; docs/allreduce.md): compare the "
+            "images/s and time to target across backends, the comm share only within one.",
+        ]
     return "\n".join(lines)
 
 
@@ -246,7 +410,10 @@ def plot(runs: list[Run], rows: list[dict], path: Path) -> None:
     wall = all("wall_seconds" in r for run in runs for r in run.history)
     for run in runs:
         xs = [r["wall_seconds"] if wall else r["train_seconds"] for r in run.history]
-        ax1.plot(xs, [r["top5"] for r in run.history], marker="o", ms=3, label=f"{run.name} ({run.world} proc.)")
+        label = f"{run.name} ({run.world} proc."
+        label += f", comm window: {comm_window(run)})" if run.comm is not None else ")"
+        label += f" interrupted at epoch {run.summary['epochs']}" if run.interrupted else ""
+        ax1.plot(xs, [r["top5"] for r in run.history], marker="o", ms=3, label=label)
     for t in {r["target"] for r in rows}:
         if "top5 >= " in t:
             ax1.axhline(float(t.split("top5 >= ")[1].rstrip("%")), ls="--", c="gray", lw=0.8)
@@ -278,6 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", help="top1=N and/or top5=N for every run (default: each run's config, else top5=93)")
     ap.add_argument("--plot", default="compare.png", help="PNG to write (default: %(default)s)")
     ap.add_argument("--markdown", help="also write the tables to this file")
+    ap.add_argument("--force", action="store_true", help="compare runs whose recipes differ beyond the backend")
     args = ap.parse_args(argv)
     try:
         target = parse_target(args.target)
@@ -285,8 +453,18 @@ def main(argv: list[str] | None = None) -> int:
     except CompareError as e:
         print(f"compare_runs: error: {e}", file=sys.stderr)
         return 2
+    recipe, other = differences(runs)
+    if recipe and not args.force:
+        shown = "; ".join(f"{k}: " + " vs ".join(json.dumps(v, default=str) for v in vals) for k, vals in recipe[:3])
+        more = f" and {len(recipe) - 3} more" if len(recipe) > 3 else ""
+        print(
+            f"compare_runs: error: the runs' recipes differ beyond the backend ({shown}{more}); "
+            "rerun with --force to compare them anyway",
+            file=sys.stderr,
+        )
+        return 2
     rows = compare(runs, target)
-    text = markdown(runs, rows)
+    text = context(runs, recipe, other) + "\n\n" + markdown(runs, rows)
     print(text)
     if args.markdown:
         Path(args.markdown).write_text(text + "\n")

@@ -58,7 +58,10 @@ def preset_name(family: str, shape: str) -> str:
 
 def overrides(family: str, shape: str, cap: int | None = None) -> list[str]:
     nodes, gpus, _ = SHAPES[shape]
-    out = [f"run.nodes={nodes}", f"run.procs_per_node={gpus}", f"run.amp={FAMILIES[family][1]}"]
+    # run.name: each preset trains into its own runs/<preset>, never into the record's directory (which it would
+    # resume); run.gpu and run.amp: predict.py and --plan predict for the GPU and dtype the preset is written for.
+    out = [f"run.name={preset_name(family, shape)}", f"run.nodes={nodes}", f"run.procs_per_node={gpus}"]
+    out += [f"run.gpu={FAMILIES[family][0]}", f"run.amp={FAMILIES[family][1]}"]
     if cap is not None:
         out.append(f"run.max_gpu_batch={cap}")
     return out

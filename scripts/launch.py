@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 
 from launcher.hosts import Host, HostError, parse_host_list, parse_hostfile, slurm_hosts  # noqa: E402
-from launcher.job import Job, describe_run_dir, probe_shared_run_dir, run, run_checks, run_preflight  # noqa: E402
+from launcher.job import RERUN_ENV, Job, describe_run_dir, probe_shared_run_dir, run, run_checks, run_preflight  # noqa: E402
 from launcher.netprobe import MARK as NETPROBE_MARK  # noqa: E402
 from launcher.netprobe import network_overrides  # noqa: E402
 from launcher.transports import DEFAULT_SSH, TRANSPORTS, create_transport  # noqa: E402
@@ -99,7 +99,13 @@ def _parser() -> argparse.ArgumentParser:
         help="torchrun: restart the workers up to N times after a failure (they resume from the "
         "newest checkpoint; set checkpoint.every_steps for mid-epoch recovery)",
     )
-    ap.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL when stopping")
+    ap.add_argument(
+        "--grace",
+        type=float,
+        default=100.0,
+        help="seconds between SIGTERM and SIGKILL when stopping: time for every rank to finish its step and write "
+        "its checkpoint (as the SLURM script's DAWNBENCH_GRACE)",
+    )
     ap.add_argument("--join-timeout", type=float, default=300.0, help="seconds for every host to join the rendezvous")
     ap.add_argument("--check-timeout", type=float, default=120.0, help="seconds for the checks on every host")
     ap.add_argument("--timeout", type=float, help="stop the whole job after this many seconds")
@@ -218,6 +224,9 @@ def build_job(args) -> tuple[Job, object]:
         beside = {p.root for p in cfg.phases if p.root != "full" and p.root not in cfg.data.roots}
         data_paths += [f"{copy_beside(cfg.data.root, name)}/train" for name in sorted(beside)]
     env = _env_pairs(args.env)
+    # What resumes this run, for the workers' preemption line: make's command when make started us, else ours.
+    ours = shlex.join(["python", "scripts/launch.py", *getattr(args, "argv_seen", [])])
+    env[RERUN_ENV] = os.environ.get(RERUN_ENV) or ours
     if args.provider:
         env["DAWNBENCH_PROVIDER"] = args.provider
     if args.instance_type:
@@ -292,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"launch: error: --args-text: {e}", file=sys.stderr)
         return 2
     args = _parser().parse_intermixed_args(argv)  # overrides may follow options, as with train.py
+    args.argv_seen = [a for a in argv if a != "--dry-run"]
     sys.path.insert(0, str(REPO))
     from recipes.errors import ConfigError
     from recipes.run import files as run_files

@@ -60,6 +60,47 @@ TERMS = (
 )
 
 
+DEFAULT_GPU = "v100-32gb"  # the record's GPU: a config that names none is predicted on it
+RATE_TABLE_OF = {"a100-40gb": "a100"}  # a memory size of a GPU whose compute has one rate table
+
+
+def gpu_and_dtype(cfg, gpu: str | None, dtype: str | None) -> tuple[str, str, str]:
+    """(rate table, dtype, a line saying where each came from): the flags, else the config's run.gpu and run.amp."""
+    if gpu:
+        where = "--gpu"
+    elif cfg.run.gpu:
+        gpu, where = cfg.run.gpu, "run.gpu of the config"
+    else:
+        gpu, where = DEFAULT_GPU, "the record's; the config names no run.gpu"
+    table = RATE_TABLE_OF.get(gpu, gpu)
+    if table != gpu:
+        where += f"; rates of {table}"
+    if dtype:
+        dwhere = "--dtype"
+    elif cfg.run.amp in tm.DTYPES:
+        dtype, dwhere = cfg.run.amp, "run.amp of the config"
+    else:
+        dtype, dwhere = "fp16", f"run.amp={cfg.run.amp} has no rate table; fp16's"
+    return table, dtype, f"GPU: {gpu} ({where}), dtype: {dtype} ({dwhere})"
+
+
+def rates_label(gpu: str, dtype: str, profile: str = "") -> str:
+    """Whether the rates of (gpu, dtype) were measured, published, or derived from other figures."""
+    if profile:
+        return f"measured ({profile})"
+    if gpu == "h200":
+        return (
+            "measured (make gpu-check on an H200)"
+            if dtype == "fp16"
+            else ("measured at 128 and 224 px, 288 px derived from fp16 at the measured bf16/fp16 ratio")
+        )
+    if gpu in tm.MEASURED:
+        return f"derived (from the H200's measured {dtype} rates)"
+    if dtype != "fp16":
+        return f"derived (the published AMP fp16 figures, taken for {dtype})"
+    return "published (AMP fp16 figures)"
+
+
 def recommend_settings(cfg, phases, cluster, rates, prof) -> Settings:
     """The tuner's search space scored over the whole schedule with the calibrated compute (training clock)."""
     from recipes.comm.tuner import search_space
@@ -197,8 +238,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("overrides", nargs="*", help="config overrides key=value (e.g. comm.compression=fp16)")
     ap.add_argument("--hosts", type=int, default=None, help="hosts (default: run.nodes of the config)")
     ap.add_argument("--gpus-per-host", type=int, default=None, help="GPUs per host (default: run.procs_per_node)")
-    ap.add_argument("--gpu", default="v100-32gb", help=f"rate table: {', '.join(tm.gpu_names())}")
-    ap.add_argument("--dtype", default="fp16", choices=tm.DTYPES)
+    ap.add_argument(
+        "--gpu",
+        default=None,
+        choices=tm.gpu_names(),
+        help=f"rate table (default: the config's run.gpu, else {DEFAULT_GPU})",
+    )
+    ap.add_argument(
+        "--dtype", default=None, choices=tm.DTYPES, help="default: the config's run.amp (fp16 where it is none)"
+    )
     ap.add_argument("--gpu-profile", default="", help="measured rates (make gpu-check) instead of --gpu's")
     ap.add_argument("--link-gbit", type=float, default=None, help="link per host and direction (Gbit/s; 32)")
     ap.add_argument("--flow-gbit", type=float, default=None, help="per-flow cap (Gbit/s; 0 = none; 10)")
@@ -236,11 +284,13 @@ def main(argv: list[str] | None = None) -> int:
         if v is not None and v <= 0:
             print(f"error: --{key.replace('_', '-')}: expected a positive number, got {v}", file=sys.stderr)
             return 2
+    gpu, dtype, chosen = gpu_and_dtype(cfg, args.gpu, args.dtype)
     try:
-        rates = tm.load_gpu_profile(args.gpu_profile) if args.gpu_profile else tm.published(args.gpu, args.dtype)
+        rates = tm.load_gpu_profile(args.gpu_profile) if args.gpu_profile else tm.published(gpu, dtype)
     except (tm.ProfileError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    print(f"{chosen}; rates: {rates_label(gpu, dtype, args.gpu_profile)}\n")
     try:
         link, flow, latency_us, link_source = link_figures(args)
     except ConfigError as e:

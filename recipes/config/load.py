@@ -308,6 +308,8 @@ def load_yaml_tree(path: str | Path, _seen: tuple = ()) -> dict:
         if Path(parent).suffix.lower() not in (".yaml", ".yml"):
             # Not read at all: an error about its content would print a line of an arbitrary file.
             raise ConfigError(f"{path}: extends: '{parent}' is not a .yaml/.yml file")
+        if not (path.parent / parent).is_file():  # name the file that asks for it, not only the missing one
+            raise ConfigError(f"{path}: extends: '{parent}' not found ({path.parent / parent})")
         merged = _merge(merged, load_yaml_tree(path.parent / parent, _seen + (path,)))
     return _merge(merged, data)
 
@@ -330,7 +332,9 @@ def _set_dotted(tree: dict, dotted: str, raw: str) -> None:
             if typing.get_origin(_plain(schema)) is not list:
                 raise ConfigError(f"{above}: expected {_type_name(_plain(schema))}, got a list")
             if not key.isdigit() or int(key) >= len(node):
-                raise ConfigError(f"{here}: expected a list index below {len(node)}")
+                # an index changes an existing item; say how to add one, which is what a new index usually meant
+                hint = f"; {above}=[...] replaces the whole list (to add an item, give them all)"
+                raise ConfigError(f"{here}: expected a list index below {len(node)}{hint}")
             idx = int(key)
             schema = typing.get_args(_plain(schema))[0]
             if last:
@@ -405,7 +409,10 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
         cfg = _build(Config, tree, "")
     except ConfigError as e:
         where = f"{path}: " if path is not None else ""
-        raise ConfigError(f"{where}{e}") from None
+        # A value given on the command line is that value's fault, not the file's: name the override.
+        given = [parse_override(o) for o in overrides] if path is not None else []  # no file: nothing to tell apart
+        blamed = next((f"{k}={v}" for k, v in reversed(given) if str(e).startswith((f"{k}:", f"{k}."))), None)
+        raise ConfigError(f"command line ({blamed}): {e}" if blamed else f"{where}{e}") from None
     _validate(cfg)
     return cfg
 

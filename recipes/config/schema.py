@@ -76,6 +76,13 @@ class RunConfig:
     procs_per_node: int = _f(
         1, help="processes (GPUs) per machine the config is written for", domain=">0 <=1024", trains=False
     )
+    # The GPU the config is written for: predict.py and `train.py --plan` read it (their --gpu
+    # overrides it); the names of recipes/memory.py's table (tests/unit/test_predict_gpu.py keeps them equal).
+    gpu: Literal["", "v100", "v100-32gb", "a100-40gb", "a100", "h100", "h200"] = _f(
+        "",
+        help="GPU the config is written for (predict.py and --plan use it and run.amp as the dtype); '' = not named",
+        trains=False,
+    )
     amp: Literal["none", "bf16", "fp16"] = _f("none", help="mixed precision dtype")
     channels_last: bool = _f(False, help="NHWC memory format for model and inputs")
     on_nonfinite: Literal["halt", "skip"] = _f("halt", help="non-finite loss/gradients: stop, or skip the step")

@@ -29,13 +29,19 @@ from recipes.run.writer import write_atomic, write_json
 TSV_HEADER = "epoch\thours\ttop1Accuracy\ttop5Accuracy\n"
 
 
-def git_commit() -> str:
-    """The repository's commit, with `-dirty` when the work tree has changes; `unknown` outside git."""
-    here = Path(__file__).resolve().parent
+def git_commit(where: Path | None = None) -> str:
+    """The repository's commit, with `-dirty` when a tracked file differs from it; `unknown` outside git.
+
+    Untracked files do not count: the documented hosts.txt, a bad_files.tsv, a plot are not part of the code."""
+    here = where or Path(__file__).resolve().parent
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, cwd=here)
         dirty = subprocess.run(
-            ["git", "status", "--porcelain"], capture_output=True, text=True, timeout=10, cwd=here
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=here,
         ).stdout.strip()
         return out.stdout.strip() + ("-dirty" if dirty else "") if out.returncode == 0 else "unknown"
     except (OSError, subprocess.TimeoutExpired):

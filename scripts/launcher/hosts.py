@@ -52,6 +52,10 @@ def _check_addr(addr: str, where: str) -> str:
 def _host(name: str, slots: int | None, addr: str | None, where: str) -> Host:
     if not _NAME.fullmatch(name) or name.startswith("-"):
         raise HostError(f"{where}: '{name}' is not a host name")
+    machine = name.split("@")[-1]
+    if not any(c.isalnum() for c in machine) or ".." in machine:
+        # '...' (a placeholder copied from an example) would be tried as a host: say so before any ssh
+        raise HostError(f"{where}: '{name}' is not a host name (a placeholder? list one line per machine)")
     if slots is not None and slots < 1:
         raise HostError(f"{where}: slots must be a positive integer, got {slots}")
     return Host(name, addr or name.split("@")[-1], slots)

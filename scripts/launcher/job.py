@@ -27,6 +27,8 @@ from launcher.hosts import Host
 FORWARD_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "HOROVOD_")
 FORWARD_NAMES = ("OMP_NUM_THREADS",)
 CHECK_MARK = "launch-check:"
+RERUN_ENV = "DAWNBENCH_RERUN"  # the command that resumes the run (recipes/preemption.py prints it when preempted)
+EXIT_PREEMPTED = 75  # a rank stopped by a signal after writing its checkpoint (recipes/preemption.py)
 
 
 @dataclass
@@ -311,6 +313,27 @@ def describe_exit(rc: int) -> str:
     return f"exit code {rc}"
 
 
+def exit_status(rc: int) -> int:
+    """The launcher's exit status for a host's: the same code (75 preempted, 2 bad input, ...), 128 + N for a
+    command killed by signal N (137: SIGKILL), as a shell reports it."""
+    if rc < 0:
+        return 128 + (-rc)
+    return rc if 0 < rc < 256 else 1
+
+
+def next_step(job: Job, rc: int, log: Path) -> str:
+    """One line: what to do now, for this exit code."""
+    rerun = job.env.get(RERUN_ENV) or "the same command"
+    if rc == EXIT_PREEMPTED:
+        return f"next: rerun {rerun} to resume from the checkpoint (docs/reproduce.md, 'A run died')"
+    if rc == 2:
+        return f"next: the last lines of {log} name the bad input; fix it and rerun {rerun}"
+    return (
+        f"next: read the end of {log}, then rerun {rerun}: it resumes from the last checkpoint "
+        "(docs/reproduce.md, 'A run died', lists what each exit code means)"
+    )
+
+
 def _kill_group(p: subprocess.Popen, sig: int) -> None:
     try:
         os.killpg(p.pid, sig)
@@ -318,11 +341,37 @@ def _kill_group(p: subprocess.Popen, sig: int) -> None:
         pass
 
 
+class _AfterCleanStop:
+    """After a rank's `preempted:` line (a clean stop, checkpoint written), torchrun's agent reports the ranks'
+    exit code 75 as a ChildFailedError traceback of some 30 lines: kept in the host's log file, left off the
+    console (one line says so), so the console ends with what matters."""
+
+    def __init__(self):
+        self.stopped = self.hiding = self.told = False
+        self.rules = 0
+
+    def filter(self, line: str, log: Path) -> str | None:
+        if line.startswith("preempted: "):
+            self.stopped = True
+        if self.stopped and not self.hiding and line.startswith("Traceback (most recent call last)"):
+            self.hiding, self.rules = True, 0
+            if not self.told:
+                self.told = True
+                return f"(torchrun's report of the clean stop, a traceback, is in {log}, not shown here)"
+            return None
+        if not self.hiding:
+            return line
+        if line.startswith("===="):
+            self.rules += 1
+            self.hiding = self.rules < 2  # the report ends with its second rule of '='
+        return None
+
+
 class _Host:
     """One running host command: its process, and a thread copying its output with a `[host]` prefix."""
 
     def __init__(self, host: Host, argv: list[str], label: str, out: TextIO, lock: threading.Lock, log: Path):
-        self.host, self.label = host, label
+        self.host, self.label, self.log = host, label, log
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
         )
@@ -330,12 +379,17 @@ class _Host:
         self.thread.start()
 
     def _copy(self, out: TextIO, lock: threading.Lock, log: Path) -> None:
+        quiet = _AfterCleanStop()
         with open(log, "ab") as f:
             for raw in self.proc.stdout:
                 f.write(raw)
                 f.flush()
+                line = raw.decode(errors="replace").rstrip()
+                shown = quiet.filter(line, log)
+                if shown is None:
+                    continue
                 with lock:
-                    out.write(f"[{self.label}] {raw.decode(errors='replace').rstrip()}\n")
+                    out.write(f"[{self.label}] {shown}\n")
                     out.flush()
 
     def close_stdin(self) -> None:
@@ -402,14 +456,16 @@ def run(job: Job, log_dir: Path, out: TextIO, timeout: float | None = None) -> i
                 h, rc = failed[0]
                 why = job.transport.failure(rc)
                 others = [x for x in running if x.proc.poll() is None]
+                what = "stopped (preempted; its checkpoint is written)" if rc == EXIT_PREEMPTED else "failed"
                 say(
-                    f"host {h.host.name} ({h.host.addr}) failed: {describe_exit(rc)}{'; ' + why if why else ''} "
+                    f"host {h.host.name} ({h.host.addr}) {what}: {describe_exit(rc)}{'; ' + why if why else ''} "
                     f"after {time.monotonic() - t0:.1f} s; stopping {len(others)} other host(s)"
                 )
                 t1 = time.monotonic()
                 stop_hosts(others, job.grace)
-                say(f"stopped in {time.monotonic() - t1:.1f} s; log of {h.host.name}: {log_dir}")
-                return rc if 0 < rc < 256 else 1
+                say(f"stopped in {time.monotonic() - t1:.1f} s; log of {h.host.name}: {h.log}")
+                say(next_step(job, rc, h.log))
+                return exit_status(rc)
             if all(c == 0 for c in codes):
                 say(f"all {len(running)} host(s) finished in {time.monotonic() - t0:.1f} s")
                 return 0
@@ -417,6 +473,7 @@ def run(job: Job, log_dir: Path, out: TextIO, timeout: float | None = None) -> i
                 what = f"got {stop_reason[0]}" if stop_reason else f"timeout of {timeout:g} s reached"
                 say(f"{what}: stopping all hosts")
                 stop_hosts([x for x in running if x.proc.poll() is None], job.grace)
+                say(next_step(job, EXIT_PREEMPTED, log_dir))
                 return 130 if stop_reason else 124
             time.sleep(0.1)
     finally:

@@ -283,7 +283,7 @@ def test_dry_run_prints_every_host_command_and_starts_nothing(tmp_path, tiny_roo
     assert len(per_host) == 2
     assert "is_host=1" in per_host[0] and "is_host=0" in per_host[1]
     assert all("--nnodes 2 --nproc-per-node 1" in ln for ln in per_host)
-    assert all("--grace 10 --" in ln and "--shutdown-timeout 10 " in ln for ln in per_host)
+    assert all("--grace 100 --" in ln and "--shutdown-timeout 100 " in ln for ln in per_host)  # time to checkpoint
     assert f"{tiny_root}/train, {tiny_root}/val" in lines[-1] and "nothing started" in lines[-1]
     assert not run_dir.exists()
 

@@ -1,0 +1,473 @@
+"""ImageNet as downloaded -> the folder layout the loaders read (`<dst>/{train,val}/<wnid>/*.JPEG`) and the blacklist.
+
+Two downloads are read as they are:
+- image-net.org's: ILSVRC2012_img_train.tar (a tar of 1,000 per-class tars, <wnid>.tar), ILSVRC2012_img_val.tar
+  (50,000 flat images) and ILSVRC2012_devkit_t12.tar.gz (labels of the validation images, and the blacklist);
+- Kaggle's (imagenet-object-localization-challenge): the tree ILSVRC/Data/CLS-LOC/{train/<wnid>,val} with
+  LOC_synset_mapping.txt and LOC_val_solution.csv beside ILSVRC/, or the zip that holds them.
+
+Tars are read in streaming mode (one pass, nothing extracted first), so a 140 GB train tar needs no second copy on
+disk. Every member must be a regular file with a plain name (no folders in it, no links, no devices): nothing is
+ever written outside <dst>. Each image is written to a temporary name and renamed, and each finished class of the
+train tar leaves a marker in <dst>/.prepare-progress/, so a rerun after an interruption skips the finished classes
+(they are still read past: a tar stream cannot seek) and redoes the rest.
+
+The devkit is read here (meta.mat with scipy.io, the ground truth and the blacklist), in memory: nothing is written
+beside the archive, which may sit on a read-only share.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import re
+import shutil
+import stat
+import sys
+import tarfile
+import time
+import zipfile
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from recipes.errors import DataError
+
+TRAIN_TAR = "ILSVRC2012_img_train.tar"
+VAL_TAR = "ILSVRC2012_img_val.tar"
+DEVKIT = "ILSVRC2012_devkit_t12.tar.gz"
+KAGGLE_ROOT = "ILSVRC/Data/CLS-LOC"
+KAGGLE_ZIP = "imagenet-object-localization-challenge.zip"
+KAGGLE_SOLUTION = "LOC_val_solution.csv"
+KAGGLE_MAPPING = "LOC_synset_mapping.txt"
+BLACKLIST = "ILSVRC2012_validation_blacklist.txt"
+PROGRESS = ".prepare-progress"  # per-class completion markers, inside <dst> (the loaders read train/ and val/ only)
+
+VAL_NAME = re.compile(r"^ILSVRC2012_val_(\d{8})\.JPEG$", re.IGNORECASE)
+_CLASS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,99}")
+_FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")
+_READ_ERRORS = (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error, OSError)
+
+
+def is_class_name(name) -> bool:
+    return isinstance(name, str) and _CLASS_NAME.fullmatch(name) is not None
+
+
+def write_blacklist(data: bytes, source: str, out_dir: Path) -> Path:
+    """Check a blacklist (one image number in 1..50000 a line) and write it to `out_dir` as data.val_blacklist
+    reads it; the same file whichever route sorted the validation set."""
+    try:
+        numbers = [int(x) for x in data.decode("utf-8").split()]
+    except (UnicodeDecodeError, ValueError):
+        raise DataError(f"{source}: expected one image number (1..50000) a line") from None
+    if not numbers or not all(1 <= n <= 50_000 for n in numbers) or len(set(numbers)) != len(numbers):
+        raise DataError(f"{source}: expected distinct image numbers in 1..50000, one a line")
+    out = out_dir / BLACKLIST
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text("".join(f"{n}\n" for n in numbers))
+    os.replace(tmp, out)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The devkit
+
+
+@dataclass(frozen=True)
+class Devkit:
+    val_wnids: list[str]  # the wnid of validation image 1, 2, ...
+    blacklist: bytes  # data/ILSVRC2012_validation_blacklist.txt as it is
+
+
+def _devkit_member(tar: tarfile.TarFile, devkit: Path, name: str) -> bytes:
+    member = next((m for m in tar.getmembers() if m.name.endswith("/data/" + name) or m.name == "data/" + name), None)
+    if member is None or not member.isfile():
+        raise DataError(f"--devkit: '{devkit}' has no data/{name} (expected {DEVKIT} from image-net.org)")
+    return tar.extractfile(member).read(64 << 20)
+
+
+def devkit_blacklist_bytes(devkit: Path) -> bytes:
+    """Only data/ILSVRC2012_validation_blacklist.txt of the devkit (what Kaggle's route takes from it)."""
+    if not devkit.is_file():
+        raise DataError(f"--devkit: '{devkit}' not found (expected {DEVKIT} from image-net.org)")
+    try:
+        with tarfile.open(devkit, "r:*") as tar:
+            return _devkit_member(tar, devkit, BLACKLIST)
+    except _READ_ERRORS as e:
+        raise DataError(f"--devkit: '{devkit}' is not a readable tar archive ({e}); expected {DEVKIT}") from None
+
+
+def read_devkit(devkit: Path) -> Devkit:
+    """The labels and blacklist of ILSVRC2012_devkit_t12.tar.gz, read in memory. The IDs in meta.mat are not in
+    wnid order: image N's class is the leaf synset whose ILSVRC2012_ID is line N of the ground truth."""
+    import scipy.io
+
+    if not devkit.is_file():
+        raise DataError(f"--devkit: '{devkit}' not found (expected {DEVKIT} from image-net.org)")
+    try:
+        with tarfile.open(devkit, "r:*") as tar:
+            mat = _devkit_member(tar, devkit, "meta.mat")
+            truth = _devkit_member(tar, devkit, "ILSVRC2012_validation_ground_truth.txt")
+            blacklist = _devkit_member(tar, devkit, BLACKLIST)
+    except _READ_ERRORS as e:
+        raise DataError(f"--devkit: '{devkit}' is not a readable tar archive ({e}); expected {DEVKIT}") from None
+    expected = "a 'synsets' table with ILSVRC2012_ID, WNID and num_children (the devkit's data/meta.mat)"
+    try:
+        synsets = scipy.io.loadmat(io.BytesIO(mat), squeeze_me=True)["synsets"]
+        rows = zip(synsets["ILSVRC2012_ID"], synsets["WNID"], synsets["num_children"], strict=True)
+        id_to_wnid = {int(i): str(w) for i, w, children in rows if int(children) == 0}
+    except (ValueError, KeyError, TypeError, IndexError, OSError, NotImplementedError):
+        raise DataError(f"--devkit: data/meta.mat of '{devkit}' is not {expected}") from None
+    bad = next((w for w in id_to_wnid.values() if not is_class_name(w)), None)
+    if not id_to_wnid or bad is not None:
+        raise DataError(f"--devkit: data/meta.mat of '{devkit}' is not {expected}")
+    val_wnids = []
+    for n, line in enumerate(truth.decode("utf-8", "replace").split(), 1):
+        wnid = id_to_wnid.get(int(line)) if line.isdigit() else None
+        if wnid is None:
+            raise DataError(
+                f"--devkit: line {n} of data/ILSVRC2012_validation_ground_truth.txt in '{devkit}' is not the "
+                f"ILSVRC2012_ID of a class in its meta.mat ({len(id_to_wnid)} classes)"
+            )
+        val_wnids.append(wnid)
+    if not val_wnids:
+        raise DataError(f"--devkit: data/ILSVRC2012_validation_ground_truth.txt of '{devkit}' is empty")
+    return Devkit(val_wnids, blacklist)
+
+
+def solution_labels(csv_path: Path) -> dict[int, str]:
+    """{image number: wnid} from Kaggle's LOC_val_solution.csv (ImageId, PredictionString 'wnid x y x y ...')."""
+    if not csv_path.is_file():
+        raise DataError(f"--val-solution: '{csv_path}' not found ({KAGGLE_SOLUTION} of Kaggle's ImageNet)")
+    try:
+        text = csv_path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"--val-solution '{csv_path}' is not UTF-8 text (byte {e.start})") from None
+    except OSError as e:
+        raise DataError(f"cannot read --val-solution '{csv_path}': {e.strerror or e}") from None
+    return _parse_solution(text, str(csv_path))
+
+
+def _parse_solution(text: str, where: str) -> dict[int, str]:
+    out = {}
+    reader = csv.DictReader(text.splitlines())
+    if not {"ImageId", "PredictionString"} <= set(reader.fieldnames or ()):
+        raise DataError(f"{where}:1: expected the header 'ImageId,PredictionString' (Kaggle's {KAGGLE_SOLUTION})")
+    for n, row in enumerate(reader, 2):
+        m = VAL_NAME.match(f"{row.get('ImageId') or ''}.JPEG")
+        parts = (row.get("PredictionString") or "").split()
+        if not m or not parts:
+            # What is wrong, not the row: the file may be anything the user pointed at.
+            raise DataError(
+                f"{where}:{n}: expected columns ImageId (ILSVRC2012_val_NNNNNNNN) and PredictionString "
+                "('<wnid> x y x y ...')"
+            )
+        out[int(m.group(1))] = parts[0]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Writing files, safely and resumably
+
+
+class Progress:
+    """One status line (rewritten in place on a terminal, a line every 30 s in a log): share of the archive read,
+    classes and images written, throughput and time left."""
+
+    def __init__(self, what: str, total_bytes: int, *, stream=None):
+        self.what, self.total, self.stream = what, max(total_bytes, 1), stream or sys.stderr
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.start = self.last = time.monotonic()
+        self.classes = self.images = self.skipped = 0
+
+    def line(self, pos: int) -> str:
+        elapsed = max(time.monotonic() - self.start, 1e-6)
+        share = min(pos / self.total, 1.0)
+        eta = elapsed * (1 - share) / share if share > 0 else 0.0
+        return (
+            f"{self.what}: {100 * share:5.1f}% of {self.total / 1e9:.2f} GB, {self.classes} class(es) done "
+            f"({self.skipped} from an earlier run), {self.images:,} image(s) written, {pos / elapsed / 1e6:.0f} MB/s, "
+            f"{eta / 60:.0f} min left"
+        )
+
+    def update(self, pos: int, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self.last >= (0.5 if self.tty else 30.0):
+            self.last = now
+            end = "" if self.tty and not force else "\n"
+            print(("\r" if self.tty else "") + self.line(pos), end=end, file=self.stream, flush=True)
+
+
+def _plain_name(name: str, archive: str) -> str:
+    """A member's name as one plain file name, or a DataError: nothing is extracted outside the destination."""
+    plain = name[2:] if name.startswith("./") else name
+    if _FILE_NAME.fullmatch(plain) is None:
+        raise DataError(
+            f"'{archive}': member {ascii(name[:120])} is not a plain file name (a path or odd characters); "
+            "refusing to extract it, nothing was written outside the destination"
+        )
+    return plain
+
+
+def _check_file_member(member: tarfile.TarInfo, archive: str) -> None:
+    if not member.isfile():
+        kind = "link" if member.issym() or member.islnk() else "device or special file"
+        raise DataError(
+            f"'{archive}': member {ascii(member.name[:120])} is a {kind}; an ImageNet archive holds only image "
+            "files, refusing to extract it"
+        )
+
+
+def _write_atomic(src, out: Path) -> int:
+    """Copy the file object `src` to `out` through a temporary name (a file that exists is complete)."""
+    tmp = out.with_name(out.name + ".tmp")
+    with open(tmp, "wb") as f:
+        shutil.copyfileobj(src, f, 1 << 20)
+    os.replace(tmp, out)
+    return out.stat().st_size
+
+
+def _members(tar: tarfile.TarFile, archive: str) -> Iterator[tarfile.TarInfo]:
+    """The file members of a tar stream (folders skipped), each checked to be a regular file."""
+    for member in tar:
+        if member.isdir():
+            continue
+        _check_file_member(member, archive)
+        yield member
+
+
+def extract_train(train_tar: Path, dst: Path, *, stream=None) -> int:
+    """The tar of per-class tars -> <dst>/train/<wnid>/; returns the number of classes in <dst>/train."""
+    marks = dst / PROGRESS / "train"
+    marks.mkdir(parents=True, exist_ok=True)
+    progress = Progress("train", train_tar.stat().st_size, stream=stream)
+    where = str(train_tar)
+    with open(train_tar, "rb") as raw:
+        try:
+            with tarfile.open(fileobj=raw, mode="r|*") as outer:
+                for member in _members(outer, where):
+                    name = _plain_name(member.name, where)
+                    wnid = name[: -len(".tar")]
+                    if not name.endswith(".tar") or not is_class_name(wnid):
+                        raise DataError(
+                            f"'{where}': member {ascii(name)} is not a per-class tar (<wnid>.tar); expected "
+                            f"{TRAIN_TAR} from image-net.org"
+                        )
+                    if (marks / wnid).is_file():
+                        progress.classes += 1
+                        progress.skipped += 1
+                        continue
+                    folder = dst / "train" / wnid
+                    folder.mkdir(parents=True, exist_ok=True)
+                    inner_where = f"{where}: {name}"
+                    written = 0
+                    with tarfile.open(fileobj=outer.extractfile(member), mode="r|") as inner:
+                        for im in _members(inner, inner_where):
+                            _write_atomic(inner.extractfile(im), folder / _plain_name(im.name, inner_where))
+                            written += 1
+                            progress.images += 1
+                            progress.update(raw.tell())
+                    if written == 0:
+                        raise DataError(f"'{inner_where}' holds no images")
+                    (marks / wnid).write_text(f"{written}\n")
+                    progress.classes += 1
+                    progress.update(raw.tell())
+        except _READ_ERRORS as e:
+            raise DataError(
+                f"'{where}' cannot be read past {raw.tell():,} bytes ({e}): truncated or not a tar; the classes "
+                "finished so far are kept, a rerun resumes"
+            ) from None
+    progress.update(train_tar.stat().st_size, force=True)
+    return sum(1 for d in (dst / "train").iterdir() if d.is_dir())
+
+
+def _val_destination(name: str, labels: Callable[[int], str | None], where: str) -> tuple[str, str]:
+    m = VAL_NAME.match(name)
+    wnid = labels(int(m.group(1))) if m else None
+    if wnid is None:
+        raise DataError(f"'{where}': no label for {ascii(name)} (expected ILSVRC2012_val_NNNNNNNN.JPEG of the labels)")
+    if not is_class_name(wnid):
+        raise DataError(f"the label of {ascii(name)} is not a class folder name (expected a WordNet id)")
+    return wnid, name
+
+
+def extract_val(val_tar: Path, dst: Path, val_wnids: list[str], *, stream=None) -> int:
+    """The flat validation tar -> <dst>/val/<wnid>/ (labels from the devkit); returns the images written."""
+    done = dst / PROGRESS / "val"
+    if done.is_file():
+        return 0
+    progress = Progress("val", val_tar.stat().st_size, stream=stream)
+    where = str(val_tar)
+    labels = lambda n: val_wnids[n - 1] if 1 <= n <= len(val_wnids) else None  # noqa: E731
+    with open(val_tar, "rb") as raw:
+        try:
+            with tarfile.open(fileobj=raw, mode="r|*") as tar:
+                for member in _members(tar, where):
+                    wnid, name = _val_destination(_plain_name(member.name, where), labels, where)
+                    out = dst / "val" / wnid / name
+                    if out.is_file() and out.stat().st_size == member.size:
+                        progress.skipped += 1  # written by an interrupted run (files appear complete or not at all)
+                        continue
+                    out.parent.mkdir(parents=True, exist_ok=True)
+                    _write_atomic(tar.extractfile(member), out)
+                    progress.images += 1
+                    progress.update(raw.tell())
+        except _READ_ERRORS as e:
+            raise DataError(
+                f"'{where}' cannot be read past {raw.tell():,} bytes ({e}): truncated or not a tar"
+            ) from None
+    done.parent.mkdir(parents=True, exist_ok=True)
+    done.write_text(f"{progress.images}\n")
+    progress.update(val_tar.stat().st_size, force=True)
+    return progress.images
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Kaggle's tree or zip
+
+
+@dataclass(frozen=True)
+class _Entry:
+    split: str  # train or val
+    parts: tuple[str, ...]  # (wnid, file) for train, (file,) for val
+    size: int
+    open: Callable
+
+
+def _kaggle_entry(rel: str, size: int, opener, where: str) -> _Entry | None:
+    """One file of CLS-LOC (path relative to it) as an entry, None for what the layout does not use (test/)."""
+    parts = tuple(rel.split("/"))
+    if parts[0] == "train" and len(parts) == 3 and is_class_name(parts[1]):
+        return _Entry("train", (parts[1], _plain_name(parts[2], where)), size, opener)
+    if parts[0] == "val" and len(parts) == 2:
+        return _Entry("val", (_plain_name(parts[1], where),), size, opener)
+    if parts[0] in ("train", "val"):
+        raise DataError(f"'{where}': {ascii(rel[:120])} is not {parts[0]}'s layout in Kaggle's CLS-LOC")
+    return None
+
+
+def _kaggle_tree(base: Path) -> tuple[list[_Entry], bytes, bytes]:
+    root = base / KAGGLE_ROOT
+    entries = []
+    for split in ("train", "val"):
+        for path in sorted((root / split).rglob("*")):
+            st = path.lstat()
+            if stat.S_ISDIR(st.st_mode):
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                raise DataError(f"'{path}' is a link or special file; Kaggle's tree holds only image files")
+            entry = _kaggle_entry(
+                path.relative_to(root).as_posix(), st.st_size, lambda p=path: open(p, "rb"), str(root)
+            )
+            entries.append(entry)
+    texts = []
+    for name in (KAGGLE_SOLUTION, KAGGLE_MAPPING):
+        if not (base / name).is_file():
+            raise DataError(f"'{base}' has {KAGGLE_ROOT} but no {name} beside ILSVRC/ (Kaggle's download has both)")
+        texts.append((base / name).read_bytes())
+    return entries, texts[0], texts[1]
+
+
+def _kaggle_zip(zf: zipfile.ZipFile, where: str) -> tuple[list[_Entry], bytes, bytes]:
+    entries, texts = [], {}
+    for info in zf.infolist():
+        if info.is_dir():
+            continue
+        if stat.S_IFMT(info.external_attr >> 16) not in (0, stat.S_IFREG):
+            raise DataError(f"'{where}': member {ascii(info.filename[:120])} is a link or special file; refusing it")
+        if info.filename in (KAGGLE_SOLUTION, KAGGLE_MAPPING):
+            texts[info.filename] = zf.read(info)
+        elif info.filename.startswith(KAGGLE_ROOT + "/"):
+            rel = info.filename[len(KAGGLE_ROOT) + 1 :]
+            entry = _kaggle_entry(rel, info.file_size, lambda i=info: zf.open(i), where)
+            if entry is not None:
+                entries.append(entry)
+    missing = [n for n in (KAGGLE_SOLUTION, KAGGLE_MAPPING) if n not in texts]
+    if missing or not entries:
+        raise DataError(f"'{where}' is not Kaggle's ImageNet zip: no {', '.join(missing) or KAGGLE_ROOT + '/'} in it")
+    return entries, texts[KAGGLE_SOLUTION], texts[KAGGLE_MAPPING]
+
+
+def place_kaggle(entries: list[_Entry], solution: bytes, mapping: bytes, dst: Path, where: str, *, stream=None) -> int:
+    """Kaggle's files -> <dst>/{train,val}/<wnid>/; a file already there with the same size is kept (resume)."""
+    try:
+        labels = _parse_solution(solution.decode("utf-8"), f"{where}: {KAGGLE_SOLUTION}")
+        known = {line.split()[0] for line in mapping.decode("utf-8").splitlines() if line.strip()}
+    except UnicodeDecodeError:
+        raise DataError(f"'{where}': {KAGGLE_SOLUTION} or {KAGGLE_MAPPING} is not UTF-8 text") from None
+    progress = Progress("kaggle", sum(e.size for e in entries), stream=stream)
+    pos = 0
+    for entry in entries:
+        if entry.split == "train":
+            wnid, name = entry.parts
+        else:
+            wnid, name = _val_destination(entry.parts[0], labels.get, where)
+        if wnid not in known:
+            raise DataError(f"'{where}': class {ascii(wnid)} ({entry.split}) is not in {KAGGLE_MAPPING}")
+        out = dst / entry.split / wnid / name
+        pos += entry.size
+        if out.is_file() and out.stat().st_size == entry.size:
+            progress.skipped += 1
+            continue
+        out.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with entry.open() as f:
+                _write_atomic(f, out)
+        except _READ_ERRORS as e:
+            raise DataError(f"'{where}': cannot read {entry.split}/{'/'.join(entry.parts)} ({e})") from None
+        progress.images += 1
+        progress.update(pos)
+    progress.update(pos, force=True)
+    return progress.images
+
+
+# ---------------------------------------------------------------------------------------------------------
+# One command
+
+
+def from_download(
+    src: Path, dst: Path, *, devkit: Path | None = None, blacklist: Path | None = None, log=print, stream=None
+) -> dict:
+    """Whichever download `src` holds (folder or Kaggle zip) -> the layout in `dst`, with the blacklist when the
+    devkit (or --blacklist) gives it. Returns what was done."""
+    if src.resolve() == dst.resolve():
+        raise DataError("--dst must differ from --download (the layout is written beside the download, not into it)")
+    zip_path = src if src.is_file() else src / KAGGLE_ZIP
+    dst.mkdir(parents=True, exist_ok=True)
+    if src.is_dir() and ((src / TRAIN_TAR).exists() or (src / VAL_TAR).exists()):
+        missing = [n for n in (TRAIN_TAR, VAL_TAR) if not (src / n).is_file()]
+        kit = devkit or src / DEVKIT
+        if missing or not kit.is_file():
+            raise DataError(
+                f"'{src}': image-net.org's download needs {TRAIN_TAR}, {VAL_TAR} and {DEVKIT} (or --devkit); "
+                f"missing: {', '.join(missing + ([] if kit.is_file() else [str(kit)]))}"
+            )
+        labels = read_devkit(kit)  # first: a bad devkit stops the command before hours of extraction
+        classes = extract_train(src / TRAIN_TAR, dst, stream=stream)
+        val = extract_val(src / VAL_TAR, dst, labels.val_wnids, stream=stream)
+        write_blacklist(labels.blacklist, f"data/{BLACKLIST} of '{kit}'", dst)
+        log(f"wrote {dst}: {classes} class folder(s) in train/, {val} validation image(s) placed, {BLACKLIST}")
+        return {"route": "image-net.org", "classes": classes, "blacklist": True}
+    if src.is_dir() and (src / KAGGLE_ROOT).is_dir():
+        route, (entries, solution, mapping) = "kaggle tree", _kaggle_tree(src)
+        written = place_kaggle(entries, solution, mapping, dst, str(src), stream=stream)
+    elif zip_path.is_file() and zipfile.is_zipfile(zip_path):
+        with zipfile.ZipFile(zip_path) as zf:
+            route, (entries, solution, mapping) = "kaggle zip", _kaggle_zip(zf, str(zip_path))
+            written = place_kaggle(entries, solution, mapping, dst, str(zip_path), stream=stream)
+    else:
+        raise DataError(
+            f"--download '{src}': expected a folder with {TRAIN_TAR}, {VAL_TAR} and {DEVKIT} (image-net.org), "
+            f"a folder with Kaggle's {KAGGLE_ROOT} and {KAGGLE_SOLUTION}, or Kaggle's {KAGGLE_ZIP}"
+        )
+    if devkit is not None:
+        write_blacklist(devkit_blacklist_bytes(devkit), f"data/{BLACKLIST} of '{devkit}'", dst)
+    elif blacklist is not None:
+        if not blacklist.is_file():
+            raise DataError(f"--blacklist: '{blacklist}' not found")
+        write_blacklist(blacklist.read_bytes()[: 1 << 20], f"--blacklist '{blacklist}'", dst)
+    classes = sum(1 for d in (dst / "train").iterdir() if d.is_dir()) if (dst / "train").is_dir() else 0
+    log(f"wrote {dst} from {route}: {classes} class folder(s) in train/, {written} file(s) written")
+    return {"route": route, "classes": classes, "blacklist": (dst / BLACKLIST).is_file()}

@@ -1,0 +1,213 @@
+"""data/prepare.py --download: ImageNet as downloaded (image-net.org's tars and devkit, Kaggle's tree and zip) ->
+the trainer's layout, the blacklist and the pre-resized copy, in one command; streaming, resumable, and safe."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.io
+from PIL import Image
+
+from data.folder import scan_split
+from data.prepare import main as prepare_main
+
+# Real wnids; the devkit numbers them in another order than the sorted one (as the real devkit does).
+WNIDS = ["n01440764", "n01443537", "n01484850"]
+IDS = {"n01484850": 1, "n01440764": 2, "n01443537": 3}
+VAL = ["n01443537", "n01484850", "n01440764", "n01440764", "n01484850", "n01443537"]  # image 1..6
+BLACKLIST = b"2\n5\n"
+
+
+def _jpeg(i: int) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (64 + 4 * i, 48), (20 * i % 256, 90, 160)).save(buf, format="JPEG")
+    return buf.getvalue()
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes, kind=tarfile.REGTYPE, link: str = "") -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.type, info.linkname = (len(data) if kind == tarfile.REGTYPE else 0), kind, link
+    tar.addfile(info, io.BytesIO(data) if kind == tarfile.REGTYPE else None)
+
+
+def _class_tar(wnid: str, extra=None) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for k in range(2):
+            _add(tar, f"{wnid}_{k + 1}.JPEG", _jpeg(k + len(wnid)))
+        if extra:
+            extra(tar)
+    return buf.getvalue()
+
+
+def _devkit(path: Path, meta: bytes | None = None) -> Path:
+    rows = [(IDS[w], w, w, "", 0, [], 0, 2) for w in WNIDS] + [(4, "n00015388", "animal", "", 3, [1, 2, 3], 5, 0)]
+    fields = ["ILSVRC2012_ID", "WNID", "words", "gloss", "num_children", "children", "wordnet_height"]
+    synsets = np.array(rows, dtype=[(f, "O") for f in [*fields, "num_train_images"]])
+    mat = io.BytesIO()
+    scipy.io.savemat(mat, {"synsets": synsets})
+    truth = "".join(f"{IDS[w]}\n" for w in VAL).encode()
+    files = {"meta.mat": meta if meta is not None else mat.getvalue()}
+    files.update({"ILSVRC2012_validation_ground_truth.txt": truth, "ILSVRC2012_validation_blacklist.txt": BLACKLIST})
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in files.items():
+            _add(tar, f"ILSVRC2012_devkit_t12/data/{name}", data)
+    return path
+
+
+def _imagenet_org(folder: Path, *, train_extra=None, val_extra=None) -> Path:
+    folder.mkdir(parents=True)
+    with tarfile.open(folder / "ILSVRC2012_img_train.tar", "w") as tar:
+        for wnid in WNIDS:
+            _add(tar, f"{wnid}.tar", _class_tar(wnid, train_extra if wnid == WNIDS[1] else None))
+    with tarfile.open(folder / "ILSVRC2012_img_val.tar", "w") as tar:
+        for i in range(1, len(VAL) + 1):
+            _add(tar, f"ILSVRC2012_val_{i:08d}.JPEG", _jpeg(i))
+        if val_extra:
+            val_extra(tar)
+    _devkit(folder / "ILSVRC2012_devkit_t12.tar.gz")
+    return folder
+
+
+def _kaggle(folder: Path) -> Path:
+    root = folder / "ILSVRC/Data/CLS-LOC"
+    for wnid in WNIDS:
+        (root / "train" / wnid).mkdir(parents=True)
+        for k in range(2):
+            (root / "train" / wnid / f"{wnid}_{k + 1}.JPEG").write_bytes(_jpeg(k + len(wnid)))
+    (root / "val").mkdir()
+    (root / "test").mkdir()
+    (root / "test" / "ILSVRC2012_test_00000001.JPEG").write_bytes(_jpeg(0))  # not part of the layout
+    for i in range(1, len(VAL) + 1):
+        (root / "val" / f"ILSVRC2012_val_{i:08d}.JPEG").write_bytes(_jpeg(i))
+    rows = [f"ILSVRC2012_val_{i:08d},{w} 1 2 30 20\n" for i, w in enumerate(VAL, 1)]
+    (folder / "LOC_val_solution.csv").write_text("ImageId,PredictionString\n" + "".join(reversed(rows)))
+    (folder / "LOC_synset_mapping.txt").write_text("".join(f"{w} fish\n" for w in WNIDS))
+    return folder
+
+
+def _layout(root: Path) -> list[str]:
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*.JPEG"))
+
+
+EXPECTED = sorted(
+    [f"train/{w}/{w}_{k}.JPEG" for w in WNIDS for k in (1, 2)]
+    + [f"val/{w}/ILSVRC2012_val_{i:08d}.JPEG" for i, w in enumerate(VAL, 1)]
+)
+
+
+def test_the_imagenet_org_download_becomes_the_layout_blacklist_and_copy_in_one_command(tmp_path, capsys):
+    src = _imagenet_org(tmp_path / "download")
+    before = sorted(os.listdir(src))
+    dst = tmp_path / "imagenet"
+    args = ["--download", str(src), "--dst", str(dst), "--short-side", "32", "--workers", "1"]
+    assert prepare_main(args) == 0
+    assert _layout(dst) == EXPECTED  # each validation image in its devkit class, through the unsorted IDs
+    assert (dst / "ILSVRC2012_validation_blacklist.txt").read_bytes() == BLACKLIST
+    assert sorted(os.listdir(src)) == before  # no meta.bin (or anything else) beside the archives
+    assert _layout(Path(f"{dst}-32")) == sorted(p for p in EXPECTED if p.startswith("train/"))
+    with Image.open(Path(f"{dst}-32") / f"train/{WNIDS[0]}/{WNIDS[0]}_1.JPEG") as img:
+        assert min(img.size) == 32
+    assert scan_split(dst, "val", scan_split(dst, "train").classes).labels == [0, 0, 1, 1, 2, 2]
+    err = capsys.readouterr().err
+    assert "train: 100.0% of" in err and "3 class(es) done" in err  # the progress line
+    assert prepare_main(["--check", str(dst), "--workers", "1"]) == 0
+
+
+def test_an_interrupted_train_tar_resumes_from_the_finished_classes(tmp_path, capsys):
+    src = _imagenet_org(tmp_path / "download")
+    full = (src / "ILSVRC2012_img_train.tar").read_bytes()
+    cut = full.index(b"n01484850.tar")  # the third class's header: the first two are complete before it
+    (src / "ILSVRC2012_img_train.tar").write_bytes(full[: cut + 2000])
+    dst = tmp_path / "imagenet"
+    assert prepare_main(["--download", str(src), "--dst", str(dst)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot be read past" in err and "a rerun resumes" in err
+    assert sorted(os.listdir(dst / ".prepare-progress" / "train")) == WNIDS[:2]
+    first = dst / "train" / WNIDS[0] / f"{WNIDS[0]}_1.JPEG"
+    os.utime(first, ns=(1, 1))
+    (src / "ILSVRC2012_img_train.tar").write_bytes(full)  # the download finished
+    assert prepare_main(["--download", str(src), "--dst", str(dst)]) == 0
+    assert first.stat().st_mtime_ns == 1  # a finished class is not written again
+    assert _layout(dst) == EXPECTED
+    assert "(2 from an earlier run)" in capsys.readouterr().err
+    # Validation interrupted after some images: those are kept, the missing ones written.
+    (dst / ".prepare-progress" / "val").unlink()
+    kept, lost = (
+        dst / "val" / VAL[0] / "ILSVRC2012_val_00000001.JPEG",
+        dst / "val" / VAL[1] / "ILSVRC2012_val_00000002.JPEG",
+    )
+    os.utime(kept, ns=(1, 1))
+    lost.unlink()
+    assert prepare_main(["--download", str(src), "--dst", str(dst)]) == 0
+    assert kept.stat().st_mtime_ns == 1 and lost.is_file() and _layout(dst) == EXPECTED
+
+
+@pytest.mark.parametrize("form", ["tree", "zip"])
+def test_kaggles_download_becomes_the_same_layout_with_the_devkits_blacklist(form, tmp_path, capsys):
+    src = _kaggle(tmp_path / "kaggle")
+    if form == "zip":
+        archive = tmp_path / "imagenet-object-localization-challenge.zip"
+        with zipfile.ZipFile(archive, "w") as zf:
+            for p in sorted(src.rglob("*")):
+                zf.write(p, p.relative_to(src).as_posix())
+        src = archive
+    devkit = _devkit(tmp_path / "ILSVRC2012_devkit_t12.tar.gz")
+    dst = tmp_path / "imagenet"
+    assert prepare_main(["--download", str(src), "--dst", str(dst), "--devkit", str(devkit)]) == 0
+    assert _layout(dst) == EXPECTED
+    assert (dst / "ILSVRC2012_validation_blacklist.txt").read_bytes() == BLACKLIST
+    assert prepare_main(["--download", str(src), "--dst", str(tmp_path / "nobl")]) == 0
+    assert "no ILSVRC2012_validation_blacklist.txt written" in capsys.readouterr().err
+
+
+def _traversal(tar):
+    _add(tar, "../../escaped.JPEG", _jpeg(1))
+
+
+def _symlink(tar):
+    _add(tar, "ILSVRC2012_val_00000007.JPEG", b"", kind=tarfile.SYMTYPE, link="/etc/passwd")
+
+
+@pytest.mark.parametrize(("extra", "said"), [("train", "not a plain file name"), ("val", "is a link")])
+def test_a_member_that_would_leave_the_destination_is_refused(extra, said, tmp_path, capsys):
+    kwargs = {"train_extra": _traversal} if extra == "train" else {"val_extra": _symlink}
+    src = _imagenet_org(tmp_path / "download", **kwargs)
+    dst = tmp_path / "out" / "imagenet"
+    assert prepare_main(["--download", str(src), "--dst", str(dst)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert said in err[-1] and err[-1].startswith("error: ")
+    assert not list(tmp_path.rglob("escaped.JPEG"))
+    assert not [p for p in dst.rglob("*") if p.is_symlink()]
+
+
+def test_a_bad_devkit_is_one_clear_line_before_anything_is_extracted(tmp_path, capsys):
+    src = _imagenet_org(tmp_path / "download")
+    _devkit(src / "ILSVRC2012_devkit_t12.tar.gz", meta=b"MATLAB 5.0 but not really")
+    dst = tmp_path / "imagenet"
+    assert prepare_main(["--download", str(src), "--dst", str(dst)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "data/meta.mat of" in err and "'synsets' table" in err
+    assert not (dst / "train").exists()
+    (src / "ILSVRC2012_devkit_t12.tar.gz").write_bytes(b"<html>403</html>")
+    assert prepare_main(["--download", str(src), "--dst", str(dst)]) == 2
+    assert "is not a readable tar archive" in capsys.readouterr().err
+
+
+def test_check_fails_on_a_tree_of_tars_or_of_no_images(tmp_path, capsys):
+    tars = tmp_path / "imagenet" / "train"
+    tars.mkdir(parents=True)
+    for wnid in WNIDS:
+        (tars / f"{wnid}.tar").write_bytes(_class_tar(wnid))
+    assert prepare_main(["--check", str(tmp_path / "imagenet")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "3 unextracted archive(s)" in err and "--download" in err
+    (tmp_path / "empty" / "train").mkdir(parents=True)
+    assert prepare_main(["--check", str(tmp_path / "empty")]) == 2
+    assert "holds no image" in capsys.readouterr().err
