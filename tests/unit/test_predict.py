@@ -121,7 +121,8 @@ def test_network_file_gives_the_link_figures(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("text", "extra", "key"),
     [
-        ("{nope", [], "not JSON"),
+        ("{nope", [], "not valid JSON"),
+        (json.dumps({"link_gbit": 1e308, "flow_gbit": None, "latency_us": 5}), [], "link_gbit"),
         (json.dumps({"hosts": ["h0"], "pairs": []}), [], "no host pair"),
         (json.dumps({"link_gbit": 0, "flow_gbit": None, "latency_us": 5}), [], "link_gbit"),
         (json.dumps({"link_gbit": 3, "flow_gbit": None, "latency_us": 5}), ["--link-gbit", "3"], "drop --link-gbit"),
