@@ -783,23 +783,23 @@ def test_make_targets_run_the_launcher_with_the_record_settings():
     assert (
         "scripts/launch.py --python .venv/bin/python --port '29555' --gpus-per-host '8' --overrides-text "
         "'optim.lr=24 run.seed=1' --hostfile 'hosts.txt' --run-dir 'runs/dawnbench_158s-multistream' "
-        "-c configs/dawnbench_158s.yaml 'data.root=/data/imagenet' comm.backend=multistream "
+        "-c 'configs/dawnbench_158s.yaml' 'data.root=/data/imagenet' comm.backend=multistream "
         "comm.autotune=true"
     ) in out
     out = _make("reproduce-158s", "RUN_DIR=runs/mine", "LAUNCH_ARGS=--dry-run")  # inside SLURM: no HOSTS
     assert "--hostfile" not in out and "--run-dir 'runs/mine'" in out and "--args-text '--dry-run'" in out
     out = _make("reproduce-8gpu")
-    assert "--hosts localhost --transport local --run-dir 'runs/dawnbench_8gpu' -c configs/dawnbench_8gpu.yaml" in out
+    assert "--hosts localhost --transport local --run-dir 'runs/dawnbench_8gpu' -c 'configs/dawnbench_8gpu.yaml'" in out
     out = _make("baseline-horovod", "HOSTS=hosts.txt", "IFACE=eth1")
     assert "PY=.venv/bin/python bash scripts/install_horovod.sh" in out
     assert (
         "--iface 'eth1' --engine horovod --hostfile 'hosts.txt' --run-dir 'runs/dawnbench_158s-horovod' "
-        "-c configs/dawnbench_158s.yaml comm.backend=horovod"
+        "-c 'configs/dawnbench_158s.yaml' comm.backend=horovod"
     ) in out
     assert "scripts/compare_runs.py 'runs/dawnbench_158s-multistream' 'runs/dawnbench_158s-horovod'" in _make("compare")
     out = _make("probe-network", "HOSTS=hosts.txt")
     assert (
-        "--hostfile 'hosts.txt' --run-dir 'runs/dawnbench_158s-multistream' -c configs/dawnbench_158s.yaml "
+        "--hostfile 'hosts.txt' --run-dir 'runs/dawnbench_158s-multistream' -c 'configs/dawnbench_158s.yaml' "
         "--probe-network" in out
     )
 
