@@ -9,9 +9,33 @@ import pytest
 
 import evaluate
 import train
+from scripts import predict
 
-PARSERS = {"train.py": train.parser, "evaluate.py": evaluate.parser}
+PARSERS = {"train.py": train.parser, "evaluate.py": evaluate.parser, "predict.py": predict.parser}
 BAD = ["-1", "nan", "inf", "-inf", "1e308", "99999999999999999999", "x", ""]
+
+
+def test_predict_refuses_a_process_count_that_does_not_divide_the_batch(capsys):
+    assert predict.main(["--hosts", "3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "error: --hosts/--gpus-per-host: 3 x 8 = 24 processes do not divide the global batch of 32768: choose a "
+        "process count that does"
+    ]
+
+
+def test_predict_outputs_are_checked_before_the_computation(tmp_path, capsys):
+    (tmp_path / "real").write_text("x")
+    (tmp_path / "link.json").symlink_to(tmp_path / "real")
+    for flag, path, words in (
+        ("--json", tmp_path, "is a directory"),
+        ("--json", tmp_path / "no" / "p.json", "does not exist"),
+        ("--png", tmp_path / "link.json", "is a symbolic link"),
+    ):
+        assert predict.main([flag, str(path)]) == 2
+        err = capsys.readouterr()
+        assert err.err.startswith(f"error: {flag}: ") and words in err.err and err.out == "", err
+    assert (tmp_path / "real").read_text() == "x"
 
 
 def numeric_flags():
