@@ -6,7 +6,9 @@
 # refused here, before anything is expanded. A value that needs '$' goes in the environment as DAWNBENCH_<NAME>
 # (read with $(value), passed as text). `make 'VAR:=...'` and `make 'VAR!=...'` are expanded or run by make itself
 # while it reads its command line, before this file: never use them with a value from elsewhere (docs/security.md).
-USER_VARS := PYTHON_SYS VENV NPROC SAMPLE RUN_DIR PYTEST_ARGS GPU_CHECK_OUT RUNS PY
+# The plain names make takes from the environment: every `NAME ?=` of this file (read from it, so a new one is
+# guarded without a list to keep), and PY.
+USER_VARS := $(shell sed -n 's/^\([A-Z][A-Z0-9_]*\) *?=.*/\1/p' $(firstword $(MAKEFILE_LIST))) PY
 ENV_ROUTE := HOSTS DATA GPUS PORT TRANSPORT IFACE OVERRIDES LAUNCH_ARGS CUDA CONFIG
 dollar_fix = $(if $(filter $(1),$(ENV_ROUTE)),export DAWNBENCH_$(1)=... instead,$(if $(filter DAWNBENCH_%,$(1)),export $(1)=... instead of giving it on the command line,give it without '$$'))
 $(foreach v,$(.VARIABLES),$(if $(and $(filter command line,$(origin $(v))),$(findstring $$,$(value $(v)))),\

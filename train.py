@@ -9,19 +9,23 @@ from __future__ import annotations
 import argparse
 import sys
 
+from recipes.argtypes import OneLineParser, bounded_int
 from recipes.cli import run_cli
 from recipes.memory import GPU_MEMORY_GIB
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser() -> OneLineParser:
+    """The command line (tests read its numeric flags' bounds)."""
+    ap = OneLineParser(prog="train.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-c", "--config", help="YAML config file (may 'extends:' another)")
     ap.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. optim.lr=0.4")
     ap.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     ap.add_argument("--help-config", action="store_true", help="print every config key with default and meaning")
     ap.add_argument("--plan", action="store_true", help="print the phase table and iteration count, then exit")
-    ap.add_argument("--num-images", type=int, default=None, help="--plan: training set size (default: scan data)")
-    ap.add_argument("--world-size", type=int, default=None, help="--plan: number of processes")
+    ap.add_argument(
+        "--num-images", type=bounded_int(1, 10**9), default=None, help="--plan: training set size (default: scan data)"
+    )
+    ap.add_argument("--world-size", type=bounded_int(1, 1_048_576), default=None, help="--plan: number of processes")
     ap.add_argument(
         "--gpu",
         default=None,
@@ -40,12 +44,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--stop-after-epochs",
-        type=int,
+        type=bounded_int(1, 10_000),
         default=None,
         metavar="N",
         help="stop after N epochs of this invocation (rerun to continue)",
     )
-    return run_cli(ap.parse_intermixed_args(argv))
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_cli(parser().parse_intermixed_args(argv))
 
 
 if __name__ == "__main__":

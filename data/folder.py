@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from recipes import reader
 from recipes.errors import DataError
 
 IMAGE_EXTENSIONS = (".jpeg", ".jpg", ".png")
@@ -68,28 +70,26 @@ def scan_split(root: str | Path, split: str, classes: list[str] | None = None) -
     return Split(folder, list(classes), files, labels)
 
 
-_MAX_BLACKLIST_BYTES = 1 << 20  # the devkit's list is 9 kB (1,762 indices of 50,000)
+_MAX_BLACKLIST_BYTES = 1 << 20
+_INDEX = re.compile(r"[0-9]{1,9}")  # the devkit's list is 9 kB (1,762 indices of 50,000)
 
 
 def read_blacklist(path: str | Path) -> list[int]:
     """The devkit's ILSVRC2012_validation_blacklist.txt: one 1-based index into the sorted val file names a line."""
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise DataError(f"data.val_blacklist: '{p}' not found (the devkit's data/ILSVRC2012_validation_blacklist.txt)")
     # Errors say what is wrong with the file, never what it holds: data.val_blacklist may name any readable file.
     expected = "one 1-based image index a line (the devkit's data/ILSVRC2012_validation_blacklist.txt)"
     try:
-        if p.stat().st_size > _MAX_BLACKLIST_BYTES:
-            raise DataError(f"data.val_blacklist: '{p}' is {p.stat().st_size:,} bytes, too large for {expected}")
-        text = p.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise DataError(f"data.val_blacklist: '{p}' is not UTF-8 text (byte {e.start}); expected {expected}") from None
-    except OSError as e:
-        raise DataError(f"data.val_blacklist: cannot read '{p}': {e.strerror or e}") from None
+        # a regular file (a FIFO or device would hang or never end), at most 1 MiB, strict UTF-8
+        text = reader.read_text(p, what="data.val_blacklist:", error=DataError, max_bytes=_MAX_BLACKLIST_BYTES)
+    except DataError as e:
+        raise DataError(f"{e}; expected {expected}") from None
     out = []
     for n, line in enumerate(text.splitlines(), 1):
         if line.strip():
-            if not line.strip().isdigit():
+            if not _INDEX.fullmatch(line.strip()):  # ASCII digits: str.isdigit() takes '³', which int() refuses
                 raise DataError(f"data.val_blacklist: '{p}' line {n} is not an image index; expected {expected}")
             out.append(int(line))
     return out

@@ -47,6 +47,8 @@ def check_required(cfg: Config) -> None:
 # of which the devkit's blacklist names 1,762).
 DAWNBENCH_TOP5 = 93.0
 IMAGENET_VAL_IMAGES = 50_000
+IMAGENET_CLASSES = 1_000
+DEVKIT_BLACKLISTED = 1_762  # ILSVRC2015_clsloc_validation_blacklist.txt in the ILSVRC2012 devkit
 NOT_QUALIFYING = "not-qualifying"  # in the file name of an entry that does not qualify
 
 
@@ -61,9 +63,17 @@ def qualification(cfg: Config, summary: dict) -> list[str]:
         at_end = "no epoch validated" if top5 is None else f"top-5 {top5:.2f}% at the end"
         reasons.append(f"it did not reach its target ({at_end}, target {cfg.run.target_top5:g}%)")
     counted, excluded = summary.get("val_count"), summary.get("val_excluded") or 0
+    classes = summary.get("num_classes")
+    if classes != IMAGENET_CLASSES:
+        reasons.append(f"it classifies {'unknown' if classes is None else classes} classes, not ImageNet's 1,000")
     if counted is None or counted + excluded != IMAGENET_VAL_IMAGES:
         seen = "no" if counted is None else f"{counted + excluded:,}"
         reasons.append(f"it evaluated {seen} validation images, not ImageNet's {IMAGENET_VAL_IMAGES:,}")
+    elif excluded not in (0, DEVKIT_BLACKLISTED):
+        # A list that makes the count add up is not the devkit's: only its 1,762 images may be left out.
+        reasons.append(
+            f"its blacklist left out {excluded:,} validation images, not the devkit's {DEVKIT_BLACKLISTED:,}"
+        )
     return reasons
 
 

@@ -174,7 +174,8 @@ def all_reduce_sum(values: list[float], dist: DistInfo) -> list[float]:
     if dist.enabled:
         if td.get_backend() == "nccl":
             t = t.to(dist.device)
-        td.all_reduce(t)
+        with collective_guard("all-reduce of run figures"):
+            td.all_reduce(t)
     return t.cpu().tolist()
 
 
@@ -182,7 +183,8 @@ def broadcast_object(obj, dist: DistInfo, src: int = 0):
     if not dist.enabled:
         return obj
     box = [obj]
-    td.broadcast_object_list(box, src=src)
+    with collective_guard(f"broadcast from rank {src}"):
+        td.broadcast_object_list(box, src=src)
     return box[0]
 
 
@@ -192,12 +194,13 @@ def broadcast_bytes(data: bytes | None, src: int, dist: DistInfo) -> bytes:
         return data
     device = dist.device if td.get_backend() == "nccl" else torch.device("cpu")
     size = torch.tensor([len(data) if dist.rank == src else 0], dtype=torch.int64, device=device)
-    td.broadcast(size, src=src)
-    if dist.rank == src:
-        buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
-    else:
-        buf = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
-    td.broadcast(buf, src=src)
+    with collective_guard(f"broadcast of a file from rank {src}"):
+        td.broadcast(size, src=src)
+        if dist.rank == src:
+            buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+        else:
+            buf = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+        td.broadcast(buf, src=src)
     return data if dist.rank == src else buf.cpu().numpy().tobytes()
 
 
@@ -205,7 +208,8 @@ def all_gather_object(obj, dist: DistInfo) -> list:
     if not dist.enabled:
         return [obj]
     out = [None] * dist.world_size
-    td.all_gather_object(out, obj)
+    with collective_guard("all-gather between ranks"):
+        td.all_gather_object(out, obj)
     return out
 
 
@@ -213,8 +217,8 @@ _PEER_FAILURE = ("timed out", "timeout", "connection closed", "connection reset"
 
 
 @contextmanager
-def collective_guard(what: str, step: int, timeout_s: float):
-    """Turn a collective's timeout or lost connection into an error that names the collective and the step."""
+def collective_guard(what: str, step: int | None = None, timeout_s: float | None = None):
+    """Turn a collective's timeout or lost connection into an error that names the collective (and the step)."""
     try:
         yield
     except RuntimeError as e:
@@ -222,7 +226,6 @@ def collective_guard(what: str, step: int, timeout_s: float):
         if isinstance(e, TrainingError) or not any(k in text for k in _PEER_FAILURE):
             raise
         first = str(e).strip().splitlines()[0][:300]
-        raise TrainingError(
-            f"{what} at step {step} failed: a peer is dead or hung (dist.timeout_s={timeout_s:g}); "
-            f"underlying error: {first}"
-        ) from e
+        when = "" if step is None else f" at step {step}"
+        limit = "" if timeout_s is None else f" (dist.timeout_s={timeout_s:g})"
+        raise TrainingError(f"{what}{when} failed: a peer is dead or hung{limit}; underlying error: {first}") from e

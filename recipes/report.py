@@ -15,7 +15,9 @@ def targets_reached(cfg: Config, row: dict) -> bool:
     return (t1 is None or row["top1"] >= t1) and (t5 is None or row["top5"] >= t5)
 
 
-def summarize(cfg: Config, st, *, world_size: int, run_id: str, run_dir, val_excluded: int, comm_stats) -> dict:
+def summarize(
+    cfg: Config, st, *, world_size: int, run_id: str, run_dir, val_excluded: int, comm_stats, num_classes=None
+) -> dict:
     """The summary of a run from its State `st`; `comm_stats` is the backend's recipes.comm.stats.CommStats."""
     hit = next((r for r in st.history if targets_reached(cfg, r)), None)
     last = st.history[-1] if st.history else {"top1": None, "top5": None}  # no epoch validated: no accuracy
@@ -36,6 +38,7 @@ def summarize(cfg: Config, st, *, world_size: int, run_id: str, run_dir, val_exc
         "val_count": last.get("val_count"),  # validation images counted (data.val_blacklist excluded)
         "val_excluded": val_excluded,
         "val_blacklist": cfg.data.val_blacklist,
+        "num_classes": num_classes,
         "images_per_s": st.images / max(st.train_seconds, 1e-9),
         "skipped_steps": st.skipped_steps,
         "restarts": st.restarts,

@@ -90,6 +90,13 @@ class Schedule:
                 )
             n = steps_per_epoch(num_images, phase.batch_size, world_size)
             a = self._micro_batches(pi, phase.batch_size // world_size)
+            if phase.batch_size // world_size // a == 1 and phase.image_size <= 32:
+                # The ResNets' last stage is 1/32 of the crop: one image of <= 32 px leaves BatchNorm one value
+                # per channel, which it cannot normalise (PyTorch raises at the first training step).
+                raise ConfigError(
+                    f"phases.{pi}: a micro-batch of 1 image per process at {phase.image_size} px leaves BatchNorm one "
+                    f"value per channel; use a batch of at least {2 * world_size * a} or an image size above 32"
+                )
             for _ in range(phase.epochs):
                 self.epochs.append(EpochInfo(len(self.epochs), pi, phase, step, n, a))
                 step += n

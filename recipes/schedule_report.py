@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from recipes import memory
+from recipes.run.writer import figure_bytes, write_output
 from recipes.schedule import Schedule
 from recipes.timemodel import IMAGENET_TRAIN_IMAGES, predicted_seconds
 
@@ -22,7 +23,8 @@ def count_images(cfg) -> int | None:
     return len(scan_split(cfg.data.root, "train"))
 
 
-def plot_plan(plan: Schedule, path: Path) -> None:
+def plot_plan(plan: Schedule) -> bytes:
+    """LR, momentum, image size and batch size against the step, as PNG bytes."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -49,8 +51,9 @@ def plot_plan(plan: Schedule, path: Path) -> None:
     axes[-1].set_xlabel("iteration")
     fig.suptitle(f"{plan.total_steps} iterations in {len(plan.epochs)} epochs, {plan.world_size} processes")
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    data = figure_bytes(fig, dpi=90)
     plt.close(fig)
+    return data
 
 
 def hardware_table(cfg, plan: Schedule, gpu: str) -> tuple[list[str], list[str]]:
@@ -89,7 +92,7 @@ def print_plan(
     print(plan.table())
     out = Path(png) if png else Path(cfg.run.out_dir) / f"{cfg.run.name}_plan.png"
     out.parent.mkdir(parents=True, exist_ok=True)
-    plot_plan(plan, out)
+    write_output(out, plot_plan(plan), "the plan's plot")  # never through a planted link, never half-written
     print(f"plot: {out}")
     if gpu is None:
         return 0

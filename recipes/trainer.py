@@ -269,6 +269,7 @@ class Trainer:
             run_dir=self.run_dir,
             val_excluded=excluded,
             comm_stats=self.comm.stats(),
+            num_classes=self.data.num_classes,
         )
 
     def close(self) -> None:

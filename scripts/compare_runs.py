@@ -41,11 +41,13 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from recipes import registry  # noqa: E402
+from recipes import reader, registry  # noqa: E402
 from recipes.comm.stats import CommStats  # noqa: E402
 from recipes.config import to_yaml  # noqa: E402
 from recipes.config.schema import Config, not_training_keys  # noqa: E402
+from recipes.errors import RunDirError  # noqa: E402
 from recipes.run import files as run_files  # noqa: E402
+from recipes.run.writer import check_target, figure_bytes, write_output  # noqa: E402
 
 DEFAULT_TARGET = {"top5": 93.0}
 # What each backend's comm_seconds times (docs/allreduce.md, "What each backend measures"): not the same window.
@@ -86,23 +88,63 @@ class Run:
 
 def _read_tsv(path: Path) -> list[dict]:
     rows = []
-    lines = path.read_text().splitlines()
-    for line in lines[1:]:
-        epoch, hours, top1, top5 = line.split("\t")
-        rows.append(
-            {"epoch": int(epoch), "train_seconds": float(hours) * 3600, "top1": float(top1), "top5": float(top5)}
-        )
-    return rows
+    lines = reader.read_text(path, what="the epoch table", error=CompareError).splitlines()
+    for n, line in enumerate(lines[1:], 2):
+        try:
+            epoch, hours, top1, top5 = line.split("\t")
+            row = {"epoch": int(epoch), "train_seconds": float(hours) * 3600, "top1": float(top1), "top5": float(top5)}
+        except ValueError:
+            raise CompareError(f"{path}: line {n} is not 'epoch hours top1 top5' (tab-separated numbers)") from None
+        rows.append(row)
+    return _check_history(path, rows)
 
 
 def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise CompareError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise CompareError(f"{path}: expected a JSON object")
-    return data
+    return reader.read_json_object(path, what="run file", error=CompareError)
+
+
+# What compare_runs reads of a summary.json: each a finite number >= 0 or null.
+_SUMMARY_NUMBERS = (
+    "epochs", "steps", "world_size", "wall_seconds", "train_seconds", "time_to_target_seconds", "epoch_at_target",
+    "final_top1", "final_top5", "images_per_s", "val_count", "val_excluded", "skipped_steps", "last_step_logged",
+)  # fmt: skip
+
+
+def _is_count(v) -> bool:
+    return v is None or (not isinstance(v, bool) and isinstance(v, (int, float)) and 0 <= v < 1e18)
+
+
+def _check_history(path: Path, history) -> list[dict]:
+    if not isinstance(history, list) or not all(isinstance(r, dict) for r in history):
+        raise CompareError(f"{path}: 'history' must be a list of per-epoch objects")
+    for i, row in enumerate(history):
+        for key in ("epoch", "train_seconds", "top1", "top5", "wall_seconds", "images_per_s"):
+            if not _is_count(row.get(key)):
+                raise CompareError(f"{path}: history[{i}].{key}: expected a number >= 0, got {row.get(key)!r}")
+        if row.get("epoch") is None or row.get("train_seconds") is None:
+            raise CompareError(f"{path}: history[{i}]: expected 'epoch' and 'train_seconds'")
+    return history
+
+
+def _check_summary(path: Path, summary: dict) -> dict:
+    """`summary` when every value compare_runs reads has the type train.py writes; else one CompareError line."""
+    for key in _SUMMARY_NUMBERS:
+        if not _is_count(summary.get(key)):
+            raise CompareError(f"{path}: '{key}': expected a number >= 0 or null, got {summary.get(key)!r}")
+    if summary.get("world_size") is not None and (summary["world_size"] < 1 or summary["world_size"] % 1):
+        raise CompareError(f"{path}: 'world_size': expected an integer >= 1, got {summary['world_size']!r}")
+    if summary.get("history") is not None:
+        _check_history(path, summary["history"])
+    comm = summary.get("comm")
+    fields = ("steps", "comm_seconds", "wait_seconds", "bytes")
+    if comm is not None and (
+        not isinstance(comm, dict)
+        or not isinstance(comm.get("backend", ""), str)
+        or not isinstance(comm.get("settings", {}), dict)
+        or not all(_is_count(comm.get(k)) for k in fields)
+    ):
+        raise CompareError(f"{path}: 'comm': not the allreduce statistics train.py writes (CommStats)")
+    return summary
 
 
 def _interrupted_summary(path: Path, history: list[dict]) -> dict:
@@ -129,7 +171,14 @@ def load_run(path: str | Path) -> Run:
     if not path.is_dir():
         raise CompareError(f"{path}: not a directory")
     summary_path, config_path, tsv = path / run_files.SUMMARY, path / run_files.CONFIG, path / run_files.TSV
-    config = yaml.safe_load(config_path.read_text()) if config_path.is_file() else {}
+    config = {}
+    if config_path.is_file():
+        try:
+            config = yaml.safe_load(reader.read_text(config_path, what="run config", error=CompareError)) or {}
+        except yaml.YAMLError:
+            raise CompareError(f"{config_path}: not valid YAML") from None
+        if not isinstance(config, dict):
+            raise CompareError(f"{config_path}: expected a mapping of config sections")
     network = _read_json(path / run_files.NETWORK) if (path / run_files.NETWORK).is_file() else None
     if not summary_path.is_file():
         history = _read_tsv(tsv) if tsv.is_file() else []
@@ -138,8 +187,9 @@ def load_run(path: str | Path) -> Run:
                 f"{path}: no summary.json (not a run directory, or the run has not finished) and no finished epoch "
                 "in dawnbench.tsv"
             )
-        return Run(path, _interrupted_summary(path, history), config or {}, history, True, network)
-    summary = _read_json(summary_path)
+        summary = _check_summary(path / run_files.PROGRESS, _interrupted_summary(path, history))
+        return Run(path, summary, config or {}, history, True, network)
+    summary = _check_summary(summary_path, _read_json(summary_path))
     history = summary.get("history")
     if history is None and tsv.is_file():
         history = _read_tsv(tsv)
@@ -399,8 +449,8 @@ def markdown(runs: list[Run], rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot(runs: list[Run], rows: list[dict], path: Path) -> None:
-    """Top-5 against wall-clock time (left) and images/s per phase (right), one colour per run."""
+def plot(runs: list[Run], rows: list[dict]) -> bytes:
+    """Top-5 against wall-clock time (left) and images/s per phase (right), one colour per run, as PNG bytes."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -434,23 +484,27 @@ def plot(runs: list[Run], rows: list[dict], path: Path) -> None:
     ax2.grid(alpha=0.3, axis="y")
     ax2.legend(fontsize=8)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    data = figure_bytes(fig, dpi=110)
     plt.close(fig)
+    return data
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="See the module docstring.")
     ap.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (train.py --run-dir)")
     ap.add_argument("--target", help="top1=N and/or top5=N for every run (default: each run's config, else top5=93)")
-    ap.add_argument("--plot", default="compare.png", help="PNG to write (default: %(default)s)")
+    ap.add_argument("--plot", help="PNG to write (default: compare.png beside the first run directory)")
     ap.add_argument("--markdown", help="also write the tables to this file")
     ap.add_argument("--force", action="store_true", help="compare runs whose recipes differ beyond the backend")
     args = ap.parse_args(argv)
+    args.plot = args.plot or str(Path(args.runs[0]).parent / "compare.png")
     try:
         target = parse_target(args.target)
         runs = [load_run(p) for p in args.runs]
-    except CompareError as e:
+        for flag, out in (("--plot", args.plot), ("--markdown", args.markdown)):
+            if out:
+                check_target(out, flag)
+    except (CompareError, RunDirError) as e:
         print(f"compare_runs: error: {e}", file=sys.stderr)
         return 2
     recipe, other = differences(runs)
@@ -466,9 +520,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = compare(runs, target)
     text = context(runs, recipe, other) + "\n\n" + markdown(runs, rows)
     print(text)
-    if args.markdown:
-        Path(args.markdown).write_text(text + "\n")
-    plot(runs, rows, Path(args.plot))
+    try:
+        if args.markdown:
+            write_output(args.markdown, text + "\n", "--markdown")
+        write_output(args.plot, plot(runs, rows), "--plot")
+    except RunDirError as e:
+        print(f"compare_runs: error: {e}", file=sys.stderr)
+        return 2
     print(f"\nplot: {args.plot}")
     return 0
 

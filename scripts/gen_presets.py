@@ -229,6 +229,10 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 path.write_text(want)
                 print(f"wrote {path.relative_to(ROOT)}")
+    made = {f"{preset_name(family, shape)}.yaml" for family in FAMILIES for shape in SHAPES}
+    extra = sorted(p.name for p in OUT.iterdir() if p.name not in made)
+    if extra and args.check:  # a preset this script does not write is stale too: its labels would never be updated
+        stale += [f"{OUT.relative_to(ROOT)}/{name} (not written by this script: remove it)" for name in extra]
     readme = readme_with(readme_table(predictions))
     if args.check:
         if not same(README.read_text(), readme):

@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_intermixed_args(argv)  # overrides may follow options, as with train.py
     args.argv_seen = [a for a in argv if a != "--dry-run"]
     sys.path.insert(0, str(REPO))
-    from recipes.errors import ConfigError
+    from recipes.errors import ConfigError, RunDirError
     from recipes.run import files as run_files
 
     try:
@@ -328,6 +328,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"launch: dry run: nothing started (the checks would ask every host for {checks})")
         return 0
+    from recipes.run.directory import not_a_run
+
+    problem = not_a_run(run_dir)  # before anything is written there: the hosts' logs, the probe, the share tokens
+    if problem:
+        print(f"launch: error: {problem}", file=sys.stderr)
+        return 2
     if not args.no_check:
         rc = preflight(job, cfg, args)
         if rc:
@@ -338,7 +344,11 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, subprocess.SubprocessError) as e:
         print(f"launch: could not tell whether run directory {job.run_dir} is shared between hosts: {e}", flush=True)
     if probe:
-        figures = network_figures(job, args, run_dir)
+        try:
+            figures = network_figures(job, args, run_dir)
+        except (LaunchError, RunDirError) as e:  # RunDirError: a link planted where network.json goes
+            print(f"launch: error: {e}", file=sys.stderr)
+            return 2
         if figures is None:
             return 1
         if args.probe_network:
@@ -431,7 +441,9 @@ def network_figures(job: Job, args, run_dir: Path) -> dict | None:
     run directory (a rerun resumes with the same comm.* values its checkpoint was written with)."""
     saved = run_dir / NETWORK_FILE
     if saved.is_file() and not args.probe_network:
-        figures = json.loads(saved.read_text())
+        from recipes import reader
+
+        figures = reader.read_json_object(saved, what="the link figures of a previous launch", error=LaunchError)
         print(f"launch: link figures of {saved} (measured {figures.get('measured', '?')}), kept for this rerun")
         return figures
     pj = probe_job(job, args)
@@ -448,8 +460,10 @@ def network_figures(job: Job, args, run_dir: Path) -> dict | None:
     if found is None:
         print(f"launch: error: the link probe failed (exit {rc}); its logs: {log_dir}", file=sys.stderr)
         return None
+    from recipes.run.writer import to_json, write_atomic
+
     saved.parent.mkdir(parents=True, exist_ok=True)
-    saved.write_text(json.dumps(found, indent=1) + "\n")
+    write_atomic(saved, to_json(found))  # never through a planted link, never half-written
     print(f"launch: link figures written to {saved}", flush=True)
     return found
 

@@ -47,9 +47,13 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
+
+# `python scripts/netlab.py` puts scripts/ on sys.path, not the repository: the imports below are scripts.*.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 # Processes and namespaces (netlab_procs.py); imported here too by the tests and scripts/bench/bench_allreduce.py.
-from scripts.netlab_procs import (  # noqa: F401
+from scripts.netlab_procs import (  # noqa: E402, F401
     _SINK,
     _SOURCE,
     ETC_NETNS,

@@ -19,8 +19,6 @@ Alibaba runs (fitted, with residuals); a prediction is a range with the term of 
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -29,7 +27,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from recipes import timemodel as tm  # noqa: E402
+from recipes.argtypes import OneLineParser, bounded_float, bounded_int  # noqa: E402
 from recipes.comm.plan import Settings  # noqa: E402
+from recipes.errors import RunDirError  # noqa: E402
+from recipes.run.writer import check_target, figure_bytes, to_json, write_output  # noqa: E402
 
 # --validate: the model against the network lab (re-exported: tests use predict.lab_predict, predict.LAB_FIT, ...)
 from scripts.predict_lab import (  # noqa: E402, F401
@@ -204,7 +205,8 @@ def link_figures(args) -> tuple[float, float | None, float, str]:
     return f.link_gbit, f.flow_gbit, f.latency_us, f.source
 
 
-def plot(cfg, cluster, rates, prof, png: str, max_hosts: int) -> None:
+def plot(cfg, cluster, rates, prof, max_hosts: int) -> bytes:
+    """The predicted training clock against hosts, as PNG bytes."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -227,17 +229,20 @@ def plot(cfg, cluster, rates, prof, png: str, max_hosts: int) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    Path(png).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=80)
+    data = figure_bytes(fig, dpi=80)
     plt.close(fig)
+    return data
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parser() -> OneLineParser:
+    """The command line (tests read its numeric flags' bounds)."""
+    ap = OneLineParser(prog="predict.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("-c", "--config", default=str(ROOT / "configs" / "dawnbench_158s.yaml"))
     ap.add_argument("overrides", nargs="*", help="config overrides key=value (e.g. comm.compression=fp16)")
-    ap.add_argument("--hosts", type=int, default=None, help="hosts (default: run.nodes of the config)")
-    ap.add_argument("--gpus-per-host", type=int, default=None, help="GPUs per host (default: run.procs_per_node)")
+    ap.add_argument("--hosts", type=bounded_int(1, 4096), default=None, help="hosts (default: run.nodes of the config)")
+    ap.add_argument(
+        "--gpus-per-host", type=bounded_int(1, 64), default=None, help="GPUs per host (default: run.procs_per_node)"
+    )
     ap.add_argument(
         "--gpu",
         default=None,
@@ -248,26 +253,60 @@ def main(argv: list[str] | None = None) -> int:
         "--dtype", default=None, choices=tm.DTYPES, help="default: the config's run.amp (fp16 where it is none)"
     )
     ap.add_argument("--gpu-profile", default="", help="measured rates (make gpu-check) instead of --gpu's")
-    ap.add_argument("--link-gbit", type=float, default=None, help="link per host and direction (Gbit/s; 32)")
-    ap.add_argument("--flow-gbit", type=float, default=None, help="per-flow cap (Gbit/s; 0 = none; 10)")
+    ap.add_argument(
+        "--link-gbit",
+        type=bounded_float(0, 100_000, low_open=True),
+        default=None,
+        help="link per host and direction (Gbit/s; 32)",
+    )
+    ap.add_argument(
+        "--flow-gbit", type=bounded_float(0, 100_000), default=None, help="per-flow cap (Gbit/s; 0 = none; 10)"
+    )
     ap.add_argument(
         "--network", default="", help="the link probe's figures (<run dir>/network.json of launch.py --probe-network)"
     )
-    ap.add_argument("--flows-per-comm", type=int, default=1, help="TCP flows per communicator (NCCL sockets)")
-    ap.add_argument("--latency-us", type=float, default=None, help="per-message latency of one ring step (us; 50)")
-    ap.add_argument("--intra-gbyte", type=float, default=150.0, help="intra-host stage (GB/s; NVLink ~150, PCIe ~12)")
-    ap.add_argument("--efficiency", type=float, default=0.93, help="TCP goodput as a fraction of the caps")
-    ap.add_argument("--profile-size", type=int, default=224, help="image size of the FLOP gradient-ready profile")
-    ap.add_argument("--record-s", type=float, default=RECORD_S, help="the record's training clock (0 = none)")
+    ap.add_argument(
+        "--flows-per-comm", type=bounded_int(1, 64), default=1, help="TCP flows per communicator (NCCL sockets)"
+    )
+    ap.add_argument(
+        "--latency-us",
+        type=bounded_float(0, 1_000_000),
+        default=None,
+        help="per-message latency of one ring step (us; 50)",
+    )
+    ap.add_argument(
+        "--intra-gbyte",
+        type=bounded_float(0, 100_000, low_open=True),
+        default=150.0,
+        help="intra-host stage (GB/s; NVLink ~150, PCIe ~12)",
+    )
+    ap.add_argument(
+        "--efficiency",
+        type=bounded_float(0, 1, low_open=True),
+        default=0.93,
+        help="TCP goodput as a fraction of the caps",
+    )
+    ap.add_argument(
+        "--profile-size", type=bounded_int(32, 4096), default=224, help="image size of the FLOP gradient-ready profile"
+    )
+    ap.add_argument(
+        "--record-s", type=bounded_float(0, 10_000_000), default=RECORD_S, help="the record's training clock (0 = none)"
+    )
     ap.add_argument("--json", default="", help="write per-backend, per-phase, per-term numbers to this file")
     ap.add_argument("--out-of-sample", default="", help="also hold the model against these published entries")
     ap.add_argument("--png", default="", help="plot the predicted training clock against hosts to this PNG")
-    ap.add_argument("--max-hosts", type=int, default=64)
+    ap.add_argument("--max-hosts", type=bounded_int(1, 4096), default=64)
     ap.add_argument(
         "--validate", nargs="+", default=[], help="scripts/bench/bench_allreduce.py --json files: fit, check"
     )
-    ap.add_argument("--fit-hosts", type=int, nargs="+", default=[2, 4], help="--validate: host counts to fit on")
-    args = ap.parse_args(argv)
+    ap.add_argument(
+        "--fit-hosts", type=bounded_int(2, 4096), nargs="+", default=[2, 4], help="--validate: host counts to fit on"
+    )
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     if args.validate:
         print("\n".join(validate(args.validate, args.fit_hosts)))
         return 0
@@ -279,11 +318,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    for key in ("hosts", "gpus_per_host", "link_gbit", "intra_gbyte", "efficiency", "flows_per_comm", "profile_size"):
-        v = getattr(args, key)
-        if v is not None and v <= 0:
-            print(f"error: --{key.replace('_', '-')}: expected a positive number, got {v}", file=sys.stderr)
-            return 2
+    try:  # outputs checked before the computation, not after it
+        for flag, path in (("--json", args.json), ("--png", args.png)):
+            if path:
+                check_target(path, flag)
+    except RunDirError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     gpu, dtype, chosen = gpu_and_dtype(cfg, args.gpu, args.dtype)
     try:
         rates = tm.load_gpu_profile(args.gpu_profile) if args.gpu_profile else tm.published(gpu, dtype)
@@ -306,6 +347,14 @@ def main(argv: list[str] | None = None) -> int:
         args.intra_gbyte,
         args.efficiency,
     )
+    bad = [p for p in cfg.phases if p.batch_size % cluster.world]
+    if bad:
+        print(
+            f"error: --hosts/--gpus-per-host: {cluster.hosts} x {cluster.gpus_per_host} = {cluster.world} processes "
+            f"do not divide the global batch of {bad[0].batch_size}: choose a process count that does",
+            file=sys.stderr,
+        )
+        return 2
     prof = tm.profile_model(cfg.model.name, args.profile_size)
     lines, ests = report(cfg, cluster, rates, prof, args.record_s or None, link_source)
     if args.out_of_sample:
@@ -317,16 +366,17 @@ def main(argv: list[str] | None = None) -> int:
         lines += tm.out_of_sample_lines(args.out_of_sample, prof)
         lines += ["", "Out of sample, the model's step by term:", ""]
         lines += tm.out_of_sample_step_lines(args.out_of_sample, prof)
-    if args.png:
-        plot(cfg, cluster, rates, prof, args.png, args.max_hosts)
-        lines.append(f"\nplot: {args.png}")
-    if args.json:
-        Path(args.json).write_text(
-            json.dumps(
-                {"config": args.config, "link_figures": link_source, "backends": [e.to_json() for e in ests]}, indent=1
-            )
-        )
-        lines.append(f"\njson: {args.json}")
+    try:
+        if args.png:
+            write_output(args.png, plot(cfg, cluster, rates, prof, args.max_hosts), "--png")
+            lines.append(f"\nplot: {args.png}")
+        if args.json:
+            doc = {"config": args.config, "link_figures": link_source, "backends": [e.to_json() for e in ests]}
+            write_output(args.json, to_json(doc), "--json")
+            lines.append(f"\njson: {args.json}")
+    except RunDirError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print("\n".join(lines))
     return 0
 

@@ -23,8 +23,8 @@ the rest hidden.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import json
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -69,26 +69,25 @@ class LinkFigures:
 
 def load_link_figures(path: str | Path) -> LinkFigures:
     """The link probe's figures from `path` (ConfigError with a one-line message naming the file and key)."""
+    from recipes import reader
+    from recipes.config.schema import CommConfig, domain_rule, domain_text
     from recipes.errors import ConfigError
 
     path = Path(path)
-    try:
-        doc = json.loads(path.read_text())
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read the link probe's figures: {e.strerror or e}") from None
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: not JSON: {e.msg} at line {e.lineno}") from None
-    if not isinstance(doc, dict):
-        raise ConfigError(f"{path}: expected the link probe's JSON object, got {type(doc).__name__}")
+    doc = reader.read_json_object(path, what="the link probe's figures", error=ConfigError, max_bytes=1 << 20)
     if "link_gbit" not in doc and isinstance(doc.get("pairs"), list) and not doc["pairs"]:
         raise ConfigError(f"{path}: the probe measured no host pair (one host): no link figures")
+    domains = {f.name: f.metadata["domain"] for f in dataclasses.fields(CommConfig)}
 
     def number(key: str, low: float, optional: bool = False) -> float | None:
+        """The figure `key`, inside the domain of the comm key of the same name (a link of 1e308 spins the model)."""
         v = doc.get(key)
         if optional and v is None:
             return None
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > low or not math.isfinite(v):
-            want = f"a number above {low:g}" + (" or null" if optional else "")
+        ok = not isinstance(v, bool) and isinstance(v, (int, float)) and v > low and math.isfinite(v)
+        ok = ok and all(domain_rule(d)[0](v) for d in domains[key].split())
+        if not ok:
+            want = f"a number in comm.{key}'s domain ({domain_text(domains[key])})" + (" or null" if optional else "")
             raise ConfigError(f"{path}: {key}: expected {want} (scripts/launch.py --probe-network), got {v!r}")
         return float(v)
 

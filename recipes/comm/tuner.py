@@ -15,19 +15,23 @@ by model, world size, process-group backend, dtypes and network, so that the nex
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
 import os
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from recipes import reader
 from recipes.comm import stepmodel
 from recipes.comm.plan import Settings
+from recipes.config.schema import CommConfig, domain_rule, domain_text
 from recipes.errors import ConfigError
 
 
@@ -257,26 +261,58 @@ def cache_key(model: str, world_size: int, pg_backend: str, param_dtype: str, wi
     return f"model={model}|world={world_size}|pg={pg_backend}|dtype={param_dtype}|wire={wire}|net={network}"
 
 
-def cache_load(path: Path, key: str) -> Settings | None:
-    try:
-        entry = json.loads(path.read_text()).get(key)
-    except (OSError, ValueError):
-        return None
+def _note_stderr(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def cache_entry_problem(entry) -> str | None:
+    """Why a cache entry is not a usable (bucket_mb, streams, slices), judged by comm's own domains (None: it is)."""
     if not isinstance(entry, dict):
-        return None
-    try:
-        return Settings(float(entry["bucket_mb"]), int(entry["streams"]), int(entry["slices"]))
-    except (KeyError, TypeError, ValueError):
-        return None
+        return f"an entry must be an object, got {type(entry).__name__}"
+    fields = {f.name: f for f in dataclasses.fields(CommConfig)}
+    for name, kind in (("bucket_mb", float), ("streams", int), ("slices", int)):
+        v = entry.get(name)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not isinstance(v, int)):
+            return f"{name} must be {'an integer' if kind is int else 'a number'}, got {v!r}"
+        domain = fields[name].metadata["domain"]
+        for word in domain.split():
+            test, _ = domain_rule(word)
+            if not test(v):
+                return f"{name}={v!r} is outside comm.{name}'s domain ({domain_text(domain)})"
+    return None
 
 
-def cache_store(path: Path, key: str, tuner: AutoTuner) -> None:
+def cache_load(path: Path, key: str, note=_note_stderr) -> Settings | None:
+    """The cached winner for `key`, or None. A cache that is not a tuner cache, or an entry whose values comm would
+    refuse, is never used: `note` gets one line naming the file and what is wrong, and the run tunes afresh."""
+    if not path.exists():
+        return None
+    fix = "delete it (or the entry) to tune again, or set comm.tune_cache=null"
     try:
-        data = json.loads(path.read_text())
-        if not isinstance(data, dict):
-            data = {}
-    except (OSError, ValueError):
-        data = {}
+        data = reader.read_json_object(path, what="autotune cache", error=ConfigError)
+    except ConfigError as e:
+        note(f"warning: {e}; not used ({fix})")
+        return None
+    if key not in data:
+        return None
+    problem = cache_entry_problem(data[key])
+    if problem:
+        note(f"warning: autotune cache '{path}', entry {key}: {problem}; not used ({fix})")
+        return None
+    e = data[key]
+    return Settings(float(e["bucket_mb"]), int(e["streams"]), int(e["slices"]))
+
+
+def cache_store(path: Path, key: str, tuner: AutoTuner, note=_note_stderr) -> None:
+    """Add the tuner's winner to the cache at `path` (written to a temp file and renamed, never through a link).
+    A file there that is not a tuner cache is left as it is, with one line saying so."""
+    data = {}
+    if path.exists() or path.is_symlink():
+        try:
+            data = reader.read_json_object(path, what="autotune cache", error=ConfigError)
+        except ConfigError as e:
+            note(f"warning: {e}; the winner was not stored (delete the file to keep winners)")
+            return
     win = tuner.winner()
     data[key] = {
         **asdict(win.settings),
@@ -286,5 +322,8 @@ def cache_store(path: Path, key: str, tuner: AutoTuner) -> None:
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.unlink(missing_ok=True)  # our own leftover (same pid)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(data, indent=1) + "\n")
     tmp.replace(path)

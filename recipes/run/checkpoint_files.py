@@ -24,12 +24,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from recipes import reader
 from recipes.errors import CheckpointError
 from recipes.run import files
 from recipes.run.payload import Checkpoint, check_structure
 from recipes.run.writer import refuse_link, temp_path, write_atomic
 
 CHECKPOINT_NAME = files.CHECKPOINT
+SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def _digest(path: Path) -> str:
@@ -48,7 +50,12 @@ def _sidecar_digests(path: Path) -> list[str]:
     side = _sidecar(path)
     if not side.is_file():
         return []
-    return [line.split()[0] for line in side.read_text().splitlines() if line.strip()]
+    text = reader.read_text(side, what="checkpoint sidecar", error=CheckpointError, max_bytes=64 * 1024)
+    digests = [line.split()[0] for line in text.splitlines() if line.strip()]
+    bad = [d for d in digests if not SHA256.fullmatch(d)]
+    if bad:
+        raise CheckpointError(f"checkpoint sidecar '{side}' holds {bad[0][:20]!r}: expected sha256 digests (64 hex)")
+    return digests
 
 
 def _replace_verified(src: Path, path: Path, digest: str) -> None:

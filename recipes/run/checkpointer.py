@@ -24,6 +24,7 @@ from recipes.run import checkpoint_files as ckpt
 from recipes.run.directory import RunDir
 from recipes.run.payload import Checkpoint, ModelInfo, State
 from recipes.run.resume import agree_state, compare
+from recipes.schedule import Schedule
 
 
 @dataclass
@@ -160,6 +161,13 @@ class Checkpointer:
             )
         ck.path = path
         st = ck.training_state()
+        where = position_problem(
+            st,
+            Schedule(cfg.phases, cfg.optim, num_images=self.data.num_train, world_size=dist.world_size),
+            exact=not problems,
+        )
+        if where:
+            raise CheckpointError(f"checkpoint '{path}': entry 'state' {where}")
         check_compatible(parts.model, ck.model, str(path))
         parts.model.load_state_dict(ck.model)
         fresh = fresh_parts(ck.config or {}, to_dict(cfg)) if problems else {}
@@ -218,3 +226,23 @@ class Checkpointer:
         per_rank = ck.ema_bn_per_rank
         if per_rank is not None and len(per_rank) == self.dist.world_size:
             load_bn_statistics(ema.module, per_rank[self.dist.rank], path)
+
+
+def position_problem(st: State, plan: Schedule, *, exact: bool) -> str | None:
+    """Why the training position of a checkpoint cannot be one of this plan's (None: it can). `exact`: the recipe is
+    the checkpoint's, so step must be the epoch's first step plus the steps done in it; under resume=force with
+    another schedule only the bounds hold."""
+    n, total = len(plan.epochs), plan.total_steps
+    if st.epoch > n or st.step > total:
+        return f"is at epoch {st.epoch}, step {st.step}: beyond this recipe's {n} epochs and {total} steps"
+    if st.epoch == n:
+        return None if st.epoch_step == 0 else f"has finished every epoch, yet 'epoch_step' is {st.epoch_step}"
+    info = plan.epoch_info(st.epoch)
+    if st.epoch_step >= info.steps:
+        return f"has 'epoch_step' {st.epoch_step}: epoch {st.epoch + 1} has {info.steps} steps"
+    if exact and st.step != info.first_step + st.epoch_step:
+        return (
+            f"has step {st.step}, but epoch {st.epoch + 1} + {st.epoch_step} step(s) is step "
+            f"{info.first_step + st.epoch_step} of this recipe"
+        )
+    return None

@@ -101,16 +101,45 @@ def not_a_run(run_dir: Path) -> str | None:
         return f"'{links[0]}' is a symbolic link (to '{os.readlink(links[0])}'): a run writes only its own files; " + (
             "remove the link or choose another run directory"
         )
-    if (run_dir / files.RUN).is_file():
+    run_json = run_dir / files.RUN
+    if run_json.is_file():
+        owner = run_json.stat().st_uid
+        if owner != os.geteuid():
+            return (
+                f"run directory '{run_dir}' holds a run of another user (its {files.RUN} belongs to uid {owner}, "
+                f"this training runs as uid {os.geteuid()}): a training continues only its own user's runs; choose "
+                "another run directory"
+            )
         return None
     foreign = sorted(p.name for p in entries if not files.is_run_file(p.name))
     if not foreign:
-        return None
+        # No run.json (a run writes it first): only what comes before it (the launcher's logs and probe, a
+        # writer's dot files, previous/) or a checkpoint of a trainer older than run ids. A folder of the user's
+        # own config.yaml or summary.json is not a run, and would be overwritten.
+        if any(files.STEP_CHECKPOINT.match(p.name) or p.name == files.CHECKPOINT for p in entries):
+            return None
+        made = sorted(p.name for p in entries if p.name not in files.BEFORE_RUN and not p.name.startswith("."))
+        if not made:
+            return None
+        return (
+            f"run directory '{run_dir}' holds '{made[0]}' but no {files.RUN}: not a run's directory (a run writes "
+            f"{files.RUN} first), and a training would overwrite it; choose an empty or new directory (--run-dir, "
+            "or run.out_dir / run.name)"
+        )
     shown = ", ".join(f"'{n}'" for n in foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
     return (
         f"run directory '{run_dir}' is neither empty nor a run (no {files.RUN}; it holds {shown}): nothing was "
         "written or moved; choose an empty or new directory (--run-dir, or run.out_dir / run.name)"
     )
+
+
+def resolved_elsewhere(run_dir: Path) -> str | None:
+    """One line when a symbolic link above `run_dir` sends the run's files somewhere else (None: it does not)."""
+    given = Path(os.path.abspath(run_dir))
+    real = Path(os.path.realpath(given))
+    if real == given:
+        return None
+    return f"run directory '{run_dir}' is '{real}' (a symbolic link above it): the run's files are written there"
 
 
 def run_files(run_dir: Path) -> list[Path]:
@@ -209,6 +238,7 @@ def open_run(run_dir: Path, dist: DistInfo, resume) -> RunDir:
     errors = [e for e in all_gather_object(not_a_run(run_dir), dist) if e]  # every rank looks before any writes
     if errors:
         raise RunDirError(errors[0])
+    resolved = resolved_elsewhere(run_dir)
     error = None
     if dist.is_main:
         try:
@@ -234,7 +264,7 @@ def open_run(run_dir: Path, dist: DistInfo, resume) -> RunDir:
         leader = leaders[mine["key"]]["rank"] == dist.rank
         held = [r for r in leaders.values() if r["run_id"] or r["files"]]
         ids = sorted({r["run_id"] for r in held if r["run_id"]})
-        notes = []
+        notes = [resolved] if resolved and leader else []
         if leader:
             notes += _tidy(run_dir, mine["run_id"], resume is not False)
         if resume is False:

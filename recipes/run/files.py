@@ -24,6 +24,7 @@ TENSORBOARD = "tb"  # TensorBoard event files
 LAUNCH = "launch"  # scripts/launch.py: each host's output
 NETWORK = "network.json"  # scripts/launch.py: the link probe's figures
 
+BEFORE_RUN = {LOCK, ARCHIVE, LAUNCH, NETWORK}  # what a directory may hold before its run writes run.json
 RESULTS = (SUMMARY, TSV, ENTRY)  # what a finished run leaves for a person to read
 STEP_CHECKPOINT = re.compile(r"^ckpt-(\d+)\.pt$")  # ckpt-<step>.pt: the newest checkpoint.keep are kept
 _NAMES = {RUN, LOCK, ARCHIVE, CONFIG, META, PROGRESS, SUMMARY, TSV, ENTRY, CHECKPOINT, TENSORBOARD, LAUNCH, NETWORK}

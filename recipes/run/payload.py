@@ -315,6 +315,12 @@ class Checkpoint:
         """The config and class list an evaluation needs (a checkpoint of another trainer has neither)."""
         if self.config is None or self.model_info is None:
             raise CheckpointError(f"checkpoint '{self.path}' has no config: not written by this trainer")
+        missing = [k for k in ("num_classes", "classes") if getattr(self.model_info, k) is None]
+        if missing:
+            raise CheckpointError(
+                f"checkpoint '{self.path}': entry 'model_info' has no {' or '.join(repr(k) for k in missing)}: "
+                "an evaluation needs the class list the model was trained on"
+            )
         return self.model_info
 
     def ema_weights(self) -> Checkpoint:

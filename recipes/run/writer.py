@@ -90,3 +90,35 @@ def remove_stale_temps(run_dir: Path) -> list[str]:
             p.unlink(missing_ok=True)
             removed.append(f"{p.name} ({size / 2**20:.1f} MiB)")
     return removed
+
+
+def check_target(path: str | Path, what: str) -> Path:
+    """Refuse, before any work, an output path a tool could not write safely: a link, a directory, a folder that
+    does not exist. One RunDirError line names `what` (the flag or file) and the path."""
+    path = Path(path)
+    if path.is_symlink():
+        raise RunDirError(f"{what}: '{path}' is a symbolic link (to '{os.readlink(path)}'): give a path that is not")
+    if path.is_dir():
+        raise RunDirError(f"{what}: '{path}' is a directory: give a file name")
+    if not path.parent.is_dir():
+        raise RunDirError(f"{what}: the folder '{path.parent}' does not exist")
+    return path
+
+
+def write_output(path: str | Path, data: bytes | str, what: str) -> None:
+    """A tool's output file (a prediction, a plot, a comparison): checked, written atomically, never through a
+    link; a full disk or a read-only folder is one RunDirError line."""
+    path = check_target(path, what)
+    try:
+        write_atomic(path, data)
+    except OSError as e:
+        raise RunDirError(f"{what}: cannot write '{path}': {e.strerror or e}") from None
+
+
+def figure_bytes(fig, **savefig) -> bytes:
+    """A matplotlib figure rendered as PNG bytes (to go through write_output, never `savefig(path)` in place)."""
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", **savefig)
+    return buf.getvalue()

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from recipes import reader
 from recipes.timemodel.imagenet import IMAGENET_TRAIN_IMAGES
 
 DTYPES = ("fp16", "bf16")
@@ -354,14 +354,8 @@ def load_gpu_profile(path: str | Path, host_efficiency: float | None = None) -> 
     def bad(key: str, expected: str, got) -> ProfileError:
         return ProfileError(f"{path}: {key}: expected {expected}, got {got!r}")
 
-    try:
-        doc = json.loads(path.read_text())
-    except OSError as e:
-        raise ProfileError(f"{path}: cannot read: {e.strerror or e}") from None
-    except json.JSONDecodeError as e:
-        raise ProfileError(f"{path}: not JSON: {e.msg} at line {e.lineno}") from None
-    if not isinstance(doc, dict):
-        raise bad("(top level)", "an object", type(doc).__name__)
+    # a regular file, strict JSON (NaN, Infinity and 1e999 rates are refused), an object
+    doc = reader.read_json_object(path, what="GPU profile", error=ProfileError, max_bytes=1 << 20)
     for key in ("gpu", "torch", "date", "commit", "model"):
         if not isinstance(doc.get(key), str) or not doc[key]:
             raise bad(key, "a non-empty string", doc.get(key))
@@ -376,10 +370,10 @@ def load_gpu_profile(path: str | Path, host_efficiency: float | None = None) -> 
     for i, r in enumerate(rates):
         if not isinstance(r, dict):
             raise bad(f"rates[{i}]", "an object", r)
-        for key, kind in (("image_size", int), ("batch_size", int), ("images_per_s", (int, float))):
+        for key, kind, top in (("image_size", int, 4096), ("batch_size", int, 1 << 20), ("images_per_s", float, 1e9)):
             v = r.get(key)
-            if isinstance(v, bool) or not isinstance(v, kind) or v <= 0:
-                raise bad(f"rates[{i}].{key}", "a positive number", v)
+            if isinstance(v, bool) or not isinstance(v, (int, kind)) or not 0 < v <= top:
+                raise bad(f"rates[{i}].{key}", f"a positive number up to {top:,g}", v)
         out.append(Rate(r["image_size"], r["batch_size"], float(r["images_per_s"]), 0.03))
     sizes = [r.image_size for r in out]
     if len(set(sizes)) != len(sizes):  # the table is one rate per size: the largest batch measured

@@ -380,7 +380,9 @@ class _Host:
 
     def _copy(self, out: TextIO, lock: threading.Lock, log: Path) -> None:
         quiet = _AfterCleanStop()
-        with open(log, "ab") as f:
+        # O_NOFOLLOW: a log name planted as a link is never appended through (the launcher refuses before this)
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "ab") as f:
             for raw in self.proc.stdout:
                 f.write(raw)
                 f.flush()
@@ -420,6 +422,10 @@ def stop_hosts(running: list[_Host], grace: float) -> None:
 
 def run(job: Job, log_dir: Path, out: TextIO, timeout: float | None = None) -> int:
     """Start every host's command and wait. Returns 0, or the exit code of the first host that failed."""
+    if log_dir.is_symlink() or log_dir.parent.is_symlink():
+        link = log_dir if log_dir.is_symlink() else log_dir.parent
+        out.write(f"launch: error: '{link}' is a symbolic link: the launcher writes its logs only into its own files\n")
+        return 2
     log_dir.mkdir(parents=True, exist_ok=True)
     lock = threading.Lock()
     width = max(len(h.name) for h in job.hosts)
@@ -442,10 +448,12 @@ def run(job: Job, log_dir: Path, out: TextIO, timeout: float | None = None) -> i
     try:
         for i, (host, command) in enumerate(job.commands()):
             argv = job.transport.argv(host, command)
+            log = log_dir / f"{i:03d}-{host.name}.log"
+            if log.is_symlink():  # appending through it would write into someone else's file
+                say(f"error: '{log}' is a symbolic link: the launcher writes its logs only into its own files")
+                return 2
             try:
-                running.append(
-                    _Host(host, argv, host.name.ljust(width), out, lock, log_dir / f"{i:03d}-{host.name}.log")
-                )
+                running.append(_Host(host, argv, host.name.ljust(width), out, lock, log))
             except OSError as e:
                 say(f"host {host.name}: cannot start the {job.transport.name} transport ({argv[0]}): {e}")
                 return 127

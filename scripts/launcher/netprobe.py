@@ -222,7 +222,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(figures, indent=1) + "\n")
+        # a temp file (never through a link: O_NOFOLLOW | O_EXCL) renamed over the name: old or new, never half
+        tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+        tmp.unlink(missing_ok=True)
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "w") as f:
+            f.write(json.dumps(figures, indent=1) + "\n")
+        tmp.replace(out)
     print(MARK, json.dumps(figures), flush=True)
     return 0
 

@@ -131,3 +131,23 @@ def _port() -> int:
     from support import free_port
 
     return free_port()
+
+
+def test_sbatch_outside_slurm_keeps_the_launchers_exit_code_after_sigterm(tmp_path):
+    """Run by hand (no SLURM_JOB_ID), a SIGTERM stops the launcher, nothing is requeued, and its 75 is the answer."""
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\ntrap 'exit 75' TERM\nwhile :; do sleep 0.05; done\n")
+    fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    p = subprocess.Popen(
+        ["bash", str(SBATCH)],
+        cwd=tmp_path,
+        env={**env, "DAWNBENCH_PYTHON": str(fake)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(1.0)
+    p.send_signal(signal.SIGTERM)
+    out, _ = p.communicate(timeout=30)
+    assert p.returncode == 75, out
+    assert "not inside a SLURM job: nothing to requeue" in out and "launcher exited with 75" in out

@@ -110,10 +110,10 @@ def test_a_finished_run_leaves_the_submission_files(tiny_root, tmp_path, capsys)
     assert e["commitHash"] and e["usedBlacklist"] is False
     assert summary["val_count"] == e["misc"]["val_images_counted"] > 0 and summary["val_excluded"] == 0
     # the same entry and TSV under the entries repository's file name; 20 validation images and a 90% target are
-    # no DAWNBench result, and the name, the top-level field and the printed line say so
+    # no DAWNBench result (nor 4 classes), and the name, the top-level field and the printed line say so
     named = run_dir / f"us_{e['model'].replace('_', '')}_1x1-cpu_pytorch.not-qualifying.json"
     assert json.loads(named.read_text()) == e and named.with_suffix(".tsv").is_file()
-    assert e["qualifies"] is False and len(e["notQualifyingBecause"]) == 2
+    assert e["qualifies"] is False and len(e["notQualifyingBecause"]) == 3  # target, 4 classes, 20 images
     assert "DAWNBench entry: does NOT qualify: its target is not DAWNBench's top-5 >= 93%" in capsys.readouterr().out
     assert e["hardware"].startswith("1 machine(s) x 1 x CPU (")
     import torch
@@ -184,7 +184,7 @@ def test_entries_say_whether_they_qualify():
 
     who = ["dawnbench.author=Us", "dawnbench.author_email=u@x"]
     cfg = load_config(ROOT / "configs" / "dawnbench_158s.yaml", who)
-    full = {**SUMMARY, "val_count": 48238, "val_excluded": 1762}
+    full = {**SUMMARY, "val_count": 48238, "val_excluded": 1762, "num_classes": 1000}
     e = entry(cfg, full, "x")
     assert e["qualifies"] is True and "notQualifyingBecause" not in e
     assert qualification_line(e) == "DAWNBench entry: qualifies (top-5 >= 93% on every validation image)"
@@ -197,6 +197,14 @@ def test_entries_say_whether_they_qualify():
     assert qualification_line(subset) == (
         "DAWNBench entry: does NOT qualify: it evaluated 10,000 validation images, not ImageNet's 50,000"
     )
+    # A 4-class run with a home-made blacklist that makes the count add up is no ImageNet result.
+    fake = entry(cfg, {**full, "num_classes": 4, "val_count": 12, "val_excluded": 49988}, "x")
+    assert fake["notQualifyingBecause"] == [
+        "it classifies 4 classes, not ImageNet's 1,000",
+        "its blacklist left out 49,988 validation images, not the devkit's 1,762",
+    ]
+    no_list = entry(cfg, {**full, "val_count": 50000, "val_excluded": 0}, "x")
+    assert no_list["qualifies"] is True  # every image counted, no blacklist: also a DAWNBench result
     top1 = entry(load_config(ROOT / "configs" / "base.yaml", ["run.target_top1=76"]), full, "x")
     assert top1["notQualifyingBecause"] == ["its target is not DAWNBench's top-5 >= 93% (set run.target_top5=93)"]
 

@@ -341,3 +341,19 @@ def test_a_blacklist_that_is_not_one_is_refused_by_prepare(tmp_path, capsys):
     )
     err = capsys.readouterr().err
     assert "root:x" not in err and "expected one image number" in err
+
+
+@pytest.mark.parametrize("content", ["1\n2\n\u00b3\n", "\u0661\u0662\n", "1234567890123\n"])
+def test_a_blacklist_index_is_ascii_digits(tmp_path, content):
+    """str.isdigit() takes '³' and Arabic-Indic digits, which int() refuses or reads: both are refused in one line."""
+    path = tmp_path / "list.txt"
+    path.write_text(content)
+    with pytest.raises(DataError, match=r"line \d is not an image index"):
+        read_blacklist(path)
+
+
+def test_a_blacklist_that_is_no_regular_file_is_one_line(tmp_path):
+    with pytest.raises(DataError, match="expected a regular file"):
+        read_blacklist("/dev/zero")
+    with pytest.raises(DataError, match="is a directory"):
+        read_blacklist(tmp_path)

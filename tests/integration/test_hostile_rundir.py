@@ -15,7 +15,7 @@ from support import tiny_config
 
 from recipes.errors import DataError, RunDirError
 from recipes.run import checkpoint_files as ckpt
-from recipes.run import files, outputs
+from recipes.run import directory, files, outputs
 from recipes.run.writer import write_atomic, write_json
 from recipes.trainer import train
 
@@ -167,3 +167,41 @@ def test_a_blacklist_that_excludes_every_validation_image_is_refused_before_trai
     with pytest.raises(DataError, match="excludes every one of the 20 images"):
         train(tiny_config(tiny_root, tmp_path, f"data.val_blacklist={blacklist}"))
     assert not (tmp_path / "tiny" / files.SUMMARY).exists() and not list((tmp_path / "tiny").glob("ckpt-*"))
+
+
+# Names a run writes after its run.json: found in a folder without one, they are a user's files, not a run's.
+AFTER_RUN = sorted(files._NAMES - files.BEFORE_RUN - {files.RUN, files.CHECKPOINT})
+
+
+@pytest.mark.parametrize("name", AFTER_RUN)
+def test_run_names_without_run_json_are_a_users_files_and_left_as_they_were(tmp_path, name):
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / name).mkdir() if name in (files.TENSORBOARD,) else (proj / name).write_text("# my own, with comments\n")
+    before = _tree(proj)
+    msg = directory.not_a_run(proj)
+    assert f"holds '{name}' but no run.json: not a run's directory" in msg and "\n" not in msg
+    assert _tree(proj) == before
+
+
+@pytest.mark.parametrize("name", sorted(files.BEFORE_RUN) + ["ckpt-00000004.pt", "checkpoint.pt", ".share-ab12"])
+def test_what_comes_before_run_json_is_still_a_run_directory(tmp_path, name):
+    (tmp_path / name).mkdir() if name in (files.ARCHIVE, files.LAUNCH) else (tmp_path / name).write_text("x")
+    assert directory.not_a_run(tmp_path) is None
+
+
+def test_a_run_of_another_user_is_not_resumed(tmp_path):
+    (tmp_path / "run.json").write_text('{"run_id": "abc"}')
+    os.chown(tmp_path / "run.json", os.geteuid() + 4242, -1)
+    msg = directory.not_a_run(tmp_path)
+    assert f"holds a run of another user (its run.json belongs to uid {os.geteuid() + 4242}" in msg
+
+
+def test_a_link_above_the_run_directory_is_said(tiny_root, tmp_path, capsys):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "runs").symlink_to(tmp_path / "real")
+    cfg = tiny_config(tiny_root, tmp_path / "runs", *DET)
+    train(cfg, stop_after_epochs=1)
+    out = capsys.readouterr().out
+    assert f"is '{tmp_path / 'real' / 'tiny'}' (a symbolic link above it)" in out
+    assert (tmp_path / "real" / "tiny" / "run.json").is_file()

@@ -107,3 +107,15 @@ def test_the_check_allows_measurement_noise_but_not_a_stale_label():
         text, text.replace(line, line.replace(f" {line.split()[4]} ", f" {minutes * 1.5:.0f} "))
     )
     assert not gen_presets.same(text, text.replace("amp: fp16", "amp: bf16"))
+
+
+def test_the_check_names_a_preset_the_generator_does_not_write(tmp_path, monkeypatch, capsys):
+    import shutil
+
+    shutil.copytree(ROOT / "configs", tmp_path / "configs")
+    out = tmp_path / "configs" / "presets"
+    (out / "v100_3x8.yaml").write_text("extends: ../dawnbench_158s.yaml\n")
+    monkeypatch.setattr(gen_presets, "OUT", out)
+    monkeypatch.setattr(gen_presets, "ROOT", tmp_path)
+    assert gen_presets.main(["--check"]) == 1
+    assert "configs/presets/v100_3x8.yaml (not written by this script: remove it)" in capsys.readouterr().err

@@ -134,3 +134,14 @@ def test_exponent_without_a_dot_is_a_number(tmp_path):
     f.write_text("optim:\n  eta: 8e-4\n  trust_clip_min: 1E-5\n")
     cfg = load_config(f, ["optim.final_lr=2e-1"])
     assert (cfg.optim.eta, cfg.optim.trust_clip_min, cfg.optim.final_lr) == (8e-4, 1e-5, 0.2)
+
+
+def test_the_plan_plot_is_never_written_through_a_link(tmp_path, capsys):
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    (tmp_path / "quick_plan.png").symlink_to(victim)
+    args = ["-c", "configs/quickstart.yaml", "--plan", f"run.out_dir={tmp_path}", "run.name=quick"]
+    assert train.main(args) == 2
+    err = capsys.readouterr().err
+    assert "quick_plan.png' is a symbolic link" in err and err.count("\n") == 1
+    assert victim.read_text() == "precious\n"

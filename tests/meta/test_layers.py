@@ -1,8 +1,8 @@
 """Imports run downwards only: every module of the repository sits in one layer of `LAYERS`, and imports (at the top
 of the file or inside a function) only modules of lower layers, or of its own layer and top-level package.
 
-    bottom            recipes.errors, recipes.registry, recipes.run.files, recipes.comm.stats, recipes.environment:
-                      no project imports
+    bottom            recipes.errors, recipes.registry, recipes.run.files, recipes.comm.stats, recipes.environment,
+                      recipes.reader, recipes.argtypes: no project imports
     data and models   data/, models/: take the config as a plain object, never import recipes.config or above
     config            recipes.config: the schema, with the names from recipes.registry
     recipe parts      schedule, optimizers, allreduce backends, the run package (checkpoints, resume, outputs), ...
@@ -24,7 +24,7 @@ import pytest
 from support import ROOT
 
 BOTTOM = ["recipes", "recipes.errors", "recipes.registry", "recipes.run.files", "recipes.comm.stats"]
-BOTTOM += ["recipes.environment"]
+BOTTOM += ["recipes.environment", "recipes.reader", "recipes.argtypes"]
 RECIPE_PARTS = ["recipes.lars", "recipes.optim", "recipes.schedule", "recipes.schedule_report", "recipes.distributed"]
 RECIPE_PARTS += ["recipes.run", "recipes.logger", "recipes.dawnbench", "recipes.comm"]
 RECIPE_PARTS += ["recipes.steps", "recipes.epoch_clock", "recipes.preemption", "recipes.ema"]
@@ -165,6 +165,22 @@ def test_the_cycle_check_finds_a_cycle():
 # there. Everything else in scripts/ is imported as a package or run with `python -m scripts.<package>.<module>`.
 RUN_AS_FILES = {"scripts/launch.py", "scripts/launcher/preflight.py", "scripts/predict.py"}
 RUN_AS_FILES |= {"scripts/compare_runs.py", "scripts/gen_config_reference.py", "scripts/gen_presets.py"}
+RUN_AS_FILES |= {"scripts/netlab.py"}
+
+
+def test_every_script_with_a_main_can_be_run_as_a_file():
+    """A file in scripts/ with a `__main__` block is run as `python scripts/x.py` by someone: if it imports the
+    project it must put the root on the path (`python scripts/netlab.py` once died with ModuleNotFoundError)."""
+    missing = []
+    for path in sorted((ROOT / "scripts").glob("*.py")):
+        text = path.read_text()
+        rel = path.relative_to(ROOT).as_posix()
+        imports_project = any(f"\nfrom {p}" in text or f"\nimport {p}" in text for p in ("scripts", "recipes", "data"))
+        if '__name__ == "__main__"' in text and imports_project and rel not in RUN_AS_FILES:
+            missing.append(rel)
+    assert not missing, f"run as files but never put the repository on sys.path: {missing}"
+    out = subprocess.run([sys.executable, str(ROOT / "scripts/netlab.py"), "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "usage: netlab.py" in out.stdout, out.stderr[-300:]
 
 
 def test_scripts_edit_sys_path_only_where_run_as_files():

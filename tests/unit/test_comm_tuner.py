@@ -208,8 +208,11 @@ def test_the_link_probes_file_replaces_the_config_link(tmp_path, record):
 @pytest.mark.parametrize(
     ("text", "key"),
     [
-        ("{oops", "not JSON"),
-        ("[]", "expected the link probe's JSON object"),
+        ("{oops", "not valid JSON"),
+        ("[]", "expected an object"),
+        ('{"link_gbit": NaN, "flow_gbit": 1, "latency_us": 1}', "NaN is not a JSON number"),
+        (json.dumps({"link_gbit": 1e308, "flow_gbit": 1, "latency_us": 1}), "comm.link_gbit's domain"),
+        (json.dumps({"link_gbit": 3, "flow_gbit": 1, "latency_us": 1e300}), "latency_us"),
         (json.dumps({"hosts": ["a"], "pairs": []}), "no host pair"),
         (json.dumps({"link_gbit": "fast", "flow_gbit": 1, "latency_us": 1}), "link_gbit"),
         (json.dumps({"link_gbit": 3, "flow_gbit": -1, "latency_us": 1}), "flow_gbit"),
@@ -222,8 +225,10 @@ def test_a_bad_probe_file_is_a_one_line_config_error(tmp_path, text, key):
     with pytest.raises(ConfigError) as e:
         tuning.link_figures(load_config(None, [f"comm.network_file={f}"]).comm)
     assert "\n" not in str(e.value) and str(f) in str(e.value) and key in str(e.value)
-    with pytest.raises(ConfigError, match="cannot read"):
+    with pytest.raises(ConfigError, match="does not exist"):
         tuning.link_figures(load_config(None, [f"comm.network_file={tmp_path / 'none.json'}"]).comm)
+    with pytest.raises(ConfigError, match="expected a regular file"):
+        tuning.link_figures(load_config(None, ["comm.network_file=/dev/zero"]).comm)
 
 
 def test_a_measured_gpu_profile_replaces_the_published_rates(tmp_path, record):

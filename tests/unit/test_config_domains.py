@@ -260,5 +260,5 @@ def test_strict_yaml_extends_and_plan_errors(tmp_path):
             timeout=120,
         )
         assert p.returncode == 2 and p.stderr.strip().splitlines() == [
-            f"error: ConfigError: {flags[0]}: expected an integer in [1, {limit}], got {flags[1]}"
+            f"error: argument {flags[0]}: expected an integer in [1, {limit}], got '{flags[1]}' (see train.py --help)"
         ]

@@ -118,3 +118,43 @@ def test_torchruns_traceback_after_a_clean_stop_stays_in_the_log_file_only(tmp_p
     out = io.StringIO()
     assert run(_job(f"cat '{report}'; exit 1"), tmp_path / "again", out) == 1
     assert "Traceback (most recent call last)" in out.getvalue()
+
+
+def test_a_planted_log_link_is_refused_and_its_target_left_alone(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    (tmp_path / "launch").mkdir()
+    (tmp_path / "launch" / "000-node01.log").symlink_to(victim)
+    out = io.StringIO()
+    assert run(_job("echo training"), tmp_path / "launch", out) == 2
+    assert "000-node01.log' is a symbolic link" in out.getvalue() and victim.read_text() == "precious\n"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "launch").symlink_to(elsewhere)
+    assert run(_job("echo training"), tmp_path / "run" / "launch", out) == 2
+    assert list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", ["foreign", "link"])
+def test_the_launcher_checks_the_run_directory_before_it_writes_anything(tmp_path, kind):
+    run_dir = tmp_path / "proj"
+    run_dir.mkdir()
+    if kind == "foreign":
+        (run_dir / "config.yaml").write_text("# mine\n")
+    else:
+        (tmp_path / "victim").write_text("x")
+        (run_dir / "network.json").symlink_to(tmp_path / "victim")
+    before = sorted(p.name for p in run_dir.iterdir())
+    p = subprocess.run(
+        [sys.executable, "scripts/launch.py", "--hosts", "localhost", "--no-check", "--run-dir", str(run_dir)]
+        + ["-c", "tests/tiny.yaml", "--probe-network"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 2, p.stderr
+    words = "holds 'config.yaml' but no run.json" if kind == "foreign" else "network.json' is a symbolic link"
+    assert p.stderr.startswith("launch: error: ") and words in p.stderr
+    assert sorted(q.name for q in run_dir.iterdir()) == before  # no launch/ folder, no probe, no token

@@ -13,8 +13,10 @@ from scripts.bench import bench_allreduce
 
 
 def test_bad_input_exits_2(capsys, tmp_path):
-    assert predict.main(["--link-gbit", "-1"]) == 2
-    assert "error: --link-gbit" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # refused at the argument, one line
+        predict.main(["--link-gbit", "-1"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("error: argument --link-gbit: ") and err.count("\n") == 1
     bad = tmp_path / "gpu.json"
     bad.write_text('{"gpu": "x"}')
     assert predict.main(["--gpu-profile", str(bad)]) == 2
@@ -121,7 +123,8 @@ def test_network_file_gives_the_link_figures(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("text", "extra", "key"),
     [
-        ("{nope", [], "not JSON"),
+        ("{nope", [], "not valid JSON"),
+        (json.dumps({"link_gbit": 1e308, "flow_gbit": None, "latency_us": 5}), [], "link_gbit"),
         (json.dumps({"hosts": ["h0"], "pairs": []}), [], "no host pair"),
         (json.dumps({"link_gbit": 0, "flow_gbit": None, "latency_us": 5}), [], "link_gbit"),
         (json.dumps({"link_gbit": 3, "flow_gbit": None, "latency_us": 5}), ["--link-gbit", "3"], "drop --link-gbit"),

@@ -8,11 +8,18 @@ from recipes.report import summarize, summary_table
 from recipes.run.payload import State
 
 
-def _summary(*overrides, history=None, excluded=0):
+def _summary(*overrides, history=None, excluded=0, classes=1000):
     cfg = load_config(None, list(overrides))
     st = State(epoch=2, step=40, train_seconds=3725.0, wall_seconds=3800.0, images=7450, history=history or [])
     return summarize(
-        cfg, st, world_size=2, run_id="abc", run_dir="runs/x", val_excluded=excluded, comm_stats=CommStats("ddp")
+        cfg,
+        st,
+        world_size=2,
+        run_id="abc",
+        run_dir="runs/x",
+        val_excluded=excluded,
+        comm_stats=CommStats("ddp"),
+        num_classes=classes,
     )
 
 

@@ -119,3 +119,14 @@ def test_batch_not_divisible_by_world_is_a_config_error():
             None, ["phases=[{epochs: 1, image_size: 32, batch_size: 6}, {epochs: 1, image_size: 32, batch_size: 4}]"]
         )
         Schedule(cfg.phases, cfg.optim, num_images=40, world_size=3)
+
+
+@pytest.mark.parametrize("world, size, ok", [(4, 32, False), (4, 64, True), (2, 32, True)])
+def test_one_image_per_process_at_32_px_is_refused_before_batchnorm_meets_it(world, size, ok):
+    cfg = load_config(None, [f"phases=[{{epochs: 1, image_size: {size}, batch_size: 4}}]"])
+    make = lambda: Schedule(cfg.phases, cfg.optim, num_images=64, world_size=world)  # noqa: E731
+    if ok:
+        make()
+        return
+    with pytest.raises(ConfigError, match=r"^phases.0: a micro-batch of 1 image per process at 32 px .* at least 8"):
+        make()

@@ -116,8 +116,13 @@ def test_profile_file_replaces_published_rates(tmp_path, prof):
 @pytest.mark.parametrize(
     ("text", "key"),
     [
-        ("{not json", "not JSON"),
-        ("[1, 2]", "(top level)"),
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "expected an object"),
+        (json.dumps(profile_doc()).replace("]", ', {"image_size": 96, "batch_size": 8, "images_per_s": NaN}]'), "NaN"),
+        (
+            json.dumps(profile_doc()).replace("]", ', {"image_size": 96, "batch_size": 8, "images_per_s": 1e999}]'),
+            "1e999",
+        ),
         (json.dumps(profile_doc(dtype="fp8")), "dtype"),
         (json.dumps(profile_doc(gpu="")), "gpu"),
         (json.dumps(profile_doc(channels_last="yes")), "channels_last"),
@@ -136,8 +141,10 @@ def test_bad_profile_file_is_a_one_line_error(tmp_path, text, key):
 
 
 def test_missing_profile_and_unknown_gpu_are_errors(tmp_path):
-    with pytest.raises(tm.ProfileError, match="cannot read"):
+    with pytest.raises(tm.ProfileError, match="does not exist"):
         tm.load_gpu_profile(tmp_path / "nope.json")
+    with pytest.raises(tm.ProfileError, match="expected a regular file"):
+        tm.load_gpu_profile("/dev/zero")
     with pytest.raises(ValueError, match="--dtype"):
         tm.published("v100", "bf16")
     with pytest.raises(ValueError, match="--gpu: expected"):

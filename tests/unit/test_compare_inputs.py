@@ -1,0 +1,60 @@
+"""compare_runs.py against run directories whose files are not what train.py writes: one `compare_runs: error:` line
+naming the file, exit 2, nothing written; and its plot lands beside the runs, never in the current directory."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from test_compare_recipes import _run
+
+from scripts import compare_runs
+
+BAD_SUMMARY = [
+    ("summary.json", "{oops", "not valid JSON"),
+    ("summary.json", '{"epochs": NaN}', "NaN"),
+    ("summary.json", "[1, 2]", "expected an object"),
+    ("summary.json", json.dumps({"world_size": "two"}), "'world_size'"),
+    ("summary.json", json.dumps({"world_size": 0}), "'world_size': expected an integer >= 1"),
+    ("summary.json", json.dumps({"world_size": 1, "train_seconds": -5}), "'train_seconds'"),
+    ("summary.json", json.dumps({"world_size": 1, "history": "x"}), "'history' must be a list"),
+    ("summary.json", json.dumps({"world_size": 1, "history": [{"epoch": "1"}]}), "history[0].epoch"),
+    ("summary.json", json.dumps({"world_size": 1, "comm": {"steps": "many"}}), "'comm'"),
+    ("config.yaml", "a: [1\n", "not valid YAML"),
+    ("config.yaml", "- 1\n", "expected a mapping"),
+]
+
+
+@pytest.mark.parametrize("name, text, words", BAD_SUMMARY, ids=[w for *_, w in BAD_SUMMARY])
+def test_a_malformed_run_file_is_one_line(tmp_path, capsys, name, text, words, monkeypatch):
+    run = _run(tmp_path / "a", "ddp")
+    (run / name).write_text(text)
+    monkeypatch.chdir(tmp_path)
+    assert compare_runs.main([str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("compare_runs: error: ") and str(run / name) in err, err
+    assert words in err, err
+    assert sorted(os.listdir(tmp_path)) == ["a"]  # no compare.png written anywhere
+
+
+def test_an_interrupted_runs_table_with_a_bad_line_is_one_line(tmp_path, capsys):
+    run = _run(tmp_path / "a", "ddp", finished=False)
+    (run / "dawnbench.tsv").write_text("epoch\thours\ttop1\ttop5\n1\tsoon\t1\t2\n")
+    assert compare_runs.main([str(run)]) == 2
+    assert "dawnbench.tsv: line 2 is not 'epoch hours top1 top5'" in capsys.readouterr().err
+
+
+def test_the_plot_goes_beside_the_runs_and_never_through_a_link(tmp_path, capsys, monkeypatch):
+    a, b = _run(tmp_path / "runs" / "a", "ddp"), _run(tmp_path / "runs" / "b", "multistream")
+    monkeypatch.chdir(tmp_path)
+    assert compare_runs.main([str(a), str(b)]) == 0
+    assert (tmp_path / "runs" / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (tmp_path / "compare.png").exists()
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    (tmp_path / "runs" / "compare.png").unlink()
+    (tmp_path / "runs" / "compare.png").symlink_to(victim)
+    capsys.readouterr()
+    assert compare_runs.main([str(a), str(b)]) == 2
+    assert "--plot: " in capsys.readouterr().err and victim.read_text() == "precious"

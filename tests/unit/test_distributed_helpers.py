@@ -1,0 +1,42 @@
+"""recipes/distributed.py's helpers: a peer that dies or hangs during any of them is one TrainingError naming the
+collective, never torch's raw timeout traceback (the run-directory and resume set-up run outside the step's guard)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as td
+
+from recipes import distributed
+from recipes.errors import TrainingError
+
+TWO = distributed.DistInfo(rank=1, world_size=2, local_rank=1, local_world_size=2, device=torch.device("cpu"))
+HUNG = "[../gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 1800000ms for recv operation to complete"
+
+
+def _hang(*args, **kwargs):
+    raise RuntimeError(HUNG + "\nmore lines from torch")
+
+
+@pytest.mark.parametrize(
+    "call, torch_fn, words",
+    [
+        (lambda: distributed.all_gather_object({"a": 1}, TWO), "all_gather_object", "all-gather between ranks"),
+        (lambda: distributed.broadcast_object("x", TWO), "broadcast_object_list", "broadcast from rank 0"),
+        (lambda: distributed.all_reduce_sum([1.0], TWO), "all_reduce", "all-reduce of run figures"),
+        (lambda: distributed.broadcast_bytes(None, 0, TWO), "broadcast", "broadcast of a file from rank 0"),
+    ],
+)
+def test_a_dead_peer_in_a_helper_is_one_line_naming_it(monkeypatch, call, torch_fn, words):
+    monkeypatch.setattr(td, torch_fn, _hang)
+    monkeypatch.setattr(td, "get_backend", lambda *a: "gloo")
+    with pytest.raises(TrainingError) as e:
+        call()
+    msg = str(e.value)
+    assert msg.startswith(f"{words} failed: a peer is dead or hung; underlying error: [../gloo") and "\n" not in msg
+
+
+def test_other_errors_pass_through(monkeypatch):
+    monkeypatch.setattr(td, "all_gather_object", lambda *a: (_ for _ in ()).throw(RuntimeError("bad pickle")))
+    with pytest.raises(RuntimeError, match="bad pickle"):
+        distributed.all_gather_object(1, TWO)
