@@ -140,6 +140,15 @@ class RunConfig:
         "image and batch size); none = eager. Validation and checkpoints use the eager module",
         trains=False,
     )
+    compile_cache: str = _f(
+        "auto",
+        help="run.compile's persistent cache folder (inductor's FX-graph and AOTAutograd caches, Triton kernels): a "
+        "second run on the same machine loads the compiled step instead of compiling it inside the clock; "
+        "auto = ~/.cache/dawnbench/compile (under $XDG_CACHE_HOME if set), off = no graph cache (every compile "
+        "cold). The summary's `compile` entry has each input shape's compile seconds and cold/warm",
+        domain="nonempty",
+        trains=False,
+    )
     ema: bool = _f(
         False,
         help="keep an exponential moving average of the weights and BN statistics (timm's ModelEmaV3), "
