@@ -52,7 +52,9 @@ def write_profile(path: Path, rates: list[dict], dtype: str) -> dict:
 
 # The check's parts in the order they run, each with the parts it needs: the DALI rows are held to the step rates,
 # evaluation reads the ddp run's checkpoint.
-PARTS = {"steps": (), "dali": ("steps",), "allreduce": (), "e2e": (), "eval": ("e2e",)}
+# perf (only when named: about 6 min on one H200): scripts/gpu_check/gpu_check_perf.py, kernel classes, bf16,
+# compile, DALI in the training loop; its raw numbers in gpu_check_perf.json in the work folder after every part.
+PARTS = {"steps": (), "dali": ("steps",), "allreduce": (), "e2e": (), "eval": ("e2e",), "perf": ()}
 
 
 def with_needs(parts: list[str]) -> list[str]:
@@ -86,6 +88,13 @@ def run_checks(rows: list[dict], work: Path, steps: int, gpus: int, profile: dic
             ckpt = check_e2e(rows, sample, work, gpus)
         if "eval" in parts:
             check_eval(rows, ckpt, sample, work, native_bf16(torch.cuda.get_device_capability(0)))
+        if "perf" in parts:
+            from scripts.gpu_check.gpu_check_perf import PARTS as PERF
+            from scripts.gpu_check.gpu_check_perf import run_parts
+
+            run_parts(
+                rows, PERF, smoke=False, work=work, out=work / "gpu_check_perf.json", gpu=torch.cuda.get_device_name(0)
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,8 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         "--parts",
         nargs="+",
         choices=list(PARTS),
-        default=list(PARTS),
-        help="run only these parts (and the parts they need: dali needs steps, eval needs e2e); default: all",
+        default=[p for p in PARTS if p != "perf"],
+        help="run only these parts (and the parts they need: dali needs steps, eval needs e2e); default: all but perf",
     )
     ap.add_argument(
         "--work", help="keep the sample data, runs and logs in a new folder inside this one (default: temporary)"
