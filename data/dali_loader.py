@@ -133,7 +133,7 @@ class _Cycle:
         return list(batch)
 
 
-def _rect_val_graph(files, labels, shapes, gpu, dtype, nhwc, hw_load):
+def _rect_val_graph(files, labels, shapes, *, gpu, dtype, nhwc, hw_load):
     jpegs, labels = fn.readers.file(files=files, labels=labels, pad_last_batch=True, name=READER)
     hw = fn.external_source(source=_Cycle(shapes), batch=True, dtype=types.FLOAT)
     images = fn.decoders.image(jpegs, **_decoder_args(gpu, hw_load), output_type=types.RGB, adjust_orientation=False)

@@ -55,6 +55,7 @@ def write_profile(path: Path, rates: list[dict], dtype: str) -> dict:
 # perf (only when named: about 6 min on one H200): scripts/gpu_check/gpu_check_perf.py, kernel classes, bf16,
 # compile, DALI in the training loop; its raw numbers in gpu_check_perf.json in the work folder after every part.
 PARTS = {"steps": (), "dali": ("steps",), "allreduce": (), "e2e": (), "eval": ("e2e",), "perf": ()}
+DEFAULT_PARTS = [p for p in PARTS if p != "perf"]
 
 
 def with_needs(parts: list[str]) -> list[str]:
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         "--parts",
         nargs="+",
         choices=list(PARTS),
-        default=[p for p in PARTS if p != "perf"],
+        default=DEFAULT_PARTS,
         help="run only these parts (and the parts they need: dali needs steps, eval needs e2e); default: all but perf",
     )
     ap.add_argument(
@@ -143,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         ref = f"{gpus} GPU(s); per-row seconds in the last column"
         if setup:
             ref += "; not counted: " + ", ".join(f"{k} {v:.0f} s" for k, v in SETUP_SECONDS.items())
-        name = "the whole check" if parts == list(PARTS) else f"the check's parts: {' '.join(parts)}"
+        name = "the whole check" if parts == DEFAULT_PARTS else f"the check's parts: {' '.join(parts)}"
         rows.append(judged(name, seconds - setup, "s", at_most=BUDGET_S, reference=ref))
         if profile["rates"]:
             write_profile(out.with_name("gpu_profile.json"), profile["rates"], dtype)
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"### GPU check: {report['gpu']} x{gpus}, torch {torch.__version__} (CUDA {torch.version.cuda}), "
             f"{report['date']}, {seconds:.0f} s"
-            + ("" if parts == list(PARTS) else f"; parts: {' '.join(parts)}")
+            + ("" if parts == DEFAULT_PARTS else f"; parts: {' '.join(parts)}")
             + "\n"
         )
         print(markdown_table(rows))
