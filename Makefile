@@ -29,7 +29,7 @@ q = '$(subst ','\'',$(1))'
 # $(call qw,WORDS): each whitespace-separated word quoted on its own (a list of paths such as RUNS).
 qw = $(foreach w,$(1),$(call q,$(w)))
 
-.PHONY: install horovod sample quickstart test test-fast bench lint format clean
+.PHONY: install horovod wheelhouse sample quickstart test test-fast bench lint format clean
 
 # CUDA=cu130 (default): torch's CUDA 13 builds from the package index, for Turing (T4) and newer GPUs with a CUDA 13
 # driver; on a machine without a GPU they run on the CPU. CUDA=cu126: the CUDA 12.6 builds of the same versions
@@ -38,7 +38,11 @@ CUDA = $(or $(value DAWNBENCH_CUDA),cu130)
 ifeq ($(filter $(CUDA),cu130 cu126),)
 $(error CUDA=$(CUDA): expected cu130 (the default: CUDA 13, Turing and newer) or cu126 (CUDA 12.6: Volta/V100 and older drivers))
 endif
-PIP_INSTALL = $(PY) -m pip install -q --disable-pip-version-check
+# WHEELHOUSE=folder (or DAWNBENCH_WHEELHOUSE): install from a folder that `make wheelhouse` filled, with no package
+# index at all (HPC nodes, GPU machines lent for checks). The folder is made for one CUDA variant (its cuda-variant.txt).
+WHEELHOUSE = $(value DAWNBENCH_WHEELHOUSE)
+PIP_OFFLINE = $(if $(WHEELHOUSE),--no-index --find-links $(call q,$(WHEELHOUSE)))
+PIP_INSTALL = $(PY) -m pip install -q --disable-pip-version-check $(PIP_OFFLINE)
 REQS_cu130 = -r requirements.txt
 REQS_cu126 = -r requirements-cu126.txt -r $(VENV)/requirements-common.txt
 # The installed variant is written in the stamp: asking for the other one makes a new venv from nothing (pip
@@ -48,6 +52,9 @@ SWITCHING := $(filter-out $(CUDA),$(or $(INSTALLED_CUDA),$(CUDA)))
 .PHONY: FORCE
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt requirements-cu126.txt $(if $(SWITCHING),FORCE)
+	$(if $(PIP_OFFLINE),@grep -qx $(CUDA) $(call q,$(WHEELHOUSE)/cuda-variant.txt) || { echo WHEELHOUSE=$(call q,$(WHEELHOUSE))": \
+		no wheels for CUDA=$(CUDA) there (its cuda-variant.txt: $$(cat $(call q,$(WHEELHOUSE)/cuda-variant.txt) 2>&1)); \
+		fill it with make wheelhouse CUDA=$(CUDA)" >&2; exit 2; })
 	$(if $(SWITCHING),rm -rf $(call q,$(VENV)))
 	test -x $(PY) || $(PYTHON_SYS) -m venv $(VENV)
 	grep -v -E '^(torch|torchvision|nvidia-dali-cuda130)==' requirements.txt > $(VENV)/requirements-common.txt
@@ -59,11 +66,26 @@ install: $(VENV)/.installed
 
 # Horovod 0.28.1 (the baseline allreduce backend), built once per venv with the C++20 patch; exit code 3 from the
 # script means the machine cannot build it at all (no cmake/compiler): the horovod tests then skip, saying why.
+# With WHEELHOUSE, the wheel `make wheelhouse` built is installed instead (no compiler needed).
 $(VENV)/.horovod: scripts/install_horovod.sh $(VENV)/.installed
-	PY=$(PY) bash scripts/install_horovod.sh || [ $$? -eq 3 ]
+	PY=$(PY) $(if $(PIP_OFFLINE),WHEELHOUSE=$(call q,$(WHEELHOUSE))) bash scripts/install_horovod.sh || [ $$? -eq 3 ]
 	touch $@
 
 horovod: $(VENV)/.horovod
+
+# Every wheel `make install` and `make horovod` install, for CUDA=$(CUDA) and this machine's Python, into
+# WHEELHOUSE=folder: torch, torchvision, DALI and the rest as pip resolves them (sdists built into wheels), the test
+# tools, and Horovod built once with NCCL operations (HOROVOD_NCCL=0: Gloo only), from pip's CUDA wheels where no
+# toolkit is installed. Copy the folder to the nodes, then `make install horovod WHEELHOUSE=folder` there.
+HOROVOD_NCCL ?= 1
+wheelhouse: PIP_OFFLINE =
+wheelhouse: install
+	@test -n $(call q,$(WHEELHOUSE)) || { echo "make wheelhouse: give WHEELHOUSE=folder (where the wheels go)" >&2; exit 2; }
+	mkdir -p $(call q,$(WHEELHOUSE))
+	$(PY) -m pip wheel -q --disable-pip-version-check -w $(call q,$(WHEELHOUSE)) $(REQS_$(CUDA)) -r requirements-dev.txt
+	PY=$(PY) bash scripts/install_horovod.sh --wheel-dir $(call q,$(WHEELHOUSE)) $(if $(filter 0,$(HOROVOD_NCCL)),--cpu,--nccl)
+	echo $(CUDA) > $(call q,$(WHEELHOUSE)/cuda-variant.txt)
+	@echo "make wheelhouse: $$(ls $(call q,$(WHEELHOUSE)) | grep -c '\.whl$$') wheels for CUDA=$(CUDA) in "$(call q,$(WHEELHOUSE))
 
 # (Not a file target: a make target cannot hold a path with spaces.)
 sample: install

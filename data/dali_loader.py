@@ -51,8 +51,9 @@ def _seed(*parts: int) -> int:
     return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0] & 0x7FFFFFFF)
 
 
-def _decoder_device(gpu: bool) -> str:
-    return "mixed" if gpu else "cpu"
+def _decoder_args(gpu: bool, hw_load: float) -> dict:
+    """The decoder's device and, on a GPU, the share of JPEG data for the hardware decoder (a mixed-only argument)."""
+    return {"device": "mixed", "hw_decoder_load": hw_load} if gpu else {"device": "cpu"}
 
 
 def _normalize(images, dtype, nhwc: bool, **crop):
@@ -66,13 +67,13 @@ def _normalize(images, dtype, nhwc: bool, **crop):
     )
 
 
-def _train_graph(*, files, labels, size, min_scale, gpu, dtype, nhwc):
+def _train_graph(*, files, labels, size, min_scale, gpu, dtype, nhwc, hw_load):
     # The order is decided in Python (data/sharding.py), so the reader only reads it as given.
     jpegs, labels = fn.readers.file(files=files, labels=labels, random_shuffle=False, name=READER)
     # RandomResizedCrop fused into the decode: only the crop window is decoded (ROI decoding).
     images = fn.decoders.image_random_crop(
         jpegs,
-        device=_decoder_device(gpu),
+        **_decoder_args(gpu, hw_load),
         output_type=types.RGB,
         random_area=[min_scale, 1.0],
         random_aspect_ratio=[3 / 4, 4 / 3],
@@ -97,7 +98,7 @@ def _center(length, size: int):
     return _float(offset) / _float(math_max(d, 1))
 
 
-def _val_graph(*, files, labels, shard_id, num_shards, size, resize_to, gpu, dtype, nhwc):
+def _val_graph(*, files, labels, shard_id, num_shards, size, resize_to, gpu, dtype, nhwc, hw_load):
     jpegs, labels = fn.readers.file(
         files=files,
         labels=labels,
@@ -113,7 +114,7 @@ def _val_graph(*, files, labels, shard_id, num_shards, size, resize_to, gpu, dty
     h, w = shape[0], shape[1]
     short = math_min(h, w)
     h, w = (h * resize_to) // short, (w * resize_to) // short
-    images = fn.decoders.image(jpegs, device=_decoder_device(gpu), output_type=types.RGB, adjust_orientation=False)
+    images = fn.decoders.image(jpegs, **_decoder_args(gpu, hw_load), output_type=types.RGB, adjust_orientation=False)
     images = fn.resize(images, resize_y=_float(h), resize_x=_float(w), antialias=True)
     window = {"crop": (size, size), "crop_pos_y": _center(h, size), "crop_pos_x": _center(w, size)}
     images = _normalize(images, dtype, nhwc, **window)
@@ -132,10 +133,10 @@ class _Cycle:
         return list(batch)
 
 
-def _rect_val_graph(files, labels, shapes, gpu, dtype, nhwc):
+def _rect_val_graph(files, labels, shapes, *, gpu, dtype, nhwc, hw_load):
     jpegs, labels = fn.readers.file(files=files, labels=labels, pad_last_batch=True, name=READER)
     hw = fn.external_source(source=_Cycle(shapes), batch=True, dtype=types.FLOAT)
-    images = fn.decoders.image(jpegs, device=_decoder_device(gpu), output_type=types.RGB, adjust_orientation=False)
+    images = fn.decoders.image(jpegs, **_decoder_args(gpu, hw_load), output_type=types.RGB, adjust_orientation=False)
     images = fn.resize(images, size=hw, antialias=True)  # the whole image to the batch's (h, w): no crop
     images = _normalize(images, dtype, nhwc)
     return images, labels.gpu() if gpu else labels
@@ -176,6 +177,12 @@ class DaliPipeline(BasePipeline):
         self.dtype = output_dtype(data.dali_dtype, dist.device, amp=run.amp)
         self.nhwc = run.channels_last
         self.threads = max(1, data.workers)
+        if not self.gpu and data.dali_hw_decoder_load != 0.99:
+            print(
+                f"note: data.dali_hw_decoder_load={data.dali_hw_decoder_load} is ignored: DALI decodes on the CPU "
+                "here, and only its GPU (mixed) decoder has a hardware decoder to share the work with",
+                file=sys.stderr,
+            )
         self.skipped: list[tuple[str, str]] = []  # (file, why): undecodable training files skipped
         self._excluded: set[str] = set()
         self._checked: set[str] = set()  # split roots whose headers were checked
@@ -216,6 +223,9 @@ class DaliPipeline(BasePipeline):
 
     # -- pipelines --------------------------------------------------------------------------------------
     def _pipeline(self, graph, batch_size: int, seed: int, **graph_args):
+        # Off the training thread: with the pipelined, asynchronous executor DALI reads, decodes and augments on its
+        # own threads (and CUDA stream), keeping `dali_prefetch` batches in flight; `pipe.run()` on the training
+        # thread only takes a finished batch and schedules the next. Stated here, not left to DALI's defaults.
         pipe = pipeline_def(
             graph,
             batch_size=batch_size,
@@ -223,7 +233,9 @@ class DaliPipeline(BasePipeline):
             device_id=self.dist.device.index if self.gpu else None,
             seed=seed,
             prefetch_queue_depth=self.data_cfg.dali_prefetch,
-        )(gpu=self.gpu, dtype=self.dtype, nhwc=self.nhwc, **graph_args)
+            exec_pipelined=True,
+            exec_async=True,
+        )(gpu=self.gpu, dtype=self.dtype, nhwc=self.nhwc, hw_load=self.data_cfg.dali_hw_decoder_load, **graph_args)
         pipe.build()
         return pipe
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import timm
 import torch
 from torch import nn
 
-from recipes.errors import CheckpointError
+from recipes.errors import CheckpointError, ConfigError
 from recipes.registry import MODELS, check_name
 
 
@@ -68,7 +69,93 @@ def compile_unavailable(device: torch.device) -> str | None:
     return "inductor on CPU needs a C++ compiler (none of g++, c++, clang++ or $CXX is on PATH)"
 
 
-def compile_for_training(module: nn.Module, mode: str, *, shapes: int = 1) -> nn.Module:
+# Compile seconds as dynamo and inductor count them: the forward's compile (dynamo tracing, AOTAutograd, inductor)
+# and the backward's, which AOTAutograd compiles lazily at the first backward.
+_COMPILE_METRICS = ("_compile.compile_inner", "compile_fx.<locals>.bw_compiler")
+_CACHE_COUNTERS = (("inductor", "fxgraph_cache_hit"), ("inductor", "fxgraph_cache_miss"))
+_CACHE_COUNTERS += (("aot_autograd", "autograd_cache_hit"), ("aot_autograd", "autograd_cache_miss"))
+
+
+def compile_cache_dir(setting: str) -> Path | None:
+    """The folder `run.compile_cache` names ('auto': ~/.cache/dawnbench/compile, or under XDG_CACHE_HOME), None for
+    'off'."""
+    if setting == "off":
+        return None
+    if setting == "auto":
+        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dawnbench" / "compile"
+    return Path(setting).expanduser()
+
+
+def use_compile_cache(setting: str) -> Path | None:
+    """Point inductor's persistent caches (FX graphs, AOTAutograd, Triton kernels: all under
+    TORCHINDUCTOR_CACHE_DIR) at `run.compile_cache`, so that a second run on this machine loads its compiled step
+    instead of compiling it; 'off' turns both graph caches off (every compile cold)."""
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config as inductor_config
+
+    folder = compile_cache_dir(setting)
+    inductor_config.fx_graph_cache = folder is not None
+    functorch_config.enable_autograd_cache = folder is not None
+    if folder is not None:
+        if any(c.isspace() for c in str(folder)):
+            # Inductor passes the folder to g++ unquoted (torch 2.14): a space splits it and the CPU build fails.
+            raise ConfigError(f"run.compile_cache={setting}: a folder without spaces is needed (inductor's C++ build)")
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"run.compile_cache={setting}: cannot create '{folder}': {e.strerror}") from None
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
+    return folder
+
+
+class CompileClock:
+    """Compile seconds and cache hits per input shape of a compiled module, read from dynamo's and inductor's own
+    counters. Called before every forward (a forward pre-hook): a shape's first call opens its entry, the next call
+    closes it, so that the lazily compiled backward of that first step is counted too."""
+
+    def __init__(self):
+        self.shapes: dict[str, dict] = {}
+        self._open: tuple[str, float, dict] | None = None
+
+    @staticmethod
+    def _now() -> tuple[float, dict]:
+        from torch._dynamo.utils import compilation_time_metrics, counters
+
+        seconds = sum(sum(compilation_time_metrics.get(k, [])) for k in _COMPILE_METRICS)
+        return seconds, {f"{a}.{b}": counters[a][b] for a, b in _CACHE_COUNTERS}
+
+    def _close(self) -> None:
+        if self._open is None:
+            return
+        key, s0, c0 = self._open
+        s1, c1 = self._now()
+        d = {k: c1[k] - c0[k] for k in c1}
+        hits = d["inductor.fxgraph_cache_hit"] + d["aot_autograd.autograd_cache_hit"]
+        misses = d["inductor.fxgraph_cache_miss"] + d["aot_autograd.autograd_cache_miss"]
+        cache = "warm" if hits and not misses else ("cold" if not hits else "partial")
+        self.shapes[key] = {"compile_s": round(s1 - s0, 3), "cache": cache, "cache_hits": hits, "cache_misses": misses}
+        self._open = None
+
+    def __call__(self, module, args) -> None:
+        self._close()
+        x = args[0] if args else None
+        key = "x".join(str(n) for n in x.shape) if isinstance(x, torch.Tensor) else "?"
+        if key not in self.shapes:
+            self._open = (key, *self._now())
+
+    def report(self) -> dict:
+        """{input shape 'NxCxHxW': {compile_s, cache: cold|warm|partial, cache_hits, cache_misses}}."""
+        self._close()
+        return dict(self.shapes)
+
+
+def compile_report(module: nn.Module) -> dict:
+    """The summary's `compile` entry for a module from `compile_for_training` ({} when it was not compiled)."""
+    clock = getattr(module, "_compile_clock", None)
+    return {"compile": clock.report()} if clock is not None else {}
+
+
+def compile_for_training(module: nn.Module, mode: str, *, shapes: int = 1, cache: str = "auto") -> nn.Module:
     """`module` under torch.compile (inductor) in `mode`, or `module` itself when `mode` is 'none'.
 
     Shapes are static (`dynamic=False`): each phase's image and batch size is compiled once, with kernels
@@ -87,4 +174,9 @@ def compile_for_training(module: nn.Module, mode: str, *, shapes: int = 1) -> nn
             break
         except AttributeError:
             continue
-    return torch.compile(module, mode=mode, dynamic=False)
+    use_compile_cache(cache)
+    compiled = torch.compile(module, mode=mode, dynamic=False)
+    # The hook runs outside the compiled frame (on the OptimizedModule, before dynamo sees the call).
+    compiled._compile_clock = CompileClock()
+    compiled.register_forward_pre_hook(compiled._compile_clock)
+    return compiled

@@ -21,7 +21,7 @@ import torch
 
 from data import create_input
 from models import create_model
-from models.factory import compile_for_training, compile_unavailable
+from models.factory import compile_for_training, compile_report, compile_unavailable
 from recipes.comm import create_allreduce
 from recipes.config import Config
 from recipes.dawnbench import check_required
@@ -113,7 +113,9 @@ class Trainer:
         # Compiled around the backend's wrapper (torch.compile(DDP(model)), as torch's DDP notes advise: dynamo splits
         # the graph at DDP's buckets so that their allreduce still overlaps the backward).
         shapes = len({(e.phase.image_size, e.phase.batch_size) for e in self.plan.epochs})
-        self.train_model = compile_for_training(self.train_model, cfg.run.compile, shapes=shapes)
+        self.train_model = compile_for_training(
+            self.train_model, cfg.run.compile, shapes=shapes, cache=cfg.run.compile_cache
+        )
         capture, why = graph_decision(
             cfg.run,
             backend=cfg.comm.backend,
@@ -261,7 +263,7 @@ class Trainer:
 
     def summary(self) -> dict:
         excluded = getattr(self.data, "val_excluded", 0)
-        return summarize(
+        summary = summarize(
             self.cfg,
             self.state,
             world_size=self.dist.world_size,
@@ -271,6 +273,7 @@ class Trainer:
             comm_stats=self.comm.stats(),
             num_classes=self.data.num_classes,
         )
+        return {**summary, **compile_report(self.train_model)}  # per input shape: compile seconds, cold or warm
 
     def close(self) -> None:
         if getattr(self, "data", None) is not None:

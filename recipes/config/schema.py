@@ -112,6 +112,15 @@ class RunConfig:
         "the host (lamb), or while the multistream tuner measures (docs/recipe.md)",
         trains=False,
     )
+    compile_cache: str = _f(
+        "auto",
+        help="run.compile's persistent cache folder (inductor's FX-graph and AOTAutograd caches, Triton kernels): a "
+        "second run on the same machine loads the compiled step instead of compiling it inside the clock; "
+        "auto = ~/.cache/dawnbench/compile (under $XDG_CACHE_HOME if set), off = no graph cache (every compile "
+        "cold). The summary's `compile` entry has each input shape's compile seconds and cold/warm",
+        domain="nonempty",
+        trains=False,
+    )
     ema: bool = _f(
         False,
         help="keep an exponential moving average of the weights and BN statistics (timm's ModelEmaV3), "
@@ -156,10 +165,22 @@ class DataConfig:
         help="refuse an image with more pixels (a decompression bomb) in every backend; default: PIL's limit",
         domain=">0 <=2147483647",
     )
+    # DALI's GPU settings as NVIDIA's MLPerf Training ResNet-50 on DGX H100 sets them (DALI_PREFETCH_QUEUE=5,
+    # DALI_HW_DECODER_LOAD=0.99 in mlcommons/training_results_v3.1, NVIDIA/benchmarks/resnet/implementations/mxnet/
+    # config_DGXH100.sh); DALI's own defaults are 2 and 0.65.
     dali_prefetch: int = _f(
-        2,
-        help="dali: batches prepared ahead of the training loop (prefetch_queue_depth)",
+        5,
+        help="dali: batches prepared ahead of the training loop on DALI's own threads (prefetch_queue_depth); 5 as "
+        "NVIDIA's MLPerf ResNet-50 config for DGX H100",
         domain=">0 <=64",
+        trains=False,
+    )
+    dali_hw_decoder_load: float = _f(
+        0.99,
+        help="dali on a GPU: share of the JPEG data given to the GPU's hardware JPEG decoder (A100, H100, H200), the "
+        "rest to nvJPEG's CUDA decoder; 0.99 as NVIDIA's MLPerf ResNet-50 config for DGX H100 (DALI's default: "
+        "0.65). Ignored, with a note, when DALI decodes on the CPU",
+        domain="[0,1]",
         trains=False,
     )
     val_blacklist: str = _f(

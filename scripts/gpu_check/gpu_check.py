@@ -53,8 +53,11 @@ def write_profile(path: Path, rates: list[dict], dtype: str) -> dict:
 
 # The check's parts in the order they run, each with the parts it needs: the DALI rows are held to the step rates,
 # evaluation reads the ddp run's checkpoint.
-PARTS = {"steps": (), "dali": ("steps",), "allreduce": (), "e2e": (), "eval": ("e2e",), "speed": ()}
-WHOLE = [p for p in PARTS if p != "speed"]  # speed (gpu_check_speed.py, minutes) runs when asked: --parts speed
+# speed and perf run only when named (minutes each on one H200): speed is the record's step eager vs CUDA graph
+# (gpu_check_speed.py, its JSON beside --out); perf is kernel classes, bf16, compile and DALI in the training loop
+# (gpu_check_perf.py, its raw numbers in gpu_check_perf.json in the work folder after every part).
+PARTS = {"steps": (), "dali": ("steps",), "allreduce": (), "e2e": (), "eval": ("e2e",), "speed": (), "perf": ()}
+WHOLE = [p for p in PARTS if p not in ("speed", "perf")]
 
 
 def with_needs(parts: list[str]) -> list[str]:
@@ -92,6 +95,13 @@ def run_checks(rows: list[dict], work: Path, steps: int, gpus: int, profile: dic
             from scripts.gpu_check.gpu_check_speed import check_speed
 
             check_speed(rows, Path(profile.get("speed_json", work / "gpu_speed.json")))
+        if "perf" in parts:
+            from scripts.gpu_check.gpu_check_perf import PARTS as PERF
+            from scripts.gpu_check.gpu_check_perf import run_parts
+
+            run_parts(
+                rows, PERF, smoke=False, work=work, out=work / "gpu_check_perf.json", gpu=torch.cuda.get_device_name(0)
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         nargs="+",
         choices=list(PARTS),
         default=WHOLE,
-        help="run only these parts (and the parts they need: dali needs steps, eval needs e2e); default: all",
+        help="run only these parts (and the parts they need: dali needs steps, eval needs e2e); default: all but "
+        "speed and perf",
     )
     ap.add_argument(
         "--work", help="keep the sample data, runs and logs in a new folder inside this one (default: temporary)"
