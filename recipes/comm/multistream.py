@@ -29,6 +29,7 @@ from recipes.comm.base import BackendDefaults
 from recipes.comm.engine import _Engine
 from recipes.comm.plan import FusionPlan, Settings, build_plan, grad_specs
 from recipes.comm.stats import CommStats
+from recipes.distributed import all_gather_object, broadcast_object, collective_guard
 from recipes.errors import CommError, ConfigError, PlanMismatchError
 
 
@@ -127,7 +128,7 @@ class MultiStreamBackend(BackendDefaults):
                 ]
             except ConfigError as e:
                 box = [str(e)]
-        td.broadcast_object_list(box, src=0)
+        box = [broadcast_object(box[0], self.dist)]  # in the collective guard: a dead peer is one line
         if isinstance(box[0], str):
             raise ConfigError(box[0])
         return box[0]
@@ -147,8 +148,9 @@ class MultiStreamBackend(BackendDefaults):
         # Connect every communicator now, one at a time, instead of lazily mid-backward. Each sums its own ones
         # (int32, so the check is exact: every entry must be the world size, whatever W and K are).
         probe = torch.ones(k, dtype=torch.int32, device=self.dist.device)
-        for i, g in enumerate(self.groups):
-            td.all_reduce(probe[i : i + 1], group=g)
+        with collective_guard("multistream: communicator check"):
+            for i, g in enumerate(self.groups):
+                td.all_reduce(probe[i : i + 1], group=g)
         got = probe.tolist()
         bad = [i for i, v in enumerate(got) if v != self.dist.world_size]
         if bad:
@@ -161,8 +163,7 @@ class MultiStreamBackend(BackendDefaults):
         """The plan for `settings`, after checking that every rank derived the same one (one all-gather)."""
         plan = build_plan(self.specs, settings, self.comm_cfg.compression)
         mine = (plan.digest(), plan.describe())
-        everyone = [None] * self.dist.world_size
-        td.all_gather_object(everyone, mine)
+        everyone = all_gather_object(mine, self.dist)
         differ = [r for r, (h, _) in enumerate(everyone) if h != everyone[0][0]]
         if differ:
             lines = "; ".join(f"rank {r}: {h[:12]} ({d})" for r, (h, d) in enumerate(everyone) if r in [0, *differ])
@@ -236,7 +237,7 @@ class MultiStreamBackend(BackendDefaults):
         if self.dist.is_main and path is not None:
             found = tuning.cache_load(path, self._cache_key())
         box = [found]
-        td.broadcast_object_list(box, src=0)
+        box = [broadcast_object(box[0], self.dist)]  # in the collective guard: a dead peer is one line
         if box[0] is not None:
             self._note(
                 f"multistream autotune: cached winner for {self._cache_key()} in {path}: {box[0].label()} "
@@ -277,7 +278,8 @@ class MultiStreamBackend(BackendDefaults):
         if self.dist.is_main:
             nxt = tuner.propose()
             decision = [nxt, None if nxt is not None else tuner.winner().settings]
-        td.broadcast_object_list(decision, src=0)  # every rank switches at this same step boundary
+        with collective_guard("multistream autotune: the next candidate", step, self.timeout_s):
+            td.broadcast_object_list(decision, src=0)  # every rank switches at this same step boundary
         nxt, win = decision
         if nxt is not None:
             tuner.begin(nxt)
