@@ -210,7 +210,11 @@ class DaliPipeline(BasePipeline):
             print(f"warning: skipping {what} file: {why}", file=sys.stderr)
         self.skipped.extend(bad)
         self._excluded.update(f for f, _ in bad)
+        if not is_val:
+            self.train_skipped += len(bad)
         if is_val and bad:
+            self.val_skipped += len(bad)  # left out of the count: the summary and the DAWNBench entry say so
+            self.val_excluded += len(bad)
             drop = {f for f, _ in bad}
             keep = [i for i, f in enumerate(split.files) if f not in drop]
             if not keep:
@@ -327,6 +331,7 @@ class DaliPipeline(BasePipeline):
                     print(f"warning: skipping corrupt file '{path}': {why}", file=sys.stderr)
                 self.skipped.extend(bad)
                 self._excluded.update(p for p, _ in bad)
+                self.train_skipped += len(bad)
                 self._rebuilds += 1
                 self._build_train(info, step)
                 continue

@@ -56,7 +56,9 @@ class BasePipeline:
     ):
         """`data`: the config's data section; `run`: what the input needs from the rest of the config."""
         self.data_cfg, self.dist, self.run = data, dist, run
-        self.val_excluded = val_excluded  # validation images left out (data.val_blacklist), not counted
+        self.val_excluded = val_excluded  # validation images left out (data.val_blacklist, skipped), not counted
+        self.val_skipped = 0  # of those, undecodable files skipped (data.skip_corrupt)
+        self.train_skipped = 0  # undecodable training files skipped (data.skip_corrupt); num_train still counts them
         self.classes = list(classes)
         self.num_classes = len(self.classes)
         self.num_train = num_train

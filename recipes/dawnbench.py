@@ -69,6 +69,8 @@ def qualification(cfg: Config, summary: dict) -> list[str]:
     if counted is None or counted + excluded != IMAGENET_VAL_IMAGES:
         seen = "no" if counted is None else f"{counted + excluded:,}"
         reasons.append(f"it evaluated {seen} validation images, not ImageNet's {IMAGENET_VAL_IMAGES:,}")
+    elif summary.get("val_skipped"):
+        reasons.append(f"it skipped {summary['val_skipped']:,} undecodable validation images (data.skip_corrupt)")
     elif excluded not in (0, DEVKIT_BLACKLISTED):
         # A list that makes the count add up is not the devkit's: only its 1,762 images may be left out.
         reasons.append(

@@ -16,7 +16,17 @@ def targets_reached(cfg: Config, row: dict) -> bool:
 
 
 def summarize(
-    cfg: Config, st, *, world_size: int, run_id: str, run_dir, val_excluded: int, comm_stats, num_classes=None
+    cfg: Config,
+    st,
+    *,
+    world_size: int,
+    run_id: str,
+    run_dir,
+    val_excluded: int,
+    comm_stats,
+    num_classes=None,
+    val_skipped: int = 0,
+    train_skipped: int = 0,
 ) -> dict:
     """The summary of a run from its State `st`; `comm_stats` is the backend's recipes.comm.stats.CommStats."""
     hit = next((r for r in st.history if targets_reached(cfg, r)), None)
@@ -36,7 +46,9 @@ def summarize(
         "final_ema_top1": last.get("ema_top1"),  # run.ema: the EMA weights' accuracy (None without it)
         "final_ema_top5": last.get("ema_top5"),
         "val_count": last.get("val_count"),  # validation images counted (data.val_blacklist excluded)
-        "val_excluded": val_excluded,
+        "val_excluded": val_excluded,  # blacklisted and undecodable (skipped) validation images, not counted
+        "val_skipped": val_skipped,
+        "train_skipped": train_skipped,
         "val_blacklist": cfg.data.val_blacklist,
         "num_classes": num_classes,
         "images_per_s": st.images / max(st.train_seconds, 1e-9),
@@ -99,8 +111,12 @@ def _accuracy(s: dict) -> str:
 def _counted(s: dict) -> str:
     if s.get("val_count") is None:
         return "-"
-    if s.get("val_excluded"):
-        return f"{s['val_count']} ({s['val_excluded']} blacklisted not counted: {s['val_blacklist']})"
+    skipped = s.get("val_skipped") or 0
+    blacklisted = (s.get("val_excluded") or 0) - skipped
+    left = [f"{blacklisted} blacklisted: {s['val_blacklist']}"] if blacklisted else []
+    left += [f"{skipped} undecodable, skipped (data.skip_corrupt)"] if skipped else []
+    if left:
+        return f"{s['val_count']} (not counted: {'; '.join(left)})"
     return f"{s['val_count']} (every image)"
 
 

@@ -272,6 +272,8 @@ class Trainer:
             val_excluded=excluded,
             comm_stats=self.comm.stats(),
             num_classes=self.data.num_classes,
+            val_skipped=getattr(self.data, "val_skipped", 0),
+            train_skipped=getattr(self.data, "train_skipped", 0),
         )
         return {**summary, **compile_report(self.train_model)}  # per input shape: compile seconds, cold or warm
 

@@ -167,6 +167,7 @@ def test_skip_corrupt_skips_and_reports_every_bad_file(tiny_root, tmp_path, caps
         assert len(batches) == plan.epoch_info(epoch).steps  # the plan's step count, bad files or not
         assert all(x.shape == (6, 3, 32, 32) and torch.isfinite(x).all() for x, _ in batches)
     assert {p for p, _ in pipe.skipped} == {str(p) for p in bad.values()}
+    assert pipe.train_skipped == len(bad)  # each counted once, though the scan runs every epoch
     reasons = dict(pipe.skipped)
     assert "empty" in reasons[str(bad["empty"])] and "not an image" in reasons[str(bad["text"])]
     assert "truncated" in reasons[str(bad["truncated"])]

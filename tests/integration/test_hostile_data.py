@@ -156,6 +156,9 @@ def test_dali_scans_both_splits_with_one_rule(tiny_root, tmp_path, split, kind, 
         batches = run()
         assert [p for p, _ in pipe.skipped] == [str(victim)]
         assert f"warning: skipping {'validation' if split == 'val' else 'training'} file" in capsys.readouterr().err
+        # skipped files are counted where the summary and the DAWNBench entry read them
+        assert (pipe.val_skipped, pipe.train_skipped) == ((1, 0) if split == "val" else (0, 1))
+        assert pipe.val_excluded == val.excluded + (1 if split == "val" else 0)
         if split == "val":
             assert sum(len(y) for _, y in batches) == len(val) - 1 == pipe.num_val
     finally:

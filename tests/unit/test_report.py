@@ -8,7 +8,7 @@ from recipes.report import summarize, summary_table
 from recipes.run.payload import State
 
 
-def _summary(*overrides, history=None, excluded=0, classes=1000):
+def _summary(*overrides, history=None, excluded=0, classes=1000, skipped=0):
     cfg = load_config(None, list(overrides))
     st = State(epoch=2, step=40, train_seconds=3725.0, wall_seconds=3800.0, images=7450, history=history or [])
     return summarize(
@@ -20,6 +20,7 @@ def _summary(*overrides, history=None, excluded=0, classes=1000):
         val_excluded=excluded,
         comm_stats=CommStats("ddp"),
         num_classes=classes,
+        val_skipped=skipped,
     )
 
 
@@ -50,7 +51,14 @@ def test_the_table_says_when_no_target_is_set_or_reached_and_what_was_not_counte
     s = _summary("run.target_top1=75", "data.val_blacklist=bl.txt", history=rows, excluded=3)
     got = _rows(summary_table(s))
     assert got["time to target (top-1 >= 75%)"] == "not reached"
-    assert got["validation images counted"] == "97 (3 blacklisted not counted: bl.txt)"
+    assert got["validation images counted"] == "97 (not counted: 3 blacklisted: bl.txt)"
+    # an undecodable file skipped under data.skip_corrupt is not "every image", and no DAWNBench result
+    s = _summary("run.target_top5=93", "data.val_blacklist=bl.txt", history=rows, excluded=5, skipped=2)
+    assert _rows(summary_table(s))["validation images counted"] == (
+        "97 (not counted: 3 blacklisted: bl.txt; 2 undecodable, skipped (data.skip_corrupt))"
+    )
+    s = _summary("run.target_top5=93", history=[{**rows[0], "val_count": 49_999}], excluded=1, skipped=1)
+    assert "it skipped 1 undecodable validation images (data.skip_corrupt)" in s["not_qualifying_because"]
     empty = _summary()  # no epoch finished: no accuracy to report, and no NaN (which JSON has not)
     assert (empty["final_top1"], empty["final_top5"]) == (None, None)
     got = _rows(summary_table(empty))
