@@ -11,7 +11,7 @@ import torch
 from support import ROOT
 
 from recipes.distributed import DistInfo
-from recipes.preemption import EXIT_PREEMPTED, StopSignal, ignore_stop_signals
+from recipes.preemption import EXIT_PREEMPTED, StopSignal
 
 ONE = DistInfo(rank=0, world_size=1, local_rank=0, local_world_size=1, device=torch.device("cpu"))
 
