@@ -98,11 +98,14 @@ quickstart: sample
 		--run-dir $(call q,$(RUN_DIR)) $(call q,data.root=$(SAMPLE))
 	$(PY) evaluate.py $(call q,$(RUN_DIR)/checkpoint.pt) --data $(call q,$(SAMPLE)) --out $(call q,$(RUN_DIR)/eval.json)
 
-test: install horovod
-	PYTEST_ADDOPTS=$(call q,$(PYTEST_ARGS)) $(PY) -m pytest -q tests
+# Lint first (a lint failure fails CI before the long run), then the suite with the 25 slowest tests listed at the
+# end of the log, so a test that grows is seen where CI's time goes. A hung test fails by name after pyproject.toml's
+# per-test timeout instead of running into CI's limit.
+test: install horovod lint
+	PYTEST_ADDOPTS=$(call q,$(PYTEST_ARGS)) $(PY) -m pytest -q --durations=25 tests
 
-test-fast: install horovod
-	PYTEST_ADDOPTS=$(call q,$(PYTEST_ARGS)) $(PY) -m pytest -q -m "not slow" tests
+test-fast: install horovod lint
+	PYTEST_ADDOPTS=$(call q,$(PYTEST_ARGS)) $(PY) -m pytest -q --durations=25 -m "not slow" tests
 
 bench: install
 	$(PY) -m scripts.bench.bench --out bench_report.md

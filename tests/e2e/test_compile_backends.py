@@ -1,7 +1,13 @@
 """run.compile on 2 gloo ranks: DDP (compiled around its wrapper) and multistream (its gradient hooks outside the
 compiled graph, the kind Horovod's are too; `run_two_ranks` takes "horovod" for a local check) still average the
-gradients, so the compiled runs end with the eager run's weights (each tensor within 1e-2 relative, in norm, after
-4 steps), with run.ema on (its BN statistics averaged over ranks before validation)."""
+gradients, so the compiled runs end with the eager run's weights within fp32's rounding of the reordered reductions,
+with run.ema on (its BN statistics averaged over ranks before validation).
+
+The tolerance comes from the dtype and the operation, not from one machine: the compiled graph fuses kernels and
+sums in another order (and with another vector width on AVX2 than on AVX-512), which moves a sum of n fp32 terms by
+at most about n x u of the sum of their magnitudes (u = 2^-24, Higham's gamma_n), once per optimizer step. A tensor
+whose values cancel (a BN bias ahead of another BN is ~1e-6) has no precision of its own, so the scale each tensor
+is judged against is its norm plus the entry's root-mean-square value over its elements."""
 
 from __future__ import annotations
 
@@ -13,6 +19,21 @@ from models.factory import compile_unavailable
 from recipes.run import checkpoint_files as ckpt
 
 PHASE = "phases=[{epochs: 1, image_size: 32, batch_size: 12}]"
+U = 2.0**-24  # fp32 unit roundoff
+LONGEST_SUM = 12 * 32 * 32  # a weight gradient sums over at most the global batch x pixels at 32 px
+
+
+def within_rounding(eager: dict, compiled: dict, steps: int) -> list[tuple[str, float, float]]:
+    """(name, |difference|, allowed) of every floating-point tensor of `eager` outside the rounding bound."""
+    floats = {k: v.double() for k, v in eager.items() if v.is_floating_point()}
+    rms = (sum(float(v.pow(2).sum()) for v in floats.values()) / sum(v.numel() for v in floats.values())) ** 0.5
+    bad = []
+    for k, v in floats.items():
+        diff = float((v - compiled[k].double()).norm())
+        allowed = steps * LONGEST_SUM * U * (float(v.norm()) + rms * v.numel() ** 0.5)
+        if diff > allowed:
+            bad.append((k, diff, allowed))
+    return bad
 
 
 def run_two_ranks(root, run_dir, backend: str, *overrides: str) -> dict:
@@ -32,8 +53,7 @@ def test_compiled_training_averages_gradients_on_every_backend(tiny_root, tmp_pa
     eager = run_two_ranks(tiny_root, tmp_path / "eager", backend)
     compiled = run_two_ranks(tiny_root, tmp_path / "compiled", backend, "run.compile=default")
     assert list(compiled["model"]) == list(eager["model"])
-    for entry in ("model", "ema"):  # per tensor, the difference's norm within 1e-2 of the tensor's
-        for k, v in eager[entry].items():
-            if v.is_floating_point():
-                rel = float((v - compiled[entry][k]).norm() / v.norm().clamp_min(1e-12))
-                assert rel <= 1e-2, (entry, k, rel)
+    steps = eager["state"]["step"]
+    assert steps == compiled["state"]["step"] == 4  # 48 images, a global batch of 12
+    for entry in ("model", "ema"):
+        assert within_rounding(eager[entry], compiled[entry], steps) == [], entry

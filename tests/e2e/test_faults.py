@@ -142,17 +142,23 @@ def test_failed_checkpoint_write_keeps_last_good(small_disk):
 # -- killed and hung workers under torchrun --------------------------------------------------------------------
 
 
+# The restart mechanics on the tiny run (tests/tiny.yaml): 48 images, a global batch of 12 = 4 steps an epoch,
+# 12 epochs; the quickstart's accuracy is test_distributed.py's and test_recipe_runs.py's claim, not these tests'.
+TINY_LONG = ["phases=[{epochs: 12, image_size: 32, batch_size: 12}]"]
+TINY_STEPS = 48
+
+
 def _start_torchrun(run_dir: Path, root: Path, extra: list[str], max_restarts: int) -> subprocess.Popen:
-    args = ["-c", "configs/quickstart.yaml", "--run-dir", str(run_dir), f"data.root={root}", *extra]
+    args = ["-c", "tests/tiny.yaml", "--run-dir", str(run_dir), f"data.root={root}", *TINY_LONG, *extra]
     return start_torchrun(max_restarts, *args)
 
 
 @pytest.mark.slow
-def test_sigkill_of_a_worker_restarts_and_finishes(sample_root, tmp_path):
+def test_sigkill_of_a_worker_restarts_and_finishes(tiny_root, tmp_path):
     run = tmp_path / "run"
-    proc = _start_torchrun(run, sample_root, ["checkpoint.every_steps=5"], max_restarts=3)
+    proc = _start_torchrun(run, tiny_root, ["checkpoint.every_steps=5"], max_restarts=3)
     try:
-        wait_for_step(run, proc, 32, timeout=600)  # epoch 3 of 9, after the step-30 checkpoint
+        wait_for_step(run, proc, 22, timeout=600)  # epoch 6 of 12, after the step-20 checkpoint
         victim = worker_pid(proc.pid, 1)
         assert victim, "rank 1 not found"
         os.kill(victim, signal.SIGKILL)
@@ -162,16 +168,15 @@ def test_sigkill_of_a_worker_restarts_and_finishes(sample_root, tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 0, err[-3000:]
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["steps"] == 117  # the same number of optimizer steps as an uninterrupted run
-    assert summary["final_top1"] >= 90.0
+    assert summary["steps"] == TINY_STEPS  # the same number of optimizer steps as an uninterrupted run
     assert summary["restarts"] == 1 and 0 <= summary["redone_steps"] <= 9
     assert "restart 1 after a failure" in out and "step(s) will be redone" in out
 
 
 @pytest.mark.slow
-def test_hung_peer_fails_with_timeout_naming_the_collective(sample_root, tmp_path):
+def test_hung_peer_fails_with_timeout_naming_the_collective(tiny_root, tmp_path):
     run = tmp_path / "run"
-    proc = _start_torchrun(run, sample_root, ["dist.timeout_s=10"], max_restarts=0)
+    proc = _start_torchrun(run, tiny_root, ["dist.timeout_s=10"], max_restarts=0)
     victim = None
     try:
         wait_for_step(run, proc, 5, timeout=600)
@@ -196,7 +201,7 @@ def test_hung_peer_fails_with_timeout_naming_the_collective(sample_root, tmp_pat
 
 
 @pytest.mark.slow
-def test_sigkill_through_the_launcher_with_two_local_hosts(sample_root, tmp_path):
+def test_sigkill_through_the_launcher_with_two_local_hosts(tiny_root, tmp_path):
     hostfile = tmp_path / "hosts.txt"
     hostfile.write_text("host-a addr=127.0.0.1\nhost-b addr=127.0.0.1\n")
     run = tmp_path / "run"
@@ -218,18 +223,17 @@ def test_sigkill_through_the_launcher_with_two_local_hosts(sample_root, tmp_path
         "--timeout",
         "1200",
         "-c",
-        "configs/quickstart.yaml",
-        f"data.root={sample_root}",
-        "run.threads=1",
+        "tests/tiny.yaml",
+        f"data.root={tiny_root}",
+        *TINY_LONG,
         "checkpoint.every_steps=5",
-        "log.tensorboard=false",
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
     try:
-        wait_for_step(run, proc, 32, timeout=600)
+        wait_for_step(run, proc, 22, timeout=600)
         victim = worker_pid(proc.pid, 1)
         assert victim, "rank 1 not found"
         os.kill(victim, signal.SIGKILL)
@@ -239,7 +243,7 @@ def test_sigkill_through_the_launcher_with_two_local_hosts(sample_root, tmp_path
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 0, out[-4000:]
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["steps"] == 117 and summary["final_top1"] >= 90.0
+    assert summary["steps"] == TINY_STEPS
     assert summary["restarts"] == 1
     # Rank 0's agent may not be the one that restarted (TORCHELASTIC_RESTART_COUNT is per agent), but it resumed.
     assert "step(s) will be redone" in out and "launch: all 2 host(s) finished" in out

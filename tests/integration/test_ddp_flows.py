@@ -90,7 +90,22 @@ _WORKER = textwrap.dedent(
         backend.on_step_end(0)
         g = model[0].weight.grad.clone()
         flows = backend.stats().settings["flows"]
-        out[devices] = {"sockets": sockets() - before, "grad": g.sum().item(), "flows": flows}
+        exact = torch.zeros_like(g)  # the mean of both ranks' gradients, each computed here without DDP
+        for r in (0, 1):
+            torch.manual_seed(0)
+            ref = nn.Sequential(*[nn.Linear(16, 16) for _ in range(6)])
+            ref(torch.full((4, 16), float(r + 1))).sum().backward()
+            exact += ref[0].weight.grad / 2
+            if r == rank:
+                own = ref[0].weight.grad.clone()
+        out[devices] = {
+            "sockets": sockets() - before,
+            "grad": g.sum().item(),
+            "flows": flows,
+            "err": (g - exact).abs().max().item(),
+            "own_err": (own - exact).abs().max().item(),
+            "scale": exact.abs().max().item(),
+        }
     if rank == 0:
         print("RESULT " + json.dumps(out))
     td.destroy_process_group()
@@ -112,6 +127,10 @@ def test_ddp_on_gloo_devices_gives_the_same_mean_over_several_connections(tmp_pa
     one, three = res["1"], res["3"]
     assert one["flows"] == 1 and three["flows"] == 3
     assert abs(one["grad"] - three["grad"]) < 1e-4  # the same average, whichever connections carried it
+    for r in (one, three):
+        # the exact mean up to fp32 rounding of one sum and one division (a few units in the last place) ...
+        assert r["err"] <= 4 * 2**-23 * r["scale"], r
+        assert r["own_err"] > 0.1 * r["scale"], r  # ... and far from this rank's own gradient: the mean was taken
     assert one["sockets"] == 0  # DDP on the default group opens nothing new
     assert three["sockets"] >= 3  # a connection per device to the peer (plus gloo's listeners)
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 
 import torch
+from support import ROOT
 
 from recipes.distributed import DistInfo
-from recipes.preemption import EXIT_PREEMPTED, StopSignal, ignore_stop_signals
+from recipes.preemption import EXIT_PREEMPTED, StopSignal
 
 ONE = DistInfo(rank=0, world_size=1, local_rank=0, local_world_size=1, device=torch.device("cpu"))
 
@@ -53,12 +56,29 @@ def test_no_signal_no_stop_and_the_exit_code_is_ex_tempfail():
     assert EXIT_PREEMPTED == 75  # sysexits.h EX_TEMPFAIL; docs/failures.md and scripts/slurm/ name it
 
 
-def test_after_a_preemption_the_process_ignores_further_signals():
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        ignore_stop_signals()
-        os.kill(os.getpid(), signal.SIGTERM)  # would end this process with the default action
-        os.kill(os.getpid(), signal.SIGINT)
-    finally:
-        for s, h in saved.items():
-            signal.signal(s, h)
+# train.py's exit path in a process of its own: the trainer raises Preempted (as it does once the checkpoint is
+# written), the process then survives the SIGTERM and SIGINT that torchrun sends the other ranks, and exits 75.
+EXIT_PATH = """
+import os, signal, sys
+import recipes.trainer
+from recipes.errors import Preempted
+import train
+
+def preempted(*a, **kw):
+    raise Preempted("SIGTERM at step 3: checkpoint written")
+
+recipes.trainer.train = preempted
+code = train.main(["-c", "configs/quickstart.yaml"])
+os.kill(os.getpid(), signal.SIGTERM)  # the default action would end the process here, with -15
+os.kill(os.getpid(), signal.SIGINT)  # the default handler would raise KeyboardInterrupt
+print("survived", flush=True)
+sys.exit(code)
+"""
+
+
+def test_a_preempted_run_exits_75_in_one_line_and_ignores_further_signals():
+    p = subprocess.run([sys.executable, "-c", EXIT_PATH], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 75, p.stderr  # sysexits.h EX_TEMPFAIL, literal: docs/failures.md and scripts/slurm/
+    assert p.stdout == "survived\n"
+    assert p.stderr.strip().splitlines()[-1] == "preempted: SIGTERM at step 3: checkpoint written"
+    assert "Traceback" not in p.stderr

@@ -1,4 +1,4 @@
-"""recipes/timemodel/: calibration on the two published Alibaba runs within 10% per phase (fitted), the published
+"""recipes/timemodel/: calibration on the two published Alibaba runs within 3% per phase (fitted), the published
 constants equal the TSVs, a GPU profile file replaces the published rates, bad profile files give one-line errors,
 and the model against three fast.ai entries it was not fitted on."""
 
@@ -40,11 +40,13 @@ def test_record_is_158_s_on_the_training_clock():
 
 
 @pytest.mark.parametrize("run", tm.CALIBRATION_RUNS, ids=lambda r: r.source)
-def test_calibration_within_10_percent_per_phase(prof, run):
+def test_calibration_within_3_percent_per_phase(prof, run):
+    """docs/scaling.md's residuals are 0.1-2.1% per phase and 0.1-0.3% in total: a band near them, so that a term
+    dropped or a sigma doubled fails here, not only out of sample."""
     est = tm.run_estimate(run, prof)
     for p, pub in zip(est.phases, run.phase_s, strict=True):
-        assert abs(p.total("train") / pub - 1) < 0.10, (p.phase, p.total("train"), pub)
-    assert abs(est.total("train") / sum(run.phase_s) - 1) < 0.10
+        assert abs(p.total("train") / pub - 1) < 0.03, (p.phase, p.total("train"), pub)
+    assert abs(est.total("train") / sum(run.phase_s) - 1) < 0.01
     lo, mid, hi = est.range("train")
     assert lo < mid < hi
 
