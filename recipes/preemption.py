@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as td
@@ -25,6 +27,9 @@ import torch.distributed as td
 from recipes.distributed import DistInfo, collective_guard
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL
+# How long a stop signal waits for a phase's first compile (StopSignal.bounded): well inside the launcher's grace
+# (100 s) and torchrun's (30 s), so the process leaves by itself rather than being killed.
+COMPILE_STOP_WAIT_S = 20.0
 RERUN_ENV = "DAWNBENCH_RERUN"  # the command that resumes this run, set by make and scripts/launch.py for the workers
 
 
@@ -51,6 +56,47 @@ class StopSignal:
 
     def _on_signal(self, signum, frame) -> None:
         self.received.append(signal.Signals(signum).name)  # no exception: the step and the save run to the end
+
+    @contextmanager
+    def bounded(self, what: str, wait_s: float = COMPILE_STOP_WAIT_S):
+        """Around work that reaches no step boundary for a long time (a phase's first torch.compile): a signal that
+        arrives inside waits at most `wait_s` for it, then the process leaves with EXIT_PREEMPTED and one line,
+        without a checkpoint of this step (the last one stands), inside any scheduler's grace period."""
+        timer: list[threading.Timer] = []
+
+        def leave() -> None:
+            print(
+                f"preempted: {self.received[0]} during {what}, which did not end within {wait_s:g} s: leaving "
+                f"without a checkpoint of this step; {rerun_hint()} (from the last checkpoint)",
+                file=sys.stderr,
+                flush=True,
+            )
+            os._exit(EXIT_PREEMPTED)
+
+        def arm() -> None:
+            if not timer:
+                timer.append(threading.Timer(wait_s, leave))
+                timer[0].daemon = True
+                timer[0].start()
+
+        def on_signal(signum, frame) -> None:
+            self._on_signal(signum, frame)
+            arm()
+
+        active = bool(self._old) and threading.current_thread() is threading.main_thread()
+        if active:
+            for s in self.signals:
+                signal.signal(s, on_signal)
+        try:
+            if active and self.received:  # a signal just before: the same bound
+                arm()
+            yield
+        finally:
+            for t in timer:
+                t.cancel()
+            if active:
+                for s in self.signals:
+                    signal.signal(s, self._on_signal)
 
     def install(self) -> None:
         """Handle the signals from now on (in the main thread only: Python runs handlers there)."""

@@ -63,6 +63,7 @@ class Trainer:
         self.run = None
         self.log = RunLogger(self.run_dir, False, False)
         self.stop = StopSignal()  # records SIGTERM/SIGINT from fit() to close() (recipes/preemption.py)
+        self._compiled: set = set()  # input shapes run.compile has compiled (their first step is bounded)
         try:
             # Before anything is written there: the lock, and the one run id all ranks agree on.
             self.run = open_run(self.run_dir, self.dist, cfg.checkpoint.resume)
@@ -160,7 +161,13 @@ class Trainer:
         for i, (x, y) in enumerate(batches, start=start):
             lr, mom = plan.lr(st.step), plan.momentum(st.step)
             set_lr_momentum(self.optimizer, lr, mom)
-            loss = self.steps(x, y, st, self.log, info.micro_batches)
+            shape = (tuple(x.shape), info.micro_batches)
+            if cfg.run.compile != "none" and shape not in self._compiled:  # this step compiles: minutes, no boundary
+                self._compiled.add(shape)
+                with self.stop.bounded(f"the first compile of {list(x.shape)}"):
+                    loss = self.steps(x, y, st, self.log, info.micro_batches)
+            else:
+                loss = self.steps(x, y, st, self.log, info.micro_batches)
             update_ema(self.ema, self.model, st.step)
             clock.add(y.numel() * self.dist.world_size // max(1, cfg.data.aug_splits), loss)  # images, not views
             done = i + 1 == info.steps

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import torch
 from support import ROOT
@@ -82,3 +83,40 @@ def test_a_preempted_run_exits_75_in_one_line_and_ignores_further_signals():
     assert p.stdout == "survived\n"
     assert p.stderr.strip().splitlines()[-1] == "preempted: SIGTERM at step 3: checkpoint written"
     assert "Traceback" not in p.stderr
+
+
+_BOUNDED = """
+import os, signal, sys, time
+from recipes.preemption import StopSignal
+stop = StopSignal()
+stop.install()
+with stop.bounded("a long compile", wait_s=float(sys.argv[1])):
+    if sys.argv[2] == "signal":
+        os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(float(sys.argv[3]))  # the compile
+print("compile ended; received", stop.received, flush=True)
+"""
+
+
+def test_a_stop_during_a_long_compile_leaves_within_the_bound_with_exit_75():
+    """A signal inside the first compile of a phase: the process leaves after the bound, not when the compile ends."""
+    start = time.monotonic()
+    p = subprocess.run(
+        [sys.executable, "-c", _BOUNDED, "0.5", "signal", "60"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert p.returncode == EXIT_PREEMPTED and time.monotonic() - start < 30
+    assert p.stderr.startswith("preempted: SIGTERM during a long compile, which did not end within 0.5 s") and (
+        "rerun the same train.py command" in p.stderr
+    )
+    assert "compile ended" not in p.stdout
+
+
+def test_a_compile_that_ends_in_time_leaves_the_stop_to_the_step_boundary():
+    p = subprocess.run(
+        [sys.executable, "-c", _BOUNDED, "5", "signal", "0.2"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert p.returncode == 0 and "compile ended; received ['SIGTERM']" in p.stdout, p.stderr
+    quiet = subprocess.run(
+        [sys.executable, "-c", _BOUNDED, "0.1", "none", "0.5"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert quiet.returncode == 0 and "received []" in quiet.stdout
