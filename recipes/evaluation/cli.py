@@ -43,10 +43,10 @@ _NUMBERS = [
     ("--image-size", "image_size", 1, 4096),
     ("--threads", "threads", 1, 1024),
     ("--seed", "seed", 0, 2**31 - 1),
-    ("--images", "images", 0, None),
+    ("--images", "images", 0, 10**9),
     ("--warmup", "warmup", 0, 10**6),
     ("--calib-images", "calib_images", 1, 10**6),
-    ("--price-per-hour", "price_per_hour", 0, None),
+    ("--price-per-hour", "price_per_hour", 0, 10**6),
 ]
 
 
