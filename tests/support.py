@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -248,3 +249,17 @@ def drive_tuner(t, cost, outlier_every: int = 0) -> tuple[list, int]:
             else:
                 t.begin(nxt)
     return seen, steps
+
+
+def trap_host_reads(monkeypatch) -> None:
+    """Make every host read of a tensor (item, tolist, bool, float, numpy, cpu, ...) raise until monkeypatch.undo():
+    a step that runs under it never waits on the device."""
+
+    def trap(name):
+        def raising(*args, **kwargs):
+            raise AssertionError(f"host sync inside the step: Tensor.{name}")
+
+        return raising
+
+    for name in ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "numpy", "cpu"):
+        monkeypatch.setattr(torch.Tensor, name, trap(name))

@@ -11,6 +11,7 @@ from functools import partial
 import pytest
 import torch
 import torch.distributed as td
+from support import trap_host_reads
 from torch import nn
 
 from recipes.comm.engine import _Engine
@@ -130,15 +131,7 @@ def test_graph_step_reads_nothing_on_the_host(monkeypatch):
     st = State()
     (x, y), *_ = _batches()
     runner(x, y, st)
-
-    def trap(name):
-        def raising(*args, **kwargs):
-            raise AssertionError(f"host sync inside the step: Tensor.{name}")
-
-        return raising
-
-    for name in ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "numpy", "cpu"):
-        monkeypatch.setattr(torch.Tensor, name, trap(name))
+    trap_host_reads(monkeypatch)
     for _ in range(2):
         runner(x, y, st)
     monkeypatch.undo()
