@@ -6,11 +6,11 @@
 
 A preset `extends:` a record config (1 GPU and 1 x 8: configs/dawnbench_8gpu.yaml, the 8-GPU entry's schedule; 2, 4
 and 16 x 8: configs/dawnbench_158s.yaml, the record's) and sets only the cluster shape, the autocast dtype (fp16 on
-V100, which has no bf16, and on H100, where it was measured faster; bf16 on A100) and, where a phase would not fit the
-GPU's memory (recipes/memory.py), `run.max_gpu_batch`: the largest power of two with which every phase fits, so those
-phases accumulate gradients and keep the recipe's global batch. Its header gives the time model's predicted training
-clock (recipes/timemodel.py, calibrated on the published Alibaba runs) and a cost per run: predicted wall-clock hours
-x GPUs x PRICE_PER_GPU_HOUR. Generated, so the labels never drift from the model.
+V100, which has no bf16, and on A100 and H100, where bf16's BatchNorm runs outside cuDNN and was measured slower) and,
+where a phase would not fit the GPU's memory (recipes/memory.py), `run.max_gpu_batch`: the largest power of two with
+which every phase fits, so those phases accumulate gradients and keep the recipe's global batch. Its header gives the
+time model's predicted training clock (recipes/timemodel.py, calibrated on the published Alibaba runs) and a cost per
+run: predicted wall-clock hours x GPUs x PRICE_PER_GPU_HOUR. Generated, so the labels never drift from the model.
 """
 
 from __future__ import annotations
@@ -32,11 +32,17 @@ OUT = ROOT / "configs" / "presets"
 # family -> (GPU name in recipes/memory.py and recipes/timemodel.py, run.amp, what the reader is told)
 FAMILIES = {
     "v100": ("v100-32gb", "fp16", "V100 32 GB (the record's GPU), fp16: V100 tensor cores have no bf16"),
-    "a100": ("a100", "bf16", "A100 80 GB, bf16: no loss scaling needed"),
+    "a100": (
+        "a100",
+        "fp16",
+        "A100 80 GB, fp16: PyTorch runs bf16 BatchNorm in its native kernels, fp16 in cuDNN's, which made fp16 1.24x "
+        "bf16's rate at 224 px on an H200 (docs/gpu.md); not measured on an A100",
+    ),
     "h100": (
         "h100",
         "fp16",
-        "H100 80 GB, fp16: 25% faster than bf16 for this trainer on an H200, the same Hopper die (docs/gpu.md)",
+        "H100 80 GB, fp16: 1.24x bf16's rate at 224 px and 1.10x at 128 px for this trainer on an H200, the same "
+        "Hopper die (docs/gpu.md)",
     ),
 }
 # name -> (nodes, GPUs per node, the record config it extends)

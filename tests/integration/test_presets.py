@@ -35,7 +35,7 @@ def test_a_preset_keeps_the_recipe_and_fits_its_gpu(family, shape):
     base = load_config(str(ROOT / "configs" / base_name), [])
     world = preset.run.nodes * preset.run.procs_per_node
     assert (preset.run.nodes, preset.run.procs_per_node) == (nodes, gpus)
-    assert preset.run.amp == ("bf16" if family == "a100" else "fp16")  # H100: fp16 measured faster on Hopper
+    assert preset.run.amp == "fp16"  # V100 has no bf16; bf16's BatchNorm runs outside cuDNN (slower on Hopper)
     mine, record = (
         Schedule(preset.phases, preset.optim, num_images=IMAGES, world_size=world, **memory.accumulation(preset)),
         Schedule(

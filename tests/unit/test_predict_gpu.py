@@ -19,6 +19,8 @@ PRESET = str(ROOT / "configs" / "presets" / "a100_4x8.yaml")
 
 def test_a_preset_is_predicted_on_its_own_gpu_and_dtype(capsys):
     assert predict.main(["-c", PRESET, "--record-s", "0"]) == 0
+    assert "GPU: a100 (run.gpu of the config), dtype: fp16 (run.amp of the config)" in capsys.readouterr().out
+    assert predict.main(["-c", PRESET, "--record-s", "0", "run.amp=bf16"]) == 0
     out = capsys.readouterr().out
     assert "GPU: a100 (run.gpu of the config), dtype: bf16 (run.amp of the config)" in out
     assert "rates: derived (the published AMP fp16 figures, taken for bf16)" in out
@@ -45,10 +47,10 @@ def test_plan_reads_the_gpu_from_the_config_and_prints_it(tmp_path, capsys):
     args = ["-c", PRESET, "--plan", "--num-images", "1281167", f"run.out_dir={tmp_path}"]
     assert train.main(args) == 0
     out = capsys.readouterr().out
-    assert "GPU: a100 (run.gpu of the config), dtype: bf16 (run.amp)" in out
+    assert "GPU: a100 (run.gpu of the config), dtype: fp16 (run.amp)" in out
     assert "per GPU on a100 (80 GiB" in out
     assert train.main([*args, "--gpu", "h100"]) == 0
-    assert "GPU: h100 (--gpu), dtype: bf16" in capsys.readouterr().out
+    assert "GPU: h100 (--gpu), dtype: fp16" in capsys.readouterr().out
 
 
 def test_run_gpu_names_are_memorys_table_and_every_preset_names_its_gpu_and_run():
