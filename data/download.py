@@ -223,7 +223,8 @@ def _check_file_member(member: tarfile.TarInfo, archive: str) -> None:
 def _write_atomic(src, out: Path) -> int:
     """Copy the file object `src` to `out` through a temporary name (a file that exists is complete)."""
     tmp = out.with_name(out.name + ".tmp")
-    with open(tmp, "wb") as f:
+    tmp.unlink(missing_ok=True)  # a leftover of an interrupted run (or a planted link: never written through)
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "wb") as f:
         shutil.copyfileobj(src, f, 1 << 20)
     os.replace(tmp, out)
     return out.stat().st_size
