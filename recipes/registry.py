@@ -2,7 +2,7 @@
 lives, and what the rest of the tree shows or checks of it.
 
     Allreduce   comm.backend: the class, its label in tables, its rows in the time model, whether comm.compression
-                applies to it
+                applies to it, whether its work can be captured in the step's CUDA graph across ranks
     Optimizer   optim.name: the builder, the optim.* keys it reads (the others are inert for it: said when set,
                 marked by --print-config)
 
@@ -37,6 +37,12 @@ class Allreduce:
     # by recipes/comm/stepmodel.py under `name`. ddp has two: NCCL's one flow, and 4 (comm.nccl_preset flows-4),
     # the strongest plain-DDP baseline.
     time_flows: tuple[int, ...] = (1,)
+    # Why its work cannot be captured in the step's CUDA graph across ranks (run.cuda_graph; recipes/steps.py
+    # graph_decision); "" = it can (one rank always can: nothing to reduce).
+    eager_across_ranks: str = ""
+    # What its comm_seconds (recipes/comm/stats.py CommStats) times, per step: backends time different windows
+    # (docs/allreduce.md, "What each backend measures"), so compare_runs names it beside every comm column.
+    comm_window: str = "the backend's own (docs/allreduce.md)"
 
     def row_label(self, flows: int = 1) -> str:
         """The label of its time-model row or run with `flows` TCP flows per peer ("ddp (4 flows)")."""
@@ -47,9 +53,30 @@ class Allreduce:
 ALLREDUCE_BACKENDS = {
     r.name: r
     for r in (
-        Allreduce("ddp", "recipes.comm.ddp:DDPBackend", "ddp", compression=False, time_flows=(1, 4)),
-        Allreduce("multistream", "recipes.comm.multistream:MultiStreamBackend", "multistream", compression=True),
-        Allreduce("horovod", "recipes.comm.horovod_backend:HorovodBackend", "horovod", compression=True),
+        Allreduce(
+            "ddp",
+            "recipes.comm.ddp:DDPBackend",
+            "ddp",
+            compression=False,
+            time_flows=(1, 4),
+            eager_across_ranks="DDP's reducer runs host logic per step",
+            comm_window="first bucket -> last bucket reduced",
+        ),
+        Allreduce(
+            "multistream",
+            "recipes.comm.multistream:MultiStreamBackend",
+            "multistream",
+            compression=True,
+            comm_window="backward + sync",
+        ),
+        Allreduce(
+            "horovod",
+            "recipes.comm.horovod_backend:HorovodBackend",
+            "horovod",
+            compression=True,
+            eager_across_ranks="Horovod's allreduce runs on its own thread",
+            comm_window="first gradient -> synchronize()",
+        ),
     )
 }
 

@@ -16,6 +16,7 @@ from contextlib import nullcontext
 import torch
 from torch import nn
 
+from recipes import registry
 from recipes.config import Config
 from recipes.distributed import collective_guard
 from recipes.errors import TrainingError
@@ -301,13 +302,13 @@ def graph_decision(
     `run.cuda_graph` captures where it is known to be safe."""
     if not run.cuda_graph:
         return False, "run.cuda_graph=false"
+    eager = registry.ALLREDUCE_BACKENDS[backend].eager_across_ranks  # the backend's record says
     reasons = [
         (device.type != "cuda", f"no CUDA device ({device.type})"),
         (run.accumulate > 1 or run.max_gpu_batch is not None, "gradient accumulation (run.accumulate/max_gpu_batch)"),
         (run.compile != "none", f"run.compile={run.compile} (inductor handles its own graphs)"),
         (not skips_on_device(optimizer), f"optim.name={optim_name} decides on the host whether to step"),
-        (backend == "horovod" and world_size > 1, "comm.backend=horovod (Horovod's allreduce runs on its own thread)"),
-        (backend == "ddp" and world_size > 1, "comm.backend=ddp across ranks (DDP's reducer runs host logic per step)"),
+        (world_size > 1 and bool(eager), f"comm.backend={backend} across ranks ({eager})"),
     ]
     why = [r for bad, r in reasons if bad]
     return (False, "; ".join(why)) if why else (True, "")

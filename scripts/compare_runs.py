@@ -50,12 +50,6 @@ from recipes.run import files as run_files  # noqa: E402
 from recipes.run.writer import check_target, figure_bytes, write_output  # noqa: E402
 
 DEFAULT_TARGET = {"top5": 93.0}
-# What each backend's comm_seconds times (docs/allreduce.md, "What each backend measures"): not the same window.
-COMM_WINDOWS = {
-    "ddp": "first bucket -> last bucket reduced",
-    "multistream": "backward + sync",
-    "horovod": "first gradient -> synchronize()",
-}
 # Keys that name a run rather than its recipe: never listed as a difference.
 _IDENTITY = ("run.name", "run.out_dir")
 
@@ -235,7 +229,10 @@ def differences(runs: list[Run]) -> tuple[list[tuple], list[tuple]]:
 
 def comm_window(run: Run) -> str:
     name = run.summary.get("comm_backend") or run.config.get("comm", {}).get("backend", "?")
-    return COMM_WINDOWS.get(name, "the backend's own (docs/allreduce.md)") if run.comm is not None else "-"
+    record = registry.ALLREDUCE_BACKENDS.get(name)
+    if run.comm is None:
+        return "-"
+    return record.comm_window if record is not None else "the backend's own (docs/allreduce.md)"
 
 
 def _network(run: Run) -> str:
