@@ -263,3 +263,54 @@ def trap_host_reads(monkeypatch) -> None:
 
     for name in ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "numpy", "cpu"):
         monkeypatch.setattr(torch.Tensor, name, trap(name))
+
+
+# -- run directories written by hand (scripts/compare_runs.py) ----------------------------------------------------
+
+
+def _fake_config(backend: str, epochs: int = 2, **extra) -> dict:
+    cfg = {
+        "run": {"name": f"r-{backend}", "out_dir": "runs", "seed": 0},
+        "data": {"root": "/data/imagenet", "workers": 4},
+        "optim": {"name": "sgd", "lr": 0.4},
+        "comm": {"backend": backend, "autotune": backend == "multistream", "network": "10gbit"},
+        "phases": [{"epochs": epochs, "image_size": 32, "batch_size": 8}],
+    }
+    for key, value in extra.items():
+        section, name = key.split("__")
+        cfg[section][name] = value
+    return cfg
+
+
+def _fake_history(epochs: int) -> list[dict]:
+    return [
+        {"epoch": e, "train_seconds": 10.0 * e, "wall_seconds": 12.0 * e, "top1": 20.0 * e, "top5": 40.0 * e,
+         "images_per_s": 100.0, "val_count": 48}
+        for e in range(1, epochs + 1)
+    ]  # fmt: skip
+
+
+def fake_run_dir(path, backend: str, *, epochs: int = 2, finished: bool = True, **extra):
+    """A run directory as train.py leaves it (config.yaml, meta.json, dawnbench.tsv, summary.json unless not
+    `finished`), written by hand for scripts/compare_runs.py's tests."""
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text(yaml.safe_dump(_fake_config(backend, epochs, **extra)))
+    (path / "meta.json").write_text(json.dumps({"world_size": 2}))
+    history = _fake_history(epochs)
+    tsv = "epoch\thours\ttop1\ttop5\n" + "".join(
+        f"{r['epoch']}\t{r['train_seconds'] / 3600:.6f}\t{r['top1']:.2f}\t{r['top5']:.2f}\n" for r in history
+    )
+    (path / "dawnbench.tsv").write_text(tsv)
+    if not finished:
+        return path
+    settings = {"bucket_mb": 8, "streams": 2, "slices": 1} if backend == "multistream" else {}
+    comm = {"backend": backend, "steps": 20, "comm_seconds": 0.4, "wait_seconds": None, "bytes": 100,
+            "settings": settings}  # fmt: skip
+    summary = {
+        "epochs": epochs, "steps": 20, "world_size": 2, "wall_seconds": 12.0 * epochs,
+        "train_seconds": 10.0 * epochs, "images_per_s": 100.0, "final_top1": history[-1]["top1"],
+        "final_top5": history[-1]["top5"], "val_count": 48, "val_excluded": 2, "comm_backend": backend,
+        "comm": comm, "history": history,
+    }  # fmt: skip
+    (path / "summary.json").write_text(json.dumps(summary))
+    return path

@@ -24,7 +24,9 @@ TENSORBOARD = "tb"  # TensorBoard event files
 LAUNCH = "launch"  # scripts/launch.py: each host's output
 NETWORK = "network.json"  # scripts/launch.py: the link probe's figures
 
-BEFORE_RUN = {LOCK, ARCHIVE, LAUNCH, NETWORK}  # what a directory may hold before its run writes run.json
+# What a directory may hold before its run writes run.json: the lock, previous/, the launcher's logs and probe, and
+# TensorBoard's folder (the logger opens it first, so a start refused later, a missing data.root, leaves it behind).
+BEFORE_RUN = {LOCK, ARCHIVE, LAUNCH, NETWORK, TENSORBOARD}
 RESULTS = (SUMMARY, TSV, ENTRY)  # what a finished run leaves for a person to read
 STEP_CHECKPOINT = re.compile(r"^ckpt-(\d+)\.pt$")  # ckpt-<step>.pt: the newest checkpoint.keep are kept
 _NAMES = {RUN, LOCK, ARCHIVE, CONFIG, META, PROGRESS, SUMMARY, TSV, ENTRY, CHECKPOINT, TENSORBOARD, LAUNCH, NETWORK}

@@ -110,6 +110,7 @@ VALUES = (
     "run.target_top5",
     "run.stop_at_target",
     "run.ema_decay",
+    "run.gpu",  # read by --plan and predict.py only
     "optim.lr",
     "optim.warmup_epochs",
     "optim.warmup_start_lr",

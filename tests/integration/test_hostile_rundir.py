@@ -177,7 +177,7 @@ AFTER_RUN = sorted(files._NAMES - files.BEFORE_RUN - {files.RUN, files.CHECKPOIN
 def test_run_names_without_run_json_are_a_users_files_and_left_as_they_were(tmp_path, name):
     proj = tmp_path / "proj"
     proj.mkdir()
-    (proj / name).mkdir() if name in (files.TENSORBOARD,) else (proj / name).write_text("# my own, with comments\n")
+    (proj / name).write_text("# my own, with comments\n")
     before = _tree(proj)
     msg = directory.not_a_run(proj)
     assert f"holds '{name}' but no run.json: not a run's directory" in msg and "\n" not in msg
@@ -186,7 +186,9 @@ def test_run_names_without_run_json_are_a_users_files_and_left_as_they_were(tmp_
 
 @pytest.mark.parametrize("name", sorted(files.BEFORE_RUN) + ["ckpt-00000004.pt", "checkpoint.pt", ".share-ab12"])
 def test_what_comes_before_run_json_is_still_a_run_directory(tmp_path, name):
-    (tmp_path / name).mkdir() if name in (files.ARCHIVE, files.LAUNCH) else (tmp_path / name).write_text("x")
+    (tmp_path / name).mkdir() if name in (files.ARCHIVE, files.LAUNCH, files.TENSORBOARD) else (
+        tmp_path / name
+    ).write_text("x")
     assert directory.not_a_run(tmp_path) is None
 
 

@@ -7,7 +7,7 @@ import json
 import os
 
 import pytest
-from test_compare_recipes import _run
+from support import fake_run_dir
 
 from scripts import compare_runs
 
@@ -28,7 +28,7 @@ BAD_SUMMARY = [
 
 @pytest.mark.parametrize("name, text, words", BAD_SUMMARY, ids=[w for *_, w in BAD_SUMMARY])
 def test_a_malformed_run_file_is_one_line(tmp_path, capsys, name, text, words, monkeypatch):
-    run = _run(tmp_path / "a", "ddp")
+    run = fake_run_dir(tmp_path / "a", "ddp")
     (run / name).write_text(text)
     monkeypatch.chdir(tmp_path)
     assert compare_runs.main([str(run)]) == 2
@@ -39,14 +39,14 @@ def test_a_malformed_run_file_is_one_line(tmp_path, capsys, name, text, words, m
 
 
 def test_an_interrupted_runs_table_with_a_bad_line_is_one_line(tmp_path, capsys):
-    run = _run(tmp_path / "a", "ddp", finished=False)
+    run = fake_run_dir(tmp_path / "a", "ddp", finished=False)
     (run / "dawnbench.tsv").write_text("epoch\thours\ttop1\ttop5\n1\tsoon\t1\t2\n")
     assert compare_runs.main([str(run)]) == 2
     assert "dawnbench.tsv: line 2 is not 'epoch hours top1 top5'" in capsys.readouterr().err
 
 
 def test_the_plot_goes_beside_the_runs_and_never_through_a_link(tmp_path, capsys, monkeypatch):
-    a, b = _run(tmp_path / "runs" / "a", "ddp"), _run(tmp_path / "runs" / "b", "multistream")
+    a, b = fake_run_dir(tmp_path / "runs" / "a", "ddp"), fake_run_dir(tmp_path / "runs" / "b", "multistream")
     monkeypatch.chdir(tmp_path)
     assert compare_runs.main([str(a), str(b)]) == 0
     assert (tmp_path / "runs" / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

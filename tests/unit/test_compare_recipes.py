@@ -7,54 +7,9 @@ from __future__ import annotations
 import json
 
 import yaml
+from support import fake_run_dir
 
 from scripts import compare_runs
-
-
-def _config(backend: str, epochs: int = 2, **extra) -> dict:
-    cfg = {
-        "run": {"name": f"r-{backend}", "out_dir": "runs", "seed": 0},
-        "data": {"root": "/data/imagenet", "workers": 4},
-        "optim": {"name": "sgd", "lr": 0.4},
-        "comm": {"backend": backend, "autotune": backend == "multistream", "network": "10gbit"},
-        "phases": [{"epochs": epochs, "image_size": 32, "batch_size": 8}],
-    }
-    for key, value in extra.items():
-        section, name = key.split("__")
-        cfg[section][name] = value
-    return cfg
-
-
-def _history(epochs: int) -> list[dict]:
-    return [
-        {"epoch": e, "train_seconds": 10.0 * e, "wall_seconds": 12.0 * e, "top1": 20.0 * e, "top5": 40.0 * e,
-         "images_per_s": 100.0, "val_count": 48}
-        for e in range(1, epochs + 1)
-    ]  # fmt: skip
-
-
-def _run(path, backend: str, *, epochs: int = 2, finished: bool = True, **extra):
-    path.mkdir(parents=True)
-    (path / "config.yaml").write_text(yaml.safe_dump(_config(backend, epochs, **extra)))
-    (path / "meta.json").write_text(json.dumps({"world_size": 2}))
-    history = _history(epochs)
-    tsv = "epoch\thours\ttop1\ttop5\n" + "".join(
-        f"{r['epoch']}\t{r['train_seconds'] / 3600:.6f}\t{r['top1']:.2f}\t{r['top5']:.2f}\n" for r in history
-    )
-    (path / "dawnbench.tsv").write_text(tsv)
-    if not finished:
-        return path
-    settings = {"bucket_mb": 8, "streams": 2, "slices": 1} if backend == "multistream" else {}
-    comm = {"backend": backend, "steps": 20, "comm_seconds": 0.4, "wait_seconds": None, "bytes": 100,
-            "settings": settings}  # fmt: skip
-    summary = {
-        "epochs": epochs, "steps": 20, "world_size": 2, "wall_seconds": 12.0 * epochs,
-        "train_seconds": 10.0 * epochs, "images_per_s": 100.0, "final_top1": history[-1]["top1"],
-        "final_top5": history[-1]["top5"], "val_count": 48, "val_excluded": 2, "comm_backend": backend,
-        "comm": comm, "history": history,
-    }  # fmt: skip
-    (path / "summary.json").write_text(json.dumps(summary))
-    return path
 
 
 def _rows(text: str) -> dict[str, dict[str, str]]:
@@ -72,8 +27,8 @@ def _rows(text: str) -> dict[str, dict[str, str]]:
 
 
 def test_two_backends_of_one_recipe_compare_with_each_comm_window_named(tmp_path, capsys):
-    ddp = _run(tmp_path / "ddp", "ddp")
-    ms = _run(tmp_path / "multistream", "multistream", data__workers=8)
+    ddp = fake_run_dir(tmp_path / "ddp", "ddp")
+    ms = fake_run_dir(tmp_path / "multistream", "multistream", data__workers=8)
     (ms / "network.json").write_text(json.dumps({"link_gbit": 9.4, "flow_gbit": 4.7, "latency_us": 61.0, "pairs": []}))
     png = tmp_path / "c.png"
     assert compare_runs.main([str(ddp), str(ms), "--plot", str(png)]) == 0
@@ -105,8 +60,8 @@ def test_two_backends_of_one_recipe_compare_with_each_comm_window_named(tmp_path
 
 
 def test_runs_with_other_epochs_are_refused_in_one_line_unless_forced(tmp_path, capsys):
-    nine = _run(tmp_path / "nine", "ddp", epochs=9)
-    three = _run(tmp_path / "three", "multistream", epochs=3, optim__lr=0.8)
+    nine = fake_run_dir(tmp_path / "nine", "ddp", epochs=9)
+    three = fake_run_dir(tmp_path / "three", "multistream", epochs=3, optim__lr=0.8)
     args = [str(nine), str(three), "--plot", str(tmp_path / "c.png")]
     assert compare_runs.main(args) == 2
     captured = capsys.readouterr()
@@ -121,8 +76,8 @@ def test_runs_with_other_epochs_are_refused_in_one_line_unless_forced(tmp_path, 
 
 
 def test_an_interrupted_run_is_compared_up_to_its_last_epoch(tmp_path, capsys):
-    done = _run(tmp_path / "done", "ddp", epochs=3)
-    cut = _run(tmp_path / "cut", "ddp", epochs=3, finished=False)
+    done = fake_run_dir(tmp_path / "done", "ddp", epochs=3)
+    cut = fake_run_dir(tmp_path / "cut", "ddp", epochs=3, finished=False)
     (cut / "dawnbench.tsv").write_text("\n".join((cut / "dawnbench.tsv").read_text().splitlines()[:3]) + "\n")
     assert compare_runs.main([str(done), str(cut), "--plot", str(tmp_path / "c.png")]) == 0
     rows = _rows(capsys.readouterr().out)
