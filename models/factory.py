@@ -132,10 +132,7 @@ class CompileClock:
         d = {k: c1[k] - c0[k] for k in c1}
         hits = d["inductor.fxgraph_cache_hit"] + d["aot_autograd.autograd_cache_hit"]
         misses = d["inductor.fxgraph_cache_miss"] + d["aot_autograd.autograd_cache_miss"]
-        if not hits and not misses:  # nothing compiled: dynamo reused a graph this process compiled before
-            cache = "in-process"
-        else:
-            cache = "warm" if hits and not misses else ("cold" if not hits else "partial")
+        cache = "warm" if hits and not misses else ("cold" if not hits else "partial")
         self.shapes[key] = {"compile_s": round(s1 - s0, 3), "cache": cache, "cache_hits": hits, "cache_misses": misses}
         self._open = None
 
@@ -147,7 +144,7 @@ class CompileClock:
             self._open = (key, *self._now())
 
     def report(self) -> dict:
-        """{input shape 'NxCxHxW': {compile_s, cache: cold|warm|partial|in-process, cache_hits, cache_misses}}."""
+        """{input shape 'NxCxHxW': {compile_s, cache: cold|warm|partial, cache_hits, cache_misses}}."""
         self._close()
         return dict(self.shapes)
 
