@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from recipes import registry
 from recipes.argtypes import OneLineParser
 from recipes.evaluation.accuracy import TTA
 from recipes.evaluation.cli import run_evaluate_cli
@@ -35,7 +36,11 @@ def parser() -> OneLineParser:
     )
     acc = ap.add_argument_group("accuracy")
     acc.add_argument("--batch-size", type=int, default=64, help="per-process batch size")
-    acc.add_argument("--backend", choices=["torch", "dali"], help="input backend (default: the checkpoint's)")
+    acc.add_argument(
+        "--backend",
+        choices=[name for name, r in registry.INPUT_PIPELINES.items() if r.reads_folders],
+        help="input pipeline over the images, data.backend (default: the checkpoint's)",
+    )
     acc.add_argument(
         "--tta",
         choices=list(TTA),

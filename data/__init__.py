@@ -1,10 +1,11 @@
 """Input pipelines. `create_input(cfg.data, dist, phases=, seed=, channels_last=, amp=)` is the only place that knows
-which backend is in use.
+which input pipeline (`data.backend`) is in use.
 
 Every pipeline implements `data.pipeline.InputPipeline`: `num_classes`, `classes`, `num_train`, `num_val`,
 `train_batches(epoch_info, start_step=0)` (exactly `epoch_info.steps - start_step` normalized batches on the
 device for this rank), `val_batches(phase)` (this rank's disjoint share of the validation set, every image exactly
-once over all ranks) and `close()`. The names of `data.backend` are in recipes/registry.py.
+once over all ranks) and `close()`. Each `data.backend` is a record in recipes/registry.py (`Input`): its class,
+the `data.*` keys it reads, whether it reads data.root's folders.
 """
 
 from __future__ import annotations
@@ -65,8 +66,8 @@ def create_input(
     (run.amp). `val_classes` (evaluation: the checkpoint's classes): read only `<data.root>/val`, labelled by that
     list, so a dataset of val/ alone is enough."""
     run = RunContext(phases=list(phases), seed=seed, channels_last=channels_last, amp=amp)
-    pipeline = registry.load(registry.INPUT_PIPELINES, data.backend, "data.backend", "backend")
-    if not pipeline.reads_folders:
+    pipeline = registry.load(registry.INPUT_PIPELINES, data.backend, "data.backend", "input pipeline")
+    if not registry.INPUT_PIPELINES[data.backend].reads_folders:
         return pipeline(data, dist, run)
     return pipeline(data, dist, run, *_scan(data, run.phases, val_classes))  # + train split, val split, roots
 

@@ -47,9 +47,9 @@ class RunContext:
 
 
 class BasePipeline:
-    """The dataset's identity, set once by the constructor, and the no-op defaults of the interface."""
-
-    reads_folders = True  # built as Pipeline(data, dist, run, train, val, roots) from the scanned data.root
+    """The dataset's identity, set once by the constructor, and the no-op defaults of the interface. A pipeline whose
+    record reads folders (recipes/registry.py `Input.reads_folders`) is built as Pipeline(data, dist, run, train,
+    val, roots) from the scanned data.root; one that does not as Pipeline(data, dist, run)."""
 
     def __init__(
         self, data, dist, run: RunContext, classes: list[str], *, num_train: int, num_val: int, val_excluded=0

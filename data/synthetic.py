@@ -21,7 +21,7 @@ class _Repeat:
 
 
 class SyntheticPipeline(BasePipeline):
-    reads_folders = False  # built as SyntheticPipeline(data, dist, run)
+    """Built as SyntheticPipeline(data, dist, run): its record says it reads no folders (recipes/registry.py)."""
 
     def __init__(self, data, dist, run):
         d = data

@@ -14,19 +14,17 @@ from recipes.registry import MODELS, check_name
 
 
 def create_model(cfg, num_classes: int) -> nn.Module:
-    """Build `cfg.name` for `num_classes` classes with the configured BN settings."""
+    """Build `cfg.name` for `num_classes` classes with the configured settings its record reads (the BN ones for a
+    network with BatchNorm residual blocks)."""
     check_name(MODELS, cfg.name, "model.name", "model")
-    model = timm.create_model(
-        MODELS[cfg.name],
-        pretrained=False,
-        num_classes=num_classes,
-        drop_rate=cfg.drop_rate,
-        zero_init_last=cfg.zero_init_last_bn,
-    )
-    for m in model.modules():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm):
-            m.momentum = cfg.bn_momentum
-            m.eps = cfg.bn_eps
+    record = MODELS[cfg.name]
+    extra = {"zero_init_last": cfg.zero_init_last_bn} if "zero_init_last_bn" in record.reads else {}
+    model = timm.create_model(record.arch, pretrained=False, num_classes=num_classes, drop_rate=cfg.drop_rate, **extra)
+    if "bn_momentum" in record.reads:
+        for m in model.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                m.momentum = cfg.bn_momentum
+                m.eps = cfg.bn_eps
     return model
 
 

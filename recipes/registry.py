@@ -3,17 +3,19 @@ lives, and what the rest of the tree shows or checks of it.
 
     Allreduce   comm.backend: the class, its label in tables, its rows in the time model, whether comm.compression
                 applies to it, whether its work can be captured in the step's CUDA graph across ranks
-    Optimizer   optim.name: the builder, the optim.* keys it reads (the others are inert for it: said when set,
-                marked by --print-config)
+    Input       data.backend (the input pipeline): the class, the data.* keys it reads, whether it reads data.root's
+                folders
+    Model       model.name: the timm architecture, the model.* keys it reads
+    Optimizer   optim.name: the builder, the optim.* keys it reads
 
-The config schema takes its `Literal` types from these tables, so a wrong name is a `ConfigError` (with "did you
-mean") when the config loads; the factories (`recipes.comm.create_allreduce`, `data.create_input`,
-`recipes.optim.create_optimizer`, `models.create_model`) import the implementation from here when it is asked
-for; the time model, `train.py --plan --gpu`, scripts/predict.py and compare_runs list the backends from
-`ALLREDUCE_BACKENDS`, and `--print-config` the inert keys from `OPTIMIZERS`. A new backend or optimizer is one
-record here plus its module (a backend: also its step-time model in recipes/comm/stepmodel.py). The records are
-plain data, and nothing of this repository is imported at import time: the schema and the torch-free tools read
-them.
+A key of a seam's section that the chosen record does not read is inert (`SEAMS`): said when set, marked by
+--print-config (recipes/config/inert.py). The config schema takes its `Literal` types from these tables, so a wrong
+name is a `ConfigError` (with "did you mean") when the config loads; the factories (`recipes.comm.create_allreduce`,
+`data.create_input`, `recipes.optim.create_optimizer`, `models.create_model`) take the implementation from here
+when it is asked for; the time model, `train.py --plan --gpu`, scripts/predict.py and compare_runs list the
+backends from `ALLREDUCE_BACKENDS`. A new backend, input pipeline, model or optimizer is one record here plus its
+module and tests (a backend: also its step-time model in recipes/comm/stepmodel.py). The records are plain data,
+and nothing of this repository is imported at import time: the schema and the torch-free tools read them.
 """
 
 from __future__ import annotations
@@ -92,11 +94,50 @@ NCCL_PRESETS: dict[str, tuple[int | None, int | None, int | None]] = {
     "flows-16-ch4": (4, 4, 4),
 }
 
-# data.backend -> a class implementing data.pipeline.InputPipeline
+
+@dataclass(frozen=True)
+class Input:
+    """An input pipeline (data.backend): its class and the data.* keys it reads."""
+
+    name: str
+    impl: str  # "module:Class" implementing data.pipeline.InputPipeline
+    label: str  # in tables (docs/config.md)
+    reads: tuple[str, ...]  # data.* keys it reads, besides those of every pipeline (DATA_SHARED_KEYS)
+    # Reads data.root's ImageNet folders: built from the scanned splits (data.create_input), its folders are what
+    # the launcher checks on every host and evaluate.py --backend may choose it. False: it makes its own batches.
+    reads_folders: bool = True
+    requires: str = ""  # the package it imports beyond requirements.txt's core (tests skip it where missing)
+
+
+# Every pipeline reads these: which one, and the validation batch.
+DATA_SHARED_KEYS = ("backend", "val_batch_size")
+# A pipeline over data.root's folders reads these: where the images are, how many decode at once, how validation
+# crops, and which files it refuses or leaves out.
+_FOLDERS = ("root", "roots", "workers", "val_crop_ratio", "skip_corrupt", "max_image_pixels", "val_blacklist")
+
+# data.backend -> its record
 INPUT_PIPELINES = {
-    "torch": "data.torch_loader:TorchPipeline",
-    "dali": "data.dali_loader:DaliPipeline",
-    "synthetic": "data.synthetic:SyntheticPipeline",
+    r.name: r
+    for r in (
+        # timm's PIL augmentations (auto_augment, AugMix's splits) exist in this pipeline only.
+        Input(
+            "torch", "data.torch_loader:TorchPipeline", "torchvision + PIL", (*_FOLDERS, "auto_augment", "aug_splits")
+        ),
+        Input(
+            "dali",
+            "data.dali_loader:DaliPipeline",
+            "NVIDIA DALI",
+            (*_FOLDERS, "dali_dtype", "dali_prefetch", "dali_hw_decoder_load"),
+            requires="nvidia.dali",
+        ),
+        Input(
+            "synthetic",
+            "data.synthetic:SyntheticPipeline",
+            "random batches on the device",
+            ("synthetic_size", "synthetic_classes"),
+            reads_folders=False,
+        ),
+    )
 }
 
 
@@ -126,16 +167,52 @@ OPTIMIZERS = {
     )
 }
 
-# model.name -> timm architecture. `resnet50_tweaked` is ResNet-D (deep stem, average-pool downsampling in the
-# shortcut) = timm's resnet50d; the BN tweaks (zero-init last gamma, BN momentum/eps, no BN decay) are applied
-# from the config on top (models/factory.py).
+
+@dataclass(frozen=True)
+class Model:
+    """A network (model.name): its timm architecture and the model.* keys it reads."""
+
+    name: str
+    arch: str  # timm.create_model's name (models/factory.py)
+    label: str  # in tables (docs/config.md)
+    # model.* keys it reads besides MODEL_SHARED_KEYS: the BN settings (momentum, eps, zero-init of each residual
+    # branch's last gamma: timm's `zero_init_last`) apply to a network with BatchNorm residual blocks only.
+    reads: tuple[str, ...] = ("bn_momentum", "bn_eps", "zero_init_last_bn")
+
+
+MODEL_SHARED_KEYS = ("name", "drop_rate")
+
+# model.name -> its record. `resnet50_tweaked` is ResNet-D (deep stem, average-pool downsampling in the shortcut) =
+# timm's resnet50d; the BN tweaks (zero-init last gamma, BN momentum/eps, no BN decay) are applied from the config on
+# top (models/factory.py).
 MODELS = {
-    "resnet50_tweaked": "resnet50d",
-    "resnet50d": "resnet50d",
-    "resnet50": "resnet50",
-    "resnet26d": "resnet26d",
-    "resnet18": "resnet18",
-    "resnet10t": "resnet10t",
+    r.name: r
+    for r in (
+        Model("resnet50_tweaked", "resnet50d", "ResNet-50-D, the record's network"),
+        Model("resnet50d", "resnet50d", "ResNet-50-D"),
+        Model("resnet50", "resnet50", "ResNet-50"),
+        Model("resnet26d", "resnet26d", "ResNet-26-D"),
+        Model("resnet18", "resnet18", "ResNet-18"),
+        Model("resnet10t", "resnet10t", "ResNet-10-T"),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Seam:
+    """A config section whose keys belong to the part one of its keys chooses: the keys the chosen record does not
+    read (besides `shared`) are inert (recipes/config/inert.py)."""
+
+    key: str  # the choosing key in the section ("name" of optim.name)
+    records: dict[str, Any]  # name -> record with `reads`
+    shared: tuple[str, ...]  # keys every part of the section reads
+
+
+# section -> its seam
+SEAMS = {
+    "data": Seam("backend", INPUT_PIPELINES, DATA_SHARED_KEYS),
+    "model": Seam("name", MODELS, MODEL_SHARED_KEYS),
+    "optim": Seam("name", OPTIMIZERS, OPTIM_SHARED_KEYS),
 }
 
 
@@ -146,9 +223,7 @@ def check_name(table: dict[str, Any], name: str, key: str, what: str) -> None:
 
 
 def load(table: dict[str, Any], name: str, key: str, what: str) -> Any:
-    """The implementation registered under `name` (a record's `impl`, or the table's 'module:attribute'), imported
-    now."""
+    """The implementation of the record registered under `name` (its `impl`, 'module:attribute'), imported now."""
     check_name(table, name, key, what)
-    entry = table[name]
-    module, _, attr = getattr(entry, "impl", entry).partition(":")
+    module, _, attr = table[name].impl.partition(":")
     return getattr(importlib.import_module(module), attr)

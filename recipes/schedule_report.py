@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from recipes import memory
+from recipes import memory, registry
 from recipes.run.writer import figure_bytes, write_output
 from recipes.schedule import Schedule
 from recipes.timemodel import IMAGENET_TRAIN_IMAGES, predicted_seconds
@@ -16,7 +16,7 @@ from recipes.timemodel import IMAGENET_TRAIN_IMAGES, predicted_seconds
 def count_images(cfg) -> int | None:
     from data.folder import scan_split
 
-    if cfg.data.backend == "synthetic":
+    if not registry.INPUT_PIPELINES[cfg.data.backend].reads_folders:  # it makes its own images
         return cfg.data.synthetic_size
     if not (Path(cfg.data.root) / "train").is_dir():
         return None

@@ -174,6 +174,7 @@ def _check_numbers(args) -> None:
 
 def build_job(args) -> tuple[Job, object]:
     """Everything the launch needs, checked here before any host is contacted."""
+    from recipes import registry
     from recipes.config import load_config, parse_override, split_overrides
     from recipes.dawnbench import missing_required
 
@@ -216,7 +217,7 @@ def build_job(args) -> tuple[Job, object]:
             )
 
     data_paths = []
-    if cfg.data.backend != "synthetic" and not args.probe_network:
+    if registry.INPUT_PIPELINES[cfg.data.backend].reads_folders and not args.probe_network:
         data_paths = [f"{cfg.data.root}/train", f"{cfg.data.root}/val"]
         data_paths += [f"{path}/train" for path in cfg.data.roots.values()]
         from data import copy_beside  # a phase's copy not in data.roots is read from <data.root>-<name>
@@ -373,6 +374,7 @@ def preflight(job: Job, cfg, args) -> int:
     from launcher.preflight import Expectation, assess, checkpoint_bytes, instance_env
 
     from data.folder import blacklist_path
+    from recipes import registry
 
     print(
         f"launch: checking {len(job.hosts)} host(s): working directory, python, config, data "
@@ -383,7 +385,8 @@ def preflight(job: Job, cfg, args) -> int:
     reports = {}
     if not problems:
         blacklist = None
-        if cfg.data.val_blacklist and cfg.data.backend != "synthetic" and not args.probe_network:
+        folders = registry.INPUT_PIPELINES[cfg.data.backend].reads_folders
+        if cfg.data.val_blacklist and folders and not args.probe_network:
             blacklist = str(blacklist_path(cfg.data.root, cfg.data.val_blacklist))
         reports, problems = run_preflight(job, job.data_paths, blacklist, args.check_timeout)
     if not problems:

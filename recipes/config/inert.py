@@ -1,8 +1,9 @@
-"""Keys that do not apply: the optim.* keys the chosen optimizer does not read, from its record (recipes/registry.py).
+"""Keys that do not apply: the keys of a seam's section (optim.*, data.*, model.*) that the chosen part does not read,
+from its record (recipes/registry.py `SEAMS`).
 
-A value set for such a key changes nothing (sgd has no trust ratio; Lamb has Adam's betas, not optim.momentum): the
-command line says so in one line per key (`inert_settings`), and `--print-config` marks every inert key
-(`marked_yaml`).
+A value set for such a key changes nothing (sgd has no trust ratio; Lamb has Adam's betas, not optim.momentum; the
+synthetic input pipeline reads no folder, DALI no timm augmentation): the command line says so in one line per key
+(`inert_settings`), and `--print-config` marks every inert key (`marked_yaml`).
 """
 
 from __future__ import annotations
@@ -11,31 +12,41 @@ import dataclasses
 
 from recipes import registry
 from recipes.config.load import to_yaml
-from recipes.config.schema import Config, OptimConfig
+from recipes.config.schema import Config
+
+
+def _chosen(cfg: Config, section: str):
+    """(the section's config, the choosing key's dotted name and value, the chosen record)."""
+    seam = registry.SEAMS[section]
+    part = getattr(cfg, section)
+    name = getattr(part, seam.key)
+    return part, f"{section}.{seam.key}={name}", seam.records[name]
 
 
 def inert_keys(cfg: Config) -> list[str]:
-    """The dotted optim.* keys that `cfg.optim.name` does not read, in schema order."""
-    read = set(registry.OPTIM_SHARED_KEYS) | set(registry.OPTIMIZERS[cfg.optim.name].reads)
-    return [f"optim.{f.name}" for f in dataclasses.fields(OptimConfig) if f.name not in read]
+    """The dotted keys of every seam's section that its chosen part does not read, in schema order."""
+    out = []
+    for section, seam in registry.SEAMS.items():
+        part, _, record = _chosen(cfg, section)
+        read = set(seam.shared) | set(record.reads)
+        out += [f"{section}.{f.name}" for f in dataclasses.fields(part) if f.name not in read]
+    return out
 
 
-def _readers(key: str) -> list[str]:
-    return [r.name for r in registry.OPTIMIZERS.values() if key.split(".", 1)[1] in r.reads]
+def _readers(section: str, name: str) -> list[str]:
+    return [r.name for r in registry.SEAMS[section].records.values() if name in r.reads]
 
 
 def inert_settings(cfg: Config) -> list[str]:
     """One line per inert key whose value is not the default: set, but not read."""
-    default = OptimConfig()
     out = []
     for key in inert_keys(cfg):
-        name = key.split(".", 1)[1]
-        value = getattr(cfg.optim, name)
-        if value != getattr(default, name):
-            out.append(
-                f"{key}={value!r} is not read by optim.name={cfg.optim.name} (read by {', '.join(_readers(key))}): "
-                "it changes nothing"
-            )
+        section, name = key.split(".", 1)
+        part, chosen, _ = _chosen(cfg, section)
+        value = getattr(part, name)
+        if value != getattr(type(part)(), name):
+            readers = ", ".join(_readers(section, name)) or "none"
+            out.append(f"{key}={value!r} is not read by {chosen} (read by {readers}): it changes nothing")
     return out
 
 
@@ -49,6 +60,6 @@ def marked_yaml(cfg: Config) -> str:
         elif line.startswith("  ") and not line.startswith("   ") and ":" in line:
             key = f"{section}.{line.strip().split(':', 1)[0]}"
             if key in inert:
-                line += f"  # inert: not read by optim.name={cfg.optim.name}"
+                line += f"  # inert: not read by {_chosen(cfg, section)[1]}"
         lines.append(line)
     return "\n".join(lines) + "\n"

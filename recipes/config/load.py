@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import yaml
 
+from recipes import registry
 from recipes.config.schema import Config, _is_name, _plain, _type_name, domain_rule, domain_text
 from recipes.errors import ConfigError
 
@@ -150,11 +151,16 @@ def _validate(cfg: Config) -> None:
     """Checks that involve several keys (one key's own range is its domain, checked in _build)."""
     if cfg.data.aug_splits == 1:
         raise ConfigError(f"data.aug_splits: expected 0 (off) or an integer >= 2, got {cfg.data.aug_splits}")
-    if (cfg.data.aug_splits or cfg.data.auto_augment) and cfg.data.backend != "torch":
-        raise ConfigError(
-            f"data.auto_augment/aug_splits: timm's PIL augmentations run on data.backend=torch only, "
-            f"got data.backend={cfg.data.backend!r}"
-        )
+    # Refused, not only warned (recipes/config/inert.py): augmentation the pipeline does not run would train
+    # something else than the config says, and aug_splits also changes the loss (JSD) whatever the pipeline.
+    pipeline = registry.INPUT_PIPELINES[cfg.data.backend]
+    for key in ("auto_augment", "aug_splits"):
+        if getattr(cfg.data, key) and key not in pipeline.reads:
+            readers = [r.name for r in registry.INPUT_PIPELINES.values() if key in r.reads]
+            raise ConfigError(
+                f"data.{key}: timm's PIL augmentations run on data.backend={'/'.join(readers)} only, "
+                f"got data.backend={cfg.data.backend!r}"
+            )
     if cfg.optim.warmup_epochs > cfg.epochs:
         raise ConfigError(
             f"optim.warmup_epochs: {cfg.optim.warmup_epochs} is longer than the schedule ({cfg.epochs} epochs)"

@@ -7,7 +7,7 @@ import dataclasses
 import typing
 
 from recipes import registry
-from recipes.config.schema import Config, OptimConfig, Phase, _plain, _type_name, domain_text
+from recipes.config.schema import Config, Phase, _plain, _type_name, domain_text
 
 
 def reference_table() -> str:
@@ -41,8 +41,31 @@ def reference_table() -> str:
     return "\n".join(rows)
 
 
+def _reads_table(section: str, what: str) -> list[str]:
+    """The records of one seam (recipes/registry.py SEAMS): which keys of the section each reads, which are inert."""
+    seam = registry.SEAMS[section]
+    every = ", ".join(f"`{k}`" for k in seam.shared if k != seam.key)
+    keys = [f.name for f in dataclasses.fields(type(getattr(Config(), section))) if f.name not in seam.shared]
+    rows = [
+        "",
+        f"Every {what} reads {every}; the other `{section}.*` keys only where listed (elsewhere they are inert: a set "
+        "value is warned about, `--print-config` marks them).",
+        "",
+        f"| `{section}.{seam.key}` | implementation | also reads | inert |",
+        "|---|---|---|---|",
+    ]
+    for r in seam.records.values():
+        reads = ", ".join(f"`{k}`" for k in keys if k in r.reads) or "-"
+        inert = ", ".join(f"`{k}`" for k in keys if k not in r.reads) or "-"
+        shown = f"`{r.impl}`" if hasattr(r, "impl") else f"timm `{r.arch}`"
+        shown += f" ({r.label})" if hasattr(r, "label") else ""
+        rows.append(f"| `{r.name}` | {shown} | {reads} | {inert} |")
+    return rows
+
+
 def plugin_tables() -> str:
-    """Markdown tables of the registered allreduce backends and optimizers, from their records."""
+    """Markdown tables of the registered allreduce backends, optimizers, input pipelines and models, from their
+    records."""
     rows = [
         "| `comm.backend` | implementation | rows in the time model (scripts/predict.py) | reads `comm.compression` |",
         "|---|---|---|---|",
@@ -50,18 +73,7 @@ def plugin_tables() -> str:
     for r in registry.ALLREDUCE_BACKENDS.values():
         shown = ", ".join(f'"{r.row_label(f)}"' for f in r.time_flows) or "none"
         rows.append(f"| `{r.name}` | `{r.impl}` | {shown} | {'yes' if r.compression else 'no'} |")
-    every = ", ".join(f"`{k}`" for k in registry.OPTIM_SHARED_KEYS if k != "name")
-    rows += [
-        "",
-        f"Every optimizer reads {every}; the other `optim.*` keys only where listed (elsewhere they are inert: a set "
-        "value is warned about, `--print-config` marks them).",
-        "",
-        "| `optim.name` | implementation | also reads | inert |",
-        "|---|---|---|---|",
-    ]
-    keys = [f.name for f in dataclasses.fields(OptimConfig) if f.name not in registry.OPTIM_SHARED_KEYS]
-    for r in registry.OPTIMIZERS.values():
-        reads = ", ".join(f"`{k}`" for k in keys if k in r.reads) or "-"
-        inert = ", ".join(f"`{k}`" for k in keys if k not in r.reads) or "-"
-        rows.append(f"| `{r.name}` | `{r.impl}` | {reads} | {inert} |")
+    rows += _reads_table("optim", "optimizer")
+    rows += _reads_table("data", "input pipeline")
+    rows += _reads_table("model", "model")
     return "\n".join(rows)

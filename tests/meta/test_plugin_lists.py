@@ -1,6 +1,6 @@
 """The plug-ins' names live in their records (recipes/registry.py): no other module keeps a list, tuple, set or
-dict of two or more allreduce backend or optimizer names by hand, where a new backend or optimizer would have to be
-added. A list that must name them derives from `registry.ALLREDUCE_BACKENDS` / `registry.OPTIMIZERS`."""
+dict of two or more allreduce backend, optimizer, input pipeline or model names by hand, where a new one would have
+to be added. A list that must name them derives from the registry's tables."""
 
 from __future__ import annotations
 
@@ -21,6 +21,17 @@ LAB_CONTENDERS = {
 }
 
 
+# Collections whose strings happen to be plug-in names but name something else, each with what it names; keyed by
+# file and the names found, so that any other list in the same file is still caught.
+NOT_PLUGIN_NAMES = {
+    ("recipes/environment.py", ("torch", "dali")): "package versions compared across hosts (torch, DALI)",
+    ("scripts/gpu_check/gpu_check_perf.py", ("resnet50d", "resnet50")): "timm architectures timed against "
+    "NVIDIA's published ResNet-50 rows (their floors): the comparison, not the registered models",
+    ("scripts/gpu_check/gpu_check_perf.py", ("synthetic", "dali")): "the two pipelines whose trainer rates give "
+    "DALI's cost in the loop (against prebuilt batches): one measured difference, not the registered pipelines",
+}
+
+
 def hand_lists(tree: ast.AST, names: set[str]) -> list[tuple[int, list[str]]]:
     """(line, names) of every literal collection (or dict's keys) naming two or more of `names`."""
     out = []
@@ -38,7 +49,12 @@ def hand_lists(tree: ast.AST, names: set[str]) -> list[tuple[int, list[str]]]:
 
 
 def test_no_hand_kept_list_of_backends_or_optimizers():
-    kinds = {"allreduce backends": set(registry.ALLREDUCE_BACKENDS), "optimizers": set(registry.OPTIMIZERS)}
+    kinds = {
+        "allreduce backends": set(registry.ALLREDUCE_BACKENDS),
+        "optimizers": set(registry.OPTIMIZERS),
+        "input pipelines": set(registry.INPUT_PIPELINES),
+        "models": set(registry.MODELS),
+    }
     bad = []
     for pkg in ("recipes", "data", "models", "scripts"):
         for path in sorted((ROOT / pkg).rglob("*.py")):
@@ -47,7 +63,8 @@ def test_no_hand_kept_list_of_backends_or_optimizers():
                 continue
             tree = ast.parse(path.read_text(), rel)
             for kind, names in kinds.items():
-                bad += [f"{rel}:{line}: {kind} {found}" for line, found in hand_lists(tree, names)]
+                hits = [(line, found) for line, found in hand_lists(tree, names)]
+                bad += [f"{rel}:{ln}: {kind} {f}" for ln, f in hits if (rel, tuple(f)) not in NOT_PLUGIN_NAMES]
     for path in [ROOT / "train.py", ROOT / "evaluate.py"]:
         for kind, names in kinds.items():
             bad += [f"{path.name}:{ln}: {kind} {f}" for ln, f in hand_lists(ast.parse(path.read_text()), names)]
@@ -58,3 +75,10 @@ def test_the_check_finds_a_hand_kept_list():
     tree = ast.parse('BACKENDS = ("ddp", "horovod")\nLABELS = {"sgd": 1, "lamb": 2}\nONE = ["ddp", "other"]\n')
     assert hand_lists(tree, {"ddp", "horovod"}) == [(1, ["ddp", "horovod"])]
     assert hand_lists(tree, {"sgd", "lamb"}) == [(2, ["sgd", "lamb"])]
+
+
+def test_every_listed_exception_is_still_there():
+    """An entry of NOT_PLUGIN_NAMES whose collection is gone is removed with it (no stale pass)."""
+    for (rel, names), why in NOT_PLUGIN_NAMES.items():
+        tree = ast.parse((ROOT / rel).read_text(), rel)
+        assert any(tuple(found) == names for _, found in hand_lists(tree, set(names))), (rel, names, why)

@@ -12,6 +12,7 @@ from support import ROOT
 
 from recipes.config import load_config, to_yaml
 from recipes.config.inert import inert_keys, inert_settings, marked_yaml
+from recipes.errors import ConfigError
 
 
 def _cfg(*overrides):
@@ -28,7 +29,7 @@ def _cfg(*overrides):
     ],
 )
 def test_inert_keys_per_optimizer(name, inert):
-    keys = inert_keys(_cfg(f"optim.name={name}"))
+    keys = [k for k in inert_keys(_cfg(f"optim.name={name}")) if k.startswith("optim.")]
     if name == "lamb":
         assert keys == [f"optim.{k}" for k in (*inert, "trust_clip_max", "lars_momentum")]
     else:
@@ -66,3 +67,68 @@ def test_cli_warns_once_per_inert_setting():
         "warning: optim.trust_clip_max=2.0 is not read by optim.name=sgd (read by hybrid): it changes nothing"
     ]
     assert "  trust_clip_max: 2.0  # inert: not read by optim.name=sgd" in p.stdout.splitlines()
+
+
+@pytest.mark.parametrize(
+    ("backend", "inert"),
+    [
+        ("torch", ["synthetic_size", "synthetic_classes", "dali_dtype", "dali_prefetch", "dali_hw_decoder_load"]),
+        ("dali", ["synthetic_size", "synthetic_classes", "auto_augment", "aug_splits"]),
+        ("synthetic", ["root", "roots", "workers", "val_crop_ratio", "skip_corrupt", "dali_dtype"]),
+    ],
+)
+def test_inert_keys_per_input_pipeline(backend, inert):
+    keys = [k for k in inert_keys(_cfg(f"data.backend={backend}")) if k.startswith("data.")]
+    if backend == "synthetic":
+        more = ["max_image_pixels", "dali_prefetch", "dali_hw_decoder_load", "val_blacklist", "auto_augment"]
+        assert keys == [f"data.{k}" for k in (*inert, *more, "aug_splits")]
+    else:
+        assert keys == [f"data.{k}" for k in inert]
+
+
+def test_a_set_data_key_the_pipeline_does_not_read_is_one_line():
+    assert inert_settings(_cfg("data.backend=synthetic", "data.workers=4", "data.synthetic_size=64")) == [
+        "data.workers=4 is not read by data.backend=synthetic (read by torch, dali): it changes nothing"
+    ]
+    assert inert_settings(_cfg("data.backend=torch", "data.dali_prefetch=2")) == [
+        "data.dali_prefetch=2 is not read by data.backend=torch (read by dali): it changes nothing"
+    ]
+    text = marked_yaml(_cfg("data.backend=dali"))
+    marked = [
+        ln.split(":")[0].strip() for ln in text.splitlines() if ln.endswith("# inert: not read by data.backend=dali")
+    ]
+    assert marked == ["synthetic_size", "synthetic_classes", "auto_augment", "aug_splits"]
+
+
+def test_timm_augmentation_outside_the_torch_pipeline_is_refused_not_only_warned():
+    with pytest.raises(
+        ConfigError, match=r"data.aug_splits: timm's PIL augmentations run on data.backend=torch only, "
+    ):
+        _cfg("data.backend=dali", "data.aug_splits=2")
+    with pytest.raises(ConfigError, match=r"data.auto_augment: .* got data.backend='synthetic'"):
+        _cfg("data.backend=synthetic", "data.auto_augment=rand-m9-mstd0.5")
+
+
+def test_model_keys_follow_the_model_record(monkeypatch):
+    """Every registered network has BatchNorm residual blocks and reads every model.* key; a record that reads no BN
+    key makes them inert and the factory does not hand them to timm (whose ViT takes no zero_init_last)."""
+    from models import create_model
+    from recipes import registry
+    from recipes.config import ModelConfig
+
+    assert not [k for k in inert_keys(_cfg("model.name=resnet18")) if k.startswith("model.")]
+    vit = registry.Model("vit", "vit_tiny_patch16_224", "ViT-Tiny", reads=())
+    monkeypatch.setitem(registry.MODELS, "vit", vit)
+    cfg = _cfg()
+    cfg.model = ModelConfig(name="vit", bn_eps=1e-3)
+    assert [k for k in inert_keys(cfg) if k.startswith("model.")] == [
+        "model.bn_momentum",
+        "model.bn_eps",
+        "model.zero_init_last_bn",
+    ]
+    assert inert_settings(cfg)[-1] == (
+        "model.bn_eps=0.001 is not read by model.name=vit (read by resnet50_tweaked, resnet50d, resnet50, resnet26d, "
+        "resnet18, resnet10t): it changes nothing"
+    )
+    model = create_model(cfg.model, 10)
+    assert model.head.out_features == 10
