@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from recipes import registry
+from recipes.config.rules import trust_clip
 from recipes.errors import ConfigError
 from recipes.lars import LayerAdaptiveSGD
 
@@ -89,9 +90,9 @@ def build_sgd(cfg, groups):
 
 
 def _layer_adaptive(cfg, groups, clip: bool):
+    if clip:
+        trust_clip(cfg)  # the loader's rule, for a section built in code
     lo, hi = (cfg.trust_clip_min, cfg.trust_clip_max) if clip else (0.0, float("inf"))
-    if clip and not 0.0 <= lo <= hi:
-        raise ConfigError(f"optim.trust_clip_min/max: expected 0 <= min <= max, got [{lo}, {hi}]")
     if cfg.eta <= 0:
         raise ConfigError(f"optim.eta: expected a positive number, got {cfg.eta}")
     return LayerAdaptiveSGD(

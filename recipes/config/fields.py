@@ -19,7 +19,7 @@ def _f(
     trains: bool = True,
     *,
     unbounded: str = "",
-    cross: str = "",
+    cross: Any = None,
 ) -> Any:
     """A schema field: default (or factory), meaning, and `domain`: the values allowed besides the type
     (keys of DOMAINS, space-separated; on a list, "nonempty" is about the list and the others about its items).
@@ -27,8 +27,8 @@ def _f(
     so a resume may change it; on a section, every key of the section.
     `unbounded`: why a number without an upper bound is safe whatever its size (its consumer takes any finite
     value); a number without one and without a `<=` domain is refused by tests/unit/test_hostile_config.py.
-    `cross`: the rule against other keys the value is also checked by (config/load.py::_validate), beyond its
-    domain."""
+    `cross`: the rule against other keys the value is also checked by, beyond its domain (a
+    recipes/config/rules.py `Rule`: the loader runs every declared one)."""
     meta = {"help": help, "domain": domain, "trains": trains, "unbounded": unbounded, "cross": cross}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)

@@ -19,6 +19,7 @@ from typing import Any, Literal
 import yaml
 
 from recipes import registry
+from recipes.config.rules import check_all
 from recipes.config.schema import Config, _is_name, _plain, _type_name, domain_rule, domain_text
 from recipes.errors import ConfigError
 
@@ -148,7 +149,8 @@ MAX_VAL_RESIZE = 8192
 
 
 def _validate(cfg: Config) -> None:
-    """Checks that involve several keys (one key's own range is its domain, checked in _build)."""
+    """Checks that involve several keys (one key's own range is its domain, checked in _build): the schema's declared
+    rules (recipes/config/rules.py), and those of the input pipeline's records."""
     if cfg.data.aug_splits == 1:
         raise ConfigError(f"data.aug_splits: expected 0 (off) or an integer >= 2, got {cfg.data.aug_splits}")
     # Refused, not only warned (recipes/config/inert.py): augmentation the pipeline does not run would train
@@ -161,15 +163,7 @@ def _validate(cfg: Config) -> None:
                 f"data.{key}: timm's PIL augmentations run on data.backend={'/'.join(readers)} only, "
                 f"got data.backend={cfg.data.backend!r}"
             )
-    if cfg.optim.warmup_epochs > cfg.epochs:
-        raise ConfigError(
-            f"optim.warmup_epochs: {cfg.optim.warmup_epochs} is longer than the schedule ({cfg.epochs} epochs)"
-        )
-    if cfg.optim.trust_clip_min > cfg.optim.trust_clip_max:
-        raise ConfigError(
-            f"optim.trust_clip_min: {cfg.optim.trust_clip_min} is above optim.trust_clip_max "
-            f"({cfg.optim.trust_clip_max})"
-        )
+    check_all(cfg)  # the rules the schema's fields declare (`cross=`), each written once
     for i, phase in enumerate(cfg.phases):
         size = phase.val_image_size or phase.image_size
         if round(size / cfg.data.val_crop_ratio) > MAX_VAL_RESIZE:

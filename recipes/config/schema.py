@@ -25,6 +25,7 @@ from recipes.config.fields import (  # noqa: F401 (load.py and reference.py take
     domain_rule,
     domain_text,
 )
+from recipes.config.rules import TRUST_CLIP, WARMUP
 
 # The names each plug-in seam accepts, from its registry: a wrong name fails when the config loads.
 AllreduceName = Literal[tuple(registry.ALLREDUCE_BACKENDS)]
@@ -222,7 +223,7 @@ class OptimConfig:
         help="epochs of linear warm-up from warmup_start_lr to lr",
         domain=">=0",
         unbounded=_COUNT,
-        cross="optim.warmup_epochs <= the schedule's epochs",
+        cross=WARMUP,
     )
     warmup_start_lr: float = _f(0.0, help="learning rate at step 0", domain=">=0", unbounded=_FACTOR)
     final_lr: float = _f(
@@ -248,14 +249,14 @@ class OptimConfig:
         help="hybrid: lower clip of the layer trust ratio",
         domain=">0",
         unbounded=_FACTOR,
-        cross="optim.trust_clip_min <= optim.trust_clip_max",
+        cross=TRUST_CLIP,
     )
     trust_clip_max: float = _f(
         1.0,
         help="hybrid: upper clip of the layer trust ratio",
         domain=">0",
         unbounded=_FACTOR,
-        cross="optim.trust_clip_min <= optim.trust_clip_max",
+        cross=TRUST_CLIP,
     )
     lars_momentum: Literal["torch", "tf"] = _f(
         "torch",

@@ -1,0 +1,65 @@
+"""Rules between keys: each written once, as a function of the section(s) it reads, and declared on its fields
+(`cross=` in recipes/config/schema.py). The loader runs every declared rule (`check_all`); a part that takes a
+section built without the loader calls the same function (recipes/optim.py: `trust_clip`), so both raise the same
+ConfigError naming the keys and values. Torch-free: the loader and the torch-free tools import it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from recipes.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A rule between keys: what holds, in words (the fields' `cross` metadata), and its check of a whole Config."""
+
+    text: str
+    check: Callable[[Any], None]  # (Config) -> None; raises ConfigError naming the keys and values
+
+
+def trust_clip(optim) -> None:
+    """The hybrid optimizer's clip of the layer trust ratio is an interval: optim.trust_clip_min <= trust_clip_max."""
+    if optim.trust_clip_min > optim.trust_clip_max:
+        raise ConfigError(
+            f"optim.trust_clip_min: {optim.trust_clip_min} is above optim.trust_clip_max ({optim.trust_clip_max})"
+        )
+
+
+def warmup_within_schedule(cfg) -> None:
+    """The warm-up ends inside the schedule: optim.warmup_epochs <= the phases' epochs."""
+    if cfg.optim.warmup_epochs > cfg.epochs:
+        raise ConfigError(
+            f"optim.warmup_epochs: {cfg.optim.warmup_epochs} is longer than the schedule ({cfg.epochs} epochs)"
+        )
+
+
+TRUST_CLIP = Rule("optim.trust_clip_min <= optim.trust_clip_max", lambda cfg: trust_clip(cfg.optim))
+WARMUP = Rule("optim.warmup_epochs <= the schedule's epochs", warmup_within_schedule)
+
+
+def declared(cls: type) -> list[Rule]:
+    """Every rule declared on the fields of schema class `cls` and its sections, once each, in field order."""
+    import dataclasses
+    import typing
+
+    out: list[Rule] = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        rule = f.metadata.get("cross")
+        if isinstance(rule, Rule) and rule not in out:
+            out.append(rule)
+        tp = hints[f.name]
+        if typing.get_origin(tp) is list:
+            tp = typing.get_args(tp)[0]
+        if dataclasses.is_dataclass(tp):
+            out += [r for r in declared(tp) if r not in out]
+    return out
+
+
+def check_all(cfg) -> None:
+    """Run every rule the schema declares on `cfg` (a Config); the first broken one raises its ConfigError."""
+    for rule in declared(type(cfg)):
+        rule.check(cfg)
