@@ -411,7 +411,15 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
         where = f"{path}: " if path is not None else ""
         # A value given on the command line is that value's fault, not the file's: name the override.
         given = [parse_override(o) for o in overrides] if path is not None else []  # no file: nothing to tell apart
-        blamed = next((f"{k}={v}" for k, v in reversed(given) if str(e).startswith((f"{k}:", f"{k}."))), None)
+        # (a value with a line break or control character is shown quoted: the error stays one line)
+        blamed = next(
+            (
+                f"{k}={v if v.isprintable() else show(v)}"
+                for k, v in reversed(given)
+                if str(e).startswith((f"{k}:", f"{k}."))
+            ),
+            None,
+        )
         raise ConfigError(f"command line ({blamed}): {e}" if blamed else f"{where}{e}") from None
     _validate(cfg)
     return cfg
