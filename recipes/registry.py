@@ -45,6 +45,10 @@ class Allreduce:
     # What its comm_seconds (recipes/comm/stats.py CommStats) times, per step: backends time different windows
     # (docs/allreduce.md, "What each backend measures"), so compare_runs names it beside every comm column.
     comm_window: str = "the backend's own (docs/allreduce.md)"
+    # What starts its ranks: torchrun, or horovodrun (Horovod's own rendezvous; scripts/launch.py --engine horovod).
+    launcher: str = "torchrun"
+    bucket_key: str = "bucket_mb"  # the comm.* key of its bucket (fusion) size in MB
+    autotune: bool = False  # comm.autotune tunes its settings in the first steps
 
     def row_label(self, flows: int = 1) -> str:
         """The label of its time-model row or run with `flows` TCP flows per peer ("ddp (4 flows)")."""
@@ -63,6 +67,7 @@ ALLREDUCE_BACKENDS = {
             time_flows=(1, 4),
             eager_across_ranks="DDP's reducer runs host logic per step",
             comm_window="first bucket -> last bucket reduced",
+            bucket_key="bucket_cap_mb",
         ),
         Allreduce(
             "multistream",
@@ -70,6 +75,7 @@ ALLREDUCE_BACKENDS = {
             "multistream",
             compression=True,
             comm_window="backward + sync",
+            autotune=True,
         ),
         Allreduce(
             "horovod",
@@ -78,7 +84,64 @@ ALLREDUCE_BACKENDS = {
             compression=True,
             eager_across_ranks="Horovod's allreduce runs on its own thread",
             comm_window="first gradient -> synchronize()",
+            launcher="horovodrun",
+            autotune=True,
         ),
+    )
+}
+
+# PyTorch's own DDP: the reference every other backend's weights must equal (the GPU check's equality runs) and the
+# speed columns of the network lab are relative to.
+REFERENCE_BACKEND = "ddp"
+
+
+def compared_with_reference() -> list[str]:
+    """The backends whose weights the GPU check holds equal to the reference's: every other one torchrun starts
+    (Horovod runs under horovodrun, in its own check)."""
+    return [n for n, r in ALLREDUCE_BACKENDS.items() if r.launcher == "torchrun" and n != REFERENCE_BACKEND]
+
+
+@dataclass(frozen=True)
+class LabMethod:
+    """A way of averaging gradients that the network lab measures (scripts/bench/bench_allreduce.py) and the
+    step-time model predicts (scripts/predict_lab.py): a registered backend at some settings, or a lab-only
+    baseline. Its name is its key in the lab's JSON (`torch.<name>`, or `<name>` for one with its own launcher)."""
+
+    name: str
+    backend: str  # the ALLREDUCE_BACKENDS record it measures; "" = lab-only (modelled by stepmodel under `name`)
+    what: str  # one line for the bench's help
+    flows: bool = False  # DDP on a gloo group of --flows devices: its settings end in "N flows"
+    tuned: bool = False  # the backend after its tuner ran in the same process (the winner's settings are shown)
+    default: bool = True  # measured unless --contenders says otherwise, and checked by scripts/predict.py --validate
+
+    @property
+    def model(self) -> str:
+        """Its step-time model's name in recipes/comm/stepmodel.py."""
+        return self.backend or self.name
+
+    @property
+    def own_launcher(self) -> bool:
+        """Runs under its backend's own launcher (a separate process group and JSON entry), not the lab's ranks."""
+        return bool(self.backend) and ALLREDUCE_BACKENDS[self.backend].launcher != "torchrun"
+
+
+# The network lab's methods, in its tables' order.
+LAB_METHODS = {
+    m.name: m
+    for m in (
+        LabMethod("per-tensor", "", "one blocking allreduce per gradient after backward (the naive baseline)"),
+        LabMethod("ddp", "ddp", "PyTorch DistributedDataParallel, bucket_cap_mb 25, one gloo device: one flow"),
+        LabMethod("ddp-flows", "ddp", "the same DDP on a gloo group of --flows devices: as many flows", flows=True),
+        LabMethod("multistream", "multistream", "our backend at the config defaults (comm.bucket_mb/streams/slices)"),
+        LabMethod("tuned", "multistream", "our backend after its auto-tuner ran in the same process", tuned=True),
+        LabMethod(
+            "tuned-model",
+            "multistream",
+            "the tuner started from the step-time model's ranking for this lab, half the candidates",
+            tuned=True,
+            default=False,
+        ),
+        LabMethod("horovod", "horovod", "real horovod.torch DistributedOptimizer, Horovod's defaults (gloo)"),
     )
 }
 

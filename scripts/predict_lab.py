@@ -1,7 +1,8 @@
 """The step-time model against the network lab: `scripts/predict.py --validate` (recipes/comm/stepmodel.py).
 
 The lab file is what `python -m scripts.bench.bench_allreduce --json` writes: per host count, the compute-only time
-and each contender's measured step (`torch`: per-tensor, ddp, ddp-flows, multistream, tuned; `horovod`). `load_lab`
+and each contender's measured step (the lab methods of recipes/registry.py `LAB_METHODS`: under `torch` those the
+lab's own ranks run, at the top level one with its own launcher, Horovod). `load_lab`
 merges several such files by host count; `lab_predict` is the model's step time for one contender of one record (the
 gradient list of bench_allreduce at its `fraction`, compute not overlapped, `LabFit`'s goodput and per-message
 latency) and `measured` what the lab measured; `fit_lab` fits goodput and latency (then Horovod's negotiation cost
@@ -16,10 +17,12 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from recipes import registry
 from recipes.comm import stepmodel as sm
 from recipes.comm.plan import Settings, TensorSpec
 
-LAB_METHODS = ("per-tensor", "ddp", "ddp-flows", "multistream", "tuned", "horovod")
+# The methods checked against the model: those the lab measures by default.
+LAB_METHODS = tuple(name for name, m in registry.LAB_METHODS.items() if m.default)
 
 
 @dataclass(frozen=True)
@@ -46,34 +49,39 @@ def _settings(label: str) -> Settings:
     return Settings(float(mb.split()[0]), int(k.split("=")[1]), int(s.split("=")[1]))
 
 
+def entry(rec: dict, method: str) -> dict | None:
+    """The measurement of `method` in one lab record (None when it was not measured there)."""
+    r = rec.get(method) if registry.LAB_METHODS[method].own_launcher else rec["torch"].get(method)
+    return r if isinstance(r, dict) else None
+
+
 def lab_predict(rec: dict, method: str, fit: LabFit, specs: list[TensorSpec] | None = None) -> float | None:
     """Predicted step time of `method` in one lab record (None when it was not measured there)."""
-    torch_res = rec["torch"]
-    r = rec["horovod"] if method == "horovod" else torch_res.get(method)
-    if not isinstance(r, dict):
+    r = entry(rec, method)
+    if r is None:
         return None
+    torch_res = rec["torch"]
     f = torch_res.get("fraction", 1.0)
     specs = specs or lab_specs(f)
     net = sm.Network(
         rec["hosts"], 1, rec["link_mbit"] / 1000, rec["flow_mbit"] / 1000, fit.latency_s, efficiency=fit.efficiency
     )
     comp = sm.no_overlap(specs, torch_res["compute_s"])
-    if method in ("multistream", "tuned"):
-        return sm.predict_step("multistream", specs, comp, net, settings=_settings(r["settings"])).step_s
-    if method == "ddp":
-        return sm.predict_step("ddp", specs, comp, net, bucket_cap_mb=25 * f).step_s
-    if method == "ddp-flows":  # 'bucket_cap_mb 1.25, 4 flows': DDP on a gloo group of 4 devices
-        flows = int(r["settings"].rsplit(",", 1)[1].split()[0])
-        return sm.predict_step("ddp", specs, comp, net, bucket_cap_mb=25 * f, flows=flows).step_s
-    if method == "horovod":
+    lab = registry.LAB_METHODS[method]
+    if lab.model == "multistream":  # at its defaults or the tuner's winner: the settings it ran with
+        return sm.predict_step(lab.model, specs, comp, net, settings=_settings(r["settings"])).step_s
+    if lab.model == "ddp":  # 'bucket_cap_mb 1.25, 4 flows' with --flows: DDP on a gloo group of 4 devices
+        flows = int(r["settings"].rsplit(",", 1)[1].split()[0]) if lab.flows else None
+        return sm.predict_step(lab.model, specs, comp, net, bucket_cap_mb=25 * f, flows=flows).step_s
+    if lab.model == "horovod":
         hv = sm.Horovod(fusion_mb=128 * f, negotiation_s_per_rank=fit.negotiation_s_per_rank)
-        return sm.predict_step("horovod", specs, comp, net, horovod=hv).step_s
-    return sm.predict_step("per-tensor", specs, comp, net).step_s
+        return sm.predict_step(lab.model, specs, comp, net, horovod=hv).step_s
+    return sm.predict_step(lab.model, specs, comp, net).step_s
 
 
 def measured(rec: dict, method: str) -> float | None:
-    r = rec["horovod"] if method == "horovod" else rec["torch"].get(method)
-    return r["step_s"] if isinstance(r, dict) else None
+    r = entry(rec, method)
+    return r["step_s"] if r is not None else None
 
 
 def fit_lab(records: list[dict]) -> LabFit:
@@ -93,10 +101,12 @@ def fit_lab(records: list[dict]) -> LabFit:
                     e.append(math.log(p / y) ** 2)
         return sum(e) / max(len(e), 1)
 
-    torch_methods = [m for m in LAB_METHODS if m != "horovod"]
+    # Goodput and latency from the methods without a negotiation cost, then Horovod's cost per rank on top.
+    horovod = [m for m in LAB_METHODS if registry.LAB_METHODS[m].model == "horovod"]
+    torch_methods = [m for m in LAB_METHODS if m not in horovod]
     eff, loglat = _refine(lambda e, g: err(LabFit(e, 10**g, 0.0), torch_methods), (0.7, 1.3), (-6.0, -2.0))
     lat = 10**loglat
-    neg = 10 ** _refine(lambda _, g: err(LabFit(eff, lat, 10**g), ["horovod"]), (eff, eff), (-7.0, -2.0))[1]
+    neg = 10 ** _refine(lambda _, g: err(LabFit(eff, lat, 10**g), horovod), (eff, eff), (-7.0, -2.0))[1]
     return LabFit(eff, lat, neg)
 
 
@@ -113,8 +123,9 @@ def load_lab(paths: list[str]) -> list[dict]:
             for k, v in rec["torch"].items():
                 if isinstance(v, dict):
                     have["torch"].setdefault(k, v)
-            if isinstance(rec["horovod"], dict):
-                have["horovod"] = rec["horovod"]
+            for name, m in registry.LAB_METHODS.items():  # Horovod's, from its own launcher's run
+                if m.own_launcher and isinstance(rec.get(name), dict):
+                    have[name] = rec[name]
     return [merged[h] for h in sorted(merged)]
 
 
@@ -146,7 +157,7 @@ def validate(paths: list[str], fit_hosts: list[int]) -> list[str]:
             p, y = lab_predict(rec, m, fit), measured(rec, m)
             if p is None or y is None:
                 continue
-            r = rec["horovod"] if m == "horovod" else rec["torch"][m]
+            r = entry(rec, m)
             lines.append(
                 f"| {rec['hosts']} | {m} | {r['settings']} | {y * 1000:.0f} | {p * 1000:.0f} | "
                 f"{100 * (p / y - 1):+.0f}% | {'yes' if rec['hosts'] in fit_hosts else 'no'} |"

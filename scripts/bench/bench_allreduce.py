@@ -39,12 +39,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from recipes import registry
 from scripts import netlab
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULE = "scripts.bench.bench_allreduce"  # ranks and the Horovod rendezvous run it again, from ROOT
 
-METHODS = ["per-tensor", "ddp", "ddp-flows", "multistream", "tuned", "tuned-model"]
+LAB = registry.LAB_METHODS
+# The methods the lab's own ranks run (--worker), in the tables' order; one with its own launcher (Horovod) runs apart.
+METHODS = [name for name, m in LAB.items() if not m.own_launcher]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -180,14 +183,14 @@ def worker(args) -> None:
                 ddp(one).backward()
 
             contenders[method], settings[method] = step, f"bucket_cap_mb {25 * f:g}, {args.flows} flows"
-        elif method in ("multistream", "tuned", "tuned-model"):
+        elif LAB[method].model == "multistream":
             over = [
                 "run.device=cpu",
                 f"dist.timeout_s={args.timeout}",
                 "comm.tune_cache=null",
                 f"comm.bucket_mb={8 * f:g}",
             ]
-            if method != "multistream":
+            if LAB[method].tuned:
                 buckets = ",".join(f"{b * f:g}" for b in (4, 8, 16, 32))
                 over += [
                     "comm.autotune=true",
@@ -339,7 +342,7 @@ def _worker_cmd(kind: str, out: Path, args, lab) -> list[str]:
         str(args.flows),
     ]
     if kind == "--worker":
-        cmd += ["--methods", ",".join(m for m in args.contenders if m != "horovod")]
+        cmd += ["--methods", ",".join(m for m in args.contenders if not LAB[m].own_launcher)]
         cmd += [f"--tune-over={o}" for o in args.tune_over]
     return cmd
 
@@ -490,7 +493,7 @@ def _table(title: str, n: int, res: dict, hvd, link_mbit: float | None) -> list[
     for m, r in entries:
         if isinstance(r, dict):
             comm[m] = max(r["step_s"] - res["compute_s"], 1e-6)
-    ref = comm.get("ddp", float("nan"))
+    ref = comm.get(registry.REFERENCE_BACKEND, float("nan"))
     ref_n = comm.get("ddp-flows", float("nan"))
     for m, r in entries:
         if not isinstance(r, dict):
@@ -504,7 +507,7 @@ def _table(title: str, n: int, res: dict, hvd, link_mbit: float | None) -> list[
             f"{bus:.2f} | {pct} | {ref / comm[m]:.2f}x | {ref_n / comm[m]:.2f}x | {max(r['cpu_s']) * 1000:.0f} | "
             f"{100 * load:.0f}% |"
         )
-    for m in ("tuned", "tuned-model"):
+    for m in [name for name, lab in LAB.items() if lab.tuned]:
         tuning = res.get(m, {}).get("tuning")
         if not tuning:
             continue
@@ -549,8 +552,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hvd-rendezvous", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument(
         "--contenders",
-        default="per-tensor,ddp,ddp-flows,multistream,tuned,horovod",
-        help=f"comma-separated, some of {','.join([*METHODS, 'horovod'])} (ddp: the speed column's reference)",
+        default=",".join(name for name, m in LAB.items() if m.default),
+        help=f"comma-separated, some of {','.join(LAB)} (ddp: the speed column's reference)",
     )
     ap.add_argument("--methods", default="", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="", help=argparse.SUPPRESS)
@@ -562,9 +565,9 @@ def main(argv: list[str] | None = None) -> int:
     args.candidates = args.candidates or (4 if args.quick else 8)
     args.contenders = args.contenders.split(",")
     args.flow_mbit = args.link_mbit / args.flow_ratio
-    unknown = set(args.contenders) - {*METHODS, "horovod"}
+    unknown = set(args.contenders) - set(LAB)
     if unknown:
-        ap.error(f"--contenders: unknown {', '.join(sorted(unknown))}; expected some of {', '.join(METHODS)}, horovod")
+        ap.error(f"--contenders: unknown {', '.join(sorted(unknown))}; expected some of {', '.join(LAB)}")
     if args.worker:
         args.methods = [m for m in args.methods.split(",") if m]
         worker(args)

@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from recipes import registry
 from scripts.gpu_check.gpu_check_env import run_logged
 from scripts.gpu_check.gpu_check_rows import guard, judged, row
 
@@ -64,11 +65,12 @@ def moved(stats: dict | None, transport: str) -> tuple[str, str]:
 
 # --- 3a. the allreduce backends on CUDA tensors ---------------------------------------------------------------------
 def check_allreduce(rows: list[dict], work: Path, gpus: int) -> None:
-    """multistream vs DDP weights after WORKER_STEPS steps: 2 ranks on cuda:0 over gloo, and NCCL over all GPUs
-    (one GPU: a world of one, engaged)."""
+    """Every backend torchrun starts (multistream) vs DDP's weights after WORKER_STEPS steps: 2 ranks on cuda:0 over
+    gloo, and NCCL over all GPUs (one GPU: a world of one, engaged)."""
+    ref, others = registry.REFERENCE_BACKEND, registry.compared_with_reference()
     cases = [("gloo", 2, "2 ranks on cuda:0 over gloo, CUDA tensors"), ("nccl", gpus, f"{gpus} rank(s) over NCCL")]
     for transport, world, what in cases:
-        name = f"multistream vs DDP weights after {WORKER_STEPS} steps, {what}"
+        name = f"{' and '.join(others)} vs DDP weights after {WORKER_STEPS} steps, {what}"
         with guard(rows, name):
             out, log = fresh(work / f"allreduce-{transport}.json"), work / f"allreduce-{transport}.log"
             cmd, port = torchrun(world, f"gpu-check-{transport}-{os.getpid()}")
@@ -79,11 +81,11 @@ def check_allreduce(rows: list[dict], work: Path, gpus: int) -> None:
                 rows.append(row(name, f"fail: exit {rc} {err} (see {log})"))
                 continue
             r = json.loads(out.read_text())
-            why_d, text_d = moved(r["ddp"], transport)
-            why_m, text_m = moved(r["multistream"], transport)
-            ref = f"DDP: {text_d}; multistream: {text_m}; ranks agree within {r['rank_spread']:.1e}; port {port}"
+            seen = {b: moved(r.get(b), transport) for b in (ref, *others)}
+            texts = "; ".join(f"{'DDP' if b == ref else b}: {text}" for b, (_, text) in seen.items())
+            shown = f"{texts}; ranks agree within {r['rank_spread']:.1e}; port {port}"
             if world == 1:
-                ref += "; one rank: the communicator's kernels, streams and events ran, no data crossed a link"
+                shown += "; one rank: the communicator's kernels, streams and events ran, no data crossed a link"
             spread = "" if r["rank_spread"] <= WEIGHTS_ATOL else f"ranks disagree by {r['rank_spread']:.2e}"
             rows.append(
                 judged(
@@ -91,8 +93,8 @@ def check_allreduce(rows: list[dict], work: Path, gpus: int) -> None:
                     r["max_diff"],
                     "max |w| diff",
                     at_most=WEIGHTS_ATOL,
-                    reference=ref,
-                    why=why_d or why_m or spread,
+                    reference=shown,
+                    why=next((why for why, _ in seen.values() if why), spread),
                 )
             )
 
@@ -157,7 +159,10 @@ def check_e2e(rows: list[dict], sample: Path, work: Path, gpus: int) -> Path | N
     """Train with each allreduce backend; returns the ddp run's checkpoint (for check 4)."""
     classes = len([d for d in (sample / "train").iterdir() if d.is_dir()])
     ckpt = None
-    for backend, extra in {"ddp": [], "multistream": TUNE}.items():
+    for backend, record in registry.ALLREDUCE_BACKENDS.items():
+        if record.launcher != "torchrun":
+            continue  # Horovod: check_horovod, under horovodrun
+        extra = TUNE if record.autotune else []
         name = f"trainer end to end, NCCL, comm.backend={backend}" + (" + autotune" if extra else "")
         with guard(rows, name):
             run_dir, log = fresh(work / f"run-{backend}"), work / f"run-{backend}.log"
@@ -166,7 +171,7 @@ def check_e2e(rows: list[dict], sample: Path, work: Path, gpus: int) -> Path | N
             rc = run_logged(cmd, log, RUN_TIMEOUT, ROOT)
             rows.append(judge_run(name, run_dir, log, rc, transport="nccl", classes=classes, tuned=bool(extra)))
             rows[-1]["reference"] += f"; rendezvous port {port}"
-            if backend == "ddp" and rows[-1]["result"] == "pass":
+            if backend == registry.REFERENCE_BACKEND and rows[-1]["result"] == "pass":
                 ckpt = run_dir / "checkpoint.pt"
     check_horovod(rows, sample, work, gpus, classes)
     return ckpt

@@ -1,6 +1,8 @@
-"""One rank of gpu_check.py's allreduce check, under torchrun: DDP and multistream train the same small
-network from the same weights on the same per-rank batches for N steps, on CUDA tensors; rank 0 writes what they
-moved (CommStats) and how far apart their weights ended.
+"""One rank of gpu_check.py's allreduce check, under torchrun: every allreduce backend that torchrun starts
+(recipes/registry.py: DDP, the reference, and multistream) trains the same small network from the same weights on
+the same per-rank batches for N steps, on CUDA tensors, with small buckets; rank 0 writes what each moved
+(CommStats, under its name) and how far the others' weights ended from DDP's (`max_diff`) and across ranks
+(`rank_spread`).
 
     torchrun --nproc-per-node W -m scripts.gpu_check.gpu_check_worker OUT.json TRANSPORT STEPS
 
@@ -61,6 +63,7 @@ def train(cfg, dist, model: nn.Module, steps: int):
 def main() -> int:
     import torch.distributed as td
 
+    from recipes import registry
     from recipes.config import load_config
     from recipes.distributed import DistInfo, _env_int
 
@@ -80,18 +83,22 @@ def main() -> int:
         common = [f"dist.backend={pg}", f"run.device={dev.type}", "comm.engage_single_rank=true", "dist.timeout_s=120"]
         torch.manual_seed(0)
         model = net().to(dev).to(memory_format=torch.channels_last)
+        ref, others = registry.REFERENCE_BACKEND, registry.compared_with_reference()
         weights = {}
-        for backend, extra in (("ddp", ["comm.bucket_cap_mb=0.01"]), ("multistream", ["comm.bucket_mb=0.01"])):
-            cfg = load_config(None, [*common, f"comm.backend={backend}", *extra])
+        for backend in (ref, *others):
+            bucket = f"comm.{registry.ALLREDUCE_BACKENDS[backend].bucket_key}=0.01"  # many buckets, odd cuts
+            cfg = load_config(None, [*common, f"comm.backend={backend}", bucket])
             weights[backend], stats = train(cfg, dist, model, steps)
             result[backend] = {"steps": stats.steps, "bytes": stats.bytes, "settings": stats.settings}
-        result["max_diff"] = float((weights["ddp"] - weights["multistream"]).abs().max())
-        root = weights["multistream"].clone()
-        td.broadcast(root, src=0)  # every rank must hold rank 0's weights
-        spread = torch.tensor([float((weights["multistream"] - root).abs().max())], device=dev)
+        result["max_diff"] = max(float((weights[ref] - weights[b]).abs().max()) for b in others)
+        spread = torch.zeros(1, device=dev)
+        for b in others:
+            root = weights[b].clone()
+            td.broadcast(root, src=0)  # every rank must hold rank 0's weights
+            spread = torch.maximum(spread, (weights[b] - root).abs().max().reshape(1))
         td.all_reduce(spread, op=td.ReduceOp.MAX)
         result["rank_spread"] = float(spread)
-        result["scale"] = float(weights["ddp"].abs().max())
+        result["scale"] = float(weights[ref].abs().max())
         td.destroy_process_group()
     except Exception as e:  # noqa: BLE001 - reported in the row, with the traceback in the log
         traceback.print_exc()

@@ -10,17 +10,6 @@ from support import ROOT
 
 from recipes import registry
 
-# Lab contenders, not registered backends: each is a way of reducing the gradients that the network lab measures
-# with its own code (per-tensor, ddp with N flows, multistream at fixed and tuned settings, Horovod), the model's
-# predictions of them (predict_lab) and the GPU check's ddp-against-multistream equality runs.
-LAB_CONTENDERS = {
-    "scripts/bench/bench_allreduce.py",
-    "scripts/predict_lab.py",
-    "scripts/gpu_check/gpu_check_runs.py",
-    "scripts/gpu_check/gpu_check_worker.py",
-}
-
-
 # Collections whose strings happen to be plug-in names but name something else, each with what it names; keyed by
 # file and the names found, so that any other list in the same file is still caught.
 NOT_PLUGIN_NAMES = {
@@ -59,7 +48,7 @@ def test_no_hand_kept_list_of_backends_or_optimizers():
     for pkg in ("recipes", "data", "models", "scripts"):
         for path in sorted((ROOT / pkg).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
-            if rel == "recipes/registry.py" or rel in LAB_CONTENDERS:
+            if rel == "recipes/registry.py":
                 continue
             tree = ast.parse(path.read_text(), rel)
             for kind, names in kinds.items():

@@ -3,6 +3,7 @@ schema accepts exactly the registered names."""
 
 from __future__ import annotations
 
+import dataclasses
 import typing
 
 import pytest
@@ -97,3 +98,29 @@ def test_optimizers_and_models_load():
     assert all(timm.is_model(r.arch) for r in registry.MODELS.values())
     with pytest.raises(ConfigError, match=r"comm.backend: unknown backend 'nope' \(expected one of ddp, multistream"):
         registry.load(registry.ALLREDUCE_BACKENDS, "nope", "comm.backend", "backend")
+
+
+def test_every_backend_is_measured_by_the_lab_and_checked_by_the_gpu_check():
+    """The lab methods, the bench's contenders, predict.py --validate's methods and the GPU check's equality runs
+    come from the records: every backend is measured at its defaults and modelled; the lab-only ones are too."""
+    from recipes.comm import stepmodel
+    from scripts import predict_lab
+    from scripts.bench import bench_allreduce
+
+    comm_keys = {f.name for f in dataclasses.fields(CommConfig)}
+    for name, r in registry.ALLREDUCE_BACKENDS.items():
+        plain = [m for m in registry.LAB_METHODS.values() if m.backend == name and not (m.flows or m.tuned)]
+        assert [m.name for m in plain] == [name] and plain[0].default, name
+        assert r.launcher in ("torchrun", "horovodrun") and r.bucket_key in comm_keys, name
+    assert all(m.model in stepmodel.BACKENDS for m in registry.LAB_METHODS.values())
+    assert registry.REFERENCE_BACKEND in registry.ALLREDUCE_BACKENDS
+    # What the scripts derive, pinned: their CLI and JSON are unchanged by deriving them.
+    assert predict_lab.LAB_METHODS == ("per-tensor", "ddp", "ddp-flows", "multistream", "tuned", "horovod")
+    assert bench_allreduce.METHODS == ["per-tensor", "ddp", "ddp-flows", "multistream", "tuned", "tuned-model"]
+    assert registry.compared_with_reference() == ["multistream"]
+
+
+def test_a_new_torchrun_backend_joins_the_gpu_checks_equality_runs(monkeypatch):
+    fp16 = registry.Allreduce("ddp_fp16", "recipes.comm.ddp:DDPBackend", "ddp fp16", compression=True)
+    monkeypatch.setitem(registry.ALLREDUCE_BACKENDS, "ddp_fp16", fp16)
+    assert registry.compared_with_reference() == ["multistream", "ddp_fp16"]
