@@ -138,7 +138,7 @@ class RunConfig:
 
 @dataclass
 class DataConfig:
-    backend: InputName = _f("torch", help="input pipeline (recipes/registry.py)")
+    backend: InputName = _f("torch", help="input pipeline (recipes/registry.py: the data.* keys each reads)")
     root: str = _f(
         "data/sample",
         help="dataset root with train/ and val/ in ImageNet folder layout",
@@ -156,14 +156,16 @@ class DataConfig:
     )
     val_batch_size: int = _f(64, help="per-rank validation batch size", domain=">0 <=4096", trains=False)
     skip_corrupt: bool = _f(False, help="skip undecodable files (and report them) instead of failing")
-    synthetic_size: int = _f(1281167, help="synthetic backend: training images per epoch", domain=">0 <=1000000000")
-    synthetic_classes: int = _f(1000, help="synthetic backend: number of classes", domain=">0 <=100000")
+    synthetic_size: int = _f(
+        1281167, help="synthetic input pipeline: training images per epoch", domain=">0 <=1000000000"
+    )
+    synthetic_classes: int = _f(1000, help="synthetic input pipeline: number of classes", domain=">0 <=100000")
     dali_dtype: Literal["auto", "float32", "float16"] = _f(
         "auto", help="dali: output dtype; auto = float16 on CUDA with run.amp=fp16, else float32"
     )
     max_image_pixels: int = _f(
         89_478_485,
-        help="refuse an image with more pixels (a decompression bomb) in every backend; default: PIL's limit",
+        help="refuse an image with more pixels (a decompression bomb) in every input pipeline; default: PIL's limit",
         domain=">0 <=2147483647",
     )
     # DALI's GPU settings as NVIDIA's MLPerf Training ResNet-50 on DGX H100 sets them (DALI_PREFETCH_QUEUE=5,
@@ -191,12 +193,12 @@ class DataConfig:
     )
     auto_augment: str = _f(
         "",
-        help="torch backend: timm augmentation after the crop, e.g. 'rand-m9-mstd0.5-inc1' (RandAugment) or "
+        help="torch input pipeline: timm augmentation after the crop, e.g. 'rand-m9-mstd0.5-inc1' (RandAugment) or "
         "'augmix-m3-w1'; '' = none",
     )
     aug_splits: int = _f(
         0,
-        help="torch backend: AugMix splits (timm AugMixDataset: one clean view + aug_splits-1 augmented views) "
+        help="torch input pipeline: AugMix splits (timm AugMixDataset: one clean view + aug_splits-1 augmented views) "
         "trained with timm's JsdCrossEntropy; 0 = off, else >= 2",
         domain=">=0 <=16",
     )
@@ -369,7 +371,11 @@ class CommConfig:
 
 @dataclass
 class DistConfig:
-    backend: Literal["auto", "gloo", "nccl"] = _f("auto", help="process group backend; auto: nccl on GPU")
+    backend: Literal["auto", "gloo", "nccl"] = _f(
+        "auto",
+        help="torch.distributed process-group backend (not comm.backend, the allreduce backend that runs over it); "
+        "auto: nccl on GPU",
+    )
     timeout_s: float = _f(
         300.0, help="collective timeout; a dead or hung peer fails within this time", domain=">0 <=604800"
     )
