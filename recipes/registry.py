@@ -241,6 +241,10 @@ class Model:
     # model.* keys it reads besides MODEL_SHARED_KEYS: the BN settings (momentum, eps, zero-init of each residual
     # branch's last gamma: timm's `zero_init_last`) apply to a network with BatchNorm residual blocks only.
     reads: tuple[str, ...] = ("bn_momentum", "bn_eps", "zero_init_last_bn")
+    # The time model's per-image rates (recipes/timemodel/rates.py) were measured on this network: ResNet-50 (the
+    # published TensorFlow runs) and ResNet-50-D (this trainer's GPU profiles). Another network's prediction
+    # (`train.py --plan --gpu`) still uses them, and says so.
+    time_rates: bool = False
 
 
 MODEL_SHARED_KEYS = ("name", "drop_rate")
@@ -251,9 +255,9 @@ MODEL_SHARED_KEYS = ("name", "drop_rate")
 MODELS = {
     r.name: r
     for r in (
-        Model("resnet50_tweaked", "resnet50d", "ResNet-50-D, the record's network"),
-        Model("resnet50d", "resnet50d", "ResNet-50-D"),
-        Model("resnet50", "resnet50", "ResNet-50"),
+        Model("resnet50_tweaked", "resnet50d", "ResNet-50-D, the record's network", time_rates=True),
+        Model("resnet50d", "resnet50d", "ResNet-50-D", time_rates=True),
+        Model("resnet50", "resnet50", "ResNet-50", time_rates=True),
         Model("resnet26d", "resnet26d", "ResNet-26-D"),
         Model("resnet18", "resnet18", "ResNet-18"),
         Model("resnet10t", "resnet10t", "ResNet-10-T"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from recipes import registry
 from recipes.errors import ConfigError
 from recipes.timemodel.estimate import Cluster, backends, estimate, schedule_phases, step_compute
 from recipes.timemodel.profile import profile_model
@@ -98,4 +99,7 @@ def predicted_seconds(cfg, world: int, gpu: str, clock: str = "train") -> tuple[
         return None, f"comm.backend {cfg.comm.backend!r} has no row in the time model (rows: {rows})"
     prof = profile_model(cfg.model.name, 64)
     est = estimate(schedule_phases(cfg, world), Cluster(hosts, per_host), rates, backend=be, prof=prof)
-    return est.range(clock), f"{hosts} x {per_host} {rates.name} {dtype}, {be.label}, 32 Gbit/s links"
+    what = f"{hosts} x {per_host} {rates.name} {dtype}, {be.label}, 32 Gbit/s links"
+    if not registry.MODELS[cfg.model.name].time_rates:
+        what += f"; per-image rates measured on ResNet-50, not {cfg.model.name}"
+    return est.range(clock), what

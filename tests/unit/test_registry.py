@@ -9,7 +9,7 @@ import typing
 import pytest
 import timm
 import torch
-from support import input_args, input_from
+from support import ROOT, input_args, input_from
 
 from data import create_input
 from data.pipeline import BasePipeline, InputPipeline
@@ -124,3 +124,15 @@ def test_a_new_torchrun_backend_joins_the_gpu_checks_equality_runs(monkeypatch):
     fp16 = registry.Allreduce("ddp_fp16", "recipes.comm.ddp:DDPBackend", "ddp fp16", compression=True)
     monkeypatch.setitem(registry.ALLREDUCE_BACKENDS, "ddp_fp16", fp16)
     assert registry.compared_with_reference() == ["multistream", "ddp_fp16"]
+
+
+def test_a_prediction_for_a_network_the_rates_were_not_measured_on_says_so():
+    import recipes.timemodel as tm
+
+    assert [n for n, r in registry.MODELS.items() if r.time_rates] == ["resnet50_tweaked", "resnet50d", "resnet50"]
+    record = load_config(ROOT / "configs" / "dawnbench_158s.yaml", [])
+    seconds, what = tm.predicted_seconds(record, 128, "v100-32gb")
+    assert seconds is not None and "rates measured on" not in what
+    small = load_config(ROOT / "configs" / "dawnbench_158s.yaml", ["model.name=resnet18"])
+    seconds, what = tm.predicted_seconds(small, 128, "v100-32gb")
+    assert seconds is not None and what.endswith("; per-image rates measured on ResNet-50, not resnet18")
