@@ -1,21 +1,26 @@
 """The plug-ins a config may choose at each seam, each described by one record: its name, where its implementation
 lives, and what the rest of the tree shows or checks of it.
 
-    Allreduce   comm.backend: the class, its label in tables, its rows in the time model, whether comm.compression
-                applies to it, whether its work can be captured in the step's CUDA graph across ranks
+    Allreduce   comm.backend (the allreduce backend): the class, its label in tables, its rows in the time model,
+                whether comm.compression applies to it, whether its work can be captured in the step's CUDA graph
+                across ranks, what starts its ranks, its bucket key, whether comm.autotune tunes it
+    LabMethod   a way of averaging gradients the network lab measures: a backend at some settings, or lab-only
     Input       data.backend (the input pipeline): the class, the data.* keys it reads, whether it reads data.root's
                 folders
-    Model       model.name: the timm architecture, the model.* keys it reads
+    Model       model.name: the timm architecture, the model.* keys it reads, whether the time model's rates were
+                measured on it
     Optimizer   optim.name: the builder, the optim.* keys it reads
 
 A key of a seam's section that the chosen record does not read is inert (`SEAMS`): said when set, marked by
---print-config (recipes/config/inert.py). The config schema takes its `Literal` types from these tables, so a wrong
-name is a `ConfigError` (with "did you mean") when the config loads; the factories (`recipes.comm.create_allreduce`,
-`data.create_input`, `recipes.optim.create_optimizer`, `models.create_model`) take the implementation from here
-when it is asked for; the time model, `train.py --plan --gpu`, scripts/predict.py and compare_runs list the
-backends from `ALLREDUCE_BACKENDS`. A new backend, input pipeline, model or optimizer is one record here plus its
-module and tests (a backend: also its step-time model in recipes/comm/stepmodel.py). The records are plain data,
-and nothing of this repository is imported at import time: the schema and the torch-free tools read them.
+--print-config (recipes/config/inert.py). The config schema takes its `Literal` types from these tables, so a wrong name
+is a `ConfigError` (with "did you mean") when the config loads; the factories (`recipes.comm.create_allreduce`,
+`data.create_input`, `recipes.optim.create_optimizer`, `models.create_model`) take the implementation from here when it
+is asked for; the time model, `train.py --plan --gpu`, scripts/predict.py and compare_runs list the backends from
+`ALLREDUCE_BACKENDS`, the network lab's bench and `scripts/predict.py --validate` their methods from `LAB_METHODS`, the
+GPU check its equality and end-to-end runs from the backends' launchers. A new backend, input pipeline, model or
+optimizer is one record here plus its module and tests (a backend: also its step-time model in
+recipes/comm/stepmodel.py). The records are plain data, and nothing of this repository is imported at import time: the
+schema and the torch-free tools read them.
 """
 
 from __future__ import annotations
