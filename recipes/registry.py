@@ -114,7 +114,7 @@ class LabMethod:
 
     name: str
     backend: str  # the ALLREDUCE_BACKENDS record it measures; "" = lab-only (modelled by stepmodel under `name`)
-    what: str  # one line for the bench's help
+    what: str  # what it runs, for the bench's --help
     flows: bool = False  # DDP on a gloo group of --flows devices: its settings end in "N flows"
     tuned: bool = False  # the backend after its tuner ran in the same process (the winner's settings are shown)
     default: bool = True  # measured unless --contenders says otherwise, and checked by scripts/predict.py --validate
@@ -135,10 +135,23 @@ LAB_METHODS = {
     m.name: m
     for m in (
         LabMethod("per-tensor", "", "one blocking allreduce per gradient after backward (the naive baseline)"),
-        LabMethod("ddp", "ddp", "PyTorch DistributedDataParallel, bucket_cap_mb 25, one gloo device: one flow"),
-        LabMethod("ddp-flows", "ddp", "the same DDP on a gloo group of --flows devices: as many flows", flows=True),
+        LabMethod(
+            "ddp", "ddp", "PyTorch DistributedDataParallel, bucket_cap_mb 25 (its default), one gloo device: one flow"
+        ),
+        LabMethod(
+            "ddp-flows",
+            "ddp",
+            "the same DDP on a gloo group of --flows devices (comm.gloo_devices): its buckets spread over --flows TCP "
+            "connections per peer, as many flows as multistream's K communicators",
+            flows=True,
+        ),
         LabMethod("multistream", "multistream", "our backend at the config defaults (comm.bucket_mb/streams/slices)"),
-        LabMethod("tuned", "multistream", "our backend after its auto-tuner ran in the same process", tuned=True),
+        LabMethod(
+            "tuned",
+            "multistream",
+            "our backend after its auto-tuner ran in the same process (the winner's settings are shown)",
+            tuned=True,
+        ),
         LabMethod(
             "tuned-model",
             "multistream",

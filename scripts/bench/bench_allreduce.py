@@ -3,14 +3,8 @@
 
 For 2 and 4 ranks (gloo, CPU), on loopback and inside the network lab (scripts/netlab.py: one namespace per
 rank, link cap per host, per-flow cap of 1/3 of the link), it measures per-step communication time and bus
-bandwidth, 2(n-1)/n x bytes / time, for:
-    per-tensor   one blocking allreduce per gradient after backward (the naive baseline)
-    ddp          PyTorch DistributedDataParallel, bucket_cap_mb 25 (its default), one gloo device: one flow
-    ddp-flows    the same DDP on a gloo group of --flows devices (comm.gloo_devices): its buckets spread over
-                 --flows TCP connections per peer, as many flows as multistream's K communicators
-    multistream  our backend at the config defaults (comm.bucket_mb/streams/slices)
-    tuned        our backend after its auto-tuner ran in the same process (the winner's settings are shown)
-    horovod      real horovod.torch DistributedOptimizer, Horovod's defaults (gloo)
+bandwidth, 2(n-1)/n x bytes / time, for each lab method of recipes/registry.py `LAB_METHODS` (--help lists them:
+per-tensor, the naive baseline; ddp, at one flow and at --flows; multistream at its defaults and tuned; Horovod).
 A "step" is backward over a graph that touches every parameter, then the gradient averaging; the same step
 without any communication is timed too, and communication time = step time - that compute time.
 
@@ -524,7 +518,12 @@ def _table(title: str, n: int, res: dict, hvd, link_mbit: float | None) -> list[
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    methods = "\n".join(f"  {name:<12} {m.what}" for name, m in LAB.items())
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=f"lab methods (--contenders):\n{methods}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--quick", action="store_true", help="2 ranks only, fewer timed steps, 4 tuner candidates")
     ap.add_argument("--worlds", type=int, nargs="+", default=None, help="rank counts (default 2 4)")
     ap.add_argument("--link-mbit", type=float, default=1000.0, help="lab: link cap per host (Mbit/s)")

@@ -136,3 +136,14 @@ def test_a_prediction_for_a_network_the_rates_were_not_measured_on_says_so():
     small = load_config(ROOT / "configs" / "dawnbench_158s.yaml", ["model.name=resnet18"])
     seconds, what = tm.predicted_seconds(small, 128, "v100-32gb")
     assert seconds is not None and what.endswith("; per-image rates measured on ResNet-50, not resnet18")
+
+
+def test_the_bench_help_lists_every_lab_method(capsys):
+    from scripts.bench import bench_allreduce
+
+    with pytest.raises(SystemExit):
+        bench_allreduce.main(["--help"])
+    text = capsys.readouterr().out
+    for name, m in registry.LAB_METHODS.items():
+        assert f"  {name:<12} {m.what}\n" in text
+    assert "  ddp-flows    the same DDP on a gloo group of --flows devices (comm.gloo_devices)" in text
