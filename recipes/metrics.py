@@ -131,6 +131,11 @@ def epoch_row(*, epoch: int, step: int, train_seconds: float, train: dict, val: 
     return row
 
 
+def ema_values(ev: dict) -> dict:
+    """evaluate()'s dict of the EMA weights, under the keys the record's ema_* metrics read."""
+    return {m.reads: ev[m.reads.removeprefix("ema_")] for m in EPOCH if m.reads.startswith("ema_")}
+
+
 def epoch_scalars(row: dict) -> dict[str, float]:
     """TensorBoard scalars of a history row."""
     return {epoch_tag(m): row[m.name] for m in EPOCH if epoch_tag(m) and row.get(m.name) is not None}

@@ -33,7 +33,7 @@ from recipes.errors import ConfigError, Preempted
 from recipes.evaluation.accuracy import average_bn_stats, evaluate
 from recipes.logger import RunLogger, format_seconds
 from recipes.memory import accumulation, refuse_if_too_big
-from recipes.metrics import IMAGES_PER_S, LR, MOMENTUM, epoch_row, epoch_scalars, window_scalars
+from recipes.metrics import IMAGES_PER_S, LR, MOMENTUM, ema_values, epoch_row, epoch_scalars, window_scalars
 from recipes.optim import create_optimizer, describe_groups, set_lr_momentum
 from recipes.preemption import StopSignal, rerun_hint
 from recipes.report import summarize, summary_table, targets_reached
@@ -209,7 +209,7 @@ class Trainer:
             if self.ema is not None:
                 average_bn_stats(self.ema.module, self.dist)
                 ema = evaluate(self.ema.module, self.data.val_batches(phase), self.dist, self.steps.amp_ctx)
-                ev.update(ema_top1=ema["top1"], ema_top5=ema["top5"], ema_loss=ema["loss"])
+                ev.update(ema_values(ema))
             return ev
 
     def fit(self, stop_after_epochs: int | None = None) -> dict:
