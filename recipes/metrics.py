@@ -58,7 +58,7 @@ GRAD_NORM = Metric(
     "",
     "finite_mean",
     "the L2 norm of all gradients after the allreduce (averaged over ranks and micro-batches) and after fp16 "
-    "unscaling, before optim.clip_grad_norm clips them (the step applies min(grad_norm, clip))",
+    "unscaling, before optim.clip_grad_norm clips them (the applied gradients' norm is then min(grad_norm, clip))",
     console="grad_norm {:.3g}",
 )
 IMAGES_PER_S = Metric(
