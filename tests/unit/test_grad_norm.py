@@ -149,3 +149,33 @@ def test_norm_and_clip_read_nothing_on_the_host(monkeypatch, scaled):
         run(x, y, st)
     monkeypatch.undo()
     assert st.step == 3
+
+
+def test_norm_and_clip_ops_do_not_grow_with_the_parameters():
+    """One foreach norm and one foreach multiply over every gradient, never a per-tensor loop: the same ops for a
+    net of 4 tensors as for one of 40 (each op is a kernel launch on a GPU)."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    def ops(layers: int) -> Counter:
+        model = nn.Sequential(*[nn.Linear(3, 3) for _ in range(layers)])
+        for p in model.parameters():
+            p.grad = torch.ones_like(p)
+        run = _runner(model, torch.optim.SGD(model.parameters(), lr=0.1), clip=0.5)
+        with Count() as c:
+            run.grad_norm()
+        return c.ops
+
+    small, large = ops(2), ops(20)
+    assert small == large, (small, large)
+    assert small["_foreach_norm"] == small["_foreach_mul_"] == 1 and sum(small.values()) <= 8, small
