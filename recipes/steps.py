@@ -188,8 +188,7 @@ class GraphStep(StepRunner):
     momentum (floats, set by the trainer) are written into 0-dim device tensors, and the step's loss, non-finite
     flag, fp16 scale and gradient norm are copied out of static outputs (`settle` reads the flags later). Inside:
     forward, backward (with the allreduce backend's hooks), GradScaler's unscale and inf check, the gradient norm and
-    its clip, the optimizer step
-    reading the tensor lr and momentum, the scale update. With `capture` (a CUDA device, decided by the trainer),
+    its clip, the optimizer step reading the tensor lr and momentum, the scale update. With `capture` (a CUDA device, decided by the trainer),
     `warmup` steps of each new (input shape, dtype) run eagerly on a side stream, then the step is captured once
     (all shapes share one memory pool) and replayed; a new shape (a phase change) captures again. Without, the same
     body runs eagerly every step: the CPU tests run it. One micro-batch per step only (accumulation stays eager).
@@ -250,7 +249,7 @@ class GraphStep(StepRunner):
             torch.stack([loss.detach().float().reshape(()), flag, scale_before.float(), norm.float().reshape(())])
         )
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor, st, log=None, micro_batches: int = 1) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, st, log=None, micro_batches: int = 1) -> dict:
         if micro_batches != 1:
             raise TrainingError("GraphStep runs one micro-batch per step; accumulation runs in StepRunner")
         shape = (tuple(x.shape), x.dtype, tuple(y.shape), y.dtype)
