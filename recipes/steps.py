@@ -188,10 +188,11 @@ class GraphStep(StepRunner):
     momentum (floats, set by the trainer) are written into 0-dim device tensors, and the step's loss, non-finite
     flag, fp16 scale and gradient norm are copied out of static outputs (`settle` reads the flags later). Inside:
     forward, backward (with the allreduce backend's hooks), GradScaler's unscale and inf check, the gradient norm and
-    its clip, the optimizer step reading the tensor lr and momentum, the scale update. With `capture` (a CUDA device, decided by the trainer),
-    `warmup` steps of each new (input shape, dtype) run eagerly on a side stream, then the step is captured once
-    (all shapes share one memory pool) and replayed; a new shape (a phase change) captures again. Without, the same
-    body runs eagerly every step: the CPU tests run it. One micro-batch per step only (accumulation stays eager).
+    its clip, the optimizer step reading the tensor lr and momentum, the scale update. With `capture` (a CUDA device,
+    decided by the trainer), `warmup` steps of each new (input shape, dtype) run eagerly on a side stream, then the
+    step is captured once (all shapes share one memory pool) and replayed; a new shape (a phase change) captures
+    again. Without, the same body runs eagerly every step: the CPU tests run it. One micro-batch per step only
+    (accumulation stays eager).
     """
 
     def __init__(self, *, capture: bool, warmup: int = 3, **kw):
