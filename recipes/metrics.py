@@ -13,6 +13,7 @@ with `how="mean"` or `"finite_mean"` needs only its value in that dict.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 # How a log window (or an epoch: the same over its windows) turns its steps' values into one number.
@@ -41,8 +42,8 @@ class Metric:
 
     def show(self, value: float | None) -> str:
         """The value as the step line shows it (`-` when the window had none)."""
-        if value is None:
-            return self.console.format("-")
+        if value is None:  # the format's field is for a number: keep its text, show "-" in its place
+            return re.sub(r"\{[^}]*\}", "-", self.console)
         return self.console.format(format_seconds(value) if self.unit == "s" else value)
 
 
