@@ -1,8 +1,9 @@
-"""Time within an epoch: the training seconds that DAWNBench counts, the step log's window and the ETA.
+"""Time within an epoch: the training seconds that DAWNBench counts, the log window's metrics and the ETA.
 
 Training time runs from before the input pipeline is built (DALI builds one per phase: that is training time)
-to the epoch's last step, minus the checkpoints written in between (`paused`). The log window measures images/s
-and the mean loss since the previous log line; the loss is summed on the device and read once per window.
+to the epoch's last step, minus the checkpoints written in between (`paused`). A log window's metrics are those of
+recipes/metrics.py's WINDOW: the step's named device values (loss, gradient norm) are summed on the device and read
+once per window (one host sync), images/s is measured on the host.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from contextlib import contextmanager
 
 import torch
 
+from recipes import metrics
+
 
 class EpochClock:
     """Counts one epoch's training time into `state` (train_seconds, epoch_seconds, images, epoch_images)."""
@@ -20,27 +23,55 @@ class EpochClock:
         self.state, self.start_step = state, start_step
         self.t0 = self.mark = self.window_t = time.perf_counter()
         self.window_images = 0
-        self.loss_sum = torch.zeros((), device=device)
-        self.loss_n = 0
+        self.names = [m.name for m in metrics.DEVICE_SUMS]
+        # a value counted in its mean whatever it is (loss: a NaN loss shows); the others only when finite
+        self.always = torch.tensor([m.how == "mean" for m in metrics.DEVICE_SUMS], device=device)
+        self.sums = torch.zeros(len(self.names), device=device)  # this window's, on the device
+        self.counts = torch.zeros(len(self.names), device=device)
+        self.epoch_sums = [0.0] * len(self.names)  # the epoch's windows read so far, on the host
+        self.epoch_counts = [0.0] * len(self.names)
+        self.last: dict[str, float] = {}
 
-    def add(self, images: int, loss: torch.Tensor) -> None:
-        """One step of `images` training images (all ranks) with loss `loss` (a device tensor: no sync)."""
+    def add(self, images: int, values: dict[str, torch.Tensor], last: dict[str, float] | None = None) -> None:
+        """One step of `images` training images (all ranks); `values`: the step's device values by metric name (no
+        sync); `last`: host values of the step (lr, momentum) whose last one the window reports."""
         st = self.state
         st.images += images
         st.epoch_images += images
         self.window_images += images
-        self.loss_sum += loss.detach()
-        self.loss_n += 1
+        v = torch.stack([values[n].detach().float().reshape(()) for n in self.names])
+        keep = torch.isfinite(v) | self.always
+        self.sums += torch.where(keep, v, 0.0)
+        self.counts += keep
+        self.last.update(last or {})
 
-    def window(self, epoch_steps_done: int, steps_left: int) -> tuple[float, float, float]:
-        """(mean loss, images/s, ETA in seconds) of the window since the last call, which starts a new window."""
+    def window(self, epoch_steps_done: int, steps_left: int) -> dict[str, float | None]:
+        """The metrics of the window since the last call, by name (recipes/metrics.py's WINDOW), which starts a new
+        window. One host read of the device sums; a `finite_mean` without a finite step is None."""
         now = time.perf_counter()
-        mean_loss = float(self.loss_sum) / max(self.loss_n, 1)
-        img_s = self.window_images / max(now - self.window_t, 1e-9)
-        eta = (now - self.t0) / max(epoch_steps_done - self.start_step, 1) * steps_left
-        self.loss_sum.zero_()
-        self.loss_n = self.window_images = 0
-        return mean_loss, img_s, eta
+        sums, counts = torch.stack([self.sums, self.counts]).tolist()
+        out: dict[str, float | None] = {}
+        for i, name in enumerate(self.names):
+            out[name] = sums[i] / counts[i] if counts[i] else None
+            self.epoch_sums[i] += sums[i]
+            self.epoch_counts[i] += counts[i]
+        out[metrics.IMAGES_PER_S.name] = self.window_images / max(now - self.window_t, 1e-9)
+        done = max(epoch_steps_done - self.start_step, 1)
+        out[metrics.ETA.name] = (now - self.t0) / done * steps_left
+        out.update(self.last)
+        self.sums.zero_()
+        self.counts.zero_()
+        self.window_images = 0
+        return out
+
+    def epoch(self) -> dict[str, float | None]:
+        """The epoch's training metrics by name (images/s and the means of its windows, since its start or its
+        resume), after `stop`."""
+        st = self.state
+        out: dict[str, float | None] = {metrics.IMAGES_PER_S.name: st.epoch_images / max(st.epoch_seconds, 1e-9)}
+        for i, name in enumerate(self.names):
+            out[name] = self.epoch_sums[i] / self.epoch_counts[i] if self.epoch_counts[i] else None
+        return out
 
     def restart_window(self) -> None:
         """Start the next window now (after the log line is written)."""

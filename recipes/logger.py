@@ -6,7 +6,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from recipes.metrics import format_seconds, step_line
 from recipes.run import files
+
+__all__ = ["RunLogger", "format_seconds"]
 
 
 class RunLogger:
@@ -34,20 +37,11 @@ class RunLogger:
             for k, v in values.items():
                 self.tb.add_scalar(k, v, step)
 
-    def step_line(
-        self, epoch: int, epochs: int, step: int, steps: int, *, img_s: float, loss: float, lr: float, eta_s: float
-    ) -> None:
-        self.info(
-            f"epoch {epoch + 1}/{epochs}  step {step}/{steps}  {img_s:8.1f} img/s  loss {loss:.4f}  "
-            f"lr {lr:.4g}  eta {format_seconds(eta_s)}"
-        )
+    def step_line(self, epoch: int, epochs: int, step: int, steps: int, window: dict) -> None:
+        """The log window's line; `window`: EpochClock.window()'s metrics by name (recipes/metrics.py)."""
+        self.info(step_line(epoch, epochs, step, steps, window))
 
     def close(self) -> None:
         if self.tb is not None:
             self.tb.flush()
             self.tb.close()
-
-
-def format_seconds(s: float) -> str:
-    s = max(0, int(s))
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"

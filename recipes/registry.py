@@ -233,7 +233,7 @@ class Optimizer:
 
 # Every optimizer reads these: the LR schedule, the decay and its groups, the loss's smoothing.
 OPTIM_SHARED_KEYS = ("name", "lr", "lr_scaling", "warmup_epochs", "warmup_start_lr", "final_lr", "weight_decay")
-OPTIM_SHARED_KEYS += ("no_bn_decay", "label_smoothing")
+OPTIM_SHARED_KEYS += ("no_bn_decay", "label_smoothing", "clip_grad_norm")
 _MOMENTUM = ("momentum", "momentum_end", "momentum_schedule", "nesterov")  # SGD's heavy ball (Lamb has Adam's betas)
 _LAYER_ADAPTIVE = (*_MOMENTUM, "eta", "lars_momentum", "adapt_bn_bias")
 

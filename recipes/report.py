@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from recipes.config import Config
 from recipes.dawnbench import DAWNBENCH_TOP5, qualification
-from recipes.logger import format_seconds
+from recipes.metrics import IMAGES_PER_S, format_seconds
 
 
 def targets_reached(cfg: Config, row: dict) -> bool:
@@ -51,7 +51,7 @@ def summarize(
         "train_skipped": train_skipped,
         "val_blacklist": cfg.data.val_blacklist,
         "num_classes": num_classes,
-        "images_per_s": st.images / max(st.train_seconds, 1e-9),
+        IMAGES_PER_S.name: st.images / max(st.train_seconds, 1e-9),
         "skipped_steps": st.skipped_steps,
         "restarts": st.restarts,
         "redone_steps": st.redone_steps,
@@ -92,7 +92,7 @@ def summary_table(s: dict) -> str:
             else []
         ),
         ("validation images counted", _counted(s)),
-        ("images/s (training)", f"{s['images_per_s']:.1f}"),
+        ("images/s (training)", f"{s[IMAGES_PER_S.name]:.1f}"),
         ("skipped steps (inf/nan gradients)", str(s.get("skipped_steps", 0))),
         ("DAWNBench result", _qualifies(s)),
     ]

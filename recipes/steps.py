@@ -7,6 +7,11 @@ finite is skipped on the device: GradScaler does it under fp16 (and lowers its s
 optimizers get GradScaler's `found_inf` flag. Each step leaves its flag on the device, and `settle` reads the
 pending flags in one transfer (every `log.every_steps` steps and before a checkpoint), then counts, logs or
 halts exactly as the step itself would have (`run.on_nonfinite`).
+
+Before the optimizer step, the step takes the gradients' total L2 norm (recipes/metrics.py's `grad_norm`: after
+the allreduce and the fp16 unscale) and, with `optim.clip_grad_norm` > 0, scales them by min(1, clip / norm) on the
+device (torch's clip_grad_norm_ without its host check). A step returns its named device values,
+`{"loss": ..., "grad_norm": ...}`, which the trainer's EpochClock sums and reads once per log window.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from recipes import registry
 from recipes.config import Config
 from recipes.distributed import collective_guard
 from recipes.errors import TrainingError
+from recipes.metrics import GRAD_NORM, LOSS
 from recipes.optim import skips_on_device
 
 
@@ -44,7 +50,8 @@ class StepRunner:
     """Runs training steps of `train_model` (the backend-wrapped `model`) and settles their finite checks.
 
     `amp`: `run.amp`; `on_nonfinite`: `run.on_nonfinite`; `timeout_s`: how long the gradient allreduce may take
-    (`dist.timeout_s`); `backend`: the allreduce backend's name, for the timeout's message.
+    (`dist.timeout_s`); `backend`: the allreduce backend's name, for the timeout's message; `clip_grad_norm`:
+    `optim.clip_grad_norm` (0: off).
     """
 
     def __init__(
@@ -61,23 +68,37 @@ class StepRunner:
         on_nonfinite: str = "halt",
         timeout_s: float = 300.0,
         backend: str = "ddp",
+        clip_grad_norm: float = 0.0,
     ):
         self.model, self.train_model = model, train_model
+        self.clip_grad_norm = clip_grad_norm
         self.optimizer, self.scaler, self.comm, self.device = optimizer, scaler, comm, device
         self.criterion = criterion
         self.amp_ctx = amp_context(amp, device)
         self.on_nonfinite, self.timeout_s, self.backend = on_nonfinite, timeout_s, backend
         self.pending: list = []  # (step, epoch, non-finite flag, loss, fp16 scale) of steps not yet settled
 
-    def nonfinite_flag(self) -> torch.Tensor:
-        """1.0 if any gradient is inf/nan, else 0.0: a float tensor on the device (GradScaler's found_inf form)."""
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        if not grads:
-            return torch.zeros(1, device=self.device)
-        return (~torch.isfinite(torch.stack(torch._foreach_norm(grads)).sum())).float().reshape(1)
+    def nonfinite_flag(self, norm: torch.Tensor | None = None) -> torch.Tensor:
+        """1.0 if any gradient is inf/nan, else 0.0: a float tensor on the device (GradScaler's found_inf form).
+        `norm`: the gradients' total norm (`grad_norm`), when the step has it already."""
+        if norm is None:
+            norm = total_grad_norm(self.model, self.device)
+        return (~torch.isfinite(norm)).float().reshape(1)
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor, st, log=None, micro_batches: int = 1) -> torch.Tensor:
-        """One optimizer step on (x, y); advances `st.step` and `st.epoch_step`; returns the loss (on the device).
+    def grad_norm(self) -> torch.Tensor:
+        """The total L2 norm of the gradients the optimizer is about to apply (0-dim, on the device; inf/NaN when
+        one is), then `clip_grad_norm` applied to them in place: never read on the host, no data-dependent branch
+        (a CUDA graph captures it)."""
+        norm = total_grad_norm(self.model, self.device)
+        if self.clip_grad_norm > 0:
+            params = [p for p in self.model.parameters() if p.grad is not None]
+            # the coefficient min(1, clip / (norm + 1e-6)) is clamped on the device: no host sync
+            torch.nn.utils.clip_grads_with_norm_(params, self.clip_grad_norm, norm, foreach=True)
+        return norm
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, st, log=None, micro_batches: int = 1) -> dict:
+        """One optimizer step on (x, y); advances `st.step` and `st.epoch_step`; returns the step's device values by
+        metric name: the loss and the gradient norm (recipes/metrics.py).
 
         `micro_batches` A > 1: gradient accumulation. (x, y) is cut into A equal micro-batches, each run forward
         and backward with its loss scaled by 1/A (so the gradients sum to the mean over the whole batch); the first
@@ -94,6 +115,7 @@ class StepRunner:
                 # Unscale in place, in the one fused kernel that checks for inf/NaN anyway (GradScaler would run
                 # it with a scale of 1 and hand the optimizer the scale to divide by, a second pass and copy).
                 self.scaler.unscale_(self.optimizer)
+                norm = self.grad_norm()  # inf/NaN on an overflow: the scaler skips that step
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
                 # GradScaler lowers the scale exactly when it skipped the step (fp16 overflow)
@@ -101,7 +123,8 @@ class StepRunner:
                 self.pending.append((st.step, st.epoch, bad, loss, scale_before))
             else:
                 # Gradients are already averaged over ranks here, so every rank takes the same decision.
-                found = self.nonfinite_flag()
+                norm = self.grad_norm()
+                found = self.nonfinite_flag(norm)
                 if skips_on_device(self.optimizer):
                     self.optimizer.found_inf = found
                     try:
@@ -114,7 +137,7 @@ class StepRunner:
         st.step += 1
         st.epoch_step += 1
         self.comm.on_step_end(st.step, log)
-        return loss
+        return {LOSS.name: loss, GRAD_NORM.name: norm}
 
     def _backward(self, x: torch.Tensor, y: torch.Tensor, micro_batches: int) -> torch.Tensor:
         """Forward and backward of the step's micro-batches; the batch's mean loss, detached."""
@@ -163,12 +186,13 @@ class GraphStep(StepRunner):
 
     Per step, outside the graph: the loader's batch is copied into static input buffers, each group's lr and
     momentum (floats, set by the trainer) are written into 0-dim device tensors, and the step's loss, non-finite
-    flag and fp16 scale are copied out of static outputs into the pending list (`settle` reads them later). Inside:
-    forward, backward (with the allreduce backend's hooks), GradScaler's unscale and inf check, the optimizer step
-    reading the tensor lr and momentum, the scale update. With `capture` (a CUDA device, decided by the trainer),
-    `warmup` steps of each new (input shape, dtype) run eagerly on a side stream, then the step is captured once
-    (all shapes share one memory pool) and replayed; a new shape (a phase change) captures again. Without, the same
-    body runs eagerly every step: the CPU tests run it. One micro-batch per step only (accumulation stays eager).
+    flag, fp16 scale and gradient norm are copied out of static outputs (`settle` reads the flags later). Inside:
+    forward, backward (with the allreduce backend's hooks), GradScaler's unscale and inf check, the gradient norm and
+    its clip, the optimizer step reading the tensor lr and momentum, the scale update. With `capture` (a CUDA device,
+    decided by the trainer), `warmup` steps of each new (input shape, dtype) run eagerly on a side stream, then the
+    step is captured once (all shapes share one memory pool) and replayed; a new shape (a phase change) captures
+    again. Without, the same body runs eagerly every step: the CPU tests run it. One micro-batch per step only
+    (accumulation stays eager).
     """
 
     def __init__(self, *, capture: bool, warmup: int = 3, **kw):
@@ -186,13 +210,14 @@ class GraphStep(StepRunner):
         self.hp = [{k: torch.zeros((), device=self.device) for k in ("lr", "momentum") if k in g} for g in groups]
         self.shape = None
         self.graph = None  # the current shape's CUDA graph, once captured
-        self.static: tuple = ()  # the current shape's input buffers and (loss, flag, scale) output
+        self.static: tuple = ()  # the current shape's input buffers and (loss, flag, scale, grad norm) output
         self.pool = None  # one memory pool for every capture
         self.seen = 0  # eager steps of the current shape so far
         self.said: str | None = None  # the last reason logged for running eager
 
     def _body(self, x: torch.Tensor, y: torch.Tensor, out: torch.Tensor) -> None:
-        """One step on the static inputs; writes (loss, non-finite flag, fp16 scale before the step) into `out`."""
+        """One step on the static inputs; writes (loss, non-finite flag, fp16 scale before the step, gradient norm)
+        into `out`."""
         self.optimizer.zero_grad(set_to_none=True)  # no kernel: the fresh gradients are the step's (graph's) own
         with self.amp_ctx():
             loss = self.criterion(self.train_model(x), y)
@@ -205,12 +230,14 @@ class GraphStep(StepRunner):
             if self.scaler.is_enabled():
                 scale_before = self.scaler._get_scale_async().reshape(()).clone()
                 self.scaler.unscale_(self.optimizer)
+                norm = self.grad_norm()
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
                 flag = (self.scaler._get_scale_async().reshape(()) < scale_before).float()
             else:
                 scale_before = torch.zeros((), device=out.device)
-                flag = self.nonfinite_flag().reshape(())
+                norm = self.grad_norm()
+                flag = self.nonfinite_flag(norm).reshape(())
                 self.optimizer.found_inf = flag.reshape(1)
                 try:
                     self.optimizer.step()
@@ -219,16 +246,18 @@ class GraphStep(StepRunner):
         finally:
             for g, saved in zip(groups, floats, strict=True):
                 g.update(saved)  # the groups keep plain floats: checkpoints and logs see what they always saw
-        out.copy_(torch.stack([loss.detach().float().reshape(()), flag, scale_before.float()]))
+        out.copy_(
+            torch.stack([loss.detach().float().reshape(()), flag, scale_before.float(), norm.float().reshape(())])
+        )
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor, st, log=None, micro_batches: int = 1) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, st, log=None, micro_batches: int = 1) -> dict:
         if micro_batches != 1:
             raise TrainingError("GraphStep runs one micro-batch per step; accumulation runs in StepRunner")
         shape = (tuple(x.shape), x.dtype, tuple(y.shape), y.dtype)
         if shape != self.shape:  # a new phase: new static buffers, captured again (the old graph is dropped)
             self.shape, self.seen = shape, 0
             self.graph = None
-            self.static = (torch.empty_like(x), torch.empty_like(y), torch.zeros(3, device=x.device))
+            self.static = (torch.empty_like(x), torch.empty_like(y), torch.zeros(4, device=x.device))
         graph, (xs, ys, out) = self.graph, self.static
         xs.copy_(x, non_blocking=True)
         ys.copy_(y, non_blocking=True)
@@ -246,12 +275,12 @@ class GraphStep(StepRunner):
                 self._eager(xs, ys, out)
                 self.seen += 1
         saved = out.clone()
-        loss, flag, scale = saved[0], saved[1], saved[2]
+        loss, flag, scale, norm = saved.unbind()
         self.pending.append((st.step, st.epoch, flag, loss, scale if self.scaler.is_enabled() else None))
         st.step += 1
         st.epoch_step += 1
         self.comm.on_step_end(st.step, log)
-        return loss
+        return {LOSS.name: loss, GRAD_NORM.name: norm}
 
     def _comm_ready(self, log) -> bool:
         """Whether the allreduce backend's work can be captured now (multistream: not while its tuner measures);
@@ -293,6 +322,14 @@ class GraphStep(StepRunner):
         graph.replay()  # capturing ran nothing: this is the step
         if log is not None:
             log.info(f"run.cuda_graph: step captured for input {list(xs.shape)} ({xs.dtype})")
+
+
+def total_grad_norm(model: nn.Module, device: torch.device) -> torch.Tensor:
+    """The total L2 norm of `model`'s gradients: one foreach norm over them all (0-dim, on the device)."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if not grads:
+        return torch.zeros((), device=device)
+    return torch.nn.utils.get_total_norm(grads, foreach=True)
 
 
 def graph_decision(

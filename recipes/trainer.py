@@ -5,7 +5,8 @@ The loop talks to four pieces through factories chosen by name in the config: th
 and the gradient allreduce backend (`recipes.comm.create_allreduce`). The rest is in one module each:
 
     recipes/steps.py       one optimizer step without a host sync, and the deferred finite-gradient check
-    recipes/epoch_clock.py an epoch's training time, the step log's window, the ETA
+    recipes/epoch_clock.py an epoch's training time, the log window's metrics, the ETA
+    recipes/metrics.py     the metrics' names, units and formats: the console, TensorBoard and the files take them
     recipes/run/           the run directory: its files, the checkpoints (`Checkpointer.save` / `restore`)
     recipes/report.py      the end-of-run summary
     recipes/evaluation/    validation accuracy (and evaluate.py's checkpoint evaluation and latency)
@@ -32,6 +33,7 @@ from recipes.errors import ConfigError, Preempted
 from recipes.evaluation.accuracy import average_bn_stats, evaluate
 from recipes.logger import RunLogger, format_seconds
 from recipes.memory import accumulation, refuse_if_too_big
+from recipes.metrics import IMAGES_PER_S, LR, MOMENTUM, ema_values, epoch_row, epoch_scalars, window_scalars
 from recipes.optim import create_optimizer, describe_groups, set_lr_momentum
 from recipes.preemption import StopSignal, rerun_hint
 from recipes.report import summarize, summary_table, targets_reached
@@ -139,6 +141,7 @@ class Trainer:
             on_nonfinite=cfg.run.on_nonfinite,
             timeout_s=cfg.dist.timeout_s,
             backend=cfg.comm.backend,
+            clip_grad_norm=cfg.optim.clip_grad_norm,
         )
         self.log.info(
             f"run {self.run_dir}: {dist.world_size} process(es) on {dist.device}, model {cfg.model.name} "
@@ -165,22 +168,20 @@ class Trainer:
             if cfg.run.compile != "none" and shape not in self._compiled:  # this step compiles: minutes, no boundary
                 self._compiled.add(shape)
                 with self.stop.bounded(f"the first compile of {list(x.shape)}"):
-                    loss = self.steps(x, y, st, self.log, info.micro_batches)
+                    values = self.steps(x, y, st, self.log, info.micro_batches)
             else:
-                loss = self.steps(x, y, st, self.log, info.micro_batches)
+                values = self.steps(x, y, st, self.log, info.micro_batches)
             update_ema(self.ema, self.model, st.step)
-            clock.add(y.numel() * self.dist.world_size // max(1, cfg.data.aug_splits), loss)  # images, not views
+            images = y.numel() * self.dist.world_size // max(1, cfg.data.aug_splits)  # images, not views
+            clock.add(images, values, {LR.name: lr, MOMENTUM.name: mom})
             done = i + 1 == info.steps
             logged = (i + 1) % cfg.log.every_steps == 0 or done
             if logged:
                 self.steps.settle(st, self.log)
-                loss_mean, img_s, eta = clock.window(i + 1, plan.total_steps - st.step)
-                self.log.step_line(
-                    epoch, len(plan.epochs), i + 1, info.steps, img_s=img_s, loss=loss_mean, lr=lr, eta_s=eta
-                )
-                scalars = {"train/loss": loss_mean, "train/lr": lr, "train/momentum": mom, "train/images_per_s": img_s}
-                self.log.scalars(st.step, **scalars)
-                self.out.progress(st.step, epoch)
+                window = clock.window(i + 1, plan.total_steps - st.step)
+                self.log.step_line(epoch, len(plan.epochs), i + 1, info.steps, window)
+                self.log.scalars(st.step, **window_scalars(window))
+                self.out.progress(st.step, epoch, window)
                 clock.restart_window()
             # Preemption is agreed at the log window (already a host sync); at an epoch's end, after its checkpoint.
             stop = logged and not done and self.stop.agreed(self.dist, st.step, cfg.dist.timeout_s)
@@ -195,7 +196,7 @@ class Trainer:
         if i + 1 != info.steps:
             raise RuntimeError(f"input pipeline gave {i + 1} batches in epoch {epoch}, the plan says {info.steps}")
         clock.stop()
-        result = {"seconds": st.epoch_seconds, "images": st.epoch_images}
+        result = clock.epoch()
         st.epoch_step, st.epoch_seconds, st.epoch_images = 0, 0.0, 0
         return result
 
@@ -208,7 +209,7 @@ class Trainer:
             if self.ema is not None:
                 average_bn_stats(self.ema.module, self.dist)
                 ema = evaluate(self.ema.module, self.data.val_batches(phase), self.dist, self.steps.amp_ctx)
-                ev.update(ema_top1=ema["top1"], ema_top5=ema["top5"], ema_loss=ema["loss"])
+                ev.update(ema_values(ema))
             return ev
 
     def fit(self, stop_after_epochs: int | None = None) -> dict:
@@ -224,17 +225,7 @@ class Trainer:
             tr = self.train_one_epoch(st.epoch)
             ev = self.validate(st.epoch)
             st.epoch += 1
-            row = {
-                "epoch": st.epoch,
-                "train_seconds": st.train_seconds,
-                "top1": ev["top1"],
-                "top5": ev["top5"],
-                "val_loss": ev["loss"],
-                "val_count": ev["count"],
-                "step": st.step,
-                "images_per_s": tr["images"] / max(tr["seconds"], 1e-9),
-            }
-            row.update({k: ev[k] for k in ("ema_top1", "ema_top5") if k in ev})
+            row = epoch_row(epoch=st.epoch, step=st.step, train_seconds=st.train_seconds, train=tr, val=ev)
             st.history.append(row)
             st.wall_seconds = time.perf_counter() - wall0
             row["wall_seconds"] = st.wall_seconds  # top-5 against wall-clock time (scripts/compare_runs.py)
@@ -242,11 +233,9 @@ class Trainer:
                 f"epoch {st.epoch}/{epochs}  val top1 {ev['top1']:.2f}%  top5 {ev['top5']:.2f}%  "
                 f"({ev['count']} images)  "
                 + (f"EMA top1 {ev['ema_top1']:.2f}%  top5 {ev['ema_top5']:.2f}%  " if "ema_top1" in ev else "")
-                + f"train {format_seconds(st.train_seconds)}  {row['images_per_s']:.1f} img/s"
+                + f"train {format_seconds(st.train_seconds)}  {row[IMAGES_PER_S.name]:.1f} img/s"
             )
-            scalars = {"val/top1": ev["top1"], "val/top5": ev["top5"], "val/loss": ev["loss"]}
-            scalars.update({f"val/{k}": ev[k] for k in ("ema_top1", "ema_top5", "ema_loss") if k in ev})
-            self.log.scalars(st.step, **scalars, **{"epoch/images_per_s": row["images_per_s"]})
+            self.log.scalars(st.step, **epoch_scalars(row))
             self.out.history(st.history)
             if cfg.checkpoint.enabled:
                 self.checkpointer.save(st.step)

@@ -173,10 +173,12 @@ def scenario_accumulate(out: dict, args: list[str]) -> None:
 
     ref = copy.deepcopy(model)
     opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    ref_norms = []  # the global batch's gradient norm per step: what every rank's step must report
     for step in range(steps):
         xs, ys = zip(*(data(r, step) for r in range(world)), strict=True)
         opt.zero_grad()
         nn.functional.cross_entropy(ref(torch.cat(xs)), torch.cat(ys)).backward()
+        ref_norms.append(float(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in ref.parameters()))))
         opt.step()
 
     m = copy.deepcopy(model)
@@ -199,8 +201,8 @@ def scenario_accumulate(out: dict, args: list[str]) -> None:
         backend=backend_name,
     )
     st = State()
-    for step in range(steps):
-        runner(*data(dist.rank, step), st, None, accumulate)
+    norms = [float(runner(*data(dist.rank, step), st, None, accumulate)["grad_norm"]) for step in range(steps)]
+    out["grad_norm_err"] = max(abs(a / b - 1) for a, b in zip(norms, ref_norms, strict=True))
     out["vs_one_batch"] = max_err(list(m.parameters()), list(ref.parameters()))
     out["moved"] = max_err(list(m.parameters()), list(model.parameters()))
     stats = backend.stats()

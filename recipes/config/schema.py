@@ -266,6 +266,13 @@ class OptimConfig:
         "gradients, lr x trust ratio applied to the whole buffer (TensorFlow's LARSOptimizer, the record's)",
     )
     adapt_bn_bias: bool = _f(False, help="lars/hybrid/lamb: also adapt BN and bias parameters (else plain SGD)")
+    clip_grad_norm: float = _f(
+        0.0,
+        help="clip the gradients' total L2 norm (after the allreduce and fp16 unscaling, before the optimizer step) "
+        "to this value, on the device; 0 = off. Every optimizer",
+        domain=">=0",
+        unbounded=_FACTOR,
+    )
 
 
 @dataclass

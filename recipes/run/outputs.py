@@ -5,7 +5,7 @@ distinct run directory (one per host with a disk of its own) writes the run file
 the checkpoints), so every host keeps a copy.
 
     start of the run    run.json (leader, after the resume checks), config.yaml, meta.json (rank 0)
-    every log window    progress.json: the last logged step, how many steps a restart redoes
+    every log window    progress.json: the last logged step (how many steps a restart redoes), the window's metrics
     every epoch         dawnbench.tsv, a checkpoint (ckpt-<step>.pt and checkpoint.pt)
     end of the run      summary.json, dawnbench.json
 """
@@ -70,10 +70,12 @@ class RunOutputs:
             }
             write_json(self.dir / files.META, meta)
 
-    def progress(self, step: int, epoch: int) -> None:
+    def progress(self, step: int, epoch: int, window: dict | None = None) -> None:
+        """`window`: the log window's metrics by name (recipes/metrics.py), beside the step."""
         if self.dist.is_main:
             # a hint (how many steps a restart redoes), written every log window: no fsync stalling the loop
-            self._keep_going(self._hint, self.dir / files.PROGRESS, {"step": step, "epoch": epoch})
+            value = {"step": step, "epoch": epoch, **(window or {})}
+            self._keep_going(self._hint, self.dir / files.PROGRESS, value)
 
     def history(self, rows: list[dict]) -> None:
         if self.dist.is_main:

@@ -14,6 +14,7 @@ def _check(results: list[dict], bytes_counted: bool = True) -> None:
     for r in results:
         assert r["moved"] > 1e-3  # the steps did change the weights
         assert r["vs_one_batch"] < EXACT
+        assert r["grad_norm_err"] < EXACT  # the logged norm: of the gradients averaged over ranks and micro-batches
         # one allreduce per optimizer step, not one per micro-batch
         assert r["steps"] == 3 and r["comm_steps"] == 3
         if bytes_counted:  # the bytes handed to the collectives (Horovod's count is derived, not measured)

@@ -92,7 +92,7 @@ def _step(accumulate: int, scaled: bool = False) -> tuple[list[torch.Tensor], fl
     for _ in range(2):
         loss = run(torch.randn(12, 5, generator=g), torch.randint(0, 3, (12,), generator=g), st, None, accumulate)
     assert st.step == 2
-    return [p.detach().clone() for p in model.parameters()], float(loss), comm.held
+    return [p.detach().clone() for p in model.parameters()], float(loss["loss"]), comm.held
 
 
 @pytest.mark.parametrize("scaled", [False, True], ids=["plain", "grad-scaler"])
