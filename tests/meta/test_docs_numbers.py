@@ -3,6 +3,8 @@ drift apart (a rate change that moves a figure fails until the docs say the new 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from support import ROOT
 
@@ -32,8 +34,6 @@ def test_out_of_sample_errors_quoted_in_readme_and_scaling(out_of_sample):
 
 
 def test_fp16_against_bf16_on_the_h200_is_the_check_files_ratio():
-    import json
-
     rows = json.loads((ROOT / "docs" / "data" / "gpu_check-h200-2026-12-04.json").read_text())["rows"]
 
     def rate(dtype: str, px: int) -> float:
@@ -52,3 +52,71 @@ def test_the_quickstart_is_measured_in_one_place():
     assert "README.md#two-commands" in text
     for other in ("1:49", "191-221 img/s", "0:00:27"):
         assert other not in text
+
+
+# --- The network lab: every table row in the docs is recomputed from the bench's JSON (docs/data/lab-*.json), as
+# scripts/bench/bench_allreduce.py prints it, with the CPU count of the machine that ran it.
+
+LAB_METHODS = ("per-tensor", "ddp", "ddp-flows", "multistream", "tuned")
+
+
+def _lab(name: str) -> list[dict]:
+    return json.loads((ROOT / "docs" / "data" / name).read_text())
+
+
+def _comm(rec: dict) -> dict[str, float]:
+    """Communication seconds per step of every contender that ran: step minus the compute-only step."""
+    res = rec["torch"]
+    entries = {m: res[m] for m in LAB_METHODS if isinstance(res.get(m), dict)}
+    if isinstance(rec["horovod"], dict):
+        entries["horovod"] = rec["horovod"]
+    return {m: max(r["step_s"] - res["compute_s"], 1e-6) for m, r in entries.items()}
+
+
+def _lab_rows(name: str, *, flows_column: bool) -> list[str]:
+    rows = []
+    for rec in _lab(name):
+        res, n, comm = rec["torch"], rec["hosts"], _comm(rec)
+        for m, c in comm.items():
+            r = rec["horovod"] if m == "horovod" else res[m]
+            bus = 2 * (n - 1) / n * res["bytes"] * 8 / c / 1e9
+            cells = [str(n), m, r["settings"], f"{r['step_s'] * 1000:.0f}", f"{c * 1000:.0f}", f"{bus:.2f}"]
+            cells += [f"{100 * bus * 1000 / rec['link_mbit']:.0f}%", f"{comm['ddp'] / c:.2f}x"]
+            if flows_column:
+                cells.append(f"{comm['ddp-flows'] / c:.2f}x")
+            cells += [f"{max(r['cpu_s']) * 1000:.0f}", f"{100 * sum(r['cpu_s']) / (rec['cpus'] * r['step_s']):.0f}%"]
+            rows.append("| " + " | ".join(cells) + " |")
+    return rows
+
+
+@pytest.mark.parametrize(
+    "name, flows_column",
+    [("lab-40mbit.json", False), ("lab-multiflow-2-4.json", True), ("lab-multiflow-8-16.json", True)],
+)
+def test_every_lab_table_row_is_its_data_files(name, flows_column):
+    doc = (ROOT / "docs" / "allreduce.md").read_text().splitlines()
+    rows = _lab_rows(name, flows_column=flows_column)
+    assert len(rows) >= 8
+    for row in rows:
+        assert row in doc, row
+
+
+def test_the_multiflow_speedups_quoted_are_the_tables():
+    recs = _lab("lab-multiflow-2-4.json") + _lab("lab-multiflow-8-16.json")
+    comms = [_comm(r) for r in recs]
+    assert [r["hosts"] for r in recs] == [2, 4, 8, 16]
+    one_flow = [c["ddp"] / c["multistream"] for c in comms]
+    defaults, tuned = ([f"{c['ddp-flows'] / c[m]:.2f}x" for c in comms] for m in ("multistream", "tuned"))
+    span = f"{min(one_flow):.1f}-{max(one_flow):.1f}x faster"
+    text = _flat("docs/allreduce.md")
+    assert f"multistream at its defaults is {span} at every host count" in text
+    quoted = (
+        f"it is {defaults[0]} at 2 hosts, {defaults[1]} at 4, {defaults[2]} at 8 and {defaults[3]} at 16 "
+        f"({tuned[0]}, {tuned[1]}, {tuned[2]} and {tuned[3]} after its auto-tuner)"
+    )
+    assert quoted in text
+    lo, hi = (f"{f(float(x[:-1]) for x in defaults):.2f}" for f in (min, max))
+    tlo, thi = (f"{f(float(x[:-1]) for x in tuned):.2f}" for f in (min, max))
+    readme = _flat("README.md")
+    assert f"it is {span} than DDP on one flow" in readme
+    assert f"it is {lo}-{hi}x at 2-16 hosts ({tlo}-{thi}x after its auto-tuner)" in readme
