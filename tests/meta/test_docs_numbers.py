@@ -185,3 +185,20 @@ def test_the_40mbit_validation_table_and_its_quotes_are_the_validations():
     assert f"Per-tensor ({err[16, 'per-tensor']}) is 161 small allreduces" in text
     assert f"The tuned row ({err[16, 'tuned']}) ran the same settings" in text
     assert f"(as in the 4-host multistream row, {err[4, 'multistream']})" in text
+
+
+def test_the_records_time_and_cost_in_reproduce_are_the_entries():
+    """docs/reproduce.md's expected time and cost: the entry's TSV hours at its last epoch x its costPerHour."""
+    entries = ROOT / "tests" / "data" / "dawnbench_entries"
+    text = _flat("docs/reproduce.md")
+    for machines, target in ((16, "make reproduce-158s"), (1, "make reproduce-8gpu")):
+        name = f"alibabacloud_resnet50_gn6e_{machines}_machine_tensorflow"
+        cost = json.loads((entries / f"{name}.json").read_text())["costPerHour"]
+        epoch, hours = (entries / f"{name}.tsv").read_text().split()[-4:-2]  # the last row: epoch, hours, top1, top5
+        h = float(hours)
+        clock = f"{h * 3600:.1f} s" if machines == 16 else f"{h * 60:.1f} min"
+        shape = "16 x 8 V100, 32 Gbps TCP" if machines == 16 else "1 x 8 V100"
+        n = int(epoch) + 1  # the TSV counts epochs from 0
+        row = f"| `{target}` | {shape} | {h:.5f} h = {clock} (epoch {n} of {n}) | "
+        row += f"{cost:.2f} USD/h -> {cost * h:.2f} USD |"
+        assert row in text, row
