@@ -89,16 +89,36 @@ def _lab_rows(name: str, *, flows_column: bool) -> list[str]:
     return rows
 
 
+def _tuner_lines(name: str) -> list[str]:
+    lines = []
+    for rec in _lab(name):
+        t = rec["torch"]["tuned"]["tuning"]
+        cands = ", ".join(
+            f"{c['bucket_mb']:g}/{c['streams']}/{c['slices']}: {c['median_step_s'] * 1000:.0f}" for c in t["candidates"]
+        )
+        lines.append(
+            f"- {rec['hosts']} hosts: auto-tuner, {len(t['candidates'])} candidates in {t['seconds']:.0f} s; "
+            f"{t['start']} (bucket MB/K/S: median backward+sync ms): {cands}"
+        )
+    return lines
+
+
 @pytest.mark.parametrize(
-    "name, flows_column",
-    [("lab-40mbit.json", False), ("lab-multiflow-2-4.json", True), ("lab-multiflow-8-16.json", True)],
+    "name, flows_column, tuner",
+    [
+        ("lab-40mbit.json", False, True),
+        ("lab-multiflow-2-4.json", True, False),
+        ("lab-multiflow-8-16.json", True, False),
+    ],
 )
-def test_every_lab_table_row_is_its_data_files(name, flows_column):
+def test_every_lab_table_row_is_its_data_files(name, flows_column, tuner):
     doc = (ROOT / "docs" / "allreduce.md").read_text().splitlines()
     rows = _lab_rows(name, flows_column=flows_column)
     assert len(rows) >= 8
     for row in rows:
         assert row in doc, row
+    for line in _tuner_lines(name) if tuner else []:  # the auto-tuner's candidates, where the docs list them
+        assert line in doc, line
 
 
 def test_the_multiflow_speedups_quoted_are_the_tables():
@@ -202,3 +222,20 @@ def test_the_records_time_and_cost_in_reproduce_are_the_entries():
         row = f"| `{target}` | {shape} | {h:.5f} h = {clock} (epoch {n} of {n}) | "
         row += f"{cost:.2f} USD/h -> {cost * h:.2f} USD |"
         assert row in text, row
+
+
+def test_allreduce_md_quotes_the_record_predictions_mid_values():
+    """allreduce.md's DDP-with-flows sentence quotes the mid training clocks of scaling.md's record table (which
+    tests/meta/test_record_prediction.py holds to the model)."""
+    import re
+
+    mids = {}
+    for line in (ROOT / "docs" / "scaling.md").read_text().splitlines():
+        m = re.match(r"\| (ddp|ddp \(4 flows[^|]*\)|multistream) \| \d+-\*\*(\d+)\*\*-\d+ \|", line)
+        if m:
+            mids.setdefault(m.group(1).split(" (")[0] + (" 4" if "4 flows" in m.group(1) else ""), m.group(2))
+    quoted = (
+        f"DDP's predicted training time falls from {mids['ddp']} s to {mids['ddp 4']} s, against "
+        f"{mids['multistream']} s for multistream"
+    )
+    assert quoted in _flat("docs/allreduce.md")
