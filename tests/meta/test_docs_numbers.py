@@ -103,21 +103,32 @@ def _tuner_lines(name: str) -> list[str]:
     return lines
 
 
+def _link_lines(name: str) -> list[str]:
+    return [
+        f"- network lab, {r['hosts']} hosts: link cap {r['link_mbit']:g} Mbit/s per host and direction, per-flow cap "
+        f"{r['flow_mbit']:.0f} Mbit/s; measured TCP host 1 -> 0: 1 flow {r['measured_1flow_mbit']:.0f} Mbit/s, "
+        f"4 flows {r['measured_4flows_mbit']:.0f} Mbit/s"
+        for r in _lab(name)
+    ]
+
+
 @pytest.mark.parametrize(
-    "name, flows_column, tuner",
+    "name, flows_column, tuner, links",
     [
-        ("lab-40mbit.json", False, True),
-        ("lab-multiflow-2-4.json", True, False),
-        ("lab-multiflow-8-16.json", True, False),
+        ("lab-40mbit.json", False, True, False),
+        ("lab-multiflow-2-4.json", True, False, True),
+        ("lab-multiflow-8-16.json", True, False, True),
     ],
 )
-def test_every_lab_table_row_is_its_data_files(name, flows_column, tuner):
+def test_every_lab_table_row_is_its_data_files(name, flows_column, tuner, links):
     doc = (ROOT / "docs" / "allreduce.md").read_text().splitlines()
     rows = _lab_rows(name, flows_column=flows_column)
     assert len(rows) >= 8
     for row in rows:
         assert row in doc, row
     for line in _tuner_lines(name) if tuner else []:  # the auto-tuner's candidates, where the docs list them
+        assert line in doc, line
+    for line in _link_lines(name) if links else []:  # the lab's caps and its measured TCP, where listed
         assert line in doc, line
 
 
