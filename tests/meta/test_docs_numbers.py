@@ -335,3 +335,48 @@ def test_the_1000mbit_runs_reading_is_its_data():
     cands = {len(t["candidates"]) for t in tuning}
     assert f"measured {cands.pop()} candidates in {min(secs)}-{max(secs)} s and kept 8 MB with K=4." in text
     assert {(r["torch"]["tuned"]["settings"].split(", S=")[0]) for r in recs} == {"8 MB, K=4"}
+
+
+def _table(names: list[str]) -> dict[tuple[int, str], dict]:
+    """(hosts, method) -> % of link cap, speed vs ddp, CPU load and the busiest rank's CPU share of a step."""
+    out = {}
+    for rec in (r for n in names for r in _lab(n)):
+        res, n, comm = rec["torch"], rec["hosts"], _comm(rec)
+        for m, c in comm.items():
+            r = rec["horovod"] if m == "horovod" else res[m]
+            out[n, m] = {
+                "pct": round(100 * (2 * (n - 1) / n * res["bytes"] * 8 / c / 1e9) * 1000 / rec["link_mbit"]),
+                "speed": comm["ddp"] / c,
+                "load": round(100 * sum(r["cpu_s"]) / (rec["cpus"] * r["step_s"])),
+                "busiest": round(100 * max(r["cpu_s"]) / r["step_s"]),
+            }
+    return out
+
+
+def test_the_40mbit_and_multiflow_readings_are_their_tables():
+    t = _table(["lab-40mbit.json"])
+    artefacts = {(4, "multistream"), (16, "tuned")}
+    ours = [k for k in t if k[1] in ("multistream", "tuned") and k not in artefacts]
+    held = [t[k]["pct"] for k in ours]
+    fast = [t[k]["speed"] for k in ours if k[0] != 4]
+    busiest = [t[h, "multistream"]["busiest"] for h in (2, 4, 8, 16)]
+    text = _flat("docs/allreduce.md")
+    assert (
+        f"multistream holds {min(held)}-{max(held)}% of the link at every host count, {min(fast):.1f}-{max(fast):.1f}x "
+        f"DDP at 2, 8 and 16 hosts"
+    ) in text
+    assert (
+        f"multistream at its defaults at 4 hosts ({t[4, 'multistream']['pct']}%) and the tuned run at 16 hosts "
+        f"({t[16, 'tuned']['pct']}%, the same settings as the defaults row at {t[16, 'multistream']['pct']}%)"
+    ) in text
+    assert f"spends {min(busiest)}-{max(busiest)}% of a multistream step on the CPU" in text
+
+    f = _table(MULTIFLOW)
+    flows = [f[h, "ddp-flows"]["pct"] for h in (2, 8, 16)]
+    ms, tuned = ([f[h, m]["pct"] for h in (2, 4, 8, 16)] for m in ("multistream", "tuned"))
+    assert (
+        f"Multi-flow DDP fills {min(flows)}-{max(flows)}% of the link at 2, 8 and 16 hosts; multistream at its "
+        f"defaults {min(ms)}-{max(ms)}%, tuned {min(tuned)}-{max(tuned)}%. At 4 hosts multi-flow DDP reached "
+        f"{f[4, 'ddp-flows']['pct']}%"
+    ) in text
+    assert f"At 16 hosts multistream at its defaults kept {f[16, 'multistream']['load']}% of the two cores busy" in text
