@@ -380,3 +380,36 @@ def test_the_40mbit_and_multiflow_readings_are_their_tables():
         f"{f[4, 'ddp-flows']['pct']}%"
     ) in text
     assert f"At 16 hosts multistream at its defaults kept {f[16, 'multistream']['load']}% of the two cores busy" in text
+
+
+def test_the_second_h200s_step_table_is_its_check_file():
+    """docs/gpu.md's paired-rounds table and recipe.md's fp16/bf16 figures are the rows of the second H200's check."""
+    import re
+
+    rows = json.loads((ROOT / "docs" / "data" / "gpu_check-steps-h200-2026-12-04.json").read_text())["rows"]
+    gpu = (ROOT / "docs" / "gpu.md").read_text().splitlines()
+    trainer = {}
+    for r in rows:
+        m = re.match(r"train step resnet50_tweaked (fp16|bf16) (\d+)px b(\d+)", r["name"])
+        if not m:
+            continue
+        ref = re.match(
+            r"trainer ([\d,]+) img/s per GPU(?: \(rounds ([\d,-]+)\))?, bare loop ([\d,]+)(?: \(([\d,-]+)\))?, .*"
+            r"GPU kernels ([\d.]+) of ([\d.]+) ms per step",
+            r["reference"],
+        )
+        dtype, px, batch = m.groups()
+        t, t_range, b, b_range, kernels, wall = ref.groups()
+        label = f"{px} px b{batch}" if dtype == "fp16" else f"bf16 {px} px b{batch}"
+        cells = [
+            label,
+            t + (f" ({t_range})" if t_range else ""),
+            b + (f" ({b_range})" if b_range else ""),
+            f"{r['number']:.1f}%",
+            f"{kernels} / {wall}",
+            r["result"].split(":")[0],
+        ]
+        assert "| " + " | ".join(cells) + " |" in gpu, cells
+        trainer[dtype, px] = t
+    quoted = f"this trainer at 224 px: {trainer['fp16', '224']} img/s in fp16 against {trainer['bf16', '224']} in bf16"
+    assert quoted in _flat("docs/recipe.md")
