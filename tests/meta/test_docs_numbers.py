@@ -438,3 +438,25 @@ def test_the_readme_quickstart_table_is_its_summary_file():
     table = dict(tuple(c.strip() for c in line.strip("|").split("|", 1)) for line in block if line.startswith("|"))
     assert table == expected
     assert f"`docs/data/{path.name}`" in readme
+
+
+def test_the_first_h200s_step_and_dali_rows_are_its_check_file():
+    """docs/gpu.md's results table: the train-step, NVIDIA-model and DALI rows of gpu_check-h200-2026-12-04.json."""
+    import re
+
+    rows = json.loads((ROOT / "docs" / "data" / "gpu_check-h200-2026-12-04.json").read_text())["rows"]
+    gpu = (ROOT / "docs" / "gpu.md").read_text().splitlines()
+    dali = []
+    for r in rows:
+        step = re.match(r"train step resnet50_tweaked (fp16|bf16) (\d+)px b(\d+)", r["name"])
+        if step:
+            dtype, px, batch = step.groups()
+            result = r["result"] + " img/s (3 unpaired rounds)" if r["result"] != "pass" else "pass"
+            row = f"| train step {dtype} {px} px b{batch} | {result} | {r['number']:,.0f} img/s |"
+            assert row in gpu, row
+        elif r["name"].startswith("train step resnet50 (v1.5)"):
+            row = f"(floor: A100's 2,078 img/s x 90%) | {r['result']} | {r['number']:,.0f} img/s |"
+            assert any(line.endswith(row) for line in gpu), row
+        elif r["name"].startswith("DALI mixed decode"):
+            dali.append(f"{r['number']:,.0f}")
+    assert f"| {' / '.join(dali)} img/s |" in "\n".join(gpu)
