@@ -460,3 +460,11 @@ def test_the_first_h200s_step_and_dali_rows_are_its_check_file():
         elif r["name"].startswith("DALI mixed decode"):
             dali.append(f"{r['number']:,.0f}")
     assert f"| {' / '.join(dali)} img/s |" in "\n".join(gpu)
+
+
+def test_every_data_file_is_listed_with_its_command():
+    listing = (ROOT / "docs" / "data" / "README.md").read_text()
+    files = sorted(p.name for p in (ROOT / "docs" / "data").glob("*.json"))
+    assert len(files) >= 9
+    for name in files:
+        assert f"`{name}`" in listing, name
