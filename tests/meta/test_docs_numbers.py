@@ -460,6 +460,14 @@ def test_the_first_h200s_step_and_dali_rows_are_its_check_file():
         elif r["name"].startswith("DALI mixed decode"):
             dali.append(f"{r['number']:,.0f}")
     assert f"| {' / '.join(dali)} img/s |" in "\n".join(gpu)
+    fp, bf = (
+        next(r["number"] for r in rows if r["name"].startswith(f"train step resnet50_tweaked {d} 224px"))
+        for d in ("fp16", "bf16")
+    )
+    quoted = (
+        f"bf16 ran {100 * (1 - bf / fp):.0f}% slower than fp16 at 224 px on the H200 ({bf:,.0f} against {fp:,.0f} img/s"
+    )
+    assert quoted in _flat("docs/scaling.md")
 
 
 def test_every_data_file_is_listed_with_its_command():
@@ -468,3 +476,36 @@ def test_every_data_file_is_listed_with_its_command():
     assert len(files) >= 9
     for name in files:
         assert f"`{name}`" in listing, name
+
+
+def test_the_h200_clusters_predictions_quoted_in_scaling_are_the_models(tmp_path, capsys):
+    """scaling.md's record recipe on 16 x 8 H200 / H100: the multistream spans and the per-step terms it quotes are
+    what `scripts/predict.py` gives from the committed H200 profile."""
+    from scripts import predict
+
+    def multistream(*args: str) -> dict:
+        out = tmp_path / "p.json"
+        assert predict.main([*args, "--json", str(out)]) == 0
+        capsys.readouterr()
+        [b] = [b for b in json.loads(out.read_text())["backends"] if b["backend"] == "multistream"]
+        return b
+
+    def span(b: dict) -> str:
+        return "-".join(f"{b['train_s'][k]:.0f}" for k in ("low", "mid", "high"))
+
+    profile = multistream("--gpu-profile", "docs/data/gpu_profile-h200-2026-12-04.json")
+    text = _flat("docs/scaling.md")
+    low, mid, high = span(profile).split("-")
+    assert f"gives multistream **{low}-{mid}-{high} s** on the training clock" in text
+    terms = ("compute", "step floor", "intra-host", "exposed comm", "sync")
+    steps = {}
+    for ph in profile["phases"]:
+        ms = ph["step_ms"]
+        steps.setdefault(ph["image_size"], " + ".join("0" if ms[t] == 0 else f"{ms[t]:.1f}" for t in terms))
+    quoted = ", ".join(f"{px} px {s}" for px, s in steps.items())
+    assert f"compute + step floor + intra-host + exposed comm + sync): {quoted}." in text
+    h200, h100, bf16 = (
+        multistream(*a) for a in (["--gpu", "h200"], ["--gpu", "h100"], ["--gpu", "h100", "--dtype", "bf16"])
+    )
+    assert f"gives {span(h200)} s, and `--gpu h100` (fp16, as the H100 presets) {span(h100)} s." in text
+    assert f"`--gpu h100 --dtype bf16`: {span(bf16)} s)" in text
