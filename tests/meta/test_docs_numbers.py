@@ -509,3 +509,29 @@ def test_the_h200_clusters_predictions_quoted_in_scaling_are_the_models(tmp_path
     )
     assert f"gives {span(h200)} s, and `--gpu h100` (fp16, as the H100 presets) {span(h100)} s." in text
     assert f"`--gpu h100 --dtype bf16`: {span(bf16)} s)" in text
+
+
+def test_the_step_floor_table_is_the_h200_profile():
+    """scaling.md's step-floor table: measured rate and step from the profile, the GPU's arithmetic per pixel from
+    the 224 px step; the bare-loop and bf16 rates quoted under it from the check file."""
+    profile = json.loads((ROOT / "docs" / "data" / "gpu_profile-h200-2026-12-04.json").read_text())["rates"]
+    rows = json.loads((ROOT / "docs" / "data" / "gpu_check-h200-2026-12-04.json").read_text())["rows"]
+
+    def check(prefix: str) -> dict:
+        return next(r for r in rows if r["name"].startswith(prefix))
+
+    step = {r["image_size"]: r["batch_size"] / r["images_per_s"] * 1000 for r in profile}
+    doc = (ROOT / "docs" / "scaling.md").read_text().splitlines()
+    for r in profile:
+        px, batch = r["image_size"], r["batch_size"]
+        rate = check(f"train step resnet50_tweaked fp16 {px}px")["number"]  # the profile keeps it to 0.1 img/s
+        assert rate == pytest.approx(r["images_per_s"], abs=0.05)
+        arithmetic = step[224] * (px / 224) ** 2 * batch / 256
+        row = f"| {px} | {batch} | {rate:,.0f} | {step[px]:.1f} | {arithmetic:.1f} |"
+        assert any(line.startswith(row) for line in doc), row
+
+    bare = [check(f"train step resnet50_tweaked fp16 {px}px")["reference"].split(" img/s")[0][10:] for px in (96, 128)]
+    text = _flat("docs/scaling.md")
+    assert f"gave 34-37 ms there as well ({bare[0]} / {bare[1]} img/s)" in text
+    bf16 = [f"{check(f'train step resnet50_tweaked bf16 {px}px')['number']:,.0f}" for px in (128, 224)]
+    assert f"The bf16 rows of the same check ({bf16[0]} img/s at 128 px, {bf16[1]} at 224)" in text
