@@ -535,3 +535,11 @@ def test_the_step_floor_table_is_the_h200_profile():
     assert f"gave 34-37 ms there as well ({bare[0]} / {bare[1]} img/s)" in text
     bf16 = [f"{check(f'train step resnet50_tweaked bf16 {px}px')['number']:,.0f}" for px in (128, 224)]
     assert f"The bf16 rows of the same check ({bf16[0]} img/s at 128 px, {bf16[1]} at 224)" in text
+
+
+def test_the_readmes_step_floor_is_the_time_models():
+    from recipes.timemodel import rates
+
+    ms = [s * 1000 for s in rates.HOST_FLOOR_STEPS]
+    quoted = f"({sum(ms) / len(ms):.0f} ms; {min(ms):.0f}-{max(ms):.0f} ms on the two H200 hosts measured;"
+    assert quoted in _flat("README.md")
