@@ -53,9 +53,15 @@ SHAPES = {
     "4x8": (4, 8, "dawnbench_158s.yaml"),
     "16x8": (16, 8, "dawnbench_158s.yaml"),
 }
-# USD per GPU-hour, on-demand list prices (AWS us-east-1, 2024: p3dn.24xlarge $31.21 / 8 V100 32 GB,
-# p4de.24xlarge $40.97 / 8 A100 80 GB, p5.48xlarge $98.32 / 8 H100): an assumption, edit for your provider.
-PRICE_PER_GPU_HOUR = {"v100": 31.21 / 8, "a100": 40.97 / 8, "h100": 98.32 / 8}
+# family -> (instance, USD per instance-hour, its GPUs): AWS on-demand list prices in us-east-1, copied with their
+# source in tests/data/published/aws_ec2_on_demand_gpu_prices.json (the P4 and P5 prices since AWS's June 2025
+# reduction). An assumption: edit for your provider.
+INSTANCE_PRICES = {
+    "v100": ("p3dn.24xlarge", 31.212, 8),
+    "a100": ("p4de.24xlarge", 27.44705, 8),
+    "h100": ("p5.48xlarge", 55.04, 8),
+}
+PRICE_PER_GPU_HOUR = {family: usd / gpus for family, (_, usd, gpus) in INSTANCE_PRICES.items()}
 
 
 def preset_name(family: str, shape: str) -> str:

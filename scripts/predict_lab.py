@@ -32,7 +32,7 @@ class LabFit:
     negotiation_s_per_rank: float
 
 
-LAB_FIT = LabFit(0.93, 9e-6, 0.0)  # fitted on the 2- and 4-host lab runs of docs/scaling.md (2026-12-02)
+LAB_FIT = LabFit(0.93, 9e-6, 0.0)  # the fit on the 2- and 4-host rows of docs/data/lab-multiflow-2-4.json
 
 
 def lab_specs(fraction: float) -> list[TensorSpec]:
