@@ -10,7 +10,7 @@ from recipes.config import load_config, reference_table
 from recipes.config.inert import inert_settings, marked_yaml
 from recipes.errors import CheckpointError, ConfigError, DataError, Preempted, TrainingError
 from recipes.preemption import EXIT_PREEMPTED, ignore_stop_signals
-from recipes.run import files
+from recipes.rundir import files
 
 USER_ERRORS = (ConfigError, CheckpointError, DataError)
 

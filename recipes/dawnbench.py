@@ -23,7 +23,7 @@ from recipes import registry
 from recipes.config import Config
 from recipes.environment import Environment, collect
 from recipes.errors import ConfigError
-from recipes.run.writer import write_atomic, write_json
+from recipes.rundir.writer import write_atomic, write_json
 
 
 def missing_required(cfg: Config) -> list[str]:

@@ -1,5 +1,5 @@
 """What a person reads: one console line per N steps on rank 0 and TensorBoard curves (the run directory's files
-are recipes/run/outputs.py)."""
+are recipes/rundir/outputs.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from recipes.metrics import format_seconds, step_line
-from recipes.run import files
+from recipes.rundir import files
 
 __all__ = ["RunLogger", "format_seconds"]
 

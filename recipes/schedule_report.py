@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from recipes import memory, registry
-from recipes.run.writer import figure_bytes, write_output
+from recipes.rundir.writer import figure_bytes, write_output
 from recipes.schedule import Schedule
 from recipes.timemodel import IMAGENET_TRAIN_IMAGES, predicted_seconds
 

@@ -7,7 +7,7 @@ and the gradient allreduce backend (`recipes.comm.create_allreduce`). The rest i
     recipes/steps.py       one optimizer step without a host sync, and the deferred finite-gradient check
     recipes/epoch_clock.py an epoch's training time, the log window's metrics, the ETA
     recipes/metrics.py     the metrics' names, units and formats: the console, TensorBoard and the files take them
-    recipes/run/           the run directory: its files, the checkpoints (`Checkpointer.save` / `restore`)
+    recipes/rundir/           the run directory: its files, the checkpoints (`Checkpointer.save` / `restore`)
     recipes/report.py      the end-of-run summary
     recipes/evaluation/    validation accuracy (and evaluate.py's checkpoint evaluation and latency)
 """
@@ -37,10 +37,10 @@ from recipes.metrics import IMAGES_PER_S, LR, MOMENTUM, ema_values, epoch_row, e
 from recipes.optim import create_optimizer, describe_groups, set_lr_momentum
 from recipes.preemption import StopSignal, rerun_hint
 from recipes.report import summarize, summary_table, targets_reached
-from recipes.run.checkpointer import Checkpointer, Parts
-from recipes.run.directory import open_run
-from recipes.run.outputs import RunOutputs
-from recipes.run.payload import State
+from recipes.rundir.checkpointer import Checkpointer, Parts
+from recipes.rundir.directory import open_run
+from recipes.rundir.outputs import RunOutputs
+from recipes.rundir.payload import State
 from recipes.schedule import Schedule
 from recipes.steps import GraphStep, StepRunner, create_criterion, graph_decision
 from recipes.timemodel import calibrated_compute

@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     args.argv_seen = [a for a in argv if a != "--dry-run"]
     sys.path.insert(0, str(REPO))
     from recipes.errors import ConfigError, RunDirError
-    from recipes.run import files as run_files
+    from recipes.rundir import files as run_files
 
     try:
         job, cfg = build_job(args)
@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"launch: dry run: nothing started (the checks would ask every host for {checks})")
         return 0
-    from recipes.run.directory import not_a_run
+    from recipes.rundir.directory import not_a_run
 
     problem = not_a_run(run_dir)  # before anything is written there: the hosts' logs, the probe, the share tokens
     if problem:
@@ -451,7 +451,7 @@ def network_figures(job: Job, args, run_dir: Path) -> dict | None:
         return figures
     pj = probe_job(job, args)
     print(f"launch: link probe: every host pair, 1 and {args.probe_flows} flow(s), ~{args.probe_seconds:g} s each")
-    from recipes.run import files as run_files
+    from recipes.rundir import files as run_files
 
     log_dir = run_dir / run_files.LAUNCH / "probe"
     rc = run(pj, log_dir, sys.stdout, args.timeout)
@@ -463,7 +463,7 @@ def network_figures(job: Job, args, run_dir: Path) -> dict | None:
     if found is None:
         print(f"launch: error: the link probe failed (exit {rc}); its logs: {log_dir}", file=sys.stderr)
         return None
-    from recipes.run.writer import to_json, write_atomic
+    from recipes.rundir.writer import to_json, write_atomic
 
     saved.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(saved, to_json(found))  # never through a planted link, never half-written

@@ -157,7 +157,7 @@ def scenario_accumulate(out: dict, args: list[str]) -> None:
     BN is in eval mode (running statistics), so A micro-batches of n images are the same computation as one batch
     of A x n: the weights must agree to float32 rounding on every rank.
     """
-    from recipes.run.payload import State
+    from recipes.rundir.payload import State
     from recipes.steps import StepRunner
 
     backend_name, accumulate = args[0], int(args[1])

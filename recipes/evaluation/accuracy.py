@@ -14,8 +14,8 @@ from torch import nn
 from recipes.config import Config, config_from_dict
 from recipes.distributed import DistInfo, all_reduce_sum
 from recipes.errors import CheckpointError, ConfigError, NonFiniteError
-from recipes.run.checkpoint_files import load_checkpoint
-from recipes.run.payload import Checkpoint
+from recipes.rundir.checkpoint_files import load_checkpoint
+from recipes.rundir.payload import Checkpoint
 
 
 def _accuracy_counts(logits: torch.Tensor, labels: torch.Tensor) -> tuple[int, int]:

@@ -12,8 +12,8 @@ from recipes.errors import CheckpointError, ConfigError, NonFiniteError
 from recipes.evaluation.accuracy import eval_config, evaluate_checkpoint, load_model
 from recipes.evaluation.inference import export_onnx
 from recipes.evaluation.latency import latency_checkpoint, latency_table
-from recipes.run.checkpoint_files import load_checkpoint
-from recipes.run.writer import to_json
+from recipes.rundir.checkpoint_files import load_checkpoint
+from recipes.rundir.writer import to_json
 
 
 def export_checkpoint(

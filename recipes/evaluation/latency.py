@@ -25,8 +25,8 @@ from recipes.config import Config
 from recipes.errors import ConfigError
 from recipes.evaluation.accuracy import check_logits, eval_config, load_model
 from recipes.evaluation.inference import Runner, build_runner, check_mode
-from recipes.run.checkpoint_files import load_checkpoint
-from recipes.run.outputs import git_commit
+from recipes.rundir.checkpoint_files import load_checkpoint
+from recipes.rundir.outputs import git_commit
 
 
 def select_images(num: int, count: int, seed: int = 0) -> np.ndarray:

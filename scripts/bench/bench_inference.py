@@ -153,7 +153,7 @@ def main(argv=None) -> int:
     )
     if args.checkpoint:
         from recipes.evaluation.accuracy import config_from_checkpoint, load_model
-        from recipes.run.checkpoint_files import load_checkpoint
+        from recipes.rundir.checkpoint_files import load_checkpoint
 
         ck = load_checkpoint(args.checkpoint)
         cfg = config_from_checkpoint(ck)

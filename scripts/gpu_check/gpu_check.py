@@ -35,7 +35,7 @@ def write_profile(path: Path, rates: list[dict], dtype: str) -> dict:
     """The train-step rates as the time model reads them (scripts/predict.py --gpu-profile)."""
     import torch
 
-    from recipes.run.outputs import git_commit
+    from recipes.rundir.outputs import git_commit
 
     profile = {
         "gpu": torch.cuda.get_device_name(0),

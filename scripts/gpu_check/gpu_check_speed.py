@@ -164,7 +164,7 @@ class _Quiet:
 def compare(bench: Bench, variants: dict, *, size: int, batch: int, rounds: int, steps: int, warmup: int = 4) -> dict:
     """Paired rounds over `variants` (name -> runner factory), order rotated each round; per variant: wall ms per
     step (median, range), kernel ms and kernels per step, wall/kernel, images/s; and each one's ratio to the first."""
-    from recipes.run.payload import State
+    from recipes.rundir.payload import State
 
     x, y = bench.batch(size, batch)
     names = list(variants)

@@ -216,7 +216,7 @@ def checkpoint_bytes(model_cfg, num_classes: int, world_size: int, keep: int) ->
     import torch
 
     from models import create_model
-    from recipes.run.checkpoint_files import estimate_bytes
+    from recipes.rundir.checkpoint_files import estimate_bytes
 
     with torch.device("meta"):
         model = create_model(model_cfg, num_classes)

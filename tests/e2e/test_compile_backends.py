@@ -16,7 +16,7 @@ import torch
 from support import ROOT, horovodrun, torchrun
 
 from models.factory import compile_unavailable
-from recipes.run import checkpoint_files as ckpt
+from recipes.rundir import checkpoint_files as ckpt
 
 PHASE = "phases=[{epochs: 1, image_size: 32, batch_size: 12}]"
 U = 2.0**-24  # fp32 unit roundoff

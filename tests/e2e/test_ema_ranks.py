@@ -8,7 +8,7 @@ import pytest
 import torch
 from support import TINY_OVERRIDES, torchrun
 
-from recipes.run import checkpoint_files as ckpt
+from recipes.rundir import checkpoint_files as ckpt
 
 RUN = [
     "-c",

@@ -16,7 +16,7 @@ import torch
 from support import ROOT, free_port, start_torchrun, tiny_config, wait_for_step, worker_pid
 
 from recipes.errors import CheckpointError, NonFiniteError, TrainingError
-from recipes.run import checkpoint_files as ckpt
+from recipes.rundir import checkpoint_files as ckpt
 from recipes.trainer import train
 
 DET = ("run.deterministic=true", "phases=[{epochs: 2, image_size: 32, batch_size: 12}]")

@@ -19,7 +19,7 @@ import pytest
 import torch
 from support import NETLAB_MISSING, ROOT, TINY_OVERRIDES, free_port, torchrun_cmd, two_local_hosts, worker_pid
 
-from recipes.run import checkpoint_files as ckpt
+from recipes.rundir import checkpoint_files as ckpt
 
 TINY = [
     "-c",

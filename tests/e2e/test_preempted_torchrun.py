@@ -14,7 +14,7 @@ import pytest
 import torch
 from support import TINY_OVERRIDES, start_torchrun, wait_for_step, worker_pid
 
-from recipes.run import checkpoint_files as ckpt
+from recipes.rundir import checkpoint_files as ckpt
 
 STEPS = 24  # 6 epochs x ceil(48 / 12)
 TINY = [

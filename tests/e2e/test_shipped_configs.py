@@ -394,7 +394,7 @@ STEP_LOSS = re.compile(r"^epoch \d+/\d+  step \d+/\d+ .* loss (\S+) ", re.M)
 
 def _check_run(combo: Combination, run_dir: Path, output: str) -> None:
     from recipes.evaluation.accuracy import config_from_checkpoint, load_model
-    from recipes.run.checkpoint_files import load_checkpoint
+    from recipes.rundir.checkpoint_files import load_checkpoint
 
     s = combo.settings
     rank0 = rank_results(run_dir, combo.world, output)[0]

@@ -8,7 +8,7 @@ import torch
 from support import tiny_config
 
 import recipes.trainer
-from recipes.run import checkpoint_files as ckpt
+from recipes.rundir import checkpoint_files as ckpt
 from recipes.trainer import train
 
 # 48 images, global batch 12, 1 process: 4 steps per epoch, each 3 micro-batches of 4 images

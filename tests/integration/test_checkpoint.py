@@ -16,7 +16,7 @@ import evaluate
 from recipes.distributed import DistInfo
 from recipes.errors import NonFiniteError
 from recipes.evaluation.accuracy import evaluate as evaluate_model
-from recipes.run import checkpoint_files as ckpt
+from recipes.rundir import checkpoint_files as ckpt
 
 
 class _RunsCode:
@@ -182,7 +182,8 @@ def test_no_accuracy_from_non_finite_weights_or_logits(tiny_checkpoint, tiny_roo
 
 
 def test_size_estimate_counts_every_ranks_bn_statistics():
-    """A mid-epoch checkpoint of w ranks holds w copies of the BN running statistics (recipes/run/checkpointer.py)."""
+    """A mid-epoch checkpoint of w ranks holds w copies of the BN running statistics
+    (recipes/rundir/checkpointer.py)."""
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.BatchNorm2d(8))
     bn_bytes = 2 * 2 * 8 * 4  # two layers, mean and var, 8 float32 channels
     one, four = ckpt.estimate_bytes(model), ckpt.estimate_bytes(model, 4)

@@ -11,7 +11,7 @@ from support import tiny_config
 
 from models.factory import compile_unavailable
 from recipes.evaluation.accuracy import evaluate_checkpoint
-from recipes.run import checkpoint_files as ckpt
+from recipes.rundir import checkpoint_files as ckpt
 from recipes.trainer import train
 
 TWO_PHASES = "phases=[{epochs: 1, image_size: 32, batch_size: 12}, {epochs: 1, image_size: 40, batch_size: 16}]"

@@ -9,7 +9,7 @@ from support import tiny_config
 
 import evaluate
 from recipes.evaluation.accuracy import evaluate_checkpoint
-from recipes.run import checkpoint_files as ckpt
+from recipes.rundir import checkpoint_files as ckpt
 from recipes.trainer import train
 
 THREE_EPOCHS = "phases=[{epochs: 3, image_size: 32, batch_size: 12}]"

@@ -14,7 +14,7 @@ from data.folder import scan_split
 from data.transforms import normalize
 from recipes.evaluation.accuracy import FlipTTA, config_from_checkpoint, eval_config, evaluate_checkpoint, load_model
 from recipes.evaluation.latency import load_image
-from recipes.run import checkpoint_files as ckpt
+from recipes.rundir import checkpoint_files as ckpt
 
 
 def _manual_counts(checkpoint, root, tta: bool) -> tuple[int, int, int]:

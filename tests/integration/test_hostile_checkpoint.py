@@ -14,9 +14,9 @@ from support import ROOT, quiet_env, tiny_config
 
 from recipes.config import to_dict
 from recipes.errors import CheckpointError
-from recipes.run import checkpoint_files as ckpt
-from recipes.run.payload import RESUME_ENTRIES, STATE_FIELDS, Checkpoint
-from recipes.run.resume import compare
+from recipes.rundir import checkpoint_files as ckpt
+from recipes.rundir.payload import RESUME_ENTRIES, STATE_FIELDS, Checkpoint
+from recipes.rundir.resume import compare
 from recipes.trainer import train
 
 WRONG_TYPES = (0, -1, 1.5, "x", True, [], {}, [1], {"a": 1}, math.nan)

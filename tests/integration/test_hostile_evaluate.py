@@ -13,7 +13,7 @@ import torch
 
 import evaluate
 from recipes.evaluation import cli
-from recipes.run import checkpoint_files as ckpt
+from recipes.rundir import checkpoint_files as ckpt
 
 
 def _bad_values(low, high, is_float: bool) -> list[str]:

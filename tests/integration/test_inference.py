@@ -16,7 +16,7 @@ from recipes.errors import ConfigError
 from recipes.evaluation.accuracy import config_from_checkpoint, load_model
 from recipes.evaluation.inference import MODES, Classifier, build_runner, check_mode, count_bn, fold_bn
 from recipes.evaluation.latency import load_image
-from recipes.run import checkpoint_files as ckpt
+from recipes.rundir import checkpoint_files as ckpt
 
 
 @pytest.fixture(scope="module")

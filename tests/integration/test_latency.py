@@ -15,7 +15,7 @@ from data.transforms import normalize
 from recipes.evaluation.accuracy import config_from_checkpoint, load_model
 from recipes.evaluation.inference import Runner
 from recipes.evaluation.latency import Prefetcher, load_image, run_protocol, select_images
-from recipes.run import checkpoint_files as ckpt
+from recipes.rundir import checkpoint_files as ckpt
 
 
 def test_select_images_is_a_seeded_sorted_subset():

@@ -9,7 +9,7 @@ import pytest
 from support import tiny_config
 
 from recipes import metrics
-from recipes.run import checkpoint_files as ckpt
+from recipes.rundir import checkpoint_files as ckpt
 from recipes.trainer import train
 
 

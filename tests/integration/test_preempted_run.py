@@ -13,9 +13,9 @@ import pytest
 import torch
 from support import ROOT, TINY_CONFIG, free_port, quiet_env
 
-from recipes.run import checkpoint_files as ckpt
-from recipes.run.checkpointer import Checkpointer
-from recipes.run.outputs import RunOutputs
+from recipes.rundir import checkpoint_files as ckpt
+from recipes.rundir.checkpointer import Checkpointer
+from recipes.rundir.outputs import RunOutputs
 from train import main as train_main
 
 DET = ["run.deterministic=true", "phases=[{epochs: 2, image_size: 32, batch_size: 12}]"]  # 4 steps per epoch

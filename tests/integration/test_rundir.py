@@ -18,9 +18,9 @@ from support import ROOT, tiny_config
 
 from recipes.config import load_config
 from recipes.errors import RunDirError
-from recipes.run import checkpoint_files as ckpt
-from recipes.run.directory import read_run_id
-from recipes.run.resume import compare, recipe_differences
+from recipes.rundir import checkpoint_files as ckpt
+from recipes.rundir.directory import read_run_id
+from recipes.rundir.resume import compare, recipe_differences
 from recipes.trainer import train
 
 DET = ("run.deterministic=true",)
@@ -87,7 +87,7 @@ def test_world_size_change_keeps_the_data_order_and_says_what_changes():
     from recipes.config import to_dict
 
     cfg = load_config(ROOT / "configs" / "base.yaml", ["phases=[{epochs: 1, image_size: 32, batch_size: 16}]"])
-    from recipes.run.payload import Checkpoint
+    from recipes.rundir.payload import Checkpoint
 
     ck = Checkpoint(model={}, config=to_dict(cfg), world_size=1, num_train=48, state={"step": 2})
     problems, notes = compare(ck, cfg, [], 48, 2)  # ceil(ceil(n / w) / (B / w)) == ceil(n / B) steps

@@ -13,8 +13,8 @@ import yaml
 from support import ROOT, tiny_config
 
 from recipes.errors import CheckpointError, DataError
-from recipes.run import checkpoint_files as ckpt
-from recipes.run.outputs import TSV_HEADER
+from recipes.rundir import checkpoint_files as ckpt
+from recipes.rundir.outputs import TSV_HEADER
 from recipes.trainer import train
 
 

@@ -1,7 +1,7 @@
 """Imports run downwards only: every module of the repository sits in one layer of `LAYERS`, and imports (at the top
 of the file or inside a function) only modules of lower layers, or of its own layer and top-level package.
 
-    bottom            recipes.errors, recipes.registry, recipes.run.files, recipes.comm.stats, recipes.environment,
+    bottom            recipes.errors, recipes.registry, recipes.rundir.files, recipes.comm.stats, recipes.environment,
                       recipes.reader, recipes.argtypes, recipes.metrics: no project imports
     data and models   data/, models/: take the config as a plain object, never import recipes.config or above
     config            recipes.config: the schema, with the names from recipes.registry
@@ -23,10 +23,10 @@ import sys
 import pytest
 from support import ROOT
 
-BOTTOM = ["recipes", "recipes.errors", "recipes.registry", "recipes.run.files", "recipes.comm.stats"]
+BOTTOM = ["recipes", "recipes.errors", "recipes.registry", "recipes.rundir.files", "recipes.comm.stats"]
 BOTTOM += ["recipes.environment", "recipes.reader", "recipes.argtypes", "recipes.metrics"]
 RECIPE_PARTS = ["recipes.lars", "recipes.optim", "recipes.schedule", "recipes.schedule_report", "recipes.distributed"]
-RECIPE_PARTS += ["recipes.run", "recipes.logger", "recipes.dawnbench", "recipes.comm"]
+RECIPE_PARTS += ["recipes.rundir", "recipes.logger", "recipes.dawnbench", "recipes.comm"]
 RECIPE_PARTS += ["recipes.steps", "recipes.epoch_clock", "recipes.preemption", "recipes.ema"]
 RECIPE_PARTS += ["recipes.report", "recipes.timemodel", "recipes.memory"]
 LAYERS: list[tuple[str, list[str]]] = [
@@ -238,11 +238,11 @@ PART_SECTIONS = {
     "recipes/schedule.py": set(),  # Schedule(cfg.phases, cfg.optim, num_images=, world_size=)
     "recipes/epoch_clock.py": set(),
     "recipes/logger.py": set(),
-    "recipes/run/files.py": set(),
-    "recipes/run/payload.py": set(),
-    "recipes/run/checkpoint_files.py": set(),
-    "recipes/run/directory.py": set(),
-    "recipes/run/checkpointer.py": {"checkpoint", "dist", "model"},
+    "recipes/rundir/files.py": set(),
+    "recipes/rundir/payload.py": set(),
+    "recipes/rundir/checkpoint_files.py": set(),
+    "recipes/rundir/directory.py": set(),
+    "recipes/rundir/checkpointer.py": {"checkpoint", "dist", "model"},
 }
 # The allreduce backends are built from the comm section (`create_allreduce(cfg.comm, dist, timeout_s=, model_name=)`).
 PART_SECTIONS |= {p.relative_to(ROOT).as_posix(): set() for p in sorted((ROOT / "recipes" / "comm").glob("*.py"))}

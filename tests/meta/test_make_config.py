@@ -7,7 +7,7 @@ import subprocess
 
 from support import ROOT
 
-from recipes.run.outputs import git_commit
+from recipes.rundir.outputs import git_commit
 
 
 def _dry(target: str, *args: str) -> str:

@@ -18,7 +18,7 @@ SINKS = [
     "recipes/trainer.py",
     "recipes/logger.py",
     "recipes/report.py",
-    "recipes/run/outputs.py",
+    "recipes/rundir/outputs.py",
 ]
 # (module, name): why the string is not the metric's name
 EXEMPT = {

@@ -9,7 +9,7 @@ from torch import nn
 from recipes import memory
 from recipes.config import load_config
 from recipes.errors import ConfigError
-from recipes.run.payload import State
+from recipes.rundir.payload import State
 from recipes.schedule import Schedule, micro_batches
 from recipes.steps import StepRunner
 

@@ -7,9 +7,9 @@ import pytest
 
 from recipes.config import load_config
 from recipes.errors import CheckpointError
-from recipes.run import checkpoint_files as ckpt
-from recipes.run.checkpointer import position_problem
-from recipes.run.payload import Checkpoint, ModelInfo, State
+from recipes.rundir import checkpoint_files as ckpt
+from recipes.rundir.checkpointer import position_problem
+from recipes.rundir.payload import Checkpoint, ModelInfo, State
 from recipes.schedule import Schedule
 
 

@@ -16,7 +16,7 @@ from recipes import registry
 from recipes.config import load_config
 from recipes.config.inert import inert_keys
 from recipes.optim import create_optimizer
-from recipes.run.payload import State
+from recipes.rundir.payload import State
 from recipes.steps import GraphStep, StepRunner
 
 

@@ -19,7 +19,7 @@ from recipes.comm.plan import Settings, build_plan, grad_specs
 from recipes.config import load_config
 from recipes.errors import TrainingError
 from recipes.optim import create_optimizer, set_lr_momentum
-from recipes.run.payload import State
+from recipes.rundir.payload import State
 from recipes.steps import GraphStep, StepRunner, graph_decision
 
 

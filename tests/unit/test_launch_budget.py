@@ -24,7 +24,7 @@ from recipes.comm.plan import Settings, build_plan, grad_specs
 from recipes.config import load_config
 from recipes.lars import LayerAdaptiveSGD
 from recipes.optim import create_optimizer
-from recipes.run.payload import State
+from recipes.rundir.payload import State
 from recipes.steps import StepRunner
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from recipes import epoch_clock as progress
-from recipes.run.payload import State
+from recipes.rundir.payload import State
 
 
 class FakeTime:

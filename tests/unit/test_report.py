@@ -5,7 +5,7 @@ from __future__ import annotations
 from recipes.comm.stats import CommStats
 from recipes.config import load_config
 from recipes.report import summarize, summary_table
-from recipes.run.payload import State
+from recipes.rundir.payload import State
 
 
 def _summary(*overrides, history=None, excluded=0, classes=1000, skipped=0):

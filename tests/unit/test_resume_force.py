@@ -13,7 +13,7 @@ from torch import nn
 
 from recipes.config import load_config
 from recipes.optim import apply_config, create_optimizer
-from recipes.run import checkpoint_files as ckpt
+from recipes.rundir import checkpoint_files as ckpt
 from recipes.trainer import train
 
 

@@ -9,9 +9,9 @@ import yaml
 
 from recipes.config import load_config
 from recipes.distributed import DistInfo
-from recipes.run import files
-from recipes.run.directory import archive, read_run_id, run_files, write_run_file
-from recipes.run.outputs import TSV_HEADER, RunOutputs
+from recipes.rundir import files
+from recipes.rundir.directory import archive, read_run_id, run_files, write_run_file
+from recipes.rundir.outputs import TSV_HEADER, RunOutputs
 
 CPU = torch.device("cpu")
 

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from recipes.errors import TrainingError
-from recipes.run.payload import State
+from recipes.rundir.payload import State
 from recipes.steps import StepRunner
 
 

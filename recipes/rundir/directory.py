@@ -25,9 +25,9 @@ from pathlib import Path
 
 from recipes.distributed import DistInfo, all_gather_object, broadcast_object
 from recipes.errors import CheckpointError, RunDirError
-from recipes.run import files
-from recipes.run.checkpoint_files import check_writable, foreign_checkpoints
-from recipes.run.writer import refuse_link, remove_stale_temps, write_json
+from recipes.rundir import files
+from recipes.rundir.checkpoint_files import check_writable, foreign_checkpoints
+from recipes.rundir.writer import refuse_link, remove_stale_temps, write_json
 
 
 def _now() -> str:

@@ -1,6 +1,6 @@
 """What a training writes into its run directory, written by one object (`RunOutputs`).
 
-The file names are `recipes.run.files`. Rank 0 writes the run's description and results; the leader of each
+The file names are `recipes.rundir.files`. Rank 0 writes the run's description and results; the leader of each
 distinct run directory (one per host with a disk of its own) writes the run file (and, through the `Checkpointer`,
 the checkpoints), so every host keeps a copy.
 
@@ -22,9 +22,9 @@ from recipes.config import Config, to_yaml
 from recipes.dawnbench import write_entry
 from recipes.distributed import DistInfo
 from recipes.environment import collect
-from recipes.run import files
-from recipes.run.directory import write_run_file
-from recipes.run.writer import write_atomic, write_json
+from recipes.rundir import files
+from recipes.rundir.directory import write_run_file
+from recipes.rundir.writer import write_atomic, write_json
 
 TSV_HEADER = "epoch\thours\ttop1Accuracy\ttop5Accuracy\n"
 

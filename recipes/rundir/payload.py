@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from recipes.errors import CheckpointError
-from recipes.run import files
+from recipes.rundir import files
 
 
 @dataclass

@@ -7,7 +7,7 @@ every rank's BN running statistics) to all ranks over the process group. The che
 compared with the current one: a change that alters the training refuses with the list of differences, unless
 `checkpoint.resume=force`, which is recorded.
 
-`Checkpointer.restore` (recipes/run/checkpointer.py) loads the agreed checkpoint into the objects holding state.
+`Checkpointer.restore` (recipes/rundir/checkpointer.py) loads the agreed checkpoint into the objects holding state.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from recipes.config import Config, to_dict
 from recipes.config.schema import not_training_keys
 from recipes.distributed import DistInfo, all_gather_object, broadcast_bytes
 from recipes.errors import CheckpointError, RunDirError
-from recipes.run import checkpoint_files as ckpt
-from recipes.run import files
-from recipes.run.directory import RunDir
-from recipes.run.payload import Checkpoint
+from recipes.rundir import checkpoint_files as ckpt
+from recipes.rundir import files
+from recipes.rundir.directory import RunDir
+from recipes.rundir.payload import Checkpoint
 from recipes.schedule import Schedule
 
 # Keys that do not change what is trained (logging, output, checkpointing, where the data lives, timeouts, the

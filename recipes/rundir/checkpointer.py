@@ -2,9 +2,9 @@
 
 It holds the objects whose state a checkpoint keeps (model, optimizer, grad scaler, allreduce backend) and the
 training `State` (steps, epoch, data position, time, restart accounting), like torchtitan's checkpoint manager
-over its stateful objects. What it writes is a `Checkpoint` (recipes/run/payload.py); where, how and under which
-names is recipes/run/checkpoint_files.py and recipes/run/files.py; which checkpoint every rank resumes from is
-recipes/run/resume.py.
+over its stateful objects. What it writes is a `Checkpoint` (recipes/rundir/payload.py); where, how and under which
+names is recipes/rundir/checkpoint_files.py and recipes/rundir/files.py; which checkpoint every rank resumes from is
+recipes/rundir/resume.py.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from recipes.config import Config, to_dict
 from recipes.distributed import DistInfo, all_gather_object, collective_guard
 from recipes.errors import CheckpointError, RunDirError
 from recipes.optim import apply_config
-from recipes.run import checkpoint_files as ckpt
-from recipes.run.directory import RunDir
-from recipes.run.payload import Checkpoint, ModelInfo, State
-from recipes.run.resume import agree_state, compare
+from recipes.rundir import checkpoint_files as ckpt
+from recipes.rundir.directory import RunDir
+from recipes.rundir.payload import Checkpoint, ModelInfo, State
+from recipes.rundir.resume import agree_state, compare
 from recipes.schedule import Schedule
 
 

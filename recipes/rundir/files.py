@@ -1,8 +1,8 @@
 """The names of the files in a run directory (<run.out_dir>/<run.name>), declared once.
 
-Written by the run outputs (recipes/run/outputs.py), the checkpoint files (recipes/run/checkpoint_files.py), the run
-directory (recipes/run/directory.py) and the launcher (scripts/launch.py); read by scripts/compare_runs.py,
-evaluate.py and `train.py --resume`.
+Written by the run outputs (recipes/rundir/outputs.py), the checkpoint files
+(recipes/rundir/checkpoint_files.py), the run directory (recipes/rundir/directory.py) and the launcher
+(scripts/launch.py); read by scripts/compare_runs.py, evaluate.py and `train.py --resume`.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ RESULTS = (SUMMARY, TSV, ENTRY)  # what a finished run leaves for a person to re
 STEP_CHECKPOINT = re.compile(r"^ckpt-(\d+)\.pt$")  # ckpt-<step>.pt: the newest checkpoint.keep are kept
 _NAMES = {RUN, LOCK, ARCHIVE, CONFIG, META, PROGRESS, SUMMARY, TSV, ENTRY, CHECKPOINT, TENSORBOARD, LAUNCH, NETWORK}
 # The entry's copies under the entries repository's name (recipes/dawnbench.py), and the dot files a run makes:
-# temp files of a writer (recipes/run/writer.py), the write probe, the ranks' share tokens (recipes/run/directory.py),
-# the launcher's token (scripts/launcher/job.py).
+# temp files of a writer (recipes/rundir/writer.py), the write probe, the ranks' share tokens
+# (recipes/rundir/directory.py), the launcher's token (scripts/launcher/job.py).
 _PATTERNS = re.compile(
     r"^ckpt-\d+\.pt$|_pytorch(\.not-qualifying)?\.(json|tsv)$|^\..+\.(tmp|link)\d+$|^\.write-probe-\d+$|^\.share-[0-9a-f]+$|^\.launch-token-[0-9-]+$"
 )

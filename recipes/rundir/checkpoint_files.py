@@ -26,9 +26,9 @@ import torch
 
 from recipes import reader
 from recipes.errors import CheckpointError
-from recipes.run import files
-from recipes.run.payload import Checkpoint, check_structure
-from recipes.run.writer import refuse_link, temp_path, write_atomic
+from recipes.rundir import files
+from recipes.rundir.payload import Checkpoint, check_structure
+from recipes.rundir.writer import refuse_link, temp_path, write_atomic
 
 CHECKPOINT_NAME = files.CHECKPOINT
 SHA256 = re.compile(r"[0-9a-f]{64}")
