@@ -200,8 +200,11 @@ def test_bad_arguments_are_named(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(HOROVOD_MISSING is not None, reason=HOROVOD_MISSING or "")
-def test_horovod_baseline_against_multistream(tmp_path, sample_root):
-    """The issue's comparison: the quickstart under horovodrun --gloo (2 processes) and with multistream."""
+def test_horovod_baseline_against_multistream(tmp_path, tiny_root):
+    """The baseline comparison through the launcher: Horovod (horovodrun --gloo, 2 processes) against multistream
+    (two local hosts), on the tiny recipe with a target every run reaches in its first epoch (the mechanics: launch
+    engines, the table's time to target and rates from each run's own logs; the quickstart's accuracy is
+    tests/e2e/test_distributed.py's)."""
     pytest.importorskip("horovod.torch", reason="horovod is installed but horovod.torch does not load")
 
     common = [
@@ -210,10 +213,10 @@ def test_horovod_baseline_against_multistream(tmp_path, sample_root):
         "--timeout",
         "800",
         "-c",
-        "configs/quickstart.yaml",
-        f"data.root={sample_root}",
-        "run.threads=1",
-        "log.tensorboard=false",
+        "configs/base.yaml",
+        f"data.root={tiny_root}",
+        *CLI,
+        "run.target_top5=100",  # 4 classes: the top 5 hold every class, so every run reaches it in epoch 1
         "run.stop_at_target=true",
     ]
     hvd_dir, ms_dir = tmp_path / "horovod", tmp_path / "multistream"
@@ -274,8 +277,8 @@ def test_horovod_baseline_against_multistream(tmp_path, sample_root):
         s = json.loads((run_dir / "summary.json").read_text())
         row = rows[name]
         assert row["backend"] == name and row["processes"] == "2"
-        assert row["target"] == "top1 >= 90%"  # the quickstart's own target
-        seconds, epoch = first_hit_seconds(run_dir, "top1", 90.0)
+        assert row["target"] == "top5 >= 100%"  # the runs' own target
+        seconds, epoch = first_hit_seconds(run_dir, "top5", 100.0)
         value, at = re.fullmatch(r"([\d.]+) s \(epoch (\d+)\)", row["time to target"]).groups()
         assert float(value) == pytest.approx(seconds, abs=0.06) and int(at) == epoch
         assert row["images/s"] == f"{s['images_per_s']:.1f}"
