@@ -108,7 +108,7 @@ def test_plan_mismatch_fails_fast_with_a_clear_error(tmp_path):
 @pytest.mark.parametrize("stall", [False, True], ids=["dead", "stalled"])
 def test_dead_or_stalled_peer_fails_within_the_timeout(tmp_path, stall):
     timeout_s = 4
-    env = {"STALL": "1" if stall else "0", "STALL_S": "20"}
+    env = {"STALL": "1" if stall else "0", "STALL_S": "12"}  # longer than the timeout and its 5 s margin
     results, _ = run_worker(tmp_path, 2, "dead_peer", f"dist.timeout_s={timeout_s}", env=env)
     r0 = results[0]
     assert r0["error"] is not None and r0["is_comm_error"], r0
@@ -142,7 +142,7 @@ def _train(tmp_path: Path, root: Path, name: str, *overrides: str, nproc: int = 
 @pytest.mark.slow
 def test_trainer_multistream_matches_ddp_and_autotunes(tmp_path, tiny_root):
     """End to end: the same training with ddp and with multistream ends with the same weights; with autotune the
-    candidates and the winner reach the log and TensorBoard, and the next run starts from the cache."""
+    candidates and the winner reach the log, TensorBoard and the cache."""
     _, ddp_dir = _train(tmp_path, tiny_root, "ddp", "comm.backend=ddp", "log.tensorboard=false")
     cache = tmp_path / "tune.json"
     tune = [
@@ -172,5 +172,4 @@ def test_trainer_multistream_matches_ddp_and_autotunes(tmp_path, tiny_root):
     assert len(ev.Scalars("autotune/candidate_ms")) == 3
     assert "autotune/winner_ms" in tags and "autotune/winner_streams" in tags
     assert all(math.isfinite(e.value) and e.value > 0 for e in ev.Scalars("autotune/candidate_ms"))
-    p2, _ = _train(tmp_path, tiny_root, "ms2", *tune, "log.tensorboard=false")
-    assert "cached winner" in p2.stdout and "candidate 1:" not in p2.stdout
+    assert json.loads(cache.read_text())  # the winner is cached; the next run's start from it: the "tune" test above
