@@ -54,6 +54,15 @@ class Allreduce:
     launcher: str = "torchrun"
     bucket_key: str = "bucket_mb"  # the comm.* key of its bucket (fusion) size in MB
     autotune: bool = False  # comm.autotune tunes its settings in the first steps
+    # The message pattern recipes/comm/stepmodel.py models it by: "" = its own name (ddp, multistream, horovod each
+    # have one); a variant that issues another backend's messages (DDP with another comm hook) names that backend,
+    # so registering it is this record and its module.
+    step_model: str = ""
+
+    @property
+    def modelled_as(self) -> str:
+        """The stepmodel pattern of its steps."""
+        return self.step_model or self.name
 
     def row_label(self, flows: int = 1) -> str:
         """The label of its time-model row or run with `flows` TCP flows per peer ("ddp (4 flows)")."""

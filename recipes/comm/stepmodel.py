@@ -185,6 +185,7 @@ def messages(
     ranks: int = 1,
 ) -> list[Message]:
     """The allreduces one step issues under `backend`, in issue order."""
+    backend = pattern(backend)
     ready = _ready_times(compute, len(specs))
     if backend == "per-tensor":
         return [Message(compute.backward_s, _wire(s, compression), 0) for s in specs]
@@ -305,8 +306,16 @@ def simulate(msgs: list[Message], net: Network) -> tuple[float, float, list[tupl
     return t, busy, spans
 
 
+def pattern(backend: str) -> str:
+    """The message pattern `backend` is modelled by: its record's `modelled_as` (registry.Allreduce.step_model), or
+    the name itself (per-tensor, or a pattern named directly)."""
+    rec = registry.ALLREDUCE_BACKENDS.get(backend)
+    return rec.modelled_as if rec is not None else backend
+
+
 def backend_kwargs(backend: str, comm=None) -> dict:
     """predict_step's settings of `backend` from a config's comm section (None: the defaults), wire format aside."""
+    backend = pattern(backend)
     if backend == "ddp":
         return {"bucket_cap_mb": comm.bucket_cap_mb if comm is not None else 25.0}
     if backend == "multistream":
@@ -317,6 +326,7 @@ def backend_kwargs(backend: str, comm=None) -> dict:
 
 
 def _settings_label(backend: str, n: int, settings: Settings | None, bucket_cap_mb: float, horovod: Horovod) -> str:
+    backend = pattern(backend)
     if backend == "ddp":
         return f"bucket_cap_mb {bucket_cap_mb:g}"
     if backend == "horovod":

@@ -93,10 +93,10 @@ def predicted_seconds(cfg, world: int, gpu: str, clock: str = "train") -> tuple[
         hosts, per_host = cluster_shape(world)
     except ValueError as e:
         return None, str(e)
-    be = next((b for b in backends(cfg) if b.label == cfg.comm.backend), None)
+    be = next((b for b in backends(cfg) if b.name == cfg.comm.backend), None)  # its first row: the fewest flows
     if be is None:
-        rows = ", ".join(b.label for b in backends(cfg))
-        return None, f"comm.backend {cfg.comm.backend!r} has no row in the time model (rows: {rows})"
+        rows = ", ".join(dict.fromkeys(b.name for b in backends(cfg)))
+        return None, f"comm.backend {cfg.comm.backend!r} has no row in the time model (backends: {rows})"
     prof = profile_model(cfg.model.name, 64)
     est = estimate(schedule_phases(cfg, world), Cluster(hosts, per_host), rates, backend=be, prof=prof)
     what = f"{hosts} x {per_host} {rates.name} {dtype}, {be.label}, 32 Gbit/s links"

@@ -79,3 +79,24 @@ def test_every_optimizer_key_is_read_by_some_optimizer():
     read = set(registry.OPTIM_SHARED_KEYS) | {k for r in registry.OPTIMIZERS.values() for k in r.reads}
     assert read <= keys, read - keys  # no record names a key the schema lacks
     assert keys <= read, keys - read  # no key is read by no optimizer
+
+
+def test_a_backend_variant_is_one_record(monkeypatch, record_cfg):
+    """A DDP variant with fp16 compression (another comm hook) registered as a record only: the step model, the time
+    model's row, --plan's prediction and compare_runs' label follow from it, with no other list to edit."""
+    variant = registry.Allreduce("ddp_fp16", "recipes.comm.ddp:DDPBackend", "ddp fp16", compression=True)
+    variant = dataclasses.replace(variant, step_model="ddp")
+    monkeypatch.setitem(registry.ALLREDUCE_BACKENDS, "ddp_fp16", variant)
+    specs = [sm.TensorSpec(f"g{i}", (1 << 20,), "float32") for i in range(8)]
+    comp, net = sm.no_overlap(specs, 0.1), sm.Network(4, 8, 32.0, 10.0, 50e-6)
+    half = sm.predict_step("ddp_fp16", specs, comp, net, compression="fp16", **sm.backend_kwargs("ddp_fp16"))
+    full = sm.predict_step("ddp", specs, comp, net, **sm.backend_kwargs("ddp"))
+    assert half.messages == full.messages and 0.1 < half.step_s < full.step_s  # DDP's buckets, half the bytes
+    cfg = dataclasses.replace(record_cfg, comm=dataclasses.replace(record_cfg.comm, compression="fp16"))
+    rows = {b.label: b for b in tm.backends(cfg)}
+    assert rows["ddp fp16"].name == "ddp_fp16" and rows["ddp fp16"].kwargs["compression"] == "fp16"
+    cfg = dataclasses.replace(cfg, comm=dataclasses.replace(cfg.comm, backend="ddp_fp16"))
+    seconds, what = tm.predicted_seconds(cfg, 128, "v100-32gb")
+    assert seconds is not None and ", ddp fp16, " in what
+    summary = {"comm_backend": "ddp_fp16", "world_size": 2, "comm": {"backend": "ddp_fp16", "settings": {}}}
+    assert compare_runs.backend_label(compare_runs.Run(Path("r"), summary, {}, [])) == "ddp fp16"
