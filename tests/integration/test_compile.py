@@ -1,9 +1,11 @@
 """run.compile: the compiled training step gives eager's losses (within 1e-3 relative over 7 steps of two phases)
 and weights (each tensor within 1e-2 relative, in norm), compiles once per phase (static shapes, not once per step),
-and its checkpoint is the plain module's (no `_orig_mod.` prefixes), so evaluate.py and a resume without compile
-read it."""
+its checkpoint is the plain module's (no `_orig_mod.` prefixes), so evaluate.py and a resume without compile read
+it, and the run summary reports each phase shape's compile seconds and cache state."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
@@ -39,6 +41,14 @@ def test_compiled_training_matches_eager_and_compiles_once_per_phase(tiny_root, 
     counters.clear()
     compiled = train(tiny_config(tiny_root, tmp_path / "compiled", *over, "run.compile=default"))
     assert counters["stats"]["unique_graphs"] == 2  # one per phase (32 px x 12, 40 px x 16), none per step
+    # the summary reports each phase shape's compile seconds and cache state (run.compile_cache)
+    assert sorted(compiled["compile"]) == ["12x3x32x32", "16x3x40x40"]
+    # cold or warm as the machine's cache (run.compile_cache=auto) has it; a cold and a warm process:
+    # tests/integration/test_compile_cache.py
+    states = {v["cache"] for v in compiled["compile"].values()}
+    assert states <= {"cold", "warm", "partial"} and all(v["compile_s"] > 0 for v in compiled["compile"].values())
+    written = json.loads((tmp_path / "compiled" / "tiny" / "summary.json").read_text())
+    assert written["compile"] == compiled["compile"]
 
     eager_losses = step_losses(tmp_path / "eager" / "tiny")
     compiled_losses = step_losses(tmp_path / "compiled" / "tiny")

@@ -1,6 +1,7 @@
 """run.compile_cache: a second process on the same machine loads its compiled step from the persistent cache
 (inductor's FX-graph and AOTAutograd caches: hits counted, no misses, fewer compile seconds), 'off' compiles cold,
-and each input shape's compile seconds and cold/warm state are reported (the run summary's `compile` entry)."""
+and each input shape's compile seconds and cold/warm state are reported (the run summary's `compile` entry, held in
+tests/integration/test_compile.py's compiled training)."""
 
 from __future__ import annotations
 
@@ -68,20 +69,3 @@ def test_compile_cache_key_default_and_refusal(tmp_path):
     assert tiny_config(tmp_path, tmp_path).run.compile_cache == "auto"
     with pytest.raises(ConfigError, match="run.compile_cache"):
         load_config(None, ["run.compile_cache= "])
-
-
-@needs_compile
-@pytest.mark.slow
-def test_the_run_summary_has_each_phase_shapes_compile(tiny_root, tmp_path):
-    import torch._dynamo
-
-    from recipes.trainer import train
-
-    torch._dynamo.reset()  # a graph another test compiled in this process would be reused, not compiled
-    phases = "phases=[{epochs: 1, image_size: 32, batch_size: 12}, {epochs: 1, image_size: 40, batch_size: 12}]"
-    over = (phases, "run.compile=default", f"run.compile_cache={tmp_path / 'cache'}", "run.channels_last=false")
-    summary = train(tiny_config(tiny_root, tmp_path / "run", *over))
-    assert sorted(summary["compile"]) == ["12x3x32x32", "12x3x40x40"]
-    assert all(v["cache"] == "cold" and v["compile_s"] > 0 for v in summary["compile"].values()), summary["compile"]
-    written = next((tmp_path / "run").rglob("summary.json"))
-    assert json.loads(written.read_text())["compile"] == summary["compile"]

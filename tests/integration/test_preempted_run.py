@@ -29,8 +29,8 @@ def _signal_at(monkeypatch, step: int, during_save: bool = False) -> None:
     """SIGTERM to this process when progress.json reaches `step` (and once more inside the next checkpoint save)."""
     progress, save = RunOutputs.progress, Checkpointer.save
 
-    def on_progress(self, s, epoch):
-        progress(self, s, epoch)
+    def on_progress(self, s, epoch, *window):
+        progress(self, s, epoch, *window)
         if s == step:
             os.kill(os.getpid(), signal.SIGTERM)
 
