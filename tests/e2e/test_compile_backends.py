@@ -44,13 +44,20 @@ def run_two_ranks(root, run_dir, backend: str, *overrides: str) -> dict:
     return ckpt.load(run_dir / "checkpoint.pt")
 
 
+@pytest.fixture(scope="module")
+def eager_run(tiny_root, tmp_path_factory) -> dict:
+    """The eager reference: DDP. Multistream's eager gradients are DDP's to fp32 rounding (tests/e2e/
+    test_comm_backends.py: vs_ddp <= 1e-7), so one eager run is the reference for every backend's compiled run."""
+    return run_two_ranks(tiny_root, tmp_path_factory.mktemp("eager"), "ddp")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["ddp", "multistream"])  # Horovod's hooks are multistream's kind; CI time
-def test_compiled_training_averages_gradients_on_every_backend(tiny_root, tmp_path, backend):
+def test_compiled_training_averages_gradients_on_every_backend(tiny_root, tmp_path, backend, eager_run):
     why = compile_unavailable(torch.device("cpu"))
     if why:
         pytest.skip(f"run.compile cannot run here: {why}")
-    eager = run_two_ranks(tiny_root, tmp_path / "eager", backend)
+    eager = eager_run
     compiled = run_two_ranks(tiny_root, tmp_path / "compiled", backend, "run.compile=default")
     assert list(compiled["model"]) == list(eager["model"])
     steps = eager["state"]["step"]
