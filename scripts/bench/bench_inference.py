@@ -135,6 +135,19 @@ def bench_model(label: str, model, args, *, files, labels, calibration, device) 
     return "\n".join(lines) + "\n", record
 
 
+def versions() -> dict[str, str | None]:
+    """The versions of the libraries the modes run on (None: not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, str | None] = {}
+    for name in ("torchao", "onnxruntime", "onnx"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="resnet50_tweaked,resnet26d")
@@ -182,7 +195,7 @@ def main(argv=None) -> int:
             device=device,
         )
         print(text)
-        write_json(args.json, "scripts.bench.bench_inference", argv, {"models": [record]})
+        write_json(args.json, "scripts.bench.bench_inference", argv, {"models": [record], "versions": versions()})
         return 0
     records = []
     for name in args.models.split(","):
@@ -192,7 +205,7 @@ def main(argv=None) -> int:
         )
         print(text, flush=True)
         records.append(record)
-    write_json(args.json, "scripts.bench.bench_inference", argv, {"models": records})
+    write_json(args.json, "scripts.bench.bench_inference", argv, {"models": records, "versions": versions()})
     return 0
 
 

@@ -45,11 +45,22 @@ def commit() -> str:
     return head.stdout.strip() + ("+dirty" if dirty else "")
 
 
+def cpu_model() -> tuple[str, bool]:
+    """The CPU's model name and whether it has AVX-512 (CPU kernels, hence timings and rounding, differ without it)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine(), False
+    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "")
+    return name or platform.machine(), " avx512f" in info
+
+
 def write_json(path: str, module: str, argv: list[str] | None, results: dict) -> None:
     """Write `results` with what produced them; `argv` is the script's arguments (sys.argv[1:] when None)."""
     if not path:
         return
     args = sys.argv[1:] if argv is None else argv
+    cpu, avx512 = cpu_model()
     doc = {
         "command": f"python -m {module} {shlex.join(args)}".strip(),
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
@@ -58,7 +69,8 @@ def write_json(path: str, module: str, argv: list[str] | None, results: dict) ->
         "machine": {
             "cpus": os.cpu_count(),
             "threads": torch.get_num_threads(),
-            "processor": platform.processor() or platform.machine(),
+            "processor": cpu,
+            "avx512": avx512,
             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
             "load_average": list(os.getloadavg()),
         },
