@@ -78,3 +78,27 @@ def test_bench_input_times_the_header_scan_per_file(tmp_path):
     (tmp_path / "train" / "c0" / "1.JPEG").write_bytes(b"")  # the scan refuses it: the bench says which file
     with pytest.raises(SystemExit, match=r"1\.JPEG"):
         bench_input.scan_table(tmp_path, SimpleNamespace(threads=1, rounds=1))
+
+
+def test_bench_inference_json_holds_each_modes_statistics(tmp_path, capsys):
+    from PIL import Image
+
+    from scripts.bench import bench_inference
+
+    for split in ("train", "val"):
+        for c in ("a", "b"):
+            (tmp_path / split / c).mkdir(parents=True)
+            for i in range(2):
+                Image.new("RGB", (64, 48), (40 * i, 90, 7)).save(tmp_path / split / c / f"{i}.JPEG")
+    out = tmp_path / "i.json"
+    argv = ["--models", "resnet18", "--modes", "none,fuse", "--images", "3", "--calib-images", "2", "--warmup", "1"]
+    argv += ["--image-size", "64", "--threads", "1", "--data", str(tmp_path), "--json", str(out)]
+    assert bench_inference.main(argv) == 0
+    res = json.loads(out.read_text())["results"]
+    [rec] = res["models"]
+    assert (rec["model"], rec["images"], rec["image_size"]) == ("resnet18", 3, 64)
+    assert set(rec["results"]) == set(rec["build_s"]) == {"none", "fuse"}
+    assert set(res["versions"]) == {"torchao", "onnxruntime", "onnx"}
+    med = rec["results"]["fuse"]["latency_ms"]["excluding_preprocessing"]["median"]
+    fuse = rec["results"]["fuse"]["latency_ms"]["excluding_preprocessing"]
+    assert f"| `fuse` | {fuse['mean']:.3f} | {med:.3f} |" in capsys.readouterr().out
