@@ -3,6 +3,7 @@
 
     python -m scripts.bench.bench_inference [--models resnet50_tweaked,resnet26d] [--images 200] [--threads 2] [--quick]
     python -m scripts.bench.bench_inference --checkpoint runs/x/checkpoint.pt        # a trained model instead
+    python -m scripts.bench.bench_inference --json PATH     # and every mode's statistics, for the docs' table
 
 The DAWNBench protocol of evaluate.py --latency (recipes/evaluation/latency.py): images decoded and cropped at
 224 px, the contenders alternating in rounds of 32 images, medians compared. Without --checkpoint each network is a
@@ -27,6 +28,7 @@ from models import create_model
 from recipes.config import ModelConfig
 from recipes.evaluation.inference import build_runner
 from recipes.evaluation.latency import latency_table, load_image, run_protocol, select_images
+from scripts.bench.record import add_json_arg, check_json, write_json
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -75,7 +77,8 @@ def probe_model(name: str, images: list[torch.Tensor], labels: list[int]) -> tor
     return model
 
 
-def bench_model(label: str, model, args, *, files, labels, calibration, device) -> str:
+def bench_model(label: str, model, args, *, files, labels, calibration, device) -> tuple[str, dict]:
+    """The Markdown table and bullets of one network, and what they were computed from (for --json)."""
     size = args.image_size
     example = load_image(files[0], size, 0.875).to(device)
     modes = args.modes.split(",") if args.modes else (GPU_MODES if device.type == "cuda" else CPU_MODES)
@@ -119,7 +122,30 @@ def bench_model(label: str, model, args, *, files, labels, calibration, device) 
                 f"{med['onnxruntime-int8']:.2f} ms ({ratio:.2f}x)"
             )
     lines.append(f"- preprocessing (decode, resize, crop): median {out['preprocessing_ms']['median']:.2f} ms/image")
-    return "\n".join(lines) + "\n"
+    record = {
+        "model": label,
+        "image_size": size,
+        "images": len(files),
+        "device": device.type,
+        "threads": args.threads,
+        "build_s": build_s,
+        "preprocessing_ms": out["preprocessing_ms"],
+        "results": res,
+    }
+    return "\n".join(lines) + "\n", record
+
+
+def versions() -> dict[str, str | None]:
+    """The versions of the libraries the modes run on (None: not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, str | None] = {}
+    for name in ("torchao", "onnxruntime", "onnx"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
 
 
 def main(argv=None) -> int:
@@ -134,7 +160,9 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--modes", help="comma-separated modes (default: every mode for this device)")
     ap.add_argument("--quick", action="store_true", help="resnet26d only, 32 images, 32 calibration images")
+    add_json_arg(ap)
     args = ap.parse_args(argv)
+    check_json(args.json)
     if args.quick:
         args.models, args.images, args.calib_images, args.warmup = "resnet26d", 32, 32, 3
     torch.set_num_threads(args.threads)
@@ -157,24 +185,27 @@ def main(argv=None) -> int:
 
         ck = load_checkpoint(args.checkpoint)
         cfg = config_from_checkpoint(ck)
-        print(
-            bench_model(
-                cfg.model.name,
-                load_model(ck, cfg),
-                args,
-                files=files,
-                labels=labels,
-                calibration=calibration,
-                device=device,
-            )
+        text, record = bench_model(
+            cfg.model.name,
+            load_model(ck, cfg),
+            args,
+            files=files,
+            labels=labels,
+            calibration=calibration,
+            device=device,
         )
+        print(text)
+        write_json(args.json, "scripts.bench.bench_inference", argv, {"models": [record], "versions": versions()})
         return 0
+    records = []
     for name in args.models.split(","):
         model = probe_model(name, calibration, calib_labels)
-        print(
-            bench_model(name, model, args, files=files, labels=labels, calibration=calibration, device=device),
-            flush=True,
+        text, record = bench_model(
+            name, model, args, files=files, labels=labels, calibration=calibration, device=device
         )
+        print(text, flush=True)
+        records.append(record)
+    write_json(args.json, "scripts.bench.bench_inference", argv, {"models": records, "versions": versions()})
     return 0
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Input pipeline throughput: DALI against torchvision, against the decode-only ceiling, full size and pre-resized.
 
-    python -m scripts.bench.bench_input [--data DIR] [--threads 2] [--rounds 5] [--quick]
+    python -m scripts.bench.bench_input [--data DIR] [--threads 2] [--rounds 5] [--quick] [--json PATH]
 
 All contenders read the same folder of JPEGs (default: 1500 images generated into data/sample_bench, and its
 --short-side 160 copy made with data/prepare.py) with the same number of CPU threads (DALI threads, DataLoader
@@ -10,7 +10,8 @@ DALI pipeline (built once per phase; its prefetch queue full at both ends), a ne
 started every epoch), so no prefetched batch counts as free. Each round runs every contender
 once, in a rotated order, so that a noisy neighbour hurts them alike; the table gives medians over the rounds.
 "CPU ms/img" is the CPU time of the process and its DataLoader workers per image: how much work a pipeline does,
-whatever else the machine runs. A second table profiles DALI's CPU stages. On a machine with a GPU a third table
+whatever else the machine runs. A second table profiles DALI's CPU stages, a third times the header scan the DALI
+backend runs before its first pipeline (data/check.py check_headers). On a machine with a GPU a fourth table
 measures DALI's mixed (nvJPEG) decoding feeding the GPU.
 """
 
@@ -30,16 +31,19 @@ from pathlib import Path
 import torch
 
 from data import create_input
+from data.check import check_headers
 from data.folder import scan_split
 from data.make_sample import main as make_sample
 from data.prepare import main as prepare_main
 from recipes.config import load_config
 from recipes.distributed import DistInfo
 from recipes.schedule import EpochInfo
+from scripts.bench.record import add_json_arg, check_json, write_json
 
 ROOT = Path(__file__).resolve().parents[2]
 
 BATCH = 64
+PIL_MAX_IMAGE_PIXELS = 89_478_485  # data.max_image_pixels' default
 
 
 def cpu_seconds() -> float:
@@ -171,7 +175,7 @@ def pil_decode_only(root: Path, args) -> tuple[float, float]:
     return m.result()
 
 
-def stage_table(data: Path, args) -> str:
+def stage_table(data: Path, args) -> tuple[str, dict]:
     """Where the CPU time of DALI's CPU pipeline goes: each stage added in turn, 1 thread, CPU ms per image."""
     from nvidia.dali import fn, pipeline_def, types
 
@@ -221,13 +225,36 @@ def stage_table(data: Path, args) -> str:
         ]
 
     rows = ["| stage (DALI CPU operators, 1 thread) | CPU ms/img at 128 px | CPU ms/img at 224 px |", "|---|---:|---:|"]
+    costs = {}
     for (name, body128), (_, body224) in zip(stages(128), stages(224), strict=True):
-        rows.append(f"| {name} | {cost(body128):.2f} | {cost(body224):.2f} |")
-    return "\n".join(rows) + "\n"
+        costs[name] = {"128": cost(body128), "224": cost(body224)}
+        rows.append(f"| {name} | {costs[name]['128']:.2f} | {costs[name]['224']:.2f} |")
+    return "\n".join(rows) + "\n", costs
 
 
-def run_rounds(contenders: dict, rounds: int) -> dict:
-    results = {name: [] for name in contenders}
+def scan_table(data: Path, args) -> tuple[str, list[float]]:
+    """Microseconds per file of the DALI backend's header scan (check_headers, one rank) over the full-size files,
+    page cache warm: one pass per round, the median of the rounds."""
+    files = scan_split(data, "train").files
+    check_headers(files, PIL_MAX_IMAGE_PIXELS, args.threads, 0, 1)  # warm the page cache
+    per_file = []
+    for _ in range(args.rounds):
+        t = time.perf_counter()
+        bad = check_headers(files, PIL_MAX_IMAGE_PIXELS, args.threads, 0, 1)
+        per_file.append(1e6 * (time.perf_counter() - t) / len(files))
+        if bad:
+            sys.exit(f"error: the header scan refused {bad[0][0]}: {bad[0][1]}")
+    text = (
+        f"Header scan (check_headers), {len(files)} files, {args.threads} threads, page cache warm: median "
+        f"{statistics.median(per_file):.0f} us per file over {args.rounds} passes (min {min(per_file):.0f}).\n"
+    )
+    return text, per_file
+
+
+def run_rounds(contenders: dict, rounds: int, raw: dict | None = None) -> dict:
+    """Medians, min and max of images/s and the median CPU ms/img per contender; `raw` gets every round's pair."""
+    results = {name: [] for name in contenders} if raw is None else raw
+    results.update({name: [] for name in contenders})
     names = list(contenders)
     for r in range(rounds):
         order = names[r % len(names) :] + names[: r % len(names)]
@@ -258,7 +285,7 @@ def dataset_line(root: Path) -> str:
     return f"{len(files)} JPEGs, {kb:.0f} KB and {pixels / sample / 1e3:.0f} kpixels on average"
 
 
-def cpu_table(data: Path, small: Path, args) -> str:
+def cpu_table(data: Path, small: Path, args, raw: dict) -> str:
     cpu = torch.device("cpu")
     c = {
         "decode only (DALI, libjpeg-turbo)": lambda: dali_decode_only(data, args),
@@ -271,7 +298,7 @@ def cpu_table(data: Path, small: Path, args) -> str:
         "torch 128 pre-resized": lambda: pipeline_run("torch", 128, args, cpu, small),
         "decode only pre-resized (DALI)": lambda: dali_decode_only(small, args),
     }
-    res = run_rounds(c, args.rounds)
+    res = run_rounds(c, args.rounds, raw)
     ceiling = max(res["decode only (DALI, libjpeg-turbo)"][0], res["decode only (PIL)"][0])
     small_ceiling = res["decode only pre-resized (DALI)"][0]
     ceiling_cpu = min(res["decode only (DALI, libjpeg-turbo)"][3], res["decode only (PIL)"][3])
@@ -331,16 +358,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--per-class", type=int, default=150, help="generated data: training images per class (10)")
     ap.add_argument("--quick", action="store_true", help="2 rounds")
+    add_json_arg(ap)
     args = ap.parse_args(argv)
+    check_json(args.json)
     if args.quick:
         args.rounds = 2
     torch.set_num_threads(args.threads)
     data, small = ensure_data(args)
     args.data_root = data
-    print(cpu_table(data, small, args))
-    print(stage_table(data, args))
+    raw: dict = {}
+    print(cpu_table(data, small, args, raw))
+    stages_text, stages = stage_table(data, args)
+    print(stages_text)
+    scan_text, scan = scan_table(data, args)
+    print(scan_text)
     if torch.cuda.is_available():
         print(gpu_table(data, small, args))
+    results = {
+        "threads": args.threads,
+        "rounds": args.rounds,
+        "batch": BATCH,
+        "data": {"full": dataset_line(data), "pre-resized": dataset_line(small)},
+        # every round's (images/s, CPU ms per image) per contender, in round order
+        "pipelines": {name: [list(v) for v in vals] for name, vals in raw.items()},
+        "stages_cpu_ms": stages,
+        "header_scan_us_per_file": scan,
+    }
+    write_json(args.json, "scripts.bench.bench_input", argv, results)
     return 0
 
 

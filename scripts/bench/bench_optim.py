@@ -3,6 +3,7 @@
 
     python -m scripts.bench.bench_optim            # 20 timed steps per optimizer
     python -m scripts.bench.bench_optim --quick    # 5 timed steps per optimizer
+    python -m scripts.bench.bench_optim --json docs/data/bench_optim-DATE.json   # and every step's time
 
 Every optimizer steps the same parameters (the record's resnet50_tweaked, with its two parameter groups) with
 fixed random gradients; steps are interleaved round-robin so that a slow moment of the machine hits all of them
@@ -24,6 +25,7 @@ from models import create_model
 from recipes import registry
 from recipes.config import load_config
 from recipes.optim import create_optimizer, param_groups
+from scripts.bench.record import add_json_arg, check_json, write_json
 
 ROOT = Path(__file__).resolve().parents[2]
 # The record's optimizer settings (configs/dawnbench_158s.yaml); a small LR keeps repeated steps finite.
@@ -93,7 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=None, help="timed steps per optimizer")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--model", default="resnet50_tweaked", help="whose parameters to step (models/factory.py)")
+    add_json_arg(ap)
     args = ap.parse_args(argv)
+    check_json(args.json)
     steps = args.steps or (5 if args.quick else 20)
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     device = torch.device("cuda" if use_cuda else "cpu")
@@ -120,6 +124,16 @@ def main(argv: list[str] | None = None) -> int:
     ratio = statistics.median(times["optim.name=hybrid"]) / base
     verdict = "met" if ratio <= 1.5 else "NOT met"
     print(f"\nhybrid / SGD(foreach=True), medians: {ratio:.2f}x (target <= 1.5x: {verdict})")
+    results = {
+        "model": args.model,
+        "tensors": len(params),
+        "values": sum(p.numel() for p in params),
+        "device": where,
+        "warmup": warmup,
+        "steps": steps,
+        "step_s": times,  # every timed step's seconds per optimizer, in the order they ran
+    }
+    write_json(args.json, "scripts.bench.bench_optim", argv, results)
     return 0
 
 

@@ -2,6 +2,7 @@
 """Trainer overhead: the trainer's images/s against a bare forward/backward/step loop, same model and batches.
 
     python -m scripts.bench.bench_trainer [--model resnet18 --image-size 64 --batch 32 --steps 20 --rounds 5] [--quick]
+        [--json PATH]
 
 Both contenders run in this process, alternating over rounds; the table reports medians. On a machine with a
 GPU the same comparison runs on the GPU.
@@ -18,8 +19,10 @@ import time
 import torch
 
 from recipes.config import load_config
+from recipes.metrics import IMAGES_PER_S
 from recipes.optim import create_optimizer
 from recipes.trainer import Trainer
+from scripts.bench.record import add_json_arg, check_json, write_json
 
 
 def bare_loop(model, optimizer, criterion, x, y, steps: int) -> float:
@@ -43,7 +46,9 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="3 rounds of 10 steps")
+    add_json_arg(ap)
     args = ap.parse_args(argv)
+    check_json(args.json)
     if args.quick:
         args.rounds, args.steps = 3, 10
     cfg = load_config(
@@ -78,7 +83,7 @@ def main(argv=None) -> int:
     for r in range(args.rounds):
         bare.append(bare_loop(bare_model, bare_opt, criterion, x, y, steps=args.steps))
         res = trainer.train_one_epoch(r + 1)
-        ours.append(res["images"] / res["seconds"])
+        ours.append(res[IMAGES_PER_S.name])  # the epoch's images over its training time
     trainer.close()
     b, o = statistics.median(bare), statistics.median(ours)
     dev = str(trainer.dist.device)
@@ -91,6 +96,16 @@ def main(argv=None) -> int:
     print(f"| bare forward/backward/step | {b:.1f} | 1.000 |")
     print(f"| trainer (`Trainer.train_one_epoch`) | {o:.1f} | {o / b:.3f} |")
     print(f"\ntrainer overhead: {100 * (1 - o / b):.1f}% (target <= 3%)")
+    results = {
+        "model": args.model,
+        "image_size": args.image_size,
+        "batch": args.batch,
+        "steps": args.steps,
+        "rounds": args.rounds,
+        "device": dev,
+        "images_per_s": {"bare": bare, "trainer": ours},  # one value per round, in round order
+    }
+    write_json(args.json, "scripts.bench.bench_trainer", argv, results)
     return 0
 
 
