@@ -204,11 +204,18 @@ def test_the_multiflow_prediction_errors_quoted_are_the_validations(multiflow_va
     assert quoted in _flat("docs/allreduce.md")
 
 
-def test_the_40mbit_validation_table_and_its_quotes_are_the_validations():
-    lines, err = _validate(["lab-40mbit.json"])
+def _validation_in_scaling(name: str) -> tuple[list[str], dict[tuple[int, str], str]]:
+    """Every line `predict.py --validate docs/data/<name>` prints is in docs/scaling.md; (lines, errors by (hosts,
+    method))."""
+    lines, err = _validate([name])
     doc = (ROOT / "docs" / "scaling.md").read_text().splitlines()
     for line in lines:
         assert not line or line in doc, line
+    return lines, err
+
+
+def test_the_40mbit_validation_table_and_its_quotes_are_the_validations():
+    _, err = _validation_in_scaling("lab-40mbit.json")
     text = _flat("docs/scaling.md")
     quoted = (
         f"At 16 hosts, predicted against measured: DDP {err[16, 'ddp']}, multistream {err[16, 'multistream']}, "
@@ -281,10 +288,7 @@ def test_the_100mbit_run_its_reading_and_validation_are_its_data():
     per_tensor = f"({speed[2, 'per-tensor']:.2f}x DDP at 2 hosts, {speed[8, 'per-tensor']:.2f}x at 8"
     assert per_tensor in text
 
-    lines, err = _validate(["lab-100mbit.json"])
-    doc = (ROOT / "docs" / "scaling.md").read_text().splitlines()
-    for line in lines:
-        assert not line or line in doc, line
+    lines, err = _validation_in_scaling("lab-100mbit.json")
     scaling = _flat("docs/scaling.md")
     quoted = (
         f"model predicts 8 hosts within {err[8, 'ddp']} for DDP, {err[8, 'multistream']} for multistream and "
