@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import datetime
+import gc
 import os
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as td
@@ -163,9 +166,51 @@ def generation_id(timeout: datetime.timedelta) -> str:
     return f"restart{_env_int('TORCHELASTIC_RESTART_COUNT', 0)}"
 
 
+GLOO_WORKER = "pt_gloo_runloop"  # the name torch gives a gloo process group's worker threads
+
+
 def teardown() -> None:
-    if td.is_initialized():
-        td.destroy_process_group()
+    """Destroy every process group, then wait until no gloo worker thread is still freeing a collective.
+
+    A gloo worker thread frees a collective's tensors after `wait()` has returned, and freeing a tensor that
+    Python also knew takes the GIL. If the process is already finalizing, the thread is ended while it asks for
+    the GIL and the whole process aborts ("terminate called without an active exception") after its work is
+    done. Destroying a group joins its threads, but a group that something still holds (torch's DDP keeps its
+    group alive) keeps them; collecting garbage frees the groups only a reference cycle held, and
+    `wait_for_gloo_workers` covers the rest."""
+    if not td.is_initialized():
+        return
+    td.destroy_process_group()
+    gc.collect()
+    wait_for_gloo_workers()
+
+
+def wait_for_gloo_workers(timeout_s: float = 2.0, tasks: Path = Path("/proc/self/task")) -> bool:
+    """Sleep (the GIL free) until every gloo worker thread of this process sleeps, twice in a row: a thread
+    still freeing a collective either runs or, with the GIL free, is woken to take it, so two quiet looks 10 ms
+    apart mean each waits for new work. True once quiet; False after `timeout_s` (never an error: the caller is
+    exiting), or at once where the kernel lists no threads (not Linux)."""
+    if not tasks.is_dir():
+        return False
+    deadline, quiet = time.monotonic() + timeout_s, 0
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+        quiet = quiet + 1 if all(state == "S" for state in _thread_states(tasks, GLOO_WORKER)) else 0
+        if quiet == 2:
+            return True
+    return False
+
+
+def _thread_states(tasks: Path, name: str) -> list[str]:
+    """The scheduler state letter (R, S, D, ...) of each of this process's threads called `name`."""
+    out = []
+    for task in tasks.iterdir():
+        try:
+            if (task / "comm").read_text().strip() == name:
+                out.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+        except (OSError, IndexError):
+            continue  # a thread that ended meanwhile
+    return out
 
 
 def all_reduce_sum(values: list[float], dist: DistInfo) -> list[float]:

@@ -123,7 +123,7 @@ def worker(args) -> None:
     from recipes.comm.ddp import gloo_group
     from recipes.comm.multistream import MultiStreamBackend
     from recipes.config import load_config
-    from recipes.distributed import DistInfo
+    from recipes.distributed import DistInfo, teardown
 
     torch.set_num_threads(1)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -250,7 +250,7 @@ def worker(args) -> None:
     if rank == 0:
         Path(args.out).write_text(json.dumps(out, indent=1))
     td.barrier()
-    td.destroy_process_group()
+    teardown()  # waits for gloo's workers too: see recipes.distributed.teardown
 
 
 def hvd_worker(args) -> None:

@@ -65,7 +65,7 @@ def main() -> int:
 
     from recipes import registry
     from recipes.config import load_config
-    from recipes.distributed import DistInfo, _env_int
+    from recipes.distributed import DistInfo, _env_int, teardown
 
     out, transport, steps = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
@@ -99,7 +99,7 @@ def main() -> int:
         td.all_reduce(spread, op=td.ReduceOp.MAX)
         result["rank_spread"] = float(spread)
         result["scale"] = float(weights[ref].abs().max())
-        td.destroy_process_group()
+        teardown()
     except Exception as e:  # noqa: BLE001 - reported in the row, with the traceback in the log
         traceback.print_exc()
         result["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"

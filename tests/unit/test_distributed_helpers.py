@@ -40,3 +40,23 @@ def test_other_errors_pass_through(monkeypatch):
     monkeypatch.setattr(td, "all_gather_object", lambda *a: (_ for _ in ()).throw(RuntimeError("bad pickle")))
     with pytest.raises(RuntimeError, match="bad pickle"):
         distributed.all_gather_object(1, TWO)
+
+
+def _task(root, tid: int, name: str, state: str) -> None:
+    d = root / str(tid)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "comm").write_text(name + "\n")
+    (d / "stat").write_text(f"{tid} ({name}) {state} 1 2 3\n")
+
+
+def test_teardown_waits_for_gloo_workers_to_sleep(tmp_path):
+    """A gloo worker still running (freeing its last collective's tensors) holds the exit back, up to the timeout;
+    other threads and ended threads do not."""
+    _task(tmp_path, 1, "python", "R")  # the main thread runs: not a gloo worker
+    _task(tmp_path, 2, "pt_gloo_runloop", "S")
+    (tmp_path / "3").mkdir()  # a thread that ended between the listing and the read
+    assert distributed._thread_states(tmp_path, "pt_gloo_runloop") == ["S"]
+    assert distributed.wait_for_gloo_workers(1.0, tmp_path) is True
+    _task(tmp_path, 4, "pt_gloo_runloop", "R")
+    assert distributed.wait_for_gloo_workers(0.1, tmp_path) is False
+    assert distributed.wait_for_gloo_workers(1.0, tmp_path / "absent") is False
