@@ -25,8 +25,9 @@ only under tf.
 `lars` is this with no clipping (trust_min=0, trust_max=inf). The step is a fixed number of kernels per
 (device, dtype) group, whatever the number of tensors: multi-tensor `torch._foreach_*` calls, and whole-group
 operations on a flat workspace that holds d for every tensor (views into it with each parameter's strides, built
-once), where the per-tensor trust ratio is spread over the elements (`repeat_interleave`) and the non-finite
-values of a skipped step are zeroed in one kernel. `.grad` is never modified. The optimizer understands
+once), where the per-tensor trust ratio is spread over the elements on a GPU (`repeat_interleave`; on the CPU,
+where launches are free, one multiply per tensor) and the non-finite values of a skipped step are zeroed in one
+kernel. `.grad` is never modified. The optimizer understands
 GradScaler's `grad_scale`/`found_inf` like torch's fused optimizers: a step with non-finite gradients is skipped on
 the device, with no host synchronisation. `lr` and `momentum` may be 0-dim tensors on the device (a CUDA graph
 replays the step with the values they hold), or floats.
@@ -60,6 +61,9 @@ def strided_view(flat: Tensor, like: Tensor, offset: int) -> Tensor:
     return flat[offset : offset + like.numel()].view(like.shape)
 
 
+SPREAD_DEVICES = {"cuda"}  # device types where `_Workspace.scale_` saves launches by spreading the values
+
+
 class _Workspace:
     """One flat buffer for a list of tensors, with a view per tensor (`strided_view`), built once."""
 
@@ -78,6 +82,18 @@ class _Workspace:
     def spread(self, per_tensor: Tensor) -> Tensor:
         """A 1-d tensor of one value per tensor, repeated over that tensor's elements (no host sync)."""
         return torch.repeat_interleave(per_tensor, self.counts, output_size=self.total)
+
+    def scale_(self, per_tensor: Tensor) -> None:
+        """Multiply each tensor's segment by its own value (a 1-d tensor, one per tensor), with no host sync.
+
+        Where kernels are launched (`SPREAD_DEVICES`), two whole-workspace kernels, whatever the number of
+        tensors: the values spread over the elements, then one multiply. Elsewhere (the CPU) a launch costs
+        nothing while `repeat_interleave` costs many passes over the workspace, so each view is multiplied by its
+        0-dim value. Both round the same: one float multiply per element."""
+        if self.flat.device.type in SPREAD_DEVICES:
+            self.flat.mul_(self.spread(per_tensor))
+        else:
+            torch._foreach_mul_(self.views, list(per_tensor.unbind()))
 
 
 def trust_ratios(w_norm: Tensor, g_norm: Tensor, eta: float, weight_decay: float, lo: float, hi: float) -> Tensor:
@@ -194,7 +210,7 @@ class LayerAdaptiveSGD(torch.optim.Optimizer):
             torch._foreach_add_(d, params, alpha=wd)
         tf = ratios is not None and group.get("momentum_convention", "torch") == "tf"
         if ratios is not None and not tf:
-            ws.flat.mul_(ws.spread(ratios))
+            ws.scale_(ratios)
         tensor_m = isinstance(m, Tensor)
         if not tf and not tensor_m:
             # buf = m * buf + d; w -= lr * (d + m * buf) (Nesterov) or lr * buf; nothing at all when found_inf is set.
@@ -250,7 +266,7 @@ class LayerAdaptiveSGD(torch.optim.Optimizer):
             if keep is not None:
                 ws.flat.mul_(keep)
         if ratios is not None:
-            ws.flat.mul_(ws.spread(ratios))  # lr x trust ratio on the whole (Nesterov) update
+            ws.scale_(ratios)  # lr x trust ratio on the whole (Nesterov) update
         if isinstance(lr, Tensor):
             ws.flat.mul_(lr)
             torch._foreach_sub_(params, d)

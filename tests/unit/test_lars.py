@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from recipes import lars
 from recipes.lars import LayerAdaptiveSGD, trust_ratios
 
 
@@ -280,3 +281,32 @@ def test_conventions_differ_once_the_trust_ratio_moves():
 def test_unknown_momentum_convention_is_refused():
     with pytest.raises(ValueError, match="momentum_convention"):
         LayerAdaptiveSGD(Tiny().parameters(), momentum_convention="keras")
+
+
+@pytest.mark.parametrize("convention", ["torch", "tf"])
+def test_the_gpu_and_cpu_trust_ratio_multiplies_step_identically(monkeypatch, convention):
+    """The workspace-wide multiply (the ratios spread over the elements, as on a GPU) and the CPU's per-tensor one
+    give the same bits, through a tensor momentum and a skipped step."""
+
+    def run(spread_devices: set) -> list:
+        monkeypatch.setattr(lars, "SPREAD_DEVICES", spread_devices)
+        torch.manual_seed(0)
+        model = Tiny()
+        opt = LayerAdaptiveSGD(
+            _tiny_groups(model, 1e-2, False), lr=1.0, momentum=0.9, weight_decay=1e-2, eta=0.3,
+            trust_min=1e-5, trust_max=1.0, momentum_convention=convention,
+        )  # fmt: skip
+        gen = torch.Generator().manual_seed(2)
+        for step in range(4):
+            for g in opt.param_groups:
+                g["momentum"] = torch.tensor(0.9) if step == 2 else 0.9
+            for p in model.parameters():
+                p.grad = torch.randn(p.shape, generator=gen)
+            opt.found_inf = torch.tensor(float(step == 1))
+            opt.step()
+        return [p.detach().clone() for p in model.parameters()]
+
+    cpu, gpu = run({"cuda"}), run({"cuda", "cpu"})
+    assert all(torch.equal(a, b) for a, b in zip(cpu, gpu, strict=True))
+    torch.manual_seed(0)
+    assert not any(torch.equal(a, b) for a, b in zip(Tiny().parameters(), cpu, strict=True))  # every tensor moved

@@ -19,6 +19,7 @@ from support import trap_host_reads
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from recipes import lars
 from recipes.comm.engine import _Engine
 from recipes.comm.plan import Settings, build_plan, grad_specs
 from recipes.config import load_config
@@ -26,6 +27,12 @@ from recipes.lars import LayerAdaptiveSGD
 from recipes.optim import create_optimizer
 from recipes.rundir.payload import State
 from recipes.steps import StepRunner
+
+
+@pytest.fixture(autouse=True)
+def _gpu_paths(monkeypatch):
+    """Count the ops a GPU runs: the workspace-wide trust-ratio multiply, not the CPU's per-tensor one."""
+    monkeypatch.setattr(lars, "SPREAD_DEVICES", {"cuda", "cpu"})
 
 
 class _Count(TorchDispatchMode):
