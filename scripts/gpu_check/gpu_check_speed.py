@@ -48,7 +48,8 @@ class Bench:
         cuda = self.device.type == "cuda"
         torch.backends.cudnn.benchmark = cuda  # as the trainer sets it (recipes/distributed.py)
         os.environ.setdefault("NCCL_LAUNCH_ORDER_IMPLICIT", "1")  # multistream's overlap rule (recipes/comm)
-        if not td.is_initialized():
+        self.owns_group = not td.is_initialized()
+        if self.owns_group:
             port = 29500 + os.getpid() % 2000
             td.init_process_group(
                 "nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1
@@ -60,6 +61,13 @@ class Bench:
         )
         self.amp = "fp16" if cuda else "none"  # CPU: fp16 convolutions are reference kernels, minutes per step
         self.base = self._model()
+
+    def close(self) -> None:
+        """Destroy the one-rank process group this bench made, waiting for gloo's workers (recipes.distributed)."""
+        if self.owns_group:
+            from recipes.distributed import teardown
+
+            teardown()
 
     def _model(self):
         torch = self.torch
@@ -274,6 +282,7 @@ def run(out: Path, *, device: str, smoke: bool, parts: list[str]) -> dict:
             },
         )
     write()
+    bench.close()
     return report
 
 
