@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import gc
 import os
 import time
 from contextlib import contextmanager
@@ -175,13 +174,11 @@ def teardown() -> None:
     A gloo worker thread frees a collective's tensors after `wait()` has returned, and freeing a tensor that
     Python also knew takes the GIL. If the process is already finalizing, the thread is ended while it asks for
     the GIL and the whole process aborts ("terminate called without an active exception") after its work is
-    done. Destroying a group joins its threads, but a group that something still holds (torch's DDP keeps its
-    group alive) keeps them; collecting garbage frees the groups only a reference cycle held, and
-    `wait_for_gloo_workers` covers the rest."""
+    done. Destroying a group joins its threads only once nothing holds the group (torch's DDP keeps its group
+    alive, and a reference cycle can too), so `wait_for_gloo_workers` waits for every gloo thread instead."""
     if not td.is_initialized():
         return
     td.destroy_process_group()
-    gc.collect()
     wait_for_gloo_workers()
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import platform
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import torch
 
 from recipes.errors import RunDirError
+from recipes.rundir.outputs import git_commit
 from recipes.rundir.writer import check_target, to_json, write_output
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,15 +34,12 @@ def check_json(path: str) -> None:
 
 
 def commit() -> str:
-    """The checkout's commit, '+dirty' when tracked files differ from it (what ran is then not exactly that commit)."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=ROOT, capture_output=True).returncode
-    except OSError:
-        return "unknown"
-    if head.returncode:
-        return "unknown"
-    return head.stdout.strip() + ("+dirty" if dirty else "")
+    """The checkout's commit (12 hex digits), '+dirty' when tracked files differ from it (what ran is then not
+    exactly that commit); `unknown` outside git."""
+    full = git_commit(ROOT)
+    if full == "unknown":
+        return full
+    return full.removesuffix("-dirty")[:12] + ("+dirty" if full.endswith("-dirty") else "")
 
 
 def cpu_model() -> tuple[str, bool]:
