@@ -55,7 +55,13 @@ def test_bench_optim_json_holds_every_steps_time(tmp_path, capsys):
     assert all(len(ts) == 2 and min(ts) > 0 for ts in times.values())
     base = statistics.median(times["torch.optim.SGD(foreach=True) (baseline)"])
     hybrid = statistics.median(times["optim.name=hybrid"])
-    assert f"hybrid / SGD(foreach=True), medians: {hybrid / base:.2f}x" in capsys.readouterr().out
+    assert f"hybrid / SGD(foreach=True), medians: {hybrid / base:.2f}x (target <= 1.5x: " in capsys.readouterr().out
+
+
+def test_bench_optim_verdict_fails_a_hybrid_step_over_one_and_a_half_sgd_steps():
+    assert bench_optim.verdict(1.5) == "target <= 1.5x: met"
+    assert bench_optim.verdict(1.51) == "target <= 1.5x: NOT met"
+    assert bench_optim.verdict(4.88) == "target <= 1.5x: NOT met"  # the CPU step before the per-tensor multiply
 
 
 def _jpegs(root, n: int) -> None:
