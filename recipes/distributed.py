@@ -271,3 +271,15 @@ def collective_guard(what: str, step: int | None = None, timeout_s: float | None
         when = "" if step is None else f" at step {step}"
         limit = "" if timeout_s is None else f" (dist.timeout_s={timeout_s:g})"
         raise TrainingError(f"{what}{when} failed: a peer is dead or hung{limit}; underlying error: {first}") from e
+
+
+def failed_ranks(failed: bool, dist: DistInfo | None, what: str, step: int, timeout_s: float) -> list[int]:
+    """The ranks on which `failed` is true, agreed by every rank through one watched all_reduce (a per-rank flag
+    vector): every rank gets the same list, or the collective's timeout (`dist.timeout_s`) names a dead peer."""
+    if dist is None or not td.is_initialized() or td.get_world_size() == 1:
+        return [0] if failed else []
+    flags = torch.zeros(td.get_world_size(), device=dist.device)
+    flags[td.get_rank()] = 1.0 if failed else 0.0
+    with collective_guard(what, step, timeout_s):
+        td.all_reduce(flags, op=td.ReduceOp.MAX)
+        return [i for i, f in enumerate(flags.tolist()) if f]

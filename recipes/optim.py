@@ -140,11 +140,6 @@ def create_optimizer(cfg, model: nn.Module) -> torch.optim.Optimizer:
     return build(cfg, groups)
 
 
-def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether `optimizer.step()` honours a `found_inf` tensor attribute (skips on the device, no host sync)."""
-    return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
-
-
 def set_lr_momentum(optimizer: torch.optim.Optimizer, lr: float, momentum: float) -> None:
     for g in optimizer.param_groups:
         g["lr"] = lr

@@ -2,14 +2,16 @@
 lives, and what the rest of the tree shows or checks of it.
 
     Allreduce   comm.backend (the allreduce backend): the class, its label in tables, its rows in the time model,
-                whether comm.compression applies to it, whether its work can be captured in the step's CUDA graph
-                across ranks, what starts its ranks, its bucket key, whether comm.autotune tunes it
+                whether comm.compression applies to it, whether the step can be captured in a CUDA graph while it
+                wraps the model (and where a GPU proved it), its tolerance against DDP, what starts its ranks, its
+                bucket key, whether comm.autotune tunes it
     LabMethod   a way of averaging gradients the network lab measures: a backend at some settings, or lab-only
     Input       data.backend (the input pipeline): the class, the data.* keys it reads, whether it reads data.root's
                 folders
     Model       model.name: the timm architecture, the model.* keys it reads, whether the time model's rates were
                 measured on it
-    Optimizer   optim.name: the builder, the optim.* keys it reads
+    Optimizer   optim.name: the builder, the optim.* keys it reads, how its step skips a non-finite step (the skip
+                flag's shape) and whether a CUDA graph can capture it
 
 A key of a seam's section that the chosen record does not read is inert (`SEAMS`): said when set, marked by
 --print-config (recipes/config/inert.py). The config schema takes its `Literal` types from these tables, so a wrong name
@@ -44,9 +46,16 @@ class Allreduce:
     # by recipes/comm/stepmodel.py under `name`. ddp has two: NCCL's one flow, and 4 (comm.nccl_preset flows-4),
     # the strongest plain-DDP baseline.
     time_flows: tuple[int, ...] = (1,)
-    # Why its work cannot be captured in the step's CUDA graph across ranks (run.cuda_graph; recipes/steps.py
-    # graph_decision); "" = it can (one rank always can: nothing to reduce).
-    eager_across_ranks: str = ""
+    # Why the training step cannot be captured in one CUDA graph while it wraps the model (run.cuda_graph;
+    # recipes/steps.py graph_decision): it engages across ranks, or on one rank with comm.engage_single_rank. "" = it
+    # can. A backend that does not engage (one rank) adds nothing to the step.
+    graph_refusal: str = ""
+    # Where a GPU run proved the step captured with it engaged ("H200, torch 2.11, 2026-12-04"); "" = no GPU run
+    # has. run.cuda_graph=auto captures only proven parts.
+    graph_proven: str = ""
+    # The largest |weight| difference from the reference backend (REFERENCE_BACKEND) the GPU check accepts after
+    # its fp32 equality steps: summation order only for an exact mean; a lossy wire format needs its own.
+    reference_atol: float = 1e-4
     # What its comm_seconds (recipes/comm/stats.py CommStats) times, per step: backends time different windows
     # (docs/allreduce.md, "What each backend measures"), so compare_runs names it beside every comm column.
     comm_window: str = "the backend's own (docs/allreduce.md)"
@@ -79,7 +88,7 @@ ALLREDUCE_BACKENDS = {
             "ddp",
             compression=False,
             time_flows=(1, 4),
-            eager_across_ranks="DDP's reducer runs host logic per step",
+            graph_refusal="DDP's reducer runs host logic per step",
             comm_window="first bucket -> last bucket reduced",
             bucket_key="bucket_cap_mb",
         ),
@@ -96,7 +105,7 @@ ALLREDUCE_BACKENDS = {
             "recipes.comm.horovod_backend:HorovodBackend",
             "horovod",
             compression=True,
-            eager_across_ranks="Horovod's allreduce runs on its own thread",
+            graph_refusal="Horovod's allreduce runs on its own thread",
             comm_window="first gradient -> synchronize()",
             launcher="horovodrun",
             autotune=True,
@@ -233,11 +242,28 @@ INPUT_PIPELINES = {
 
 @dataclass(frozen=True)
 class Optimizer:
-    """An optimizer (optim.name): its builder and the optim.* keys it reads."""
+    """An optimizer (optim.name): its builder, the optim.* keys it reads, and the contract its step keeps with the
+    training step (recipes/steps.py): how a step with non-finite gradients is skipped, and whether it can be
+    captured in a CUDA graph."""
 
     name: str
     impl: str  # "module:function" (optim_cfg, param_groups) -> torch.optim.Optimizer
     reads: tuple[str, ...]  # optim.* keys its update reads, besides those of every optimizer (OPTIM_SHARED_KEYS)
+    # Its step() honours a `found_inf` tensor attribute (GradScaler's protocol): 1.0 skips the step on the device,
+    # with no host read. False: the training step decides on the host whether to call step().
+    skips_on_device: bool = True
+    # The shape `found_inf` must have: () is GradScaler's own (torch's fused Adam/AdamW accept nothing else).
+    skip_flag_shape: tuple[int, ...] = ()
+    # Its step reads `lr` and `momentum` given as 0-dim device tensors with no host read, so a CUDA graph can
+    # capture it and each replay reads the schedule's values of that step. torch's SGD reads momentum on the host.
+    tensor_hparams: bool = False
+    # Where a GPU run proved its step captured ("H200, torch 2.11, 2026-12-04"); "" = no GPU run has.
+    graph_proven: str = ""
+
+    @property
+    def capturable(self) -> bool:
+        """Its step can be part of a captured CUDA graph (device-side skip, tensor hyperparameters)."""
+        return self.skips_on_device and self.tensor_hparams
 
 
 # Every optimizer reads these: the LR schedule, the decay and its groups, the loss's smoothing.
@@ -250,10 +276,16 @@ _LAYER_ADAPTIVE = (*_MOMENTUM, "eta", "lars_momentum", "adapt_bn_bias")
 OPTIMIZERS = {
     r.name: r
     for r in (
-        Optimizer("sgd", "recipes.optim:build_sgd", _MOMENTUM),
-        Optimizer("lars", "recipes.optim:build_lars", _LAYER_ADAPTIVE),
-        Optimizer("hybrid", "recipes.optim:build_hybrid", (*_LAYER_ADAPTIVE, "trust_clip_min", "trust_clip_max")),
-        Optimizer("lamb", "recipes.optim:build_lamb", ("adapt_bn_bias",)),
+        Optimizer("sgd", "recipes.optim:build_sgd", _MOMENTUM),  # torch's fused SGD: momentum read on the host
+        Optimizer("lars", "recipes.optim:build_lars", _LAYER_ADAPTIVE, tensor_hparams=True),
+        Optimizer(
+            "hybrid",
+            "recipes.optim:build_hybrid",
+            (*_LAYER_ADAPTIVE, "trust_clip_min", "trust_clip_max"),
+            tensor_hparams=True,
+        ),
+        # timm's Lamb has no found_inf: the step decides on the host
+        Optimizer("lamb", "recipes.optim:build_lamb", ("adapt_bn_bias",), skips_on_device=False),
     )
 }
 

@@ -120,6 +120,13 @@ class Schedule:
             )
         return a
 
+    def phase_micro_batches(self) -> list[int]:
+        """Micro-batches per optimizer step of each phase, in phase order."""
+        first = {}
+        for e in self.epochs:
+            first.setdefault(e.phase_index, e.micro_batches)
+        return [first[pi] for pi in sorted(first)]
+
     def micro_batch(self, epoch: int) -> int:
         """Images per GPU per micro-batch in `epoch` (the per-GPU batch over the accumulation)."""
         info = self.epochs[epoch]

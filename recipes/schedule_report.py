@@ -10,6 +10,7 @@ import numpy as np
 from recipes import memory, registry
 from recipes.rundir.writer import figure_bytes, write_output
 from recipes.schedule import Schedule
+from recipes.steps import describe_graph_decisions, phase_graph_decisions
 from recipes.timemodel import IMAGENET_TRAIN_IMAGES, predicted_seconds
 
 
@@ -90,6 +91,17 @@ def print_plan(
     plan = Schedule(cfg.phases, cfg.optim, num_images=num_images, world_size=world, **memory.accumulation(cfg))
     print(f"{num_images:,} training images ({source}), {world} processes ({where})")
     print(plan.table())
+    # the CUDA-graph step per phase, on the device the config trains on (a GPU unless run.device=cpu)
+    device = "cpu" if cfg.run.device == "cpu" else "cuda"
+    decisions = phase_graph_decisions(
+        cfg.run,
+        cfg.comm,
+        optim=cfg.optim.name,
+        micro_batches=plan.phase_micro_batches(),
+        device_type=device,
+        world_size=world,
+    )
+    print("\n".join(describe_graph_decisions(cfg.run.cuda_graph, cfg.phases, decisions)))
     out = Path(png) if png else Path(cfg.run.out_dir) / f"{cfg.run.name}_plan.png"
     out.parent.mkdir(parents=True, exist_ok=True)
     write_output(out, plot_plan(plan), "the plan's plot")  # never through a planted link, never half-written

@@ -16,6 +16,7 @@ device (torch's clip_grad_norm_ without its host check). A step returns its name
 
 from __future__ import annotations
 
+from collections import deque
 from contextlib import nullcontext
 
 import torch
@@ -23,10 +24,9 @@ from torch import nn
 
 from recipes import registry
 from recipes.config import Config
-from recipes.distributed import collective_guard
+from recipes.distributed import DistInfo, collective_guard, failed_ranks
 from recipes.errors import TrainingError
 from recipes.metrics import GRAD_NORM, LOSS
-from recipes.optim import skips_on_device
 
 
 def create_criterion(cfg: Config) -> nn.Module:
@@ -49,9 +49,10 @@ def amp_context(amp: str, device: torch.device):
 class StepRunner:
     """Runs training steps of `train_model` (the backend-wrapped `model`) and settles their finite checks.
 
-    `amp`: `run.amp`; `on_nonfinite`: `run.on_nonfinite`; `timeout_s`: how long the gradient allreduce may take
-    (`dist.timeout_s`); `backend`: the allreduce backend's name, for the timeout's message; `clip_grad_norm`:
-    `optim.clip_grad_norm` (0: off).
+    `optim`: the optimizer's record (recipes/registry.py `OPTIMIZERS[optim.name]`): whether its step skips on the
+    device and the skip flag's shape; `amp`: `run.amp`; `on_nonfinite`: `run.on_nonfinite`; `timeout_s`: how long
+    the gradient allreduce may take (`dist.timeout_s`); `backend`: the allreduce backend's name, for the timeout's
+    message; `clip_grad_norm`: `optim.clip_grad_norm` (0: off).
     """
 
     def __init__(
@@ -60,6 +61,7 @@ class StepRunner:
         model,
         train_model,
         optimizer,
+        optim: registry.Optimizer,
         scaler,
         comm,
         criterion: nn.Module,
@@ -73,17 +75,19 @@ class StepRunner:
         self.model, self.train_model = model, train_model
         self.clip_grad_norm = clip_grad_norm
         self.optimizer, self.scaler, self.comm, self.device = optimizer, scaler, comm, device
+        self.optim = optim
         self.criterion = criterion
         self.amp_ctx = amp_context(amp, device)
         self.on_nonfinite, self.timeout_s, self.backend = on_nonfinite, timeout_s, backend
         self.pending: list = []  # (step, epoch, non-finite flag, loss, fp16 scale) of steps not yet settled
 
     def nonfinite_flag(self, norm: torch.Tensor | None = None) -> torch.Tensor:
-        """1.0 if any gradient is inf/nan, else 0.0: a float tensor on the device (GradScaler's found_inf form).
-        `norm`: the gradients' total norm (`grad_norm`), when the step has it already."""
+        """1.0 if any gradient is inf/nan, else 0.0: a float tensor on the device in the shape the optimizer's record
+        asks of `found_inf` (GradScaler's form). `norm`: the gradients' total norm (`grad_norm`), when the step has
+        it already."""
         if norm is None:
             norm = total_grad_norm(self.model, self.device)
-        return (~torch.isfinite(norm)).float().reshape(1)
+        return (~torch.isfinite(norm)).float().reshape(self.optim.skip_flag_shape)
 
     def grad_norm(self) -> torch.Tensor:
         """The total L2 norm of the gradients the optimizer is about to apply (0-dim, on the device; inf/NaN when
@@ -125,7 +129,7 @@ class StepRunner:
                 # Gradients are already averaged over ranks here, so every rank takes the same decision.
                 norm = self.grad_norm()
                 found = self.nonfinite_flag(norm)
-                if skips_on_device(self.optimizer):
+                if self.optim.skips_on_device:
                     self.optimizer.found_inf = found
                     try:
                         self.optimizer.step()
@@ -188,32 +192,49 @@ class GraphStep(StepRunner):
     momentum (floats, set by the trainer) are written into 0-dim device tensors, and the step's loss, non-finite
     flag, fp16 scale and gradient norm are copied out of static outputs (`settle` reads the flags later). Inside:
     forward, backward (with the allreduce backend's hooks), GradScaler's unscale and inf check, the gradient norm and
-    its clip, the optimizer step reading the tensor lr and momentum, the scale update. With `capture` (a CUDA device,
-    decided by the trainer), `warmup` steps of each new (input shape, dtype) run eagerly on a side stream, then the
-    step is captured once (all shapes share one memory pool) and replayed; a new shape (a phase change) captures
-    again. Without, the same body runs eagerly every step: the CPU tests run it. One micro-batch per step only
-    (accumulation stays eager).
+    its clip, the optimizer step reading the tensor lr and momentum, the scale update. Without `capture` the same
+    body runs eagerly every step (the CPU tests run it).
+
+    With `capture` (a CUDA device; the trainer decides, `graph_decision`):
+    - `warmup` steps of each new capture key (input shape and dtype, and the backend's `capture_key()`) run eagerly
+      on one side stream, then the step is captured into a fresh memory pool and replayed. A phase change or a new
+      backend plan drops the old graph and captures again: a pool is never reused, because a library workspace
+      allocated inside a capture (cuBLAS's) keeps its pool alive after its graph is gone.
+    - Every rank agrees that its capture succeeded (one watched all_reduce) before the first replay: a capture that
+      fails on one rank stops every rank with the same line instead of leaving the others in collectives that wait
+      for it. There is no fallback to eager in the same process.
+    - Replayed collectives are not watched by the process group's watchdog, so `settle` issues a watched collective
+      before it reads replayed results: a dead peer fails within `dist.timeout_s` instead of blocking the host.
+    - The host runs at most `ahead` steps ahead of the device (a ring of events), and each loader batch is held
+      until the event after its copy into the static buffers has completed.
+    A step of several micro-batches (accumulation) runs StepRunner's eager step.
     """
 
-    def __init__(self, *, capture: bool, warmup: int = 3, **kw):
+    def __init__(self, *, capture: bool, warmup: int = 3, ahead: int = 2, dist: DistInfo | None = None, **kw):
         super().__init__(**kw)
-        if not skips_on_device(self.optimizer):
+        if not self.optim.skips_on_device:
             raise TrainingError(
-                f"{type(self.optimizer).__name__} decides on the host whether to step; it cannot run as one graph"
+                f"optim.name={self.optim.name} decides on the host whether to step; it cannot run as one graph"
             )
-        self.capture, self.warmup = capture, warmup
+        if capture and not self.optim.tensor_hparams:
+            raise TrainingError(
+                f"optim.name={self.optim.name} reads lr/momentum on the host: a CUDA graph would freeze them"
+            )
+        self.capture, self.warmup, self.ahead, self.dist = capture, warmup, ahead, dist
         if capture and self.amp_ctx is not nullcontext:
             # autocast's cache of cast weights would be freed at the end of the capture (torch's CUDA-graph notes)
             dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[kw.get("amp", "none")]
             self.amp_ctx = lambda: torch.autocast(self.device.type, dtype=dtype, cache_enabled=False)
         groups = self.optimizer.param_groups
         self.hp = [{k: torch.zeros((), device=self.device) for k in ("lr", "momentum") if k in g} for g in groups]
-        self.shape = None
-        self.graph = None  # the current shape's CUDA graph, once captured
+        self.key = None  # (input shape and dtype, the backend's capture key) of the current graph
+        self.graph = None  # the current key's CUDA graph, once captured
         self.static: tuple = ()  # the current shape's input buffers and (loss, flag, scale, grad norm) output
-        self.pool = None  # one memory pool for every capture
-        self.seen = 0  # eager steps of the current shape so far
+        self.seen = 0  # eager steps of the current key so far
         self.said: str | None = None  # the last reason logged for running eager
+        self.side = torch.cuda.Stream(self.device) if capture else None  # the eager steps' one side stream
+        self.inflight: deque = deque()  # (event after the step, its batch) of steps the device may still run
+        self.replayed = 0  # replays since the last watched collective
 
     def _body(self, x: torch.Tensor, y: torch.Tensor, out: torch.Tensor) -> None:
         """One step on the static inputs; writes (loss, non-finite flag, fp16 scale before the step, gradient norm)
@@ -237,12 +258,13 @@ class GraphStep(StepRunner):
             else:
                 scale_before = torch.zeros((), device=out.device)
                 norm = self.grad_norm()
-                flag = self.nonfinite_flag(norm).reshape(())
-                self.optimizer.found_inf = flag.reshape(1)
+                flag = self.nonfinite_flag(norm)
+                self.optimizer.found_inf = flag
                 try:
                     self.optimizer.step()
                 finally:
                     del self.optimizer.found_inf
+                flag = flag.reshape(())
         finally:
             for g, saved in zip(groups, floats, strict=True):
                 g.update(saved)  # the groups keep plain floats: checkpoints and logs see what they always saw
@@ -251,12 +273,13 @@ class GraphStep(StepRunner):
         )
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, st, log=None, micro_batches: int = 1) -> dict:
-        if micro_batches != 1:
-            raise TrainingError("GraphStep runs one micro-batch per step; accumulation runs in StepRunner")
-        shape = (tuple(x.shape), x.dtype, tuple(y.shape), y.dtype)
-        if shape != self.shape:  # a new phase: new static buffers, captured again (the old graph is dropped)
-            self.shape, self.seen = shape, 0
-            self.graph = None
+        if micro_batches != 1:  # accumulation: the eager step (a phase the trainer's decision keeps eager)
+            return super().__call__(x, y, st, log, micro_batches)
+        self._bound_run_ahead()
+        ask = getattr(self.comm, "capture_key", None)
+        key = (tuple(x.shape), x.dtype, tuple(y.shape), y.dtype, None if ask is None else ask())
+        if key != self.key:  # a new phase or backend plan: new static buffers, captured again (old graph dropped)
+            self.key, self.seen, self.graph = key, 0, None
             self.static = (torch.empty_like(x), torch.empty_like(y), torch.zeros(4, device=x.device))
         graph, (xs, ys, out) = self.graph, self.static
         xs.copy_(x, non_blocking=True)
@@ -269,18 +292,40 @@ class GraphStep(StepRunner):
         with collective_guard(what, st.step, self.timeout_s):
             if graph is not None and ready:
                 graph.replay()
+                self.replayed += 1
             elif ready and self.seen >= self.warmup:
-                self._capture(xs, ys, out, log)
+                self._capture(xs, ys, out, st.step, log)
+                self.replayed += 1
             else:
                 self._eager(xs, ys, out)
                 self.seen += 1
         saved = out.clone()
+        if self.capture:  # the batch lives until the device has copied it
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(self.device))
+            self.inflight.append((event, x, y))
         loss, flag, scale, norm = saved.unbind()
         self.pending.append((st.step, st.epoch, flag, loss, scale if self.scaler.is_enabled() else None))
         st.step += 1
         st.epoch_step += 1
         self.comm.on_step_end(st.step, log)
         return {LOSS.name: loss, GRAD_NORM.name: norm}
+
+    def _bound_run_ahead(self) -> None:
+        """Wait until at most `ahead` - 1 earlier steps may still run on the device (the host stays close: the
+        loader's zero-copy buffers are reused a few batches later)."""
+        while len(self.inflight) >= self.ahead:
+            event, _, _ = self.inflight.popleft()
+            event.synchronize()
+
+    def settle(self, st, log) -> None:
+        """A watched collective first when graphs were replayed since the last one (their collectives are not
+        watched: a dead peer would block the host read below forever), then StepRunner's settle."""
+        if self.replayed and self.pending:
+            what = "the CUDA-graph steps' check (watched all_reduce before reading replayed results)"
+            failed_ranks(False, self.dist, what, st.step, self.timeout_s)
+            self.replayed = 0
+        super().settle(st, log)
 
     def _comm_ready(self, log) -> bool:
         """Whether the allreduce backend's work can be captured now (multistream: not while its tuner measures);
@@ -297,27 +342,32 @@ class GraphStep(StepRunner):
         if not self.capture:
             self._body(xs, ys, out)
             return
-        # Warm-up before a capture, on a side stream (torch's CUDA-graph notes: cuDNN/cuBLAS workspaces, lazy state)
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
+        # Warm-up before a capture, on the side stream (torch's CUDA-graph notes: cuDNN/cuBLAS workspaces, lazy state)
+        main = torch.cuda.current_stream(self.device)
+        self.side.wait_stream(main)
+        with torch.cuda.stream(self.side):
             self._body(xs, ys, out)
-        torch.cuda.current_stream(self.device).wait_stream(side)
+        main.wait_stream(self.side)
 
-    def _capture(self, xs, ys, out, log) -> None:
-        graph = torch.cuda.CUDAGraph()
-        if self.pool is None:
-            self.pool = torch.cuda.graph_pool_handle()
+    def _capture(self, xs, ys, out, step: int, log) -> None:
+        graph, error = torch.cuda.CUDAGraph(), None
         self.optimizer.zero_grad(set_to_none=True)
-        # thread_local: other threads (the input pipeline's) may keep calling CUDA while this thread captures
+        # A fresh pool (pool=None): reusing a dropped graph's pool trips the allocator while a block of it lives.
+        # thread_local: other threads (the input pipeline's) may keep calling CUDA while this thread captures.
         try:
-            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 self._body(xs, ys, out)
-        except Exception as e:
+        except Exception as e:  # agreed below with every rank before anyone replays
+            error = e
+            msg = f"run.cuda_graph: this rank's capture failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
+            log.warn(msg) if log is not None else print(msg, flush=True)
+        what = "run.cuda_graph's capture check (all_reduce of every rank's result)"
+        bad = failed_ranks(error is not None, self.dist, what, step, self.timeout_s)
+        if bad:
             raise TrainingError(
-                f"run.cuda_graph: capturing the training step for input {list(xs.shape)} failed: "
-                f"{type(e).__name__}: {e}. Set run.cuda_graph=false to run every step eagerly"
-            ) from e
+                f"run.cuda_graph: capturing the training step for input {list(xs.shape)} failed on rank(s) "
+                f"{', '.join(map(str, bad))}; set run.cuda_graph=false to run every step eagerly"
+            ) from error
         self.graph = graph
         graph.replay()  # capturing ran nothing: this is the step
         if log is not None:
@@ -333,19 +383,51 @@ def total_grad_norm(model: nn.Module, device: torch.device) -> torch.Tensor:
 
 
 def graph_decision(
-    run, *, backend: str, optim_name: str, device: torch.device, world_size: int, optimizer
+    run, comm, *, optim: str, device_type: str, world_size: int, micro_batches: int = 1
 ) -> tuple[bool, str]:
-    """(capture the step as a CUDA graph?, why not), from the run section, `comm.backend`, `optim.name`:
-    `run.cuda_graph` captures where it is known to be safe."""
-    if not run.cuda_graph:
+    """(capture the step as a CUDA graph?, why not) for one phase, from the run section, the comm section, the
+    optimizer's name, the device type, the world size and the phase's micro-batches per step. Each part's record
+    (recipes/registry.py) says whether it can be captured and whether a GPU run has proven it: run.cuda_graph=true
+    captures what can be, auto (the default) only what has been proven, false nothing."""
+    if run.cuda_graph is False:
         return False, "run.cuda_graph=false"
-    eager = registry.ALLREDUCE_BACKENDS[backend].eager_across_ranks  # the backend's record says
+    opt = registry.OPTIMIZERS[optim]
+    back = registry.ALLREDUCE_BACKENDS[comm.backend]
+    wraps = world_size > 1 or comm.engage_single_rank  # the backend wraps the model (recipes/comm backends' prepare)
     reasons = [
-        (device.type != "cuda", f"no CUDA device ({device.type})"),
-        (run.accumulate > 1 or run.max_gpu_batch is not None, "gradient accumulation (run.accumulate/max_gpu_batch)"),
+        (device_type != "cuda", f"no CUDA device ({device_type})"),
+        (micro_batches > 1, f"gradient accumulation ({micro_batches} micro-batches: run.accumulate/max_gpu_batch)"),
         (run.compile != "none", f"run.compile={run.compile} (inductor handles its own graphs)"),
-        (not skips_on_device(optimizer), f"optim.name={optim_name} decides on the host whether to step"),
-        (world_size > 1 and bool(eager), f"comm.backend={backend} across ranks ({eager})"),
+        (not opt.skips_on_device, f"optim.name={optim} decides on the host whether to step"),
+        (opt.skips_on_device and not opt.tensor_hparams, f"optim.name={optim} reads lr/momentum on the host"),
+        (wraps and bool(back.graph_refusal), f"comm.backend={comm.backend} wraps the model ({back.graph_refusal})"),
     ]
     why = [r for bad, r in reasons if bad]
+    if not why and run.cuda_graph == "auto":
+        unproven = [f"optim.name={optim}"] if not opt.graph_proven else []
+        unproven += [f"comm.backend={comm.backend}"] if wraps and not back.graph_proven else []
+        if unproven:
+            why.append(
+                f"no GPU run has proven the captured step with {' and '.join(unproven)} "
+                "(run.cuda_graph=true captures it; docs/gpu.md)"
+            )
     return (False, "; ".join(why)) if why else (True, "")
+
+
+def phase_graph_decisions(
+    run, comm, *, optim: str, micro_batches: list[int], device_type: str, world_size: int
+) -> list[tuple[bool, str]]:
+    """`graph_decision` for each phase, given each phase's micro-batches per step (recipes.schedule.Schedule)."""
+    return [
+        graph_decision(run, comm, optim=optim, device_type=device_type, world_size=world_size, micro_batches=m)
+        for m in micro_batches
+    ]
+
+
+def describe_graph_decisions(cuda_graph, phases, decisions: list[tuple[bool, str]]) -> list[str]:
+    """One line per phase: 'phase 0 (96 px): captured ...' or 'phase 0 (96 px): eager: <why>'."""
+    return [
+        f"run.cuda_graph={str(cuda_graph).lower()}: phase {i} ({p.image_size} px): "
+        + ("captured (one CUDA graph)" if ok else f"eager: {why}")
+        for i, (p, (ok, why)) in enumerate(zip(phases, decisions, strict=True))
+    ]

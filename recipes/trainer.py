@@ -23,6 +23,7 @@ import torch
 from data import create_input
 from models import create_model
 from models.factory import compile_for_training, compile_report, compile_unavailable
+from recipes import registry
 from recipes.comm import create_allreduce
 from recipes.config import Config
 from recipes.dawnbench import check_required
@@ -42,7 +43,7 @@ from recipes.rundir.directory import open_run
 from recipes.rundir.outputs import RunOutputs
 from recipes.rundir.payload import State
 from recipes.schedule import Schedule
-from recipes.steps import GraphStep, StepRunner, create_criterion, graph_decision
+from recipes.steps import GraphStep, StepRunner, create_criterion, describe_graph_decisions, phase_graph_decisions
 from recipes.timemodel import calibrated_compute
 
 
@@ -119,20 +120,24 @@ class Trainer:
         self.train_model = compile_for_training(
             self.train_model, cfg.run.compile, shapes=shapes, cache=cfg.run.compile_cache
         )
-        capture, why = graph_decision(
+        decisions = phase_graph_decisions(
             cfg.run,
-            backend=cfg.comm.backend,
-            optim_name=cfg.optim.name,
-            device=dist.device,
+            cfg.comm,
+            optim=cfg.optim.name,
+            micro_batches=self.plan.phase_micro_batches(),
+            device_type=dist.device.type,
             world_size=dist.world_size,
-            optimizer=self.optimizer,
         )
-        if why and cfg.run.cuda_graph:
-            self.log.info(f"run.cuda_graph: step runs eager: {why}")
-        self.steps = (functools.partial(GraphStep, capture=True) if capture else StepRunner)(
+        capture = any(ok for ok, _ in decisions)
+        if cfg.run.cuda_graph is not False and dist.device.type == "cuda":
+            for line in describe_graph_decisions(cfg.run.cuda_graph, cfg.phases, decisions):
+                self.log.info(line)
+        kw = dict(dist=dist, capture=True) if capture else {}
+        self.steps = (functools.partial(GraphStep, **kw) if capture else StepRunner)(
             model=model,
             train_model=self.train_model,
             optimizer=self.optimizer,
+            optim=registry.OPTIMIZERS[cfg.optim.name],
             scaler=self.scaler,
             comm=self.comm,
             criterion=create_criterion(cfg),

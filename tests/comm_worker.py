@@ -21,6 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 import torch.distributed as td  # noqa: E402
+from support import HOST_DECIDES  # noqa: E402
 from torch import nn  # noqa: E402
 
 from recipes.comm import create_allreduce  # noqa: E402
@@ -194,6 +195,7 @@ def scenario_accumulate(out: dict, args: list[str]) -> None:
         model=m,
         train_model=tm,
         optimizer=sgd,
+        optim=HOST_DECIDES,
         scaler=torch.amp.GradScaler("cpu", enabled=False),
         comm=backend,
         criterion=nn.CrossEntropyLoss(),

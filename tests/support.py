@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from recipes import registry  # noqa: E402
 from recipes.config import load_config  # noqa: E402
 
 TINY_CONFIG = ROOT / "tests" / "tiny.yaml"
@@ -251,6 +253,25 @@ def drive_tuner(t, cost, outlier_every: int = 0) -> tuple[list, int]:
     return seen, steps
 
 
+# The contract of an optimizer a test builds by hand (recipes/registry.py's records are the trainer's): torch's
+# unfused optimizers have no found_inf, so the step decides on the host.
+HOST_DECIDES = registry.Optimizer("torch-unfused", "", (), skips_on_device=False)
+
+
+def optim_record(optimizer: torch.optim.Optimizer) -> registry.Optimizer:
+    """The record of an optimizer built in a test: torch's fused SGD is `sgd`, LayerAdaptiveSGD `lars`, an unfused
+    torch optimizer `HOST_DECIDES`."""
+    from recipes.lars import LayerAdaptiveSGD
+
+    if isinstance(optimizer, LayerAdaptiveSGD):
+        return registry.OPTIMIZERS["lars"]
+    if isinstance(optimizer, torch.optim.SGD) and optimizer.defaults.get("fused"):
+        return registry.OPTIMIZERS["sgd"]
+    if optimizer.defaults.get("fused"):
+        raise AssertionError(f"no record for fused {type(optimizer).__name__}: build one in the test")
+    return HOST_DECIDES
+
+
 def trap_host_reads(monkeypatch) -> None:
     """Make every host read of a tensor (item, tolist, bool, float, numpy, cpu, ...) raise until monkeypatch.undo():
     a step that runs under it never waits on the device."""
@@ -314,3 +335,176 @@ def fake_run_dir(path, backend: str, *, epochs: int = 2, finished: bool = True, 
     }  # fmt: skip
     (path / "summary.json").write_text(json.dumps(summary))
     return path
+
+
+# -- a CPU stand-in for CUDA graphs (recipes/steps.py GraphStep's capture path) --------------------------------------
+
+
+class FakeCudaGraphs:
+    """torch.cuda's graph, stream, event and pool API on the CPU, keeping what a capture freezes.
+
+    A capture runs the body once under a dispatch mode that records every aten op with its arguments and computes
+    nothing that outlives it: the tensors the body wrote are put back afterwards, as a capture runs no kernel. A host
+    read inside the capture raises, as CUDA refuses it on a capturing stream. A replay runs the recorded ops again on
+    the same tensors (the graph's fixed addresses), with every Python number baked in at capture: a learning rate
+    left a float is frozen, a 0-dim tensor is read afresh. Memory pools follow the caching allocator's rule: a pool
+    whose graphs are all gone but which still holds a live block cannot be captured into again; a library workspace
+    made by the first matmul on the shared capture stream (cuBLAS's) is such a block. `fail_capture` makes captures
+    raise. Counts: streams made, captures, replays, events synchronized."""
+
+    def __init__(self, written, fail_capture: bool = False):
+        self.written = written  # () -> the tensors a step may write (parameters, buffers, optimizer state, scaler)
+        self.fail_capture = fail_capture
+        self.streams = 0
+        self.captured: list[tuple] = []
+        self.replays = 0
+        self.synced = 0
+        self.pools: dict[int, dict] = {}  # the allocator's live pools: id -> {"graphs": n, "blocks": [weakref]}
+        self.workspaces: dict[int, torch.Tensor] = {}  # a library's workspace per stream (cuBLAS's)
+        self.capture_stream = object()  # torch.cuda.graph's default capture stream: one for every capture
+
+    def install(self, setattr) -> None:
+        """Replace torch.cuda's names (`setattr`: monkeypatch.setattr, undone by the test)."""
+        fake = self
+
+        class Stream:
+            def __init__(self, device=None):
+                fake.streams += 1
+
+            def wait_stream(self, other):
+                pass
+
+        class Event:
+            def record(self, stream=None):
+                pass
+
+            def synchronize(self):
+                fake.synced += 1
+
+        class CUDAGraph:
+            def __init__(self):
+                self.tape, self.pool = [], None
+
+            def replay(self):
+                fake.replays += 1
+                with torch.no_grad():
+                    for func, args, kwargs, out in self.tape:
+                        result = func(*args, **kwargs)
+                        _refill(func, args, out, result)
+
+            def __del__(self):
+                if self.pool is not None:
+                    fake._release(self.pool)
+
+        setattr(torch.cuda, "Stream", Stream)
+        setattr(torch.cuda, "Event", Event)
+        setattr(torch.cuda, "current_stream", lambda device=None: Stream.__new__(Stream))
+        setattr(torch.cuda, "stream", lambda s: _null())
+        setattr(torch.cuda, "CUDAGraph", CUDAGraph)
+        setattr(torch.cuda, "graph_pool_handle", lambda: fake._new_pool())
+        setattr(torch.cuda, "graph", lambda graph, pool=None, **kw: _Capture(fake, graph, pool))
+
+    def _new_pool(self) -> int:
+        self.pool_ids = getattr(self, "pool_ids", 0) + 1
+        self.pools[self.pool_ids] = {"graphs": 0, "blocks": []}
+        return self.pool_ids
+
+    def _release(self, pid: int) -> None:
+        pool = self.pools.get(pid)
+        if pool is None:
+            return
+        pool["graphs"] -= 1
+        if pool["graphs"] == 0 and not any(r() is not None for r in pool["blocks"]):
+            del self.pools[pid]  # every block freed: empty_cache returns the pool
+
+    def _begin(self, pid: int | None) -> int:
+        import gc
+
+        gc.collect()  # torch.cuda.graph calls empty_cache first: free what can be freed
+        for p in [p for p, v in self.pools.items() if v["graphs"] == 0]:
+            if not any(r() is not None for r in self.pools[p]["blocks"]):
+                del self.pools[p]
+        if pid is None:
+            pid = self._new_pool()
+        elif pid in self.pools and self.pools[pid]["graphs"] == 0:
+            raise RuntimeError("it->second->use_count > 0 INTERNAL ASSERT FAILED (CUDACachingAllocator.cpp)")
+        elif pid not in self.pools:
+            self.pools[pid] = {"graphs": 0, "blocks": []}
+        self.pools[pid]["graphs"] += 1
+        return pid
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _refill(func, args, out, result) -> None:
+    """Put a replayed op's result where the capture's output lives (a graph writes the same addresses)."""
+    if func._schema.is_mutable or func.overloadpacket in _NO_KERNEL:
+        return  # in place: it wrote its argument again; an allocation runs no kernel
+    outs = out if isinstance(out, (list, tuple)) else [out]
+    results = result if isinstance(result, (list, tuple)) else [result]
+    for o, r in zip(outs, results, strict=True):
+        if isinstance(o, torch.Tensor) and o.data_ptr() != r.data_ptr():
+            o.copy_(r)
+
+
+_NO_KERNEL = (
+    torch.ops.aten.empty,
+    torch.ops.aten.empty_like,
+    torch.ops.aten.empty_strided,
+    torch.ops.aten.new_empty,
+    torch.ops.aten.new_empty_strided,
+)
+_MATMULS = (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm)
+
+
+class _Capture:
+    """`with torch.cuda.graph(graph, pool=...)`: records the body's aten ops into `graph.tape`."""
+
+    def __init__(self, fake: FakeCudaGraphs, graph, pool):
+        self.fake, self.graph, self.pool = fake, graph, pool
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        fake, graph = self.fake, self.graph
+        pid = fake._begin(self.pool)
+        graph.pool = pid
+        blocks = fake.pools[pid]["blocks"]
+        self.before = [(t, t.detach().clone()) for t in fake.written()]
+        if fake.fail_capture:
+            raise RuntimeError("CUDA error: out of memory (stand-in capture failure)")
+
+        class Record(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                if func is torch.ops.aten._local_scalar_dense.default:
+                    raise RuntimeError("operation not permitted when stream is capturing (a host read of a tensor)")
+                if func.overloadpacket in _MATMULS and id(fake.capture_stream) not in fake.workspaces:
+                    ws = torch.empty(8)  # the library's workspace, from this capture's pool, kept for good
+                    fake.workspaces[id(fake.capture_stream)] = ws
+                    blocks.append(weakref.ref(ws))
+                out = func(*args, **kwargs)
+                graph.tape.append((func, args, kwargs, out))
+                for t in out if isinstance(out, (list, tuple)) else [out]:
+                    if isinstance(t, torch.Tensor):
+                        blocks.append(weakref.ref(t))
+                return out
+
+        self.mode = Record()
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+        with torch.no_grad():  # a capture ran no kernel: what the body wrote is as it was
+            for t, b in self.before:
+                t.copy_(b)
+        if exc[0] is None:
+            self.fake.captured.append(len(self.graph.tape))
+        return False

@@ -26,6 +26,8 @@ from recipes.errors import ConfigError
 
 MIN_NCCL = (2, 26, 0)  # first NCCL with NCCL_LAUNCH_ORDER_IMPLICIT
 MIN_LAUNCH_ORDER_CUDA = 12030  # below it (driver or runtime) NCCL's implicit order waits for completion: serial
+MIN_GRAPH_NCCL = (2, 27, 3)  # first NCCL that keeps the implicit launch order inside a CUDA graph ...
+MIN_GRAPH_DRIVER = 12090  # ... with a CUDA 12.9 driver or newer
 ORDER_ENV = "NCCL_LAUNCH_ORDER_IMPLICIT"
 MPS_PIPE_DEFAULT = "/tmp/nvidia-mps"
 CONCURRENCY = ("auto", "overlap", "serialize")
@@ -74,6 +76,21 @@ def unsafe_reasons(f: Facts) -> list[str]:
                 f"CUDA {min(f.cuda_driver, f.cuda_runtime)} < 12030: NCCL orders communicators by completion "
                 "there, so they would not overlap anyway"
             )
+    return out
+
+
+def graph_serial_reasons(f: Facts) -> list[str]:
+    """Why collectives on several NCCL communicators captured in one CUDA graph would run one after another under
+    `f` (empty: they overlap as they do eagerly). Inside a capture NCCL keeps its implicit launch order only from
+    NCCL 2.27.3 with a CUDA 12.9 driver; before, it orders them by completion (NCCL src/enqueue.cc
+    getImplicitOrder)."""
+    if f.transport != "nccl":
+        return []
+    out = []
+    if f.nccl_version is not None and tuple(f.nccl_version) < MIN_GRAPH_NCCL:
+        out.append(f"NCCL {'.'.join(map(str, f.nccl_version))} < 2.27.3 serializes communicators in a graph")
+    if f.cuda_driver is not None and f.cuda_driver < MIN_GRAPH_DRIVER:
+        out.append(f"CUDA driver {f.cuda_driver} < 12090 serializes communicators in a graph")
     return out
 
 

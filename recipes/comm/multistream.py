@@ -61,6 +61,7 @@ class MultiStreamBackend(BackendDefaults):
         self._wait_seconds = 0.0
         self._bytes = 0
         self.concurrency: concurrency.Decision | None = None
+        self.graph_serial: list[str] = []
 
     @classmethod
     def process_env(cls, comm) -> dict[str, str]:
@@ -101,7 +102,9 @@ class MultiStreamBackend(BackendDefaults):
                     f"multistream autotune: up to {self.tuner.max_candidates} candidates ({c.tune_method}), "
                     f"{c.tune_warmup_steps} warm-up steps, then {self.tuner.steps_per_trial} steps each"
                 )
-        self.concurrency = concurrency.decide(c.concurrency, concurrency.probe(td.get_backend()))
+        facts = concurrency.probe(td.get_backend())
+        self.concurrency = concurrency.decide(c.concurrency, facts)
+        self.graph_serial = concurrency.graph_serial_reasons(facts)  # captured NCCL collectives would not overlap
         self._note(f"multistream concurrency: {self.concurrency.why}")
         plan = self._verified_plan(start)  # before anything else, so a mismatch fails fast
         _broadcast_states(model)
@@ -202,6 +205,10 @@ class MultiStreamBackend(BackendDefaults):
             return "the multistream tuner measures eager steps"
         if self.concurrency.mode == "serialize":
             return "comm.concurrency=serialize (its helper thread waits on the host)"
+        if self.graph_serial and self.engine.plan.streams > 1:
+            return f"{self.engine.plan.streams} communicators would run one at a time inside a graph: " + "; ".join(
+                self.graph_serial
+            )
         self.engine.timing = False
         return None
 

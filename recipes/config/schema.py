@@ -105,12 +105,14 @@ class RunConfig:
         "image and batch size); none = eager. Validation and checkpoints use the eager module",
         trains=False,
     )
-    cuda_graph: bool = _f(
-        True,
-        help="on a CUDA device, the whole training step (forward, backward, allreduce, unscale, optimizer) "
-        "is one CUDA graph per phase shape, captured after 3 warm-up steps; it runs eager, with one log line "
-        "saying why, under accumulation, run.compile, Horovod or DDP across ranks, an optimizer that decides on "
-        "the host (lamb), or while the multistream tuner measures (docs/recipe.md)",
+    cuda_graph: bool | Literal["auto"] = _f(
+        "auto",
+        help="on a CUDA device, the whole training step (forward, backward, allreduce, unscale, optimizer) as one "
+        "CUDA graph per phase shape, captured after 3 warm-up steps. auto = only where a GPU run has proven the "
+        "optimizer and the engaged backend (recipes/registry.py); true = wherever each part can be captured; it "
+        "runs eager, with one log line per phase saying why, under accumulation, run.compile, DDP or Horovod wrapping "
+        "the model, an optimizer that reads lr/momentum or decides on the host (sgd, lamb), or while the multistream "
+        "tuner measures (docs/recipe.md; train.py --plan shows the decision per phase)",
         trains=False,
     )
     compile_cache: str = _f(

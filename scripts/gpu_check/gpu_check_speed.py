@@ -85,6 +85,7 @@ class Bench:
     def runner(self, *, graph: bool, multistream: bool):
         """A fresh model copy, optimizer and step runner (GraphStep with capture on CUDA, or StepRunner)."""
         torch = self.torch
+        from recipes import registry
         from recipes.comm import create_allreduce
         from recipes.optim import create_optimizer
         from recipes.steps import GraphStep, StepRunner, create_criterion
@@ -99,6 +100,7 @@ class Bench:
             model=model,
             train_model=train_model,
             optimizer=opt,
+            optim=registry.OPTIMIZERS[cfg.optim.name],
             scaler=torch.amp.GradScaler(self.device.type, enabled=self.amp == "fp16"),
             comm=comm,
             criterion=create_criterion(cfg),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support import HOST_DECIDES
 from torch import nn
 
 from recipes import memory
@@ -82,6 +83,7 @@ def _step(accumulate: int, scaled: bool = False) -> tuple[list[torch.Tensor], fl
         model=model,
         train_model=model,
         optimizer=torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9),
+        optim=HOST_DECIDES,
         scaler=torch.amp.GradScaler("cpu", init_scale=2.0**10, enabled=scaled),
         comm=comm,
         criterion=nn.CrossEntropyLoss(),

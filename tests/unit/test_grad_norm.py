@@ -9,7 +9,7 @@ from functools import partial
 
 import pytest
 import torch
-from support import TINY_CONFIG, trap_host_reads
+from support import TINY_CONFIG, optim_record, trap_host_reads
 from torch import nn
 
 from recipes import registry
@@ -45,6 +45,7 @@ def _runner(model, optimizer, *, scaled=False, clip=0.0, kind=StepRunner) -> Ste
         model=model,
         train_model=model,
         optimizer=optimizer,
+        optim=optim_record(optimizer),
         scaler=torch.amp.GradScaler("cpu", init_scale=2.0**10, enabled=scaled),
         comm=_Comm(),
         criterion=nn.CrossEntropyLoss(),

@@ -5,22 +5,24 @@ must train exactly like the eager StepRunner, through a skipped non-finite step 
 from __future__ import annotations
 
 import copy
-from contextlib import nullcontext
 from functools import partial
 
 import pytest
 import torch
 import torch.distributed as td
-from support import trap_host_reads
+from support import ROOT, FakeCudaGraphs, trap_host_reads
 from torch import nn
 
+from recipes import registry
 from recipes.comm.engine import _Engine
 from recipes.comm.plan import Settings, build_plan, grad_specs
 from recipes.config import load_config
 from recipes.errors import TrainingError
+from recipes.memory import accumulation
 from recipes.optim import create_optimizer, set_lr_momentum
 from recipes.rundir.payload import State
-from recipes.steps import GraphStep, StepRunner, graph_decision
+from recipes.schedule import Schedule
+from recipes.steps import GraphStep, StepRunner, graph_decision, phase_graph_decisions
 
 
 class _Done:
@@ -59,8 +61,8 @@ def _net() -> nn.Module:
     ).to(memory_format=torch.channels_last)
 
 
-def _runner(cls, model, *, amp: str, engine: bool):
-    cfg = load_config("configs/dawnbench_158s.yaml", ["run.device=cpu"])  # hybrid LARS, tf momentum
+def _runner(cls, model, *, amp: str, engine: bool, config: str = "configs/dawnbench_158s.yaml"):
+    cfg = load_config(ROOT / config, ["run.device=cpu"])  # the record: hybrid LARS, tf momentum
     opt = create_optimizer(cfg.optim, model)
     if engine:
         specs, params = grad_specs(model)
@@ -71,6 +73,7 @@ def _runner(cls, model, *, amp: str, engine: bool):
         model=model,
         train_model=model,
         optimizer=opt,
+        optim=registry.OPTIMIZERS[cfg.optim.name],
         scaler=torch.amp.GradScaler("cpu", init_scale=2.0**8, enabled=amp == "fp16"),
         comm=_Comm(),
         criterion=nn.CrossEntropyLoss(label_smoothing=0.1),
@@ -138,33 +141,37 @@ def test_graph_step_reads_nothing_on_the_host(monkeypatch):
     assert len(runner.pending) == 3
 
 
-def test_graph_decision_says_why_it_stays_eager():
-    def decide(*overrides, device="cuda", world=1, optimizer="hybrid"):
-        cfg = load_config(None, [f"optim.name={optimizer}", *overrides])
-        opt = create_optimizer(cfg.optim, nn.Linear(2, 2))
-        return graph_decision(
-            cfg.run,
-            backend=cfg.comm.backend,
-            optim_name=cfg.optim.name,
-            device=torch.device(device),
-            world_size=world,
-            optimizer=opt,
-        )
+def _decide(*overrides, device="cuda", world=1, optimizer="hybrid", micro_batches=1):
+    cfg = load_config(None, [f"optim.name={optimizer}", *overrides])
+    return graph_decision(
+        cfg.run, cfg.comm, optim=optimizer, device_type=device, world_size=world, micro_batches=micro_batches
+    )
 
-    assert decide() == (True, "")
-    assert decide("comm.backend=multistream", world=8) == (True, "")
-    assert decide("run.cuda_graph=false") == (False, "run.cuda_graph=false")
-    assert decide(device="cpu") == (False, "no CUDA device (cpu)")
-    assert decide("run.accumulate=2")[1] == "gradient accumulation (run.accumulate/max_gpu_batch)"
-    assert "optim.name=lamb decides on the host" in decide(optimizer="lamb")[1]
-    assert "comm.backend=horovod" in decide("comm.backend=horovod", world=2)[1]
-    assert "comm.backend=ddp across ranks" in decide(world=2)[1]
+
+def test_graph_decision_says_why_it_stays_eager():
+    assert _decide("run.cuda_graph=true") == (True, "")
+    assert _decide("run.cuda_graph=true", "comm.backend=multistream", world=8) == (True, "")
+    assert _decide("run.cuda_graph=false") == (False, "run.cuda_graph=false")
+    assert _decide("run.cuda_graph=true", device="cpu") == (False, "no CUDA device (cpu)")
+    assert "gradient accumulation (2 micro-batches" in _decide("run.cuda_graph=true", micro_batches=2)[1]
+    assert "optim.name=lamb decides on the host" in _decide("run.cuda_graph=true", optimizer="lamb")[1]
+    # torch's SGD reads its tensor momentum on the host: a capture would refuse it (or freeze it)
+    assert _decide("run.cuda_graph=true", optimizer="sgd") == (False, "optim.name=sgd reads lr/momentum on the host")
+    assert "comm.backend=horovod wraps the model" in _decide("run.cuda_graph=true", "comm.backend=horovod", world=2)[1]
+    assert "comm.backend=ddp wraps the model" in _decide("run.cuda_graph=true", world=2)[1]
+    # engaged on one rank, DDP still wraps the model: the decision follows the wrapping, not the world size
+    engaged = _decide("run.cuda_graph=true", "comm.engage_single_rank=true", world=1)
+    assert engaged[0] is False and "comm.backend=ddp wraps the model" in engaged[1]
+    # auto: only what a GPU run proved; none has yet
+    ok, why = _decide()
+    assert not ok and why.startswith("no GPU run has proven the captured step with optim.name=hybrid")
     with pytest.raises(TrainingError, match="decides on the host"):
         GraphStep(
             capture=False,
             model=nn.Linear(2, 2),
             train_model=nn.Linear(2, 2),
             optimizer=torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1),
+            optim=registry.OPTIMIZERS["lamb"],
             scaler=torch.amp.GradScaler("cpu", enabled=False),
             comm=_Comm(),
             criterion=nn.CrossEntropyLoss(),
@@ -172,56 +179,56 @@ def test_graph_decision_says_why_it_stays_eager():
         )
 
 
-class _Stream:
-    def wait_stream(self, other):
-        pass
+def _phases(cfg, plan, world):
+    return phase_graph_decisions(
+        cfg.run,
+        cfg.comm,
+        optim=cfg.optim.name,
+        micro_batches=plan.phase_micro_batches(),
+        device_type="cuda",
+        world_size=world,
+    )
 
 
-def test_capture_replay_and_recapture_with_a_stand_in_graph(monkeypatch):
-    """The capture path's control flow on CPU, with torch.cuda's graph and streams replaced: a capture runs nothing
-    (the stand-in restores every tensor the step wrote), a replay runs the captured body on the static buffers.
-    Warm-up steps, then one capture per shape, replays in between, the same weights as the eager step."""
+def test_run_max_gpu_batch_keeps_the_accumulating_phases_eager():
+    cfg = load_config(ROOT / "configs/dawnbench_158s.yaml", ["run.cuda_graph=true", "run.max_gpu_batch=128"])
+    plan = Schedule(cfg.phases, cfg.optim, num_images=1_281_167, world_size=128, **accumulation(cfg))
+    decisions = _phases(cfg, plan, 128)
+    # 256 images per GPU at 96-224 px: 2 micro-batches; 128 at 288 px: one
+    assert [ok for ok, _ in decisions] == [False, False, False, True]
+    assert "gradient accumulation (2 micro-batches" in decisions[0][1]
+
+
+def _fake(monkeypatch, **kw) -> FakeCudaGraphs:
+    """The stand-in, installed before the runner is built (GraphStep makes its side stream then)."""
+    fake = FakeCudaGraphs(None, **kw)
+    fake.install(monkeypatch.setattr)
+    return fake
+
+
+def _watch(fake: FakeCudaGraphs, runner, model) -> FakeCudaGraphs:
+    """What the step may write, which a capture puts back: weights, buffers, optimizer state, the scaler's."""
+
+    def written():
+        opt_state = [t for s in runner.optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+        scaler = [getattr(runner.scaler, k, None) for k in ("_scale", "_growth_tracker")]
+        out = [*model.parameters(), *model.buffers(), *opt_state, *scaler]
+        return [t for t in out if t is not None]
+
+    fake.written = written
+    return fake
+
+
+def test_capture_replay_and_recapture_freeze_what_a_capture_freezes(monkeypatch):
+    """The capture path on CPU with the stand-in graph: warm-up steps, a capture per shape into a fresh pool, replays
+    of the recorded ops that read the schedule's lr and momentum of their own step, the same weights as the eager
+    step through a skipped step and a phase change, one side stream, the host at most 2 steps ahead."""
     monkeypatch.setattr(td, "all_reduce", lambda t, group=None, async_op=False: _Done())
     ref_model, new_model = _net(), _net()
     ref = _runner(StepRunner, ref_model, amp="fp16", engine=True)
+    fake = _fake(monkeypatch)
     new = _runner(partial(GraphStep, capture=True, warmup=2), new_model, amp="fp16", engine=True)
-    captured, replays = [], []
-
-    def written():
-        opt_state = [t for s in new.optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
-        return [
-            *new_model.parameters(),
-            *new_model.buffers(),
-            *opt_state,
-            new.scaler._scale,
-            new.scaler._growth_tracker,
-        ]
-
-    class Graph:
-        def replay(self):
-            replays.append(tuple(self.shape))
-            self.body()
-
-    class capture_graph:  # torch.cuda.graph(graph, pool=..., capture_error_mode=...)
-        def __init__(self, graph, pool=None, capture_error_mode=None):
-            self.g = graph
-
-        def __enter__(self):
-            self.before = [t.detach().clone() for t in written()]
-
-        def __exit__(self, *exc):
-            with torch.no_grad():
-                for t, b in zip(written(), self.before, strict=True):
-                    t.copy_(b)
-            self.g.shape, self.g.body = new.static[0].shape, partial(new._body, *new.static)
-            captured.append(tuple(new.static[0].shape))
-
-    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: _Stream())
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _Stream())
-    monkeypatch.setattr(torch.cuda, "stream", lambda s: nullcontext())
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
-    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: object())
-    monkeypatch.setattr(torch.cuda, "graph", capture_graph)
+    _watch(fake, new, new_model)
     st_ref, st_new, log_ref, log_new = State(), State(), _Log(), _Log()
     for i, (x, y) in enumerate(_batches()):
         for runner in (ref, new):
@@ -232,8 +239,7 @@ def test_capture_replay_and_recapture_with_a_stand_in_graph(monkeypatch):
     new.settle(st_new, log_new)
     # 8 px: 2 eager, captured at step 2 (and replayed: that is the step), 3 more replays incl. the NaN step 3;
     # 12 px: a new shape, 2 eager, captured and replayed at step 8
-    assert captured == [(4, 3, 8, 8), (4, 3, 12, 12)]
-    assert replays == [(4, 3, 8, 8)] * 4 + [(4, 3, 12, 12)]
+    assert len(fake.captured) == 2 and fake.replays == 5
     assert [m for m in log_new.lines if "captured" in m] == [
         "run.cuda_graph: step captured for input [4, 3, 8, 8] (torch.float32)",
         "run.cuda_graph: step captured for input [4, 3, 12, 12] (torch.float32)",
@@ -241,3 +247,226 @@ def test_capture_replay_and_recapture_with_a_stand_in_graph(monkeypatch):
     for (name, a), b in zip(ref_model.state_dict().items(), new_model.state_dict().values(), strict=True):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, equal_nan=True, msg=name)
     assert st_new.skipped_steps == st_ref.skipped_steps == 1
+    assert fake.streams == 1  # the eager steps' side stream, made once
+    assert fake.synced == 9 - 2  # from the third step on, each waits for the one two before it
+    assert len(new.inflight) == 2  # the last two steps' batches are held until their events
+
+
+def test_a_frozen_float_diverges_under_the_stand_in(monkeypatch):
+    """The stand-in is strict enough: a step that hands the optimizer a float momentum (what a capture freezes)
+    trains differently from the eager step once the schedule moves."""
+    monkeypatch.setattr(td, "all_reduce", lambda t, group=None, async_op=False: _Done())
+    ref_model, new_model = _net(), _net()
+    ref = _runner(StepRunner, ref_model, amp="none", engine=False)
+    fake = _fake(monkeypatch)
+    new = _runner(partial(GraphStep, capture=True, warmup=1), new_model, amp="none", engine=False)
+    new.hp = [{k: v for k, v in hp.items() if k != "momentum"} for hp in new.hp]  # momentum left a float
+    _watch(fake, new, new_model)
+    st_ref, st_new = State(), State()
+    for i, (x, y) in enumerate(_batches()[:3]):
+        for runner in (ref, new):
+            set_lr_momentum(runner.optimizer, 0.05, 0.98 - 0.2 * i)
+        ref(x, y, st_ref)
+        new(x.clone(), y.clone(), st_new)
+    diff = max(float((a - b).abs().max()) for a, b in zip(ref_model.parameters(), new_model.parameters(), strict=True))
+    assert diff > 1e-4
+
+
+def test_a_host_read_inside_the_capture_is_refused(monkeypatch):
+    """The stand-in refuses a host read in the captured body, as CUDA does on a capturing stream."""
+    monkeypatch.setattr(td, "all_reduce", lambda t, group=None, async_op=False: _Done())
+    model = _net()
+    fake = _fake(monkeypatch)
+    runner = _runner(partial(GraphStep, capture=True, warmup=0), model, amp="none", engine=False)
+    _watch(fake, runner, model)
+    orig = runner.grad_norm
+    runner.grad_norm = lambda: orig() * float(orig())  # a host read
+    (x, y), *_ = _batches()
+    with pytest.raises(TrainingError, match=r"capturing the training step for input \[4, 3, 8, 8\] failed on rank"):
+        runner(x, y, State(), _Log())
+
+
+def test_a_phase_change_never_captures_into_a_pool_with_a_live_block(monkeypatch):
+    """cuBLAS's workspace, made by the first matmul inside the first capture, outlives that graph: the allocator
+    refuses a second capture into the same pool. Each capture takes a fresh one."""
+    monkeypatch.setattr(td, "all_reduce", lambda t, group=None, async_op=False: _Done())
+    model = _net()
+    fake = _fake(monkeypatch)
+    runner = _runner(partial(GraphStep, capture=True, warmup=1), model, amp="fp16", engine=True)
+    _watch(fake, runner, model)
+    for x, y in [b for i, b in enumerate(_batches()) if i in (0, 1, 2, 6, 7, 8)]:
+        runner(x, y, State(), _Log())
+    assert len(fake.captured) == 2
+    assert fake.workspaces  # the first capture made the library's workspace
+
+
+class _Planned(_Comm):
+    def __init__(self):
+        self.plan = 1
+
+    def capture_key(self):
+        return self.plan
+
+
+def test_a_new_backend_plan_is_captured_again(monkeypatch):
+    """A backend whose plan changes (multistream's balancer) gets a new capture: the graph baked the old one."""
+    monkeypatch.setattr(td, "all_reduce", lambda t, group=None, async_op=False: _Done())
+    model = _net()
+    fake = _fake(monkeypatch)
+    runner = _runner(partial(GraphStep, capture=True, warmup=1), model, amp="none", engine=False)
+    runner.comm = _Planned()
+    _watch(fake, runner, model)
+    (x, y), *_ = _batches()
+    for i in range(6):
+        runner.comm.plan = 1 if i < 3 else 2
+        runner(x, y, State(), _Log())
+    assert len(fake.captured) == 2 and fake.replays == 4
+
+
+def _inf_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Linear(3, 2)
+
+
+@pytest.mark.parametrize("kind", ["eager", "graph-eager", "graph-captured"])
+def test_an_infinite_gradient_skips_the_step_on_the_fp32_path(monkeypatch, kind):
+    """inf (not NaN) gradients are not applied: the fp32 path's flag checks finiteness, not NaN only."""
+    model = _inf_model()
+    cfg = load_config(ROOT / "configs/dawnbench_158s.yaml", ["run.device=cpu"])
+    opt = create_optimizer(cfg.optim, model)
+    cls = {
+        "eager": StepRunner,
+        "graph-eager": partial(GraphStep, capture=False),
+        "graph-captured": partial(GraphStep, capture=True, warmup=0),
+    }[kind]
+    fake = _fake(monkeypatch)
+    runner = cls(
+        model=model,
+        train_model=model,
+        optimizer=opt,
+        optim=registry.OPTIMIZERS["hybrid"],
+        scaler=torch.amp.GradScaler("cpu", enabled=False),
+        comm=_Comm(),
+        criterion=lambda out, y: (out * 3e38).sum(),  # finite loss terms, gradients of 3e38 * 1e3: inf
+        device=torch.device("cpu"),
+        on_nonfinite="skip",
+    )
+    _watch(fake, runner, model)
+    before = [p.detach().clone() for p in model.parameters()]
+    x, y = torch.full((2, 3), 1e3), torch.zeros(2, dtype=torch.long)
+    set_lr_momentum(opt, 0.1, 0.9)
+    st = State()
+    runner(x, y, st, _Log())
+    runner.settle(st, _Log())
+    assert st.skipped_steps == 1
+    for a, b in zip(before, model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def _adamw(fused: bool):
+    def build(cfg, groups):
+        return torch.optim.AdamW([{"params": g["params"]} for g in groups], lr=cfg.lr, fused=fused)
+
+    return build
+
+
+# Each optimizer's contract as its record states it: AdamW's (fused: device skip with a 0-dim flag; unfused: the
+# host decides) are written here as a new plug-in's record would be.
+_OPTIMIZERS = {
+    "sgd": registry.OPTIMIZERS["sgd"],
+    "lars": registry.OPTIMIZERS["lars"],
+    "hybrid": registry.OPTIMIZERS["hybrid"],
+    "lamb": registry.OPTIMIZERS["lamb"],
+    "adamw-fused": registry.Optimizer("adamw-fused", "", (), skip_flag_shape=()),
+    "adamw": registry.Optimizer("adamw", "", (), skips_on_device=False),
+}
+
+
+@pytest.mark.parametrize("name", list(_OPTIMIZERS))
+def test_each_optimizer_steps_and_skips_through_both_step_runners(name):
+    """StepRunner and GraphStep's eager body take each optimizer as its record says, skip a non-finite step and
+    otherwise train alike; GraphStep refuses one that decides on the host."""
+    rec = _OPTIMIZERS[name]
+    cfg = load_config(None, [f"optim.name={name if name in registry.OPTIMIZERS else 'sgd'}", "optim.lr=0.05"])
+    models, runners = [], []
+    for cls in (StepRunner, partial(GraphStep, capture=False)):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3))
+        opt = (
+            _adamw(name == "adamw-fused")(cfg.optim, [{"params": list(model.parameters())}])
+            if "adamw" in name
+            else None
+        )
+        opt = opt or create_optimizer(cfg.optim, model)
+        kw = dict(model=model, train_model=model, optimizer=opt, optim=rec, comm=_Comm(), device=torch.device("cpu"))
+        kw.update(scaler=torch.amp.GradScaler("cpu", enabled=False), criterion=nn.CrossEntropyLoss())
+        if cls is not StepRunner and not rec.skips_on_device:
+            with pytest.raises(TrainingError, match="decides on the host"):
+                cls(**kw, on_nonfinite="skip")
+            continue
+        models.append(model)
+        runners.append(cls(**kw, on_nonfinite="skip"))
+    g = torch.Generator().manual_seed(3)
+    batches = [(torch.randn(8, 4, generator=g), torch.randint(0, 3, (8,), generator=g)) for _ in range(4)]
+    batches[1][0][0, 0] = float("nan")
+    for runner, model in zip(runners, models, strict=True):
+        st = State()
+        for x, y in batches:
+            set_lr_momentum(runner.optimizer, 0.05, 0.9)
+            runner(x.clone(), y, st, _Log())
+        runner.settle(st, _Log())
+        assert st.skipped_steps == 1, name
+        assert all(torch.isfinite(p).all() for p in model.parameters()), name
+    for a, b in zip(models[0].parameters(), models[-1].parameters(), strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+
+
+def _shipped_configs():
+    return sorted(
+        p.relative_to(ROOT).as_posix() for p in [*ROOT.glob("configs/*.yaml"), *ROOT.glob("configs/presets/*.yaml")]
+    )
+
+
+def test_every_shipped_config_captures_only_a_body_without_host_reads(monkeypatch):
+    """Over every shipped config and preset: where the step would be captured (run.cuda_graph=true, on a GPU, at the
+    config's world size), its optimizer and precision run the captured body under the stand-in, which refuses a
+    host read; where it would not, the reason is the optimizer's or the backend's record."""
+    monkeypatch.setattr(td, "all_reduce", lambda t, group=None, async_op=False: _Done())
+    seen = {}
+    for path in _shipped_configs():
+        cfg = load_config(ROOT / path, ["run.cuda_graph=true"])
+        world = cfg.run.nodes * cfg.run.procs_per_node
+        plan = Schedule(cfg.phases, cfg.optim, num_images=1_281_167, world_size=world, **accumulation(cfg))
+        for ok, why in _phases(cfg, plan, world):
+            if not ok:
+                assert why, path
+                continue
+            key = (cfg.optim.name, cfg.optim.lars_momentum, cfg.run.amp)
+            if key in seen:
+                continue
+            model = _net()
+            opt_cfg = load_config(ROOT / path, ["run.device=cpu"]).optim
+            monkeypatch.undo()
+            monkeypatch.setattr(td, "all_reduce", lambda t, group=None, async_op=False: _Done())
+            fake = _fake(monkeypatch)
+            runner = GraphStep(
+                capture=True,
+                warmup=1,
+                model=model,
+                train_model=model,
+                optimizer=create_optimizer(opt_cfg, model),
+                optim=registry.OPTIMIZERS[cfg.optim.name],
+                scaler=torch.amp.GradScaler("cpu", init_scale=2.0**8, enabled=cfg.run.amp == "fp16"),
+                comm=_Comm(),
+                criterion=nn.CrossEntropyLoss(label_smoothing=0.1),
+                device=torch.device("cpu"),
+                on_nonfinite="skip",
+            )
+            _watch(fake, runner, model)
+            (x, y), *_ = _batches()
+            for _ in range(3):
+                set_lr_momentum(runner.optimizer, 0.1, 0.9)
+                runner(x, y, State(), _Log())
+            assert len(fake.captured) == 1 and fake.replays == 2, path
+            seen[key] = path
+    assert {k[0] for k in seen} == {"hybrid"}  # the record's optimizer: the shipped configs that can capture

@@ -15,7 +15,7 @@ from functools import partial
 import pytest
 import torch
 import torch.distributed as td
-from support import trap_host_reads
+from support import optim_record, trap_host_reads
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -181,6 +181,7 @@ def _record_step(monkeypatch):
         model=model,
         train_model=model,
         optimizer=opt,
+        optim=optim_record(opt),
         scaler=scaler,
         comm=Comm(),
         criterion=nn.CrossEntropyLoss(label_smoothing=0.1),

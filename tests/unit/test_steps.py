@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support import optim_record
 from torch import nn
 
 from recipes.errors import TrainingError
@@ -30,10 +31,12 @@ class _Log:
 def _runner(on_nonfinite: str, optimizer_cls=torch.optim.SGD) -> StepRunner:
     torch.manual_seed(0)
     model = nn.Linear(3, 2)
+    optimizer = optimizer_cls(model.parameters(), lr=0.1)
     return StepRunner(
         model=model,
         train_model=model,
-        optimizer=optimizer_cls(model.parameters(), lr=0.1),
+        optimizer=optimizer,
+        optim=optim_record(optimizer),
         scaler=torch.amp.GradScaler("cpu", enabled=False),
         comm=_Comm(),
         criterion=nn.CrossEntropyLoss(),
