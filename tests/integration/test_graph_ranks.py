@@ -1,0 +1,137 @@
+"""The CUDA-graph step across two gloo ranks on CPU, with the stand-in graphs of tests/support.py: a capture that
+fails on one rank stops both ranks with the same line, and a peer that dies after the replays began makes the
+survivor fail within `dist.timeout_s`, naming the watched check, instead of blocking on replayed results."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+import traceback
+
+import torch
+import torch.distributed as td
+import torch.multiprocessing as mp
+from support import ROOT, FakeCudaGraphs
+from torch import nn
+
+from recipes import registry
+from recipes.config import load_config
+from recipes.distributed import DistInfo
+from recipes.optim import create_optimizer, set_lr_momentum
+from recipes.rundir.payload import State
+from recipes.steps import GraphStep
+
+TIMEOUT_S = 3.0
+UNWATCHED_S = 60  # how long the stand-in's replayed collective waits for a dead peer: nothing watches it
+
+
+class _Comm:
+    def on_step_end(self, step, log):
+        pass
+
+
+def _install_peer_bound_replays(fake: FakeCudaGraphs, rank: int, store) -> None:
+    """A replayed step's results exist once the peer has run the same replay (its captured collective); a host
+    read of a tensor waits for that with no watchdog, as a read after NCCL graph replays does."""
+    pending, original, graph_cls = [], torch.Tensor.tolist, torch.cuda.CUDAGraph
+    count = [0]
+
+    class PeerGraph(graph_cls):
+        def replay(self):
+            super().replay()
+            store.set(f"replay{rank}-{count[0]}", "1")
+            pending.append(count[0])
+            count[0] += 1
+
+    def tolist(t):
+        while pending:
+            store.wait([f"replay{1 - rank}-{pending.pop(0)}"], datetime.timedelta(seconds=UNWATCHED_S))
+        return original(t)
+
+    torch.cuda.CUDAGraph = PeerGraph
+    torch.Tensor.tolist = tolist
+
+
+def _worker(rank: int, world: int, tmp: str, mode: str) -> None:
+    out = os.path.join(tmp, f"rank{rank}.txt")
+    td.init_process_group(
+        "gloo",
+        init_method=f"file://{tmp}/init",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=TIMEOUT_S),
+    )
+    fake = FakeCudaGraphs(None, fail_capture=mode == "fail" and rank == 1)
+    fake.install(lambda obj, name, value: setattr(obj, name, value))
+    if mode == "dead":
+        _install_peer_bound_replays(fake, rank, td.FileStore(f"{tmp}/replays", world))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.LazyLinear(3))
+    model(torch.zeros(2, 3, 6, 6))
+    cfg = load_config(ROOT / "configs/dawnbench_158s.yaml", ["run.device=cpu"])
+    runner = GraphStep(
+        capture=True,
+        warmup=1,
+        dist=DistInfo(rank, world, 0, 1, torch.device("cpu")),
+        model=model,
+        train_model=model,
+        optimizer=create_optimizer(cfg.optim, model),
+        optim=registry.OPTIMIZERS[cfg.optim.name],
+        scaler=torch.amp.GradScaler("cpu", enabled=False),
+        comm=_Comm(),
+        criterion=nn.CrossEntropyLoss(),
+        device=torch.device("cpu"),
+        timeout_s=TIMEOUT_S,
+        on_nonfinite="skip",
+    )
+
+    def written():
+        state = [t for s in runner.optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+        return [*model.parameters(), *model.buffers(), *state]
+
+    fake.written = written
+    x, y = torch.randn(2, 3, 6, 6), torch.tensor([0, 1])
+    st, start = State(), time.monotonic()
+    result = "finished"
+    try:
+        for step in range(3):  # warm-up, capture (and its replay), one more replay
+            if mode == "dead" and rank == 1 and step == 2:
+                with open(out, "w") as f:
+                    f.write("left after 1 replay\n")
+                os._exit(0)  # dies without a word to its peer, one replay short of rank 0
+            set_lr_momentum(runner.optimizer, 0.1, 0.9)
+            runner(x, y, st)
+        if mode == "dead":
+            time.sleep(0.5)  # the peer is gone
+            start = time.monotonic()
+        runner.settle(st, None)
+    except Exception as e:
+        result = f"{type(e).__name__}: {e}"
+        if not result.startswith("TrainingError"):
+            result += "\n" + traceback.format_exc()
+    with open(out, "w") as f:
+        f.write(f"{result}\n{time.monotonic() - start:.1f}\n")
+    os._exit(0)
+
+
+def _run(tmp_path, mode: str) -> list[list[str]]:
+    mp.start_processes(_worker, args=(2, str(tmp_path), mode), nprocs=2, start_method="spawn", join=True)
+    return [(tmp_path / f"rank{r}.txt").read_text().splitlines() for r in range(2)]
+
+
+def test_a_capture_that_fails_on_one_rank_stops_both_with_the_same_line(tmp_path):
+    (r0, _), (r1, _) = _run(tmp_path, "fail")
+    want = (
+        "TrainingError: run.cuda_graph: capturing the training step for input [2, 3, 6, 6] failed on rank(s) 1; "
+        "set run.cuda_graph=false to run every step eagerly"
+    )
+    assert r0 == want and r1 == want
+
+
+def test_a_peer_dead_after_the_replays_began_fails_the_survivor_within_the_timeout(tmp_path):
+    (r0, seconds), (r1,) = _run(tmp_path, "dead")
+    assert r1 == "left after 1 replay"
+    assert r0.startswith("TrainingError: the CUDA-graph steps' check (watched all_reduce before reading replayed "), r0
+    assert "a peer is dead or hung (dist.timeout_s=3)" in r0
+    assert float(seconds) < 5 * TIMEOUT_S  # a read of the replayed results would wait UNWATCHED_S (60 s)
