@@ -145,3 +145,23 @@ def test_the_plan_plot_is_never_written_through_a_link(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "quick_plan.png' is a symbolic link" in err and err.count("\n") == 1
     assert victim.read_text() == "precious\n"
+
+
+def test_every_shipped_config_plans_its_cuda_graph_decision_per_phase(tmp_path, capsys, monkeypatch):
+    """--plan states, for each phase of every shipped config and preset, whether its step will be captured and why
+    not: by default (auto) nothing is captured until a GPU run has proven the parts."""
+    import recipes.schedule_report as report
+
+    monkeypatch.setattr(report, "plot_plan", lambda plan: b"")  # the plot is tested above
+    configs = sorted([*ROOT.glob("configs/*.yaml"), *ROOT.glob("configs/presets/*.yaml")])
+    assert len(configs) >= 20
+    for path in configs:
+        cfg = load_config(path)
+        args = ["-c", str(path), "--plan", f"run.out_dir={tmp_path}", f"data.root={tmp_path / 'none'}"]
+        assert train.main(args) == 0, path
+        lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("run.cuda_graph=")]
+        want = [f"run.cuda_graph=auto: phase {i} ({p.image_size} px): eager: " for i, p in enumerate(cfg.phases)]
+        assert [ln[: len(w)] for ln, w in zip(lines, want, strict=True)] == want, path
+        assert len(lines) == len(cfg.phases)
+        reason = "optim.name=sgd reads lr/momentum on the host" if cfg.optim.name == "sgd" else "no GPU run has"
+        assert all(reason in ln or "eager: gradient accumulation" in ln for ln in lines), (path, lines)
