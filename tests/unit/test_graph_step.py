@@ -373,10 +373,7 @@ def _adamw(fused: bool):
 # Each optimizer's contract as its record states it: AdamW's (fused: device skip with a 0-dim flag; unfused: the
 # host decides) are written here as a new plug-in's record would be.
 _OPTIMIZERS = {
-    "sgd": registry.OPTIMIZERS["sgd"],
-    "lars": registry.OPTIMIZERS["lars"],
-    "hybrid": registry.OPTIMIZERS["hybrid"],
-    "lamb": registry.OPTIMIZERS["lamb"],
+    **registry.OPTIMIZERS,
     "adamw-fused": registry.Optimizer("adamw-fused", "", (), skip_flag_shape=()),
     "adamw": registry.Optimizer("adamw", "", (), skips_on_device=False),
 }
