@@ -6,13 +6,15 @@ horovod), evaluate.py and the batch-1 inference modes.
     python -m scripts.gpu_check.gpu_check [--out gpu_check.json] [--steps 25] [--work DIR]      (make gpu-check)
     python -m scripts.gpu_check.gpu_check --parts steps          # only the train-step rows and the GPU profile
     python -m scripts.gpu_check.gpu_check --parts speed          # the record's step, eager vs CUDA graph
+    python -m scripts.gpu_check.gpu_check --parts capture        # the CUDA-graph step's probe, one call <= 8 min
 
 Three outcomes, one line each where nothing ran:
   no GPU                       exit 0, "gpu-check: no CUDA GPU present: nothing GPU-only ran"
   a GPU torch cannot use       exit 1, the driver version, the CUDA version this torch needs, and the fix
   a run                        a Markdown table (check, result, number, unit, threshold, reference, seconds), the same
-                               rows as JSON in --out, the time model's GPU profile in gpu_profile.json beside it;
-                               exit 1 if any row fails
+                               rows as JSON in --out (rewritten after every part, and after every case of
+                               `capture`, so a run cut off keeps its rows), the time model's GPU profile in
+                               gpu_profile.json beside it; exit 1 if any row fails
 """
 
 from __future__ import annotations
@@ -55,9 +57,11 @@ def write_profile(path: Path, rates: list[dict], dtype: str) -> dict:
 # evaluation reads the ddp run's checkpoint.
 # speed and perf run only when named (minutes each on one H200): speed is the record's step eager vs CUDA graph
 # (gpu_check_speed.py, its JSON beside --out); perf is kernel classes, bf16, compile and DALI in the training loop
-# (gpu_check_perf.py, its raw numbers in gpu_check_perf.json in the work folder after every part).
-PARTS = {"steps": (), "dali": ("steps",), "allreduce": (), "e2e": (), "eval": ("e2e",), "speed": (), "perf": ()}
-WHOLE = [p for p in PARTS if p not in ("speed", "perf")]
+# (gpu_check_perf.py, its raw numbers in gpu_check_perf.json in the work folder after every part); capture probes
+# the CUDA-graph step case by case (gpu_check_capture.py, its rows in --out after every case).
+ALONE = ("speed", "perf", "capture")
+PARTS = {"steps": (), "dali": ("steps",), "allreduce": (), "e2e": (), "eval": ("e2e",)} | {p: () for p in ALONE}
+WHOLE = [p for p in PARTS if p not in ALONE]
 
 
 def with_needs(parts: list[str]) -> list[str]:
@@ -69,6 +73,7 @@ def with_needs(parts: list[str]) -> list[str]:
 
 
 def run_checks(rows: list[dict], work: Path, steps: int, gpus: int, profile: dict, parts: list[str]) -> None:
+    """Run `parts` in order, adding their rows; `profile["save"]()` (when given) writes --out after every part."""
     import torch
 
     from data.make_sample import main as make_sample
@@ -78,30 +83,46 @@ def run_checks(rows: list[dict], work: Path, steps: int, gpus: int, profile: dic
 
     sample = work / "sample"
     ckpt = None
+    save = profile.get("save", lambda: None)
+
+    def part(name: str, fn) -> None:
+        if name in parts:
+            fn()
+            save()
+
+    def e2e():
+        nonlocal ckpt
+        ckpt = check_e2e(rows, sample, work, gpus)
+
+    def speed():  # the record's step, eager vs CUDA graph (gpu_check_speed.py): its JSON beside --out
+        from scripts.gpu_check.gpu_check_speed import check_speed
+
+        check_speed(rows, Path(profile.get("speed_json", work / "gpu_speed.json")))
+
+    def perf():
+        from scripts.gpu_check.gpu_check_perf import PARTS as PERF
+        from scripts.gpu_check.gpu_check_perf import run_parts
+
+        run_parts(
+            rows, PERF, smoke=False, work=work, out=work / "gpu_check_perf.json", gpu=torch.cuda.get_device_name(0)
+        )
+
+    def capture():  # the CUDA-graph step's probe (gpu_check_capture.py): --out after every case
+        from scripts.gpu_check.gpu_check_capture import check_capture
+
+        check_capture(rows, save)
+
     with contextlib.redirect_stdout(sys.stderr):
         if {"dali", "e2e", "eval"} & set(parts):
             make_sample(["--out", str(sample)])
-        if "steps" in parts:
-            check_steps(rows, steps, work, profile)
-        if "dali" in parts:
-            check_dali(rows, sample, {r["image_size"]: r["images_per_s"] for r in profile["rates"]})
-        if "allreduce" in parts:
-            check_allreduce(rows, work, gpus)
-        if "e2e" in parts:
-            ckpt = check_e2e(rows, sample, work, gpus)
-        if "eval" in parts:
-            check_eval(rows, ckpt, sample, work, native_bf16(torch.cuda.get_device_capability(0)))
-        if "speed" in parts:  # the record's step, eager vs CUDA graph (gpu_check_speed.py): its JSON beside --out
-            from scripts.gpu_check.gpu_check_speed import check_speed
-
-            check_speed(rows, Path(profile.get("speed_json", work / "gpu_speed.json")))
-        if "perf" in parts:
-            from scripts.gpu_check.gpu_check_perf import PARTS as PERF
-            from scripts.gpu_check.gpu_check_perf import run_parts
-
-            run_parts(
-                rows, PERF, smoke=False, work=work, out=work / "gpu_check_perf.json", gpu=torch.cuda.get_device_name(0)
-            )
+        part("steps", lambda: check_steps(rows, steps, work, profile))
+        part("dali", lambda: check_dali(rows, sample, {r["image_size"]: r["images_per_s"] for r in profile["rates"]}))
+        part("allreduce", lambda: check_allreduce(rows, work, gpus))
+        part("e2e", e2e)
+        part("eval", lambda: check_eval(rows, ckpt, sample, work, native_bf16(torch.cuda.get_device_capability(0))))
+        part("speed", speed)
+        part("perf", perf)
+        part("capture", capture)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=list(PARTS),
         default=WHOLE,
         help="run only these parts (and the parts they need: dali needs steps, eval needs e2e); default: all but "
-        "speed and perf",
+        f"{', '.join(ALONE)}",
     )
     ap.add_argument(
         "--work", help="keep the sample data, runs and logs in a new folder inside this one (default: temporary)"
@@ -138,6 +159,24 @@ def main(argv: list[str] | None = None) -> int:
     dtype = "fp16"  # the record's AMP (configs/dawnbench_158s.yaml run.amp)
     profile = {"dtype": dtype, "rates": [], "speed_json": str(out.with_name("gpu_speed.json"))}
     rows: list[dict] = []
+    report = {
+        "gpu": torch.cuda.get_device_name(0),
+        "gpus": gpus,
+        "capability": f"{cap[0]}.{cap[1]}",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "date": time.strftime("%Y-%m-%d"),
+        "seconds": None,
+        "parts": parts,
+        "work": str(work),
+        "complete": False,  # True once the check ended (a run cut off leaves False and the rows so far)
+        "rows": rows,
+    }
+
+    def save() -> None:
+        out.write_text(json.dumps(report, indent=2) + "\n")
+
+    profile["save"] = save
     t0 = time.perf_counter()
     try:
         run_checks(rows, work, args.steps, gpus, profile, parts)
@@ -155,19 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(judged(name, seconds - setup, "s", at_most=BUDGET_S, reference=ref))
         if profile["rates"]:
             write_profile(out.with_name("gpu_profile.json"), profile["rates"], dtype)
-        report = {
-            "gpu": torch.cuda.get_device_name(0),
-            "gpus": gpus,
-            "capability": f"{cap[0]}.{cap[1]}",
-            "torch": torch.__version__,
-            "cuda": torch.version.cuda,
-            "date": time.strftime("%Y-%m-%d"),
-            "seconds": seconds,
-            "parts": parts,
-            "work": str(work),
-            "rows": rows,
-        }
-        out.write_text(json.dumps(report, indent=2) + "\n")
+        report.update(seconds=seconds, complete=True)
+        save()
         print(
             f"### GPU check: {report['gpu']} x{gpus}, torch {torch.__version__} (CUDA {torch.version.cuda}), "
             f"{report['date']}, {seconds:.0f} s" + ("" if parts == WHOLE else f"; parts: {' '.join(parts)}") + "\n"

@@ -36,7 +36,9 @@ ROUNDS, STEPS = 3, 12  # paired rounds per comparison, timed steps per round
 class Bench:
     """The record's step on one device, with a one-rank process group for the multistream engine."""
 
-    def __init__(self, device: str, smoke: bool):
+    def __init__(self, device: str, smoke: bool, *, config: str = "configs/dawnbench_158s.yaml", capture=None):
+        """`config`: the record config whose step is built; `capture`: whether GraphStep captures (default: on
+        CUDA; True on the CPU only under a stand-in for torch.cuda's graph API, as the capture part's test runs)."""
         import torch
         import torch.distributed as td
 
@@ -46,6 +48,7 @@ class Bench:
         self.torch, self.smoke = torch, smoke
         self.device = torch.device(device)
         cuda = self.device.type == "cuda"
+        self.capture = cuda if capture is None else capture
         torch.backends.cudnn.benchmark = cuda  # as the trainer sets it (recipes/distributed.py)
         os.environ.setdefault("NCCL_LAUNCH_ORDER_IMPLICIT", "1")  # multistream's overlap rule (recipes/comm)
         self.owns_group = not td.is_initialized()
@@ -56,7 +59,7 @@ class Bench:
             )
         self.dist = DistInfo(0, 1, 0, 1, self.device)
         self.cfg = load_config(
-            "configs/dawnbench_158s.yaml",
+            config,
             [f"run.device={device}", "comm.autotune=false", "comm.engage_single_rank=true", "run.amp=fp16"],
         )
         self.amp = "fp16" if cuda else "none"  # CPU: fp16 convolutions are reference kernels, minutes per step
@@ -109,7 +112,7 @@ class Bench:
             backend=comm_cfg.backend,
         )
         if graph:
-            return GraphStep(capture=self.device.type == "cuda", **kw)
+            return GraphStep(capture=self.capture, **kw)
         return StepRunner(**kw)
 
     def batch(self, size: int, batch: int):

@@ -1,8 +1,8 @@
 """One rank of gpu_check.py's allreduce check, under torchrun: every allreduce backend that torchrun starts
 (recipes/registry.py: DDP, the reference, and multistream) trains the same small network from the same weights on
 the same per-rank batches for N steps, on CUDA tensors, with small buckets; rank 0 writes what each moved
-(CommStats, under its name) and how far the others' weights ended from DDP's (`max_diff`) and across ranks
-(`rank_spread`).
+(CommStats, under its name) and, per backend, how far its weights ended from DDP's (`max_diff`) and across ranks
+(`rank_spread`): each backend is held to its own record's `reference_atol`.
 
     torchrun --nproc-per-node W -m scripts.gpu_check.gpu_check_worker OUT.json TRANSPORT STEPS
 
@@ -90,14 +90,14 @@ def main() -> int:
             cfg = load_config(None, [*common, f"comm.backend={backend}", bucket])
             weights[backend], stats = train(cfg, dist, model, steps)
             result[backend] = {"steps": stats.steps, "bytes": stats.bytes, "settings": stats.settings}
-        result["max_diff"] = max(float((weights[ref] - weights[b]).abs().max()) for b in others)
-        spread = torch.zeros(1, device=dev)
+        result["max_diff"] = {b: float((weights[ref] - weights[b]).abs().max()) for b in others}
+        result["rank_spread"] = {}
         for b in others:
             root = weights[b].clone()
             td.broadcast(root, src=0)  # every rank must hold rank 0's weights
-            spread = torch.maximum(spread, (weights[b] - root).abs().max().reshape(1))
-        td.all_reduce(spread, op=td.ReduceOp.MAX)
-        result["rank_spread"] = float(spread)
+            spread = (weights[b] - root).abs().max().reshape(1)
+            td.all_reduce(spread, op=td.ReduceOp.MAX)
+            result["rank_spread"][b] = float(spread)
         result["scale"] = float(weights[ref].abs().max())
         teardown()
     except Exception as e:  # noqa: BLE001 - reported in the row, with the traceback in the log

@@ -1,0 +1,583 @@
+"""The `capture` part of gpu_check.py: the record's CUDA-graph step (recipes/steps.py GraphStep) probed on one GPU,
+case by case, in one call of at most 8 minutes (docs/gpu.md, "The capture probe").
+
+    python -m scripts.gpu_check.gpu_check --parts capture                      # one GPU: rows in gpu_check.json
+    python -m scripts.gpu_check.gpu_check_capture --smoke --out capture.json   # CPU: the same code, tiny
+
+Cases, in order; the rows are written after every case, so a run cut off keeps what it measured:
+  phases      the record's step (configs/dawnbench_158s_resnet50d.yaml: its model, hybrid LARS, fp16, channels_last,
+              multistream engaged on one rank), run.cuda_graph=true, per-GPU batch 64: one GraphStep captures and
+              replays it at 96, 128, 224 and 288 px in one process, and the weights stay finite; capture seconds
+  optimizers  every optimizer in recipes/registry.py captured or refused as its record says (graph_decision with
+              run.cuda_graph=true, and GraphStep itself); a captured one's weights after OPTIM_STEPS steps equal
+              StepRunner's within OPTIM_ATOL
+  wrapped     DDP and Horovod engaged on one rank (comm.engage_single_rank=true): graph_decision keeps the step eager
+              and the trainer's eager step runs (Horovod is skipped where horovod.torch does not import)
+  churn       CHURN_STEPS eager GraphStep steps (capture blocked by the backend) against as many StepRunner steps:
+              the caching allocator's retries and peak reserved memory at most CHURN_MAX x StepRunner's
+  dali        DALI's zero-copy batch with a device delay before GraphStep's static copy: what the copy read equals a
+              host copy of the batch taken when DALI produced it
+  speedup     graphed against eager at 96 and 128 px (per-GPU batch 256): wall-time ratio >= SPEEDUP_MIN, graphed
+              wall/kernel <= WALL_PER_KERNEL_MAX
+
+--smoke runs every case on the CPU at tiny sizes. Capturing needs CUDA: where torch.cuda's graph API is not stood in
+for, the capturing cases are skipped with that reason (the test installs tests/support.py's FakeCudaGraphs and runs
+them all). CPU timings and the allocator's counters say nothing about a GPU: in --smoke they are reported as 'n/a'.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import importlib.util
+import json
+import sys
+import time
+import weakref
+from pathlib import Path
+
+from scripts.gpu_check.gpu_check_rows import guard, judged, markdown_table, row
+
+CONFIG = "configs/dawnbench_158s_resnet50d.yaml"
+CASES = ["phases", "optimizers", "wrapped", "churn", "dali", "speedup"]
+PHASE_SIZES, PHASE_BATCH = (96, 128, 224, 288), 64  # the record's phase changes; a small batch keeps it quick
+PHASE_REPLAYS = 2  # replays after each capture
+CAPTURE_MAX_S = 60.0  # one capture (cuDNN's autotuning of the new shape is in the warm-up steps before it)
+OPTIM_STEPS, OPTIM_WARMUP = 8, 2  # 2 eager, the capture, 5 replays
+OPTIM_ATOL = 1e-4  # fp32, deterministic cuDNN, the same kernels eager and replayed: rounding of tensor vs float lr only
+WRAPPED_STEPS = 3
+CHURN_STEPS, CHURN_MAX = 50, 1.1
+DALI_STEPS, DELAY_CYCLES = 12, 20_000_000  # about 10-15 ms of device delay before each copy (1.4-2 GHz)
+SPEEDUP_SIZES, SPEEDUP_BATCH = (96, 128), 256
+SPEEDUP_MIN, WALL_PER_KERNEL_MAX = 1.6, 1.15
+BLOCKED = "the capture probe blocks capture (stream and allocator churn of eager steps)"
+SMOKE = "smoke: CPU numbers say nothing about a GPU"
+NEED_CUDA = "skip: capturing needs CUDA (the test runs it under a CPU stand-in)"
+
+
+class _NoComm:
+    """No allreduce backend (one rank: nothing wraps the model)."""
+
+    def prepare(self, model, optimizer):
+        return model, optimizer
+
+    def on_step_end(self, step, log=None):
+        pass
+
+
+class _Blocked(_NoComm):
+    """A backend that keeps every step eager, as multistream does while its tuner measures."""
+
+    def capture_blocker(self):
+        return BLOCKED
+
+
+class Probe:
+    """The record's step on one device (gpu_check_speed.Bench: the one-rank group, config, model and batches), the
+    runners it builds (a capture stand-in on the CPU puts back what they wrote, `written`), and the run's mode."""
+
+    def __init__(self, device: str, *, smoke: bool, capture: bool | None = None):
+        """`capture`: whether GraphStep captures (default: on CUDA; True on the CPU only under a stand-in)."""
+        import torch
+
+        from scripts.gpu_check.gpu_check_speed import Bench
+
+        self.torch, self.smoke = torch, smoke
+        self.bench = Bench(device, smoke, config=CONFIG, capture=capture)
+        self.device, self.capture = self.bench.device, self.bench.capture
+        self.cuda = self.device.type == "cuda"
+        self.runners: weakref.WeakSet = weakref.WeakSet()
+        self.log = _Log()
+
+    def track(self, runner):
+        self.runners.add(runner)
+        return runner
+
+    def written(self) -> list:
+        """Every tensor a step of a built runner may write: weights, buffers, optimizer state, the scaler's."""
+        torch, out = self.torch, []
+        for r in list(self.runners):
+            state = [t for s in r.optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+            scaler = [getattr(r.scaler, k, None) for k in ("_scale", "_growth_tracker")]
+            out += [*r.model.parameters(), *r.model.buffers(), *state, *(t for t in scaler if t is not None)]
+        return out
+
+    def decision(self, cfg, *, world_size: int = 1) -> tuple[bool, str]:
+        """graph_decision with run.cuda_graph=true, on this device (a stand-in capture counts as CUDA)."""
+        import dataclasses
+
+        from recipes.steps import graph_decision
+
+        run = dataclasses.replace(cfg.run, cuda_graph=True)
+        kind = "cuda" if self.capture else self.device.type
+        return graph_decision(run, cfg.comm, optim=cfg.optim.name, device_type=kind, world_size=world_size)
+
+    def sync(self) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+    def close(self) -> None:
+        self.bench.close()
+
+
+class _Log:
+    """The runners' log lines, on stderr."""
+
+    def warn(self, msg):
+        print(f"capture: {msg}", file=sys.stderr)
+
+    info = warn
+
+
+def small_cfg(probe: Probe, *overrides: str):
+    from recipes.config import load_config
+
+    return load_config(None, [f"run.device={probe.device.type}", "optim.lr=0.05", "run.amp=none", *overrides])
+
+
+def small_runner(probe: Probe, cfg, *, graph: bool, comm=None, capture: bool | None = None, warmup: int = OPTIM_WARMUP):
+    """The worker's small network (gpu_check_worker.net) with `cfg`'s optimizer, fp32, through StepRunner or
+    GraphStep (capturing as the probe does, or as `capture` says); `comm`: a stub, else the config's backend engaged
+    as the trainer does."""
+    torch = probe.torch
+    from torch import nn
+
+    from recipes import registry
+    from recipes.comm import create_allreduce
+    from recipes.optim import create_optimizer
+    from recipes.steps import GraphStep, StepRunner
+    from scripts.gpu_check.gpu_check_worker import net
+
+    torch.manual_seed(0)
+    model = net().to(probe.device).to(memory_format=torch.channels_last)
+    opt = create_optimizer(cfg.optim, model)
+    if comm is None:
+        comm = create_allreduce(cfg.comm, probe.bench.dist, timeout_s=cfg.dist.timeout_s, model_name=cfg.model.name)
+    train_model, opt = comm.prepare(model, opt)
+    kw = dict(
+        model=model,
+        train_model=train_model,
+        optimizer=opt,
+        optim=registry.OPTIMIZERS[cfg.optim.name],
+        scaler=torch.amp.GradScaler(probe.device.type, enabled=False),
+        comm=comm,
+        criterion=nn.CrossEntropyLoss(),
+        device=probe.device,
+        on_nonfinite="skip",
+        backend=cfg.comm.backend,
+    )
+    if graph:
+        capture = probe.capture if capture is None else capture
+        return probe.track(GraphStep(capture=capture, warmup=warmup, dist=probe.bench.dist, **kw))
+    return probe.track(StepRunner(**kw))
+
+
+def small_batches(probe: Probe, n: int) -> list:
+    torch = probe.torch
+    size, batch = (16, 8) if probe.smoke else (32, 32)
+    g = torch.Generator().manual_seed(7)
+    out = []
+    for _ in range(n):
+        x = torch.randn(batch, 3, size, size, generator=g).contiguous(memory_format=torch.channels_last)
+        out.append((x.to(probe.device), torch.randint(0, 10, (batch,), generator=g).to(probe.device)))
+    return out
+
+
+def train(probe: Probe, runner, batches) -> int:
+    """Run `runner` over `batches` with a moving schedule (a frozen lr or momentum would show); steps run."""
+    from recipes.optim import set_lr_momentum
+    from recipes.rundir.payload import State
+
+    st = State()
+    for i, (x, y) in enumerate(batches):
+        set_lr_momentum(runner.optimizer, 0.05 + 0.01 * i, 0.95 - 0.02 * i)
+        runner(x, y, st, probe.log)
+    runner.settle(st, probe.log)
+    probe.sync()
+    return st.step
+
+
+def finite(model) -> bool:
+    return all(bool(p.detach().isfinite().all()) for p in model.parameters())
+
+
+def max_diff(a, b) -> float:
+    return max(float((p - q).detach().abs().max()) for p, q in zip(a.parameters(), b.parameters(), strict=True))
+
+
+# --- a. the record's phase changes in one process -------------------------------------------------------------------
+def case_phases(rows: list[dict], probe: Probe) -> None:
+    from recipes.optim import set_lr_momentum
+    from recipes.rundir.payload import State
+
+    bench = probe.bench
+    sizes, batch = ((8, 12, 16), 2) if probe.smoke else (PHASE_SIZES, PHASE_BATCH)
+    path = " -> ".join(map(str, sizes))
+    names = [f"capture phases: the record's step at {s} px ({batch}/GPU), one GraphStep over {path} px" for s in sizes]
+    if not probe.capture:
+        rows += [row(n, NEED_CUDA) for n in names]
+        return
+    ok, why = probe.decision(bench.cfg)
+    runner = probe.track(bench.runner(graph=True, multistream=True))
+    st = State()
+    for size, name in zip(sizes, names, strict=True):
+        with guard(rows, name):
+            x, y = bench.batch(size, batch)
+            capture_s, replays = None, 0
+            for i in range(runner.warmup + 1 + PHASE_REPLAYS):
+                before = runner.graph if i else None  # the call at a new size drops the last size's graph
+                set_lr_momentum(runner.optimizer, 0.1, 0.9)
+                t = time.perf_counter()
+                runner(x, y, st, probe.log)
+                probe.sync()
+                if runner.graph is not None and before is None:
+                    capture_s = time.perf_counter() - t
+                elif runner.graph is not None and runner.graph is before:
+                    replays += 1
+            runner.settle(st, probe.log)
+            problems = [] if ok else [f"graph_decision keeps it eager: {why}"]
+            if capture_s is None:
+                problems.append(f"not captured ({runner.said or 'no reason given'})")
+            elif replays < PHASE_REPLAYS:
+                problems.append(f"{replays} of {PHASE_REPLAYS} replays")
+            if not finite(runner.model):
+                problems.append("weights not finite")
+            shown = f"{replays} replays after {runner.warmup} eager steps; {st.skipped_steps} skipped so far"
+            rows.append(
+                judged(name, capture_s, "s to capture", at_most=CAPTURE_MAX_S, reference=shown, why="; ".join(problems))
+            )
+
+
+# --- b. every optimizer captured or refused as its record says ------------------------------------------------------
+def case_optimizers(rows: list[dict], probe: Probe) -> None:
+    from recipes import registry
+    from recipes.errors import TrainingError
+
+    torch = probe.torch
+    cudnn = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False  # eager and replay: same kernels
+    try:
+        for name, rec in registry.OPTIMIZERS.items():
+            says = "captured" if rec.capturable else "refused"
+            label = f"capture optimizers: optim.name={name} {says} as its record says"
+            with guard(rows, label):
+                cfg = small_cfg(probe, f"optim.name={name}")
+                ok, why = probe.decision(cfg)
+                if not probe.capture and rec.capturable:
+                    rows.append(row(label, NEED_CUDA))
+                    continue
+                problems = [] if ok == rec.capturable else [f"graph_decision says {'capture' if ok else why}"]
+                if not rec.capturable:  # GraphStep refuses to capture it too, and the eager step trains
+                    try:
+                        small_runner(probe, cfg, graph=True, comm=_NoComm(), capture=True)
+                        problems.append("GraphStep(capture=True) accepted it")
+                    except TrainingError as e:
+                        refusal = str(e)
+                    else:
+                        refusal = ""
+                    eager = small_runner(probe, cfg, graph=False, comm=_NoComm())
+                    steps = train(probe, eager, small_batches(probe, WRAPPED_STEPS))
+                    if not finite(eager.model):
+                        problems.append("the eager step's weights are not finite")
+                    shown = f"graph_decision: {why}; GraphStep: {refusal}; {steps} eager steps"
+                    rows.append(judged(label, 0, "captures", at_most=0, reference=shown, why="; ".join(problems)))
+                    continue
+                batches = small_batches(probe, OPTIM_STEPS)
+                ref = small_runner(probe, cfg, graph=False, comm=_NoComm())
+                new = small_runner(probe, cfg, graph=True, comm=_NoComm())
+                train(probe, ref, batches)
+                train(probe, new, [(x.clone(), y.clone()) for x, y in batches])
+                if new.graph is None:
+                    problems.append(f"not captured ({new.said or 'no reason given'})")
+                diff = max_diff(ref.model, new.model)
+                shown = f"after {OPTIM_STEPS} fp32 steps ({OPTIM_WARMUP} eager, the capture, replays) vs StepRunner"
+                rows.append(
+                    judged(label, diff, "max |w| diff", at_most=OPTIM_ATOL, reference=shown, why="; ".join(problems))
+                )
+    finally:
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn
+
+
+# --- c. DDP and Horovod engaged on one rank --------------------------------------------------------------------------
+def horovod_missing() -> str:
+    """'' when horovod.torch imports; else why not."""
+    try:
+        import horovod.torch  # noqa: F401
+    except ImportError as e:
+        return f"horovod.torch does not import ({e}); `make horovod` builds it"
+    return ""
+
+
+def case_wrapped(rows: list[dict], probe: Probe) -> None:
+    from recipes.steps import GraphStep
+
+    for backend in ("ddp", "horovod"):
+        label = f"capture wrapped: comm.backend={backend} engaged at world 1 stays eager"
+        with guard(rows, label):
+            if backend == "horovod" and (why := horovod_missing()):
+                rows.append(row(label, f"skip: {why}"))
+                continue
+            cfg = small_cfg(probe, f"comm.backend={backend}", "comm.engage_single_rank=true", "optim.name=hybrid")
+            ok, why = probe.decision(cfg)
+            # what the trainer builds from that decision: GraphStep capturing, or StepRunner
+            runner = small_runner(probe, cfg, graph=ok)
+            steps = train(probe, runner, small_batches(probe, WRAPPED_STEPS))
+            problems = ["graph_decision captures it"] if ok else []
+            if isinstance(runner, GraphStep) and runner.graph is not None:
+                problems.append("captured")
+            if not finite(runner.model):
+                problems.append("weights not finite")
+            moved = runner.comm.stats().bytes
+            if not moved:
+                problems.append("the backend moved 0 bytes: not engaged")
+            shown = f"graph_decision: {why or 'capture'}; {moved / 2**20:.2f} MB through {backend}"
+            rows.append(
+                judged(label, steps, "eager steps", at_least=WRAPPED_STEPS, reference=shown, why="; ".join(problems))
+            )
+
+
+# --- d. stream and allocator churn of eager GraphStep steps ----------------------------------------------------------
+def _memory(probe: Probe, make, x, y, steps: int) -> dict:
+    """Allocator retries and peak reserved MB over `steps` steps of the runner `make()` builds (None on the CPU)."""
+    torch = probe.torch
+    from recipes.optim import set_lr_momentum
+    from recipes.rundir.payload import State
+
+    gc.collect()
+    if probe.cuda:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    retries0 = torch.cuda.memory_stats().get("num_alloc_retries", 0) if probe.cuda else 0
+    runner, st = make(), State()
+    for i in range(steps):
+        set_lr_momentum(runner.optimizer, 0.1, 0.9)
+        runner(x, y, st, probe.log)
+        if i % 10 == 9:
+            runner.settle(st, probe.log)
+    runner.settle(st, probe.log)
+    probe.sync()
+    out = {"steps": st.step, "eager": getattr(runner, "graph", None) is None, "said": getattr(runner, "said", None)}
+    if probe.cuda:
+        stats = torch.cuda.memory_stats()
+        out["retries"] = stats.get("num_alloc_retries", 0) - retries0
+        out["peak_mb"] = stats.get("reserved_bytes.all.peak", 0) / 2**20
+    del runner
+    gc.collect()
+    return out
+
+
+def case_churn(rows: list[dict], probe: Probe) -> None:
+    bench, torch = probe.bench, probe.torch
+    from recipes import registry
+    from recipes.optim import create_optimizer
+    from recipes.steps import GraphStep, StepRunner, create_criterion
+
+    steps = 3 if probe.smoke else CHURN_STEPS
+    size, batch = (8, 2) if probe.smoke else (PHASE_SIZES[0], PHASE_BATCH)
+    x, y = bench.batch(size, batch)
+    cfg = bench.cfg
+
+    def make(graph: bool):
+        def build():
+            model = copy.deepcopy(bench.base)
+            kw = dict(
+                model=model,
+                train_model=model,
+                optimizer=create_optimizer(cfg.optim, model),
+                optim=registry.OPTIMIZERS[cfg.optim.name],
+                scaler=torch.amp.GradScaler(probe.device.type, enabled=bench.amp == "fp16"),
+                comm=_Blocked() if graph else _NoComm(),
+                criterion=create_criterion(cfg),
+                device=probe.device,
+                amp=bench.amp,
+            )
+            return probe.track(GraphStep(capture=probe.capture, **kw) if graph else StepRunner(**kw))
+
+        return build
+
+    base = _memory(probe, make(False), x, y, steps)
+    new = _memory(probe, make(True), x, y, steps)
+    problems = []
+    if not new["eager"]:
+        problems.append("captured although the backend blocked capture")
+    if probe.capture and new["said"] != BLOCKED:
+        problems.append(f"GraphStep did not give the backend's reason ({new['said']})")
+    if new["steps"] != steps or base["steps"] != steps:
+        problems.append(f"ran {new['steps']} and {base['steps']} of {steps} steps")
+    what = f"{steps} eager GraphStep steps (capture blocked) vs StepRunner at {size} px ({batch}/GPU)"
+    for key, unit in (("retries", "allocator retries"), ("peak_mb", "MB peak reserved")):
+        name = f"capture churn: {unit}, {what}"
+        if not probe.cuda:
+            skip = "skip: the CUDA caching allocator's counters need a GPU (the steps ran)"
+            rows.append(row(name, f"fail: {'; '.join(problems)}" if problems else skip))
+            continue
+        limit = CHURN_MAX * base[key]
+        shown = f"StepRunner {base[key]:,.1f}; at most {CHURN_MAX}x"
+        rows.append(judged(name, new[key], unit, at_most=limit, reference=shown, why="; ".join(problems)))
+
+
+# --- e. DALI's zero-copy batch, a device delay before the static copy -----------------------------------------------
+def _noise_pipeline(probe: Probe, size: int, batch: int, prefetch: int):
+    """A DALI pipeline as data/dali_loader.py builds them (pipelined, asynchronous, `prefetch` batches in flight),
+    of random NHWC images, on the GPU (outputs in DALI's device buffers) or on the CPU."""
+    from nvidia.dali import fn, pipeline_def, types
+
+    gpu = probe.cuda
+
+    def graph():
+        images = fn.random.uniform(range=[-1.0, 1.0], shape=[size, size, 3], dtype=types.FLOAT)
+        labels = fn.cast(fn.random.uniform(range=[0.0, 9.0], shape=[1]), dtype=types.INT64)
+        return (images.gpu(), labels.gpu()) if gpu else (images, labels)
+
+    pipe = pipeline_def(
+        graph,
+        batch_size=batch,
+        num_threads=2,
+        device_id=(probe.device.index or 0) if gpu else None,
+        seed=11,
+        prefetch_queue_depth=prefetch,
+        exec_pipelined=True,
+        exec_async=True,
+    )()
+    pipe.build()
+    return pipe
+
+
+def case_dali(rows: list[dict], probe: Probe) -> None:
+    torch = probe.torch
+    name = "capture dali: GraphStep's static copy of DALI's zero-copy batch after a device delay = DALI's host copy"
+    if importlib.util.find_spec("nvidia") is None or importlib.util.find_spec("nvidia.dali") is None:
+        rows.append(row(name, "skip: nvidia.dali does not import (requirements: DALI)"))
+        return
+    size, batch = (16, 8) if probe.smoke else (32, 32)
+    prefetch = probe.bench.cfg.data.dali_prefetch
+    cfg = small_cfg(probe, "optim.name=hybrid")
+    runner = small_runner(probe, cfg, graph=True, comm=_NoComm())
+    pipe = _noise_pipeline(probe, size, batch, prefetch)
+    from recipes.optim import set_lr_momentum
+    from recipes.rundir.payload import State
+
+    st, hosts, seen = State(), [], []
+    for _ in range(DALI_STEPS):
+        images, labels = pipe.run()
+        # the host copy, taken now (DALI's own copy, ordered on its stream): what the batch held when produced
+        host = images.as_cpu().as_array() if probe.cuda else images.as_array()
+        hosts.append(torch.from_numpy(host.copy()).permute(0, 3, 1, 2))
+        if probe.cuda:
+            with torch.cuda.device(probe.device):
+                x, y = torch.from_dlpack(images.as_tensor()), torch.from_dlpack(labels.as_tensor())
+            torch.cuda._sleep(DELAY_CYCLES)  # the device is late: the copy below runs after the host moved on
+        else:
+            x, y = torch.from_dlpack(images.as_tensor()), torch.from_dlpack(labels.as_tensor())
+        x, y = x.permute(0, 3, 1, 2), y.reshape(-1).long()  # as data/dali_loader.py's _to_torch
+        set_lr_momentum(runner.optimizer, 0.05, 0.9)
+        runner(x, y, st, probe.log)
+        seen.append(runner.static[0].clone())  # queued after the step: what its copy read
+        del x, y
+    runner.settle(st, probe.log)
+    probe.sync()
+    bad = sum(not torch.equal(s.cpu().float(), h.float()) for s, h in zip(seen, hosts, strict=True))
+    delay = f"{DELAY_CYCLES:,} cycles of device delay before each copy" if probe.cuda else "cpu: no device delay"
+    captured = "captured" if runner.graph is not None else f"eager ({runner.said or 'no capture on this device'})"
+    shown = f"{DALI_STEPS} batches of {batch}x{size}px, prefetch {prefetch}, {delay}, "
+    shown += f"host <= {runner.ahead} steps ahead, {captured}"
+    why = "" if runner.graph is not None or not probe.capture else "the step was not captured"
+    rows.append(judged(name, bad, "batches differ", at_most=0, reference=shown, why=why))
+    del pipe
+
+
+# --- f. graphed against eager, wall and kernel time -----------------------------------------------------------------
+def case_speedup(rows: list[dict], probe: Probe) -> None:
+    from scripts.gpu_check.gpu_check_speed import compare
+
+    bench = probe.bench
+    sizes, batch = ((8,), 2) if probe.smoke else (SPEEDUP_SIZES, SPEEDUP_BATCH)
+    rounds, steps = (2, 1) if probe.smoke else (3, 12)
+    for size in sizes:
+        speed = f"capture speedup: graphed vs eager wall time at {size} px ({batch}/GPU)"
+        ratio = f"capture speedup: graphed wall/kernel at {size} px ({batch}/GPU)"
+        if not probe.capture:
+            rows += [row(n, NEED_CUDA) for n in (speed, ratio)]
+            continue
+        with guard(rows, speed):
+            variants = {
+                "eager": lambda: probe.track(bench.runner(graph=False, multistream=True)),
+                "graphed": lambda: probe.track(bench.runner(graph=True, multistream=True)),
+            }
+            res = compare(bench, variants, size=size, batch=batch, rounds=rounds, steps=steps, warmup=4)["variants"]
+            errors = "; ".join(f"{k}: {v['error']}" for k, v in res.items() if "error" in v)
+            if errors:
+                rows += [row(speed, f"fail: {errors}"), row(ratio, f"fail: {errors}")]
+                continue
+            e, g = res["eager"], res["graphed"]
+            up, wpk = g["speedup_vs_eager"], g["wall_per_kernel"]
+            shown = f"eager {e['wall_ms']:.2f} ms, graphed {g['wall_ms']:.2f} ms per step (median of {rounds} rounds)"
+            kern = "no kernel timing" if g["kernel_ms"] is None else f"{g['kernel_ms']:.2f} ms, {g['kernels']} kernels"
+            eager_wpk = "-" if e["wall_per_kernel"] is None else f"{e['wall_per_kernel']:.2f}"
+            kshown = f"graphed kernel {kern} per step; eager wall/kernel {eager_wpk}"
+            if probe.smoke:
+                rows += [row(speed, f"n/a: {SMOKE}", up, "x eager", reference=shown)]
+                rows += [row(ratio, f"n/a: {SMOKE}", wpk, "wall/kernel", reference=kshown)]
+                continue
+            rows.append(judged(speed, up, "x eager", at_least=SPEEDUP_MIN, reference=shown))
+            rows.append(judged(ratio, wpk, "wall/kernel", at_most=WALL_PER_KERNEL_MAX, reference=kshown))
+
+
+CHECKS = {
+    "phases": case_phases,
+    "optimizers": case_optimizers,
+    "wrapped": case_wrapped,
+    "churn": case_churn,
+    "dali": case_dali,
+    "speedup": case_speedup,
+}
+
+
+def run_cases(rows: list[dict], probe: Probe, *, write, cases: list[str] | None = None) -> None:
+    """Run `cases` (default: all, in order), adding their rows; `write()` after every case (a timeout keeps them)."""
+    for case in [c for c in CASES if c in (cases or CASES)]:
+        t = time.perf_counter()
+        with guard(rows, f"capture {case}"):
+            CHECKS[case](rows, probe)
+        write()
+        print(f"capture: {case} done in {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
+
+
+def check_capture(rows: list[dict], write) -> None:
+    """gpu_check.py's `capture` part on cuda:0: its rows in gpu_check.json, written after every case."""
+    probe = Probe("cuda", smoke=False)
+    try:
+        run_cases(rows, probe, write=write)
+    finally:
+        probe.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="gpu_capture.json", help="the rows as JSON, rewritten after every case")
+    ap.add_argument("--smoke", action="store_true", help="on the CPU at tiny sizes: the code paths, not numbers")
+    ap.add_argument("--cases", nargs="+", choices=CASES, default=CASES)
+    args = ap.parse_args(argv)
+    import torch
+
+    if not args.smoke and not torch.cuda.is_available():
+        print("gpu-check capture: no CUDA GPU present (--smoke runs the same code on the CPU)")
+        return 0
+    probe = Probe("cpu" if args.smoke else "cuda", smoke=args.smoke)
+    device = torch.cuda.get_device_name(0) if probe.cuda else "cpu"
+    report = {"device": device, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "smoke": args.smoke}
+    rows: list[dict] = []
+    report["rows"] = rows
+    out = Path(args.out)
+    try:
+        run_cases(rows, probe, write=lambda: out.write_text(json.dumps(report, indent=2) + "\n"), cases=args.cases)
+    finally:
+        probe.close()
+    print(markdown_table(rows))
+    return 1 if any(r["result"].startswith("fail") for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
