@@ -35,7 +35,11 @@ REQS = {  # requirement file -> (distribution, version, module) stand-ins for wh
         ("torchvision", "0.29.1", "torchvision"),
         ("timm", "1.0.31", "timm"),
     ]
-    + [("pyyaml", "6.0.2", "yaml"), ("tensorboard", "2.18.0", "tensorboard"), ("nvidia-dali-cuda130", "2.4.0", "dali")],
+    + [
+        ("pyyaml", "6.0.2", "yaml"),
+        ("tensorboard", "2.18.0", "tensorboard"),
+        ("nvidia-dali-cuda130", "2.4.0", "nvidia/dali"),
+    ],
     "requirements-dev.txt": [("pytest-standin", "1.0", "pytest_standin")],
 }
 
@@ -46,6 +50,7 @@ def _project(tmp_path):
     (proj / "scripts").mkdir(parents=True)
     index.mkdir()
     shutil.copy(ROOT / "Makefile", proj)
+    shutil.copy(ROOT / "scripts" / "check_install.py", proj / "scripts")
     for req, dists in REQS.items():
         (proj / req).write_text("".join(f"{d}=={v}\n" for d, v, _ in dists))
         for d, v, mod in dists:
@@ -110,6 +115,25 @@ def test_install_from_a_wheelhouse_with_no_index(tmp_path):
         [venv_py, "-m", "pip", "install", "-q", "six"], env=offline, capture_output=True, timeout=120
     )
     assert blocked.returncode != 0
+
+    # A requirement the wheelhouse lacks, on a venv that has every other (torch included): pip fails, so make fails
+    # and the venv is left unstamped.
+    (proj / "requirements-dev.txt").write_text("pytest-standin==1.0\nlint-standin==1.0\n")
+    p = _make(proj, ["install", f"WHEELHOUSE={wh}"], offline)
+    assert p.returncode != 0
+    assert "No matching distribution found for lint-standin" in p.stdout + p.stderr
+    assert not (proj / ".venv" / ".installed").exists()
+    # Without cuda-variant.txt: the one refusal line, and no raw error from the tools that read it.
+    (wh / "cuda-variant.txt").unlink()
+    p = _make(proj, ["install", f"WHEELHOUSE={wh}"], offline)
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert lines[0] == (
+        f"WHEELHOUSE={wh}: no wheels for CUDA=cu130 there (its cuda-variant.txt: missing); "
+        "fill it with make wheelhouse CUDA=cu130"
+    )
+    assert [ln for ln in lines[1:] if not ln.startswith("make: ***")] == []
+    (wh / "cuda-variant.txt").write_text("cu130\n")
 
     # A wheelhouse for the other CUDA variant is refused with one line naming both.
     shutil.rmtree(proj / ".venv")
