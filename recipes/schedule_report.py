@@ -10,7 +10,7 @@ import numpy as np
 from recipes import memory, registry
 from recipes.rundir.writer import figure_bytes, write_output
 from recipes.schedule import Schedule
-from recipes.timemodel import IMAGENET_TRAIN_IMAGES, predicted_seconds
+from recipes.timemodel import IMAGENET_TRAIN_IMAGES, predicted_estimate
 
 
 def count_images(cfg) -> int | None:
@@ -76,6 +76,19 @@ def hardware_table(cfg, plan: Schedule, gpu: str) -> tuple[list[str], list[str]]
     return lines, memory.check_fits(cfg, plan, gpu_bytes, gpu)
 
 
+def step_table(est) -> list[str]:
+    """The time model's step per phase: its micro-batches, and the step floor counted once for each."""
+    lines = ["time model per step (the step floor once per micro-batch):"]
+    lines.append("phase   size  micro-batches     compute  step floor  step (all terms)")
+    for pi, p in enumerate(est.phases):
+        ms = p.step_ms
+        lines.append(
+            f"{pi:>5}  {p.phase.image_size:>5}  {p.phase.micro_batches:>13}  {ms['compute']:>7.1f} ms  "
+            f"{ms['step floor']:>7.1f} ms  {sum(ms.values()):>13.1f} ms"
+        )
+    return lines
+
+
 def print_plan(
     cfg, num_images: int | None, world_size: int | None, png: str | None = None, gpu: str | None = None
 ) -> int:
@@ -98,12 +111,13 @@ def print_plan(
         return 0
     lines, problems = hardware_table(cfg, plan, gpu)
     print("\n".join(lines))
-    seconds, what = predicted_seconds(cfg, world, gpu)
-    if seconds is None:
+    est, what = predicted_estimate(cfg, world, gpu)
+    if est is None:
         print(f"predicted time: none ({what})")
     else:
-        low, mid, high = seconds
+        low, mid, high = est.range("train")
         print(f"predicted training clock: {mid:,.0f} s ({low:,.0f}-{high:,.0f}) on {what} (recipes/timemodel/)")
+        print("\n".join(step_table(est)))
     for line in problems:
         print(f"error: does not fit: {line}", file=sys.stderr)
     return 2 if problems else 0

@@ -27,7 +27,8 @@ The package, one job per module:
     terms       sync, validation, BN allreduce, start-up, the comm model's range: value, range and source each
     estimate    Cluster, Phase, Backend and `estimate`: a schedule's terms on a cluster
     evidence    the published runs it is calibrated on and those it was not fitted on (out of sample)
-    entry       `predict` and `predicted_seconds` for other tools, `calibrated_compute` for the autotuner's start
+    entry       `predict`, `predicted_seconds` and `predicted_estimate` for other tools, `calibrated_compute` for
+                the autotuner's start
     imagenet    ImageNet-1k's sizes
 """
 
@@ -37,6 +38,7 @@ from recipes.timemodel.entry import (
     calibrated_compute,
     cluster_shape,
     predict,
+    predicted_estimate,
     predicted_seconds,
 )
 from recipes.timemodel.estimate import (
@@ -113,6 +115,7 @@ from recipes.timemodel.terms import (
 
 __all__ = [
     "cluster_shape",
+    "predicted_estimate",
     "predicted_seconds",
     "ALIBABA_16X8",
     "ALIBABA_1X8",

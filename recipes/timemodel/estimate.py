@@ -54,6 +54,7 @@ class Phase:
     batch: int  # per GPU
     image_size: int
     val_size: int = 0  # 0: the image size
+    micro_batches: int = 1  # gradient accumulation: the step runs its per-GPU batch as this many micro-batches
 
 
 @dataclass(frozen=True)
@@ -77,12 +78,13 @@ class Backend:
 
 def schedule_phases(cfg, world: int) -> list[Phase]:
     """The config's schedule on ImageNet-1k, one Phase per (image size, per-GPU batch)."""
+    from recipes.memory import accumulation
     from recipes.schedule import Schedule
 
-    plan = Schedule(cfg.phases, cfg.optim, num_images=IMAGENET_TRAIN_IMAGES, world_size=world)
+    plan = Schedule(cfg.phases, cfg.optim, num_images=IMAGENET_TRAIN_IMAGES, world_size=world, **accumulation(cfg))
     out: dict[int, list] = {}
     for e in plan.epochs:
-        row = out.setdefault(e.phase_index, [0, 0, e.phase.batch_size // world, e.phase.image_size])
+        row = out.setdefault(e.phase_index, [0, 0, e.phase.batch_size // world, e.phase.image_size, 0, e.micro_batches])
         row[0] += 1
         row[1] += e.steps
     return [Phase(*row) for row in out.values()]
@@ -232,7 +234,10 @@ def estimate(
         u = gpu.uncertainty(ph.image_size)
         compute = ph.batch * per_img
         flo = gpu.step_floor
-        floor = [max(0.0, f - compute) for f in flo]  # the part of the step the GPU waits for the host
+        # The part of the step the GPU waits for the host, once per micro-batch: each accumulated micro-batch
+        # launches its own forward and backward, and at 96-128 px on a Hopper one alone is floor-bound.
+        a = ph.micro_batches
+        floor = [a * max(0.0, f - compute / a) for f in flo]
         intra = (compute + floor[1]) * (1 / gpu.host_efficiency - 1) if g > 1 else 0.0
         step = compute + floor[1] + intra
         exposed = 0.0
