@@ -166,5 +166,6 @@ def run_evaluate_cli(args) -> int:
             f"top-1 {res['top1']:.2f}%  top-5 {res['top5']:.2f}%  on {res['count']} images "
             f"({res['image_size']} px, {res['world_size']} process(es){extra})"
         )
+        print(f"crop size {res['image_size']} px: {res['image_size_from']}")
         _write_json(args.out, res)
     return 0
