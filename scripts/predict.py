@@ -53,6 +53,7 @@ TERMS = (
     "exposed comm",
     "sync",
     "small collectives",
+    "input wait",
     "pipeline rebuild",
     "autotune",
     "validation",
@@ -125,7 +126,32 @@ def estimates(cfg, cluster, rates, prof) -> list[tm.Estimate]:
         bes.append(
             tm.Backend(f"multistream (recommended: {rec.label()})", "multistream", {**ms.kwargs, "settings": rec})
         )
-    return [tm.estimate(phases, cluster, rates, backend=be, prof=prof) for be in bes]
+    inputs = tm.input_rate(cfg)
+    return [tm.estimate(phases, cluster, rates, backend=be, prof=prof, inputs=inputs) for be in bes]
+
+
+FLOW_ASSUMPTION = (
+    "per-flow cap {cap}: an assumption (--flow-gbit), and it decides the ranking of the backends; measure yours with "
+    "`python scripts/launch.py --hostfile hosts.txt -c CONFIG --probe-network` (make probe-network) and pass "
+    "--network <run dir>/network.json"
+)
+
+
+def input_line(cfg, cluster: tm.Cluster, est: tm.Estimate) -> str:
+    """What each phase's steps consume per GPU and host against what the input pipeline decodes (the input term)."""
+    rate = tm.input_rate(cfg)
+    if rate is None:
+        return f"input: no term (data.backend={cfg.data.backend}: no measured decode rate on a GPU host)"
+    g, parts = cluster.gpus_per_host, []
+    for p in est.phases:
+        step_s = sum(v for k, v in p.step_ms.items() if k != "input wait") / 1e3
+        need, have = p.phase.batch / step_s, rate.images_per_s(p.phase.image_size)
+        per_host = f"{g * need / 1e3:.0f}k of {g * have / 1e3:.0f}k per host"
+        parts.append(f"{p.phase.image_size} px {need / 1e3:.1f}k of {have / 1e3:.1f}k ({per_host})")
+    return (
+        f"input: img/s per GPU the steps consume of what DALI decodes with data.workers={rate.threads_per_gpu} threads "
+        f"({est.backend}): {'; '.join(parts)}; {rate.source}"
+    )
 
 
 def report(
@@ -138,6 +164,8 @@ def report(
         f"per host, per-flow cap {cap}, {cluster.flows_per_comm} flow(s) per communicator, goodput "
         f"{cluster.efficiency:.0%}",
         f"link figures: {link_source or 'given (--link-gbit, --flow-gbit, --latency-us)'}",
+        *([] if link_source else [FLOW_ASSUMPTION.format(cap=cap)]),
+        input_line(cfg, cluster, ests[0]),
         f"compute: {rates.source}",
         "step floor: "
         + (

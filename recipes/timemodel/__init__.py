@@ -30,6 +30,7 @@ The package, one job per module:
     entry       `predict`, `predicted_seconds` and `predicted_estimate` for other tools, `calibrated_compute` for
                 the autotuner's start
     imagenet    ImageNet-1k's sizes
+    inputs      the input term: the images per second DALI decodes per GPU, measured on an H200
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ from recipes.timemodel.imagenet import (
     IMAGENET_TRAIN_IMAGES,
     VAL_IMAGES,
 )
+from recipes.timemodel.inputs import InputRate, input_rate
 from recipes.timemodel.profile import (
     GradProfile,
     profile_model,
@@ -116,6 +118,8 @@ from recipes.timemodel.terms import (
 __all__ = [
     "cluster_shape",
     "predicted_estimate",
+    "InputRate",
+    "input_rate",
     "predicted_seconds",
     "ALIBABA_16X8",
     "ALIBABA_1X8",

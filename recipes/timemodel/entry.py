@@ -10,6 +10,7 @@ from pathlib import Path
 from recipes import registry
 from recipes.errors import ConfigError
 from recipes.timemodel.estimate import Cluster, backends, estimate, schedule_phases, step_compute
+from recipes.timemodel.inputs import input_rate
 from recipes.timemodel.profile import profile_model
 from recipes.timemodel.rates import DTYPES, ProfileError, gpu_for_device, load_gpu_profile, published
 
@@ -105,7 +106,9 @@ def predicted_estimate(cfg, world: int, gpu: str):
         rows = ", ".join(dict.fromkeys(b.name for b in backends(cfg)))
         return None, f"comm.backend {cfg.comm.backend!r} has no row in the time model (backends: {rows})"
     prof = profile_model(cfg.model.name, 64)
-    est = estimate(schedule_phases(cfg, world), Cluster(hosts, per_host), rates, backend=be, prof=prof)
+    est = estimate(
+        schedule_phases(cfg, world), Cluster(hosts, per_host), rates, backend=be, prof=prof, inputs=input_rate(cfg)
+    )
     named = rates.name if dtype in rates.name else f"{rates.name} {dtype}"  # the rates' name may say it already
     what = f"{hosts} x {per_host} {named}, {be.label}, 32 Gbit/s links"
     if not registry.MODELS[cfg.model.name].time_rates:

@@ -137,3 +137,29 @@ def test_bad_network_file_is_one_line_exit_2(tmp_path, capsys, text, extra, key)
     assert predict.main(["--network", str(f), *extra]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: --network: ") and key in err
+
+
+def test_the_per_flow_cap_is_printed_as_an_assumption_with_the_command_that_measures_it(tmp_path, capsys):
+    from scripts.launcher.netprobe import summarize
+
+    argv = ["--hosts", "2", "--gpus-per-host", "8", "--gpu", "v100", "--record-s", "0"]
+    assert predict.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "per-flow cap 10 Gbit/s: an assumption (--flow-gbit)" in out
+    assert "`python scripts/launch.py --hostfile hosts.txt -c CONFIG --probe-network`" in out
+    pair = {"a": "h0", "b": "h1", "ranks": [0, 1], "one_flow_gbit": 2.0, "n_flows_gbit": 6.0, "latency_us": 80.0}
+    f = tmp_path / "network.json"
+    f.write_text(json.dumps(summarize(["h0", "h1"], [pair], 4, 1.0)))
+    assert predict.main([*argv, "--network", str(f)]) == 0
+    assert "an assumption" not in capsys.readouterr().out  # measured: no assumption left to name
+
+
+def test_the_input_line_sets_what_the_steps_consume_against_what_dali_decodes(capsys):
+    assert predict.main(["-c", str(ROOT / "configs/presets/h100_1gpu.yaml"), "--record-s", "0"]) == 0
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.startswith("input: "))
+    assert "DALI decodes with data.workers=8 threads" in line and "96 px " in line and " of 18.7k (" in line
+    need = float(line.split("96 px ")[1].split("k of")[0])
+    assert need > 18.7  # one H100 at 96 px, 2048 per step, consumes more than one GPU's pipeline decodes
+    assert predict.main(["-c", str(ROOT / "configs/presets/h100_1gpu.yaml"), "data.backend=torch"]) == 0
+    assert "input: no term (data.backend=torch" in capsys.readouterr().out
