@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Predicted training time of a config on a cluster, per allreduce backend, every cost a term (recipes/timemodel.py).
+"""Predicted training time of a config on a cluster, per allreduce backend, every cost a term (recipes/timemodel/).
 
     python scripts/predict.py -c configs/dawnbench_158s.yaml                 # 16 x 8 V100 32 GB, 32 Gbps, 10/flow
     python scripts/predict.py --hosts 2 --gpus-per-host 8 --gpu a100 --link-gbit 100 --json a100.json

@@ -94,6 +94,8 @@ def test_plan_shows_the_time_model_counting_each_micro_batch_against_the_step_fl
         assert train.main(["-c", str(ROOT / "configs/presets/h100_2x8.yaml"), "--plan", *over]) == 0
         out = capsys.readouterr().out
         assert "time model per step (the step floor once per micro-batch):" in out
+        predicted = next(ln for ln in out.splitlines() if ln.startswith("predicted training clock"))
+        assert predicted.count("fp16") == 1, predicted  # the rate table's name says the dtype already
         return [ln.split() for ln in out.split("step (all terms)\n")[1].splitlines()[:4]]
 
     preset = step_rows()  # 96 px whole (2048 per GPU): its compute hides the host's floor
