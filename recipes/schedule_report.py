@@ -23,8 +23,19 @@ def count_images(cfg) -> int | None:
     return len(scan_split(cfg.data.root, "train"))
 
 
-def plot_plan(plan: Schedule) -> bytes:
-    """LR, momentum, image size and batch size against the step, as PNG bytes."""
+def plan_title(plan: Schedule, gpu: str | None, amp: str) -> str:
+    """The plot's title: the plan's size, and what it was planned for (GPU, dtype, accumulation per phase)."""
+    micro = {e.phase_index: (e.micro_batches, plan.micro_batch(e.epoch)) for e in plan.epochs}
+    accum = ", ".join(f"{a} x {m}" for a, m in micro.values())
+    return (
+        f"{plan.total_steps} iterations in {len(plan.epochs)} epochs, {plan.world_size} processes\n"
+        f"GPU: {gpu or 'none named (run.gpu / --gpu)'}, dtype: {amp if amp != 'none' else 'fp32'}, "
+        f"micro-batches x images per GPU by phase: {accum}"
+    )
+
+
+def plot_plan(plan: Schedule, title: str = "") -> bytes:
+    """LR, momentum, image size and batch size against the step, as PNG bytes (`title`: plan_title's)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -49,7 +60,7 @@ def plot_plan(plan: Schedule) -> bytes:
             if e.epoch and e.phase_index != plan.epochs[e.epoch - 1].phase_index:
                 ax.axvline(e.first_step, color="grey", lw=0.8, ls="--")
     axes[-1].set_xlabel("iteration")
-    fig.suptitle(f"{plan.total_steps} iterations in {len(plan.epochs)} epochs, {plan.world_size} processes")
+    fig.suptitle(title or f"{plan.total_steps} iterations in {len(plan.epochs)} epochs", fontsize=10)
     fig.tight_layout()
     data = figure_bytes(fig, dpi=90)
     plt.close(fig)
@@ -105,7 +116,8 @@ def print_plan(
     print(plan.table())
     out = Path(png) if png else Path(cfg.run.out_dir) / f"{cfg.run.name}_plan.png"
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_output(out, plot_plan(plan), "the plan's plot")  # never through a planted link, never half-written
+    # never through a planted link, never half-written
+    write_output(out, plot_plan(plan, plan_title(plan, gpu, cfg.run.amp)), "the plan's plot")
     print(f"plot: {out}")
     if gpu is None:
         return 0

@@ -233,30 +233,52 @@ def link_figures(args) -> tuple[float, float | None, float, str]:
     return f.link_gbit, f.flow_gbit, f.latency_us, f.source
 
 
-def plot(cfg, cluster, rates, prof, max_hosts: int) -> bytes:
-    """The predicted training clock against hosts, as PNG bytes."""
+STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ((0, (5, 1, 1, 1)), "v"), ((0, (1, 3)), "x")]
+
+
+def figure(cfg, cluster, rates, prof, max_hosts: int):
+    """The predicted training clock against hosts, one line per backend (each its own dash and marker, so a line
+    under another still shows), the cluster asked about marked."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    hosts = [h for h in (1, 2, 4, 8, 16, 32, 64) if h <= max_hosts]
+    hosts = sorted({h for h in (1, 2, 4, 8, 16, 32, 64) if h <= max_hosts} | {cluster.hosts})
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for be in tm.backends(cfg):
+    inputs = tm.input_rate(cfg)
+    for i, be in enumerate(tm.backends(cfg)):
         ys = []
         for h in hosts:
             c = replace(cluster, hosts=h)
-            ys.append(tm.estimate(tm.schedule_phases(cfg, c.world), c, rates, backend=be, prof=prof).range("train"))
-        ax.plot(hosts, [y[1] for y in ys], marker="o", ms=3, label=be.label)
-        ax.fill_between(hosts, [y[0] for y in ys], [y[2] for y in ys], alpha=0.15)
+            est = tm.estimate(tm.schedule_phases(cfg, c.world), c, rates, backend=be, prof=prof, inputs=inputs)
+            ys.append(est.range("train"))
+        dash, marker = STYLES[i % len(STYLES)]
+        ax.plot(hosts, [y[1] for y in ys], ls=dash, marker=marker, ms=4, mfc="none", label=be.label)
+        ax.fill_between(hosts, [y[0] for y in ys], [y[2] for y in ys], alpha=0.08)
+    ax.axvline(cluster.hosts, color="k", lw=0.8, ls=":", label=f"this cluster: {cluster.hosts} hosts")
     ax.set_xscale("log", base=2)
+    ax.set_xticks(hosts, [str(h) for h in hosts])
     ax.set_yscale("log")
+    # One set of tick labels, plain seconds: matplotlib labels minor ticks too when the range is under a decade.
+    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel(f"hosts ({cluster.gpus_per_host} GPUs each)")
     ax.set_ylabel("predicted training clock, s (band: low-high)")
     ax.set_title(f"{cfg.run.name} on {rates.name}: {cluster.link_gbit:g} Gbit/s link")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
+    return fig
+
+
+def plot(cfg, cluster, rates, prof, max_hosts: int) -> bytes:
+    """figure() as PNG bytes."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(cfg, cluster, rates, prof, max_hosts)
     data = figure_bytes(fig, dpi=80)
     plt.close(fig)
     return data

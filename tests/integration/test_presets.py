@@ -145,3 +145,16 @@ def test_the_check_names_a_preset_the_generator_does_not_write(tmp_path, monkeyp
     monkeypatch.setattr(gen_presets, "ROOT", tmp_path)
     assert gen_presets.main(["--check"]) == 1
     assert "configs/presets/v100_3x8.yaml (not written by this script: remove it)" in capsys.readouterr().err
+
+
+def test_the_plan_plot_names_the_gpu_the_dtype_and_the_accumulation(monkeypatch, tmp_path, capsys):
+    from recipes import schedule_report
+
+    titles = []
+    monkeypatch.setattr(schedule_report, "plot_plan", lambda plan, title="": titles.append(title) or b"png")
+    assert train.main(["-c", str(ROOT / "configs/presets/h100_2x8.yaml"), "--plan", f"run.out_dir={tmp_path}"]) == 0
+    capsys.readouterr()
+    assert titles == [
+        "1159 iterations in 28 epochs, 16 processes\n"
+        "GPU: h100, dtype: fp16, micro-batches x images per GPU by phase: 1 x 2048, 1 x 2048, 2 x 1024, 2 x 512"
+    ]

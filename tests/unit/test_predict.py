@@ -163,3 +163,22 @@ def test_the_input_line_sets_what_the_steps_consume_against_what_dali_decodes(ca
     assert need > 18.7  # one H100 at 96 px, 2048 per step, consumes more than one GPU's pipeline decodes
     assert predict.main(["-c", str(ROOT / "configs/presets/h100_1gpu.yaml"), "data.backend=torch"]) == 0
     assert "input: no term (data.backend=torch" in capsys.readouterr().out
+
+
+def test_the_plot_marks_the_cluster_keeps_every_line_visible_and_labels_each_axis_once():
+    from recipes import timemodel as tm
+    from recipes.config import load_config
+
+    one = "phases=[{epochs: 1, image_size: 128, batch_size: 3072}]"  # divides 1-16 hosts of 8 and 3 hosts
+    cfg = load_config(str(ROOT / "configs" / "dawnbench_158s.yaml"), [one, "optim.warmup_epochs=0"])
+    cluster = tm.Cluster(3, 8)
+    fig = predict.figure(cfg, cluster, tm.published("v100-32gb"), tm.profile_model("resnet50", 224), 16)
+    ax = fig.axes[0]
+    lines = [ln for ln in ax.get_lines() if not ln.get_label().startswith("this cluster")]
+    assert len({(str(ln.get_linestyle()), ln.get_marker()) for ln in lines}) == len(lines)  # none hides another
+    marks = [ln for ln in ax.get_lines() if ln.get_label() == "this cluster: 3 hosts"]
+    assert len(marks) == 1 and list(marks[0].get_xdata()) == [3, 3]
+    assert 3 in list(lines[0].get_xdata())  # the cluster's own host count is predicted, not only 1, 2, 4, ...
+    fig.canvas.draw()
+    assert all(t.get_text() == "" for t in ax.yaxis.get_minorticklabels())
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "3", "4", "8", "16"]
