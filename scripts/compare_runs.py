@@ -383,6 +383,22 @@ def phase_throughput(run: Run) -> list[tuple[str, float | None]]:
     return out
 
 
+def phase_spread(run: Run) -> list[tuple[float, float, int] | None]:
+    """Per phase of the config: (lowest, highest images/s, epochs) over its epochs, the rounds of the same work;
+    None where fewer than two epochs have a rate."""
+    out, first = [], 0
+    by_epoch = {r["epoch"]: r for r in run.history}
+    for p in run.config.get("phases") or []:
+        rates = [
+            by_epoch[e]["images_per_s"]
+            for e in range(first + 1, first + p["epochs"] + 1)
+            if by_epoch.get(e, {}).get("images_per_s") is not None
+        ]
+        out.append((min(rates), max(rates), len(rates)) if len(rates) > 1 else None)
+        first += p["epochs"]
+    return out
+
+
 def _fmt_target(t: dict[str, float]) -> str:
     return " and ".join(f"{k} >= {v:g}%" for k, v in t.items())
 
@@ -487,9 +503,20 @@ def markdown(runs: list[Run], rows: list[dict], *, forced: bool = False) -> str:
             "| run (images/s per phase) | " + " | ".join(lbl for lbl, _ in labels) + " |",
             "|---|" + "---:|" * width,
         ]
+        spread = False
         for run, p in zip(runs, phases, strict=True):
-            cells = [_cell(v, ".1f") for _, v in p] + ["-"] * (width - len(p))
+            cells = []
+            for (_, v), s in zip(p, phase_spread(run) + [None] * len(p), strict=False):
+                cells.append(_cell(v, ".1f") + (f" ({s[0]:.1f}-{s[1]:.1f}, {s[2]} epochs)" if s and v else ""))
+                spread = spread or bool(s and v)
+            cells += ["-"] * (width - len(p))
             lines.append(f"| {run.name} | " + " | ".join(cells) + " |")
+        if spread:
+            lines += [
+                "",
+                "In parentheses: the lowest and highest images/s of the phase's epochs (each epoch repeats the same "
+                "work): a difference between runs within that spread is noise, not a faster backend.",
+            ]
     if not all(run.whole for run in runs):
         lines += ["", PARTIAL]
     windows = {r["comm_window"] for r in rows if r["comm_window"] != "-"}

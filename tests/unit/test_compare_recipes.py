@@ -173,3 +173,22 @@ def test_the_plot_draws_the_targets_metric_and_its_line_and_keeps_the_legend_off
     renderer = fig.canvas.get_renderer()
     for axes in fig.axes:
         assert not axes.get_legend().get_window_extent(renderer).overlaps(axes.get_window_extent(renderer))
+
+
+def test_the_per_phase_table_shows_the_spread_of_its_epochs(tmp_path, capsys):
+    a = fake_run_dir(tmp_path / "a", "ddp", epochs=3)
+    s = json.loads((a / "summary.json").read_text())
+    for row, ips in zip(s["history"], (90.0, 110.0, 100.0), strict=True):
+        row["images_per_s"] = ips
+    (a / "summary.json").write_text(json.dumps(s))
+    one = fake_run_dir(tmp_path / "one", "multistream", epochs=1)  # one epoch: no rounds, no spread
+    cfg = yaml.safe_load((one / "config.yaml").read_text())
+    cfg["phases"][0]["epochs"] = 3
+    (one / "config.yaml").write_text(yaml.safe_dump(cfg))
+    _summary(one, epochs=3, planned_epochs=3, partial=False)
+    assert compare_runs.main([str(a), str(one), "--plot", str(tmp_path / "c.png")]) == 0
+    out = capsys.readouterr().out
+    rows = _rows(out)
+    assert rows["a"]["phase 0 (32 px)"] == "100.0 (90.0-110.0, 3 epochs)"
+    assert rows["one"]["phase 0 (32 px)"] == "100.0"
+    assert "a difference between runs within that spread is noise" in out
