@@ -352,6 +352,20 @@ def parse_root_cause(lines: list[str]) -> RankFailure | None:
     return RankFailure(fields.get("rank", "?"), fields.get("host", "?"), int(code.group(1)), pid)
 
 
+# horovodrun --gloo's line for the first rank that failed (horovod/runner/gloo_run.py), before it exits 1 itself.
+_HOROVOD_FAILED = re.compile(r"^Process (\d+) exit with status code (-?\d+)\.$")
+
+
+def horovod_failure(line: str) -> RankFailure | None:
+    """The failed rank of horovodrun's 'Process 1 exit with status code 137.' (the shell's 128 + N: signal N)."""
+    m = _HOROVOD_FAILED.match(line)
+    if m is None:
+        return None
+    code = int(m.group(2))
+    signum = code - SIGNALLED if code > SIGNALLED else 0
+    return RankFailure(m.group(1), "", -signum if signum else code, None)
+
+
 _OOM = re.compile(r"(?:Killed process |oom-kill:.*\bpid=)(\d+)")
 
 
@@ -377,7 +391,7 @@ def read_kernel_log(job: Job, host: Host) -> str | None:
 
 def describe_failure(job: Job, host: Host, failure: RankFailure) -> str:
     """'rank 1 (local_rank: 1) on node07: killed by SIGKILL (...)': which rank, where, and why where it can tell."""
-    where = f"rank {failure.rank} on {failure.host}"
+    where = f"rank {failure.rank}" + (f" on {failure.host}" if failure.host else "")
     if failure.exitcode >= 0:
         return f"{where}: exit code {failure.exitcode}"
     try:
@@ -440,6 +454,8 @@ class _TorchrunReport:
         """The lines to show for one line of output (none, it, or lines held back before it)."""
         if line.startswith("preempted: "):
             self.stopped = True
+        if self.failure is None:
+            self.failure = horovod_failure(line)  # horovodrun names the first failed rank in one line
         if self.hiding:
             self.report.append(line)
             if line.startswith("===="):

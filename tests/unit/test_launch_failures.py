@@ -244,3 +244,15 @@ def test_one_grace_default_shown_by_help_and_said_once_in_the_docs():
             if "--grace" in sentence:  # a number of seconds given as its default, or bare in parentheses: "(10;"
                 said += [(doc.name, n) for n in re.findall(r"(?<![-\w.])(\d+)(?=(?: s)? by default|;)", sentence)]
     assert said == [("reproduce.md", "100")]
+
+
+def test_horovodruns_failed_rank_is_named_and_its_code_kept(tmp_path):
+    said = "[1]<stderr>:training\nProcess 1 exit with status code 137.\n"
+    said += "Terminating remaining workers after failure of Process 1."
+    report = tmp_path / "report.txt"
+    report.write_text(said + "\n")
+    out = io.StringIO()
+    assert run(_job(f"cat '{report}'; exit 1"), tmp_path / "launch", out) == 137  # horovodrun itself said 1
+    failed = next(line for line in out.getvalue().splitlines() if " failed: " in line)
+    assert failed.startswith("launch: host node01 (10.0.0.1) failed: rank 1: killed by SIGKILL after ")
+    assert job_module.horovod_failure("Process 3 exit with status code 3.") == job_module.RankFailure("3", "", 3, None)
