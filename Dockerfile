@@ -31,10 +31,11 @@ RUN apt-get update && apt-get install -y --no-install-recommends \
 WORKDIR /workspace
 # The Python environment: exactly the Makefile's install step (.venv with requirements.txt + requirements-dev.txt).
 COPY Makefile requirements.txt requirements-dev.txt requirements-cu126.txt ./
+COPY scripts/check_install.py scripts/
 RUN make install PYTHON_SYS=python3.11 CUDA=${CUDA}
 
 # Horovod for the baseline, built with NCCL for the base's architecture list.
-COPY scripts/install_horovod.sh scripts/
+COPY scripts/install_horovod.sh scripts/horovod_toolkit.py scripts/
 RUN HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_CUDA_HOME=/usr/local/cuda PY=.venv/bin/python bash scripts/install_horovod.sh
 
 COPY . .

@@ -52,14 +52,17 @@ SWITCHING := $(filter-out $(CUDA),$(or $(INSTALLED_CUDA),$(CUDA)))
 .PHONY: FORCE
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt requirements-cu126.txt $(if $(SWITCHING),FORCE)
-	$(if $(PIP_OFFLINE),@grep -qx $(CUDA) $(call q,$(WHEELHOUSE)/cuda-variant.txt) || { echo WHEELHOUSE=$(call q,$(WHEELHOUSE))": \
-		no wheels for CUDA=$(CUDA) there (its cuda-variant.txt: $$(cat $(call q,$(WHEELHOUSE)/cuda-variant.txt) 2>&1)); \
+	$(if $(PIP_OFFLINE),@grep -sqx $(CUDA) $(call q,$(WHEELHOUSE)/cuda-variant.txt) || { echo WHEELHOUSE=$(call q,$(WHEELHOUSE))": \
+		no wheels for CUDA=$(CUDA) there (its cuda-variant.txt: $$(cat $(call q,$(WHEELHOUSE)/cuda-variant.txt) 2>/dev/null || echo missing)); \
 		fill it with make wheelhouse CUDA=$(CUDA)" >&2; exit 2; })
 	$(if $(SWITCHING),rm -rf $(call q,$(VENV)))
+	rm -f $@
 	test -x $(PY) || $(PYTHON_SYS) -m venv $(VENV)
 	grep -v -E '^(torch|torchvision|nvidia-dali-cuda130)==' requirements.txt > $(VENV)/requirements-common.txt
-	$(PIP_INSTALL) $(REQS_$(CUDA)) -r requirements-dev.txt 2>&1 | grep -v "is ignored: it is neither" || true
-	$(PY) -c "import torch, torchvision, timm, yaml, tensorboard"
+	$(PIP_INSTALL) $(REQS_$(CUDA)) -r requirements-dev.txt > $(VENV)/pip-install.log 2>&1; rc=$$?; \
+		grep -v "is ignored: it is neither" $(VENV)/pip-install.log; exit $$rc
+	$(PY) -m pip check --disable-pip-version-check
+	$(PY) scripts/check_install.py $(REQS_$(CUDA)) -r requirements-dev.txt
 	echo $(CUDA) > $@
 
 install: $(VENV)/.installed

@@ -27,7 +27,12 @@ def parser() -> OneLineParser:
     ap = OneLineParser(prog="evaluate.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("checkpoint", help="checkpoint.pt written by train.py")
     ap.add_argument("--data", help="dataset root with val/, or the val folder (default: the checkpoint's data.root)")
-    ap.add_argument("--image-size", type=int, help="validation crop size (default: the last phase's)")
+    ap.add_argument(
+        "--image-size",
+        type=int,
+        help="validation crop size (default: the one the trainer last validated at: the phase of the checkpoint's "
+        "last finished epoch; the last phase's for a finished run)",
+    )
     ap.add_argument("--out", help="write the results as JSON to this file")
     ap.add_argument(
         "--ema",

@@ -176,8 +176,10 @@ class Progress:
     """One status line (rewritten in place on a terminal, a line every 30 s in a log): share of the archive read,
     classes and images written, throughput and time left."""
 
-    def __init__(self, what: str, total_bytes: int, *, stream=None):
+    def __init__(self, what: str, total_bytes: int, *, stream=None, by_class: bool = False):
+        """`by_class`: the archive is written class by class (train), so the line counts classes; else images."""
         self.what, self.total, self.stream = what, max(total_bytes, 1), stream or sys.stderr
+        self.by_class = by_class
         self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
         self.start = self.last = time.monotonic()
         self.classes = self.images = self.skipped = 0
@@ -186,10 +188,11 @@ class Progress:
         elapsed = max(time.monotonic() - self.start, 1e-6)
         share = min(pos / self.total, 1.0)
         eta = elapsed * (1 - share) / share if share > 0 else 0.0
+        done = f"{self.classes} class(es) done ({self.skipped} from an earlier run), " if self.by_class else ""
+        earlier = f" ({self.skipped:,} from an earlier run)" if self.skipped and not self.by_class else ""
         return (
-            f"{self.what}: {100 * share:5.1f}% of {self.total / 1e9:.2f} GB, {self.classes} class(es) done "
-            f"({self.skipped} from an earlier run), {self.images:,} image(s) written, {pos / elapsed / 1e6:.0f} MB/s, "
-            f"{eta / 60:.0f} min left"
+            f"{self.what}: {100 * share:5.1f}% of {self.total / 1e9:.2f} GB, {done}{self.images:,} image(s) "
+            f"written{earlier}, {pos / elapsed / 1e6:.0f} MB/s, {eta / 60:.0f} min left"
         )
 
     def update(self, pos: int, *, force: bool = False) -> None:
@@ -243,7 +246,7 @@ def extract_train(train_tar: Path, dst: Path, *, stream=None) -> int:
     """The tar of per-class tars -> <dst>/train/<wnid>/; returns the number of classes in <dst>/train."""
     marks = dst / PROGRESS / "train"
     marks.mkdir(parents=True, exist_ok=True)
-    progress = Progress("train", train_tar.stat().st_size, stream=stream)
+    progress = Progress("train", train_tar.stat().st_size, stream=stream, by_class=True)
     where = str(train_tar)
     with open(train_tar, "rb") as raw:
         try:

@@ -9,6 +9,7 @@ from pathlib import Path
 from recipes.config import load_config, reference_table
 from recipes.config.inert import inert_settings, marked_yaml
 from recipes.errors import CheckpointError, ConfigError, DataError, Preempted, TrainingError
+from recipes.exit_codes import BAD_INPUT, TRAINING_STOPPED
 from recipes.preemption import EXIT_PREEMPTED, ignore_stop_signals
 from recipes.rundir import files
 
@@ -48,10 +49,10 @@ def run_cli(args) -> int:
         return 0
     except USER_ERRORS as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
-        return 2
+        return BAD_INPUT
     except TrainingError as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
-        return 3
+        return TRAINING_STOPPED
     except Preempted as e:  # not an error: the run can go on from its checkpoint (exit 75, EX_TEMPFAIL)
         ignore_stop_signals()  # torchrun stops the other ranks with SIGTERM when one exits: they exit 75 too
         print(f"preempted: {e}", file=sys.stderr, flush=True)

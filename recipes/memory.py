@@ -139,7 +139,8 @@ def check_fits(cfg, plan, gpu_bytes: int, gpu_label: str) -> list[str]:
         )
         a = micro_batches(per_gpu, cfg.run.accumulate, fits) if fits else None
         fix = (
-            f"set run.accumulate={a} (micro-batch {per_gpu // a}) or run.max_gpu_batch={fits}"
+            f"set run.accumulate={a} (micro-batch {per_gpu // a}), run.max_gpu_batch_by_size={{{size}: {fits}}} "
+            f"(this image size only) or run.max_gpu_batch={fits}"
             if a
             else "no micro-batch fits: use more GPUs or a GPU with more memory"
         )
@@ -164,9 +165,10 @@ def refuse_if_too_big(cfg, plan, device) -> None:
 
 def accumulation(cfg) -> dict:
     """The config's accumulation settings as `Schedule`'s keyword arguments (run.accumulate, run.max_gpu_batch,
-    data.aug_splits)."""
+    run.max_gpu_batch_by_size, data.aug_splits)."""
     return {
         "accumulate": cfg.run.accumulate,
         "max_gpu_batch": cfg.run.max_gpu_batch,
+        "max_gpu_batch_by_size": cfg.run.max_gpu_batch_by_size,
         "aug_splits": cfg.data.aug_splits,
     }

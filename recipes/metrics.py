@@ -148,7 +148,7 @@ def format_seconds(s: float) -> str:
 
 
 def reference_table() -> str:
-    """The Markdown table of the metrics (docs/logging.md is written from it: scripts/gen_config_reference.py)."""
+    """The Markdown table of the metrics (docs/metrics.md is written from it: scripts/gen_config_reference.py)."""
     lines = ["| name | when | unit | aggregated as | TensorBoard | from |", "|---|---|---|---|---|---|"]
     for when, ms, tag in (("log window", WINDOW, window_tag), ("epoch", EPOCH, epoch_tag)):
         for m in ms:

@@ -25,10 +25,11 @@ import torch
 import torch.distributed as td
 
 from recipes.distributed import DistInfo, collective_guard
+from recipes.exit_codes import PREEMPTED
 
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL
+EXIT_PREEMPTED = PREEMPTED  # 75, EX_TEMPFAIL
 # How long a stop signal waits for a phase's first compile (StopSignal.bounded): well inside the launcher's grace
-# (100 s) and torchrun's (30 s), so the process leaves by itself rather than being killed.
+# (launch.py --grace) and torchrun's (30 s), so the process leaves by itself rather than being killed.
 COMPILE_STOP_WAIT_S = 20.0
 RERUN_ENV = "DAWNBENCH_RERUN"  # the command that resumes this run, set by make and scripts/launch.py for the workers
 

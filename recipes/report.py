@@ -24,16 +24,24 @@ def summarize(
     run_dir,
     val_excluded: int,
     comm_stats,
+    planned_epochs: int,
+    planned_steps: int,
     num_classes=None,
     val_skipped: int = 0,
     train_skipped: int = 0,
 ) -> dict:
-    """The summary of a run from its State `st`; `comm_stats` is the backend's recipes.comm.stats.CommStats."""
+    """The summary of a run from its State `st`; `comm_stats` is the backend's recipes.comm.stats.CommStats;
+    `planned_epochs` and `planned_steps` are the plan's whole length (the run may have stopped before)."""
     hit = next((r for r in st.history if targets_reached(cfg, r)), None)
     last = st.history[-1] if st.history else {"top1": None, "top5": None}  # no epoch validated: no accuracy
     s = {
         "epochs": st.epoch,
         "steps": st.step,
+        "planned_epochs": planned_epochs,
+        "planned_steps": planned_steps,
+        # Stopped before the end of its plan (--stop-after-epochs), other than at its target under run.stop_at_target:
+        # its time and images/s cover only the epochs it ran, so compare_runs marks it.
+        "partial": st.epoch < planned_epochs and not (cfg.run.stop_at_target and hit is not None),
         "world_size": world_size,
         "wall_seconds": st.wall_seconds,
         "train_seconds": st.train_seconds,
@@ -81,7 +89,8 @@ def summary_table(s: dict) -> str:
     else:
         ttt = f"{format_seconds(s['time_to_target_seconds'])} (epoch {s['epoch_at_target']})"
     rows = [
-        ("epochs", f"{s['epochs']} ({s['steps']} steps, {s['world_size']} process(es))"),
+        ("epochs", _epochs(s)),
+        *([("restarts", _restarts(s))] if s.get("restarts") else []),
         ("wall time", format_seconds(s["wall_seconds"])),
         ("training time", f"{format_seconds(s['train_seconds'])} (excl. validation and checkpoints)"),
         (f"time to target ({' and '.join(target) or '-'})", ttt),
@@ -100,6 +109,22 @@ def summary_table(s: dict) -> str:
     lines = ["", "| " + "summary".ljust(width) + " | value |", "|" + "-" * (width + 2) + "|-------|"]
     lines += [f"| {k.ljust(width)} | {v} |" for k, v in rows]
     return "\n".join(lines)
+
+
+def _epochs(s: dict) -> str:
+    planned, planned_steps = s.get("planned_epochs"), s.get("planned_steps")
+    if planned is None:  # a summary.json written before the plan was recorded
+        return f"{s['epochs']} ({s['steps']} steps, {s['world_size']} process(es))"
+    text = f"{s['epochs']} of {planned} ({s['steps']} of {planned_steps} steps, {s['world_size']} process(es))"
+    if s.get("partial"):
+        text += "; stopped before the end of the plan: a partial run"
+    elif s["epochs"] < planned:
+        text += "; stopped at its target (run.stop_at_target)"
+    return text
+
+
+def _restarts(s: dict) -> str:
+    return f"{s['restarts']} (resumed from a checkpoint after a failure; {s.get('redone_steps', 0)} step(s) redone)"
 
 
 def _accuracy(s: dict) -> str:

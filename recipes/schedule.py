@@ -72,13 +72,15 @@ class Schedule:
         world_size: int,
         accumulate: int = 1,
         max_gpu_batch: int | None = None,
+        max_gpu_batch_by_size: dict[int, int] | None = None,
         aug_splits: int = 0,
     ):
         """`phases` and `optim` (the LR and momentum schedule): the config's sections of those names; `accumulate`,
-        `max_gpu_batch` (run.*) and `aug_splits` (data.*) decide each phase's micro-batches
-        (recipes.memory.accumulation(cfg) gives all three)."""
+        `max_gpu_batch`, `max_gpu_batch_by_size` (run.*) and `aug_splits` (data.*) decide each phase's micro-batches
+        (recipes.memory.accumulation(cfg) gives all four)."""
         self.phases, self.optim = phases, optim
         self.accumulate, self.max_gpu_batch, self.aug_splits = accumulate, max_gpu_batch, aug_splits
+        self.by_size = dict(max_gpu_batch_by_size or {})
         self.num_images = num_images
         self.world_size = world_size
         self.epochs: list[EpochInfo] = []
@@ -106,9 +108,13 @@ class Schedule:
         self._bounds_epoch = np.arange(len(self.epochs) + 1, dtype=np.float64)
 
     def _micro_batches(self, pi: int, per_gpu: int) -> int:
-        a = micro_batches(per_gpu, self.accumulate, self.max_gpu_batch)
+        size = self.phases[pi].image_size
+        cap, key = self.by_size.get(size, self.max_gpu_batch), "run.max_gpu_batch"
+        if size in self.by_size:
+            key = f"run.max_gpu_batch_by_size.{size}"
+        a = micro_batches(per_gpu, self.accumulate, cap)
         if a is None:
-            limit = f" of at most run.max_gpu_batch={self.max_gpu_batch}" if self.max_gpu_batch else ""
+            limit = f" of at most {key}={cap}" if cap else ""
             raise ConfigError(
                 f"phases.{pi}: the per-GPU batch of {per_gpu} ({self.world_size} processes) cannot be cut into "
                 f"run.accumulate={self.accumulate} or more equal micro-batches{limit}"

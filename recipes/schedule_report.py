@@ -11,7 +11,7 @@ from recipes import memory, registry
 from recipes.rundir.writer import figure_bytes, write_output
 from recipes.schedule import Schedule
 from recipes.steps import describe_graph_decisions, phase_graph_decisions
-from recipes.timemodel import IMAGENET_TRAIN_IMAGES, predicted_seconds
+from recipes.timemodel import IMAGENET_TRAIN_IMAGES, predicted_estimate
 
 
 def count_images(cfg) -> int | None:
@@ -24,8 +24,19 @@ def count_images(cfg) -> int | None:
     return len(scan_split(cfg.data.root, "train"))
 
 
-def plot_plan(plan: Schedule) -> bytes:
-    """LR, momentum, image size and batch size against the step, as PNG bytes."""
+def plan_title(plan: Schedule, gpu: str | None, amp: str) -> str:
+    """The plot's title: the plan's size, and what it was planned for (GPU, dtype, accumulation per phase)."""
+    micro = {e.phase_index: (e.micro_batches, plan.micro_batch(e.epoch)) for e in plan.epochs}
+    accum = ", ".join(f"{a} x {m}" for a, m in micro.values())
+    return (
+        f"{plan.total_steps} iterations in {len(plan.epochs)} epochs, {plan.world_size} processes\n"
+        f"GPU: {gpu or 'none named (run.gpu / --gpu)'}, dtype: {amp if amp != 'none' else 'fp32'}, "
+        f"micro-batches x images per GPU by phase: {accum}"
+    )
+
+
+def plot_plan(plan: Schedule, title: str = "") -> bytes:
+    """LR, momentum, image size and batch size against the step, as PNG bytes (`title`: plan_title's)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -50,7 +61,7 @@ def plot_plan(plan: Schedule) -> bytes:
             if e.epoch and e.phase_index != plan.epochs[e.epoch - 1].phase_index:
                 ax.axvline(e.first_step, color="grey", lw=0.8, ls="--")
     axes[-1].set_xlabel("iteration")
-    fig.suptitle(f"{plan.total_steps} iterations in {len(plan.epochs)} epochs, {plan.world_size} processes")
+    fig.suptitle(title or f"{plan.total_steps} iterations in {len(plan.epochs)} epochs", fontsize=10)
     fig.tight_layout()
     data = figure_bytes(fig, dpi=90)
     plt.close(fig)
@@ -75,6 +86,19 @@ def hardware_table(cfg, plan: Schedule, gpu: str) -> tuple[list[str], list[str]]
             f"{micro:>11}  {n.total / memory.GIB:>5.1f} GiB"
         )
     return lines, memory.check_fits(cfg, plan, gpu_bytes, gpu)
+
+
+def step_table(est) -> list[str]:
+    """The time model's step per phase: its micro-batches, and the step floor counted once for each."""
+    lines = ["time model per step (the step floor once per micro-batch):"]
+    lines.append("phase   size  micro-batches     compute  step floor  step (all terms)")
+    for pi, p in enumerate(est.phases):
+        ms = p.step_ms
+        lines.append(
+            f"{pi:>5}  {p.phase.image_size:>5}  {p.phase.micro_batches:>13}  {ms['compute']:>7.1f} ms  "
+            f"{ms['step floor']:>7.1f} ms  {sum(ms.values()):>13.1f} ms"
+        )
+    return lines
 
 
 def print_plan(
@@ -104,18 +128,20 @@ def print_plan(
     print("\n".join(describe_graph_decisions(cfg.run.cuda_graph, cfg.phases, decisions)))
     out = Path(png) if png else Path(cfg.run.out_dir) / f"{cfg.run.name}_plan.png"
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_output(out, plot_plan(plan), "the plan's plot")  # never through a planted link, never half-written
+    # never through a planted link, never half-written
+    write_output(out, plot_plan(plan, plan_title(plan, gpu, cfg.run.amp)), "the plan's plot")
     print(f"plot: {out}")
     if gpu is None:
         return 0
     lines, problems = hardware_table(cfg, plan, gpu)
     print("\n".join(lines))
-    seconds, what = predicted_seconds(cfg, world, gpu)
-    if seconds is None:
+    est, what = predicted_estimate(cfg, world, gpu)
+    if est is None:
         print(f"predicted time: none ({what})")
     else:
-        low, mid, high = seconds
+        low, mid, high = est.range("train")
         print(f"predicted training clock: {mid:,.0f} s ({low:,.0f}-{high:,.0f}) on {what} (recipes/timemodel/)")
+        print("\n".join(step_table(est)))
     for line in problems:
         print(f"error: does not fit: {line}", file=sys.stderr)
     return 2 if problems else 0

@@ -272,6 +272,8 @@ class Trainer:
             run_dir=self.run_dir,
             val_excluded=excluded,
             comm_stats=self.comm.stats(),
+            planned_epochs=len(self.plan.epochs),
+            planned_steps=self.plan.total_steps,
             num_classes=self.data.num_classes,
             val_skipped=getattr(self.data, "val_skipped", 0),
             train_skipped=getattr(self.data, "train_skipped", 0),

@@ -6,15 +6,17 @@
     python scripts/compare_runs.py RUN_1GPU RUN_8GPU RUN_128GPU --target top5=93 --plot scaling.png
 
 Reads what train.py leaves in each run directory (summary.json with the per-epoch history, config.yaml; the
-DAWNBench TSV when the history is missing), prints two Markdown tables and writes a PNG with top-5 against wall-clock
-time and images/s per phase.
+DAWNBench TSV when the history is missing), prints two Markdown tables and writes a PNG with the target's accuracy
+against wall-clock time and images/s per phase.
 
 Only what is comparable is compared. The report starts with what sets the runs apart: every config value that
 differs (beyond the allreduce backend and its comm.* settings), the data root, the validation images counted, the
 network (the launcher's link probe, comm.network) and the autotune setting. Runs whose recipes differ beyond the
 backend (another schedule, model, optimizer, ...: any key that changes what is trained) are refused with one line;
---force compares them anyway, the differences printed above the table. A run without summary.json (interrupted)
-is compared up to its last finished epoch (dawnbench.tsv), marked "interrupted" in the table and the plot.
+--force compares them anyway, the differences printed above the table, the table and the plot saying that the
+comparison was forced, and scaling efficiency n/a. A run without summary.json (interrupted) is compared up to its
+last finished epoch (dawnbench.tsv), marked "interrupted" in the table and the plot; a run stopped before the end of
+its plan (summary.json's planned_epochs; --stop-after-epochs) is marked "partial: N of M epochs".
 
 - time to target: training time (DAWNBench's clock: no validation, no checkpoints) until the first epoch at the
   target. The target is --target for every run, else each run's own run.target_top1/top5, else top-5 >= 93%.
@@ -25,7 +27,7 @@ is compared up to its last finished epoch (dawnbench.tsv), marked "interrupted" 
   window" column and the plot's legend name it: multistream's window includes backward, DDP's starts at the first
   bucket, and a larger share there does not mean slower communication.
 - scaling efficiency: images/s / (processes x images/s of the single-process run), when a single-process run is
-  among the arguments.
+  among the arguments, both ran their whole plan and the recipes are alike (not under --force).
 """
 
 from __future__ import annotations
@@ -79,6 +81,36 @@ class Run:
     def comm(self) -> CommStats | None:
         return CommStats.from_dict(self.summary.get("comm"))
 
+    @property
+    def planned_epochs(self) -> int | None:
+        """The epochs of the run's whole plan: summary.json's, else (an older run) the sum of its config's phases."""
+        if self.summary.get("planned_epochs") is not None:
+            return int(self.summary["planned_epochs"])
+        epochs = [p.get("epochs") for p in self.config.get("phases") or [] if isinstance(p, dict)]
+        ints = all(isinstance(e, int) and not isinstance(e, bool) for e in epochs)
+        return sum(epochs) if epochs and ints else None
+
+    @property
+    def partial(self) -> bool:
+        """Stopped before the end of its plan (--stop-after-epochs): its time and images/s cover only its epochs."""
+        if self.interrupted:
+            return False  # marked "interrupted" instead
+        if "partial" in self.summary:
+            return bool(self.summary["partial"])
+        planned = self.planned_epochs
+        return planned is not None and self.summary["epochs"] < planned
+
+    @property
+    def whole(self) -> bool:
+        return not (self.interrupted or self.partial)
+
+    def mark(self) -> str:
+        """'' for a run that ran its whole plan, else what it ran: ' (partial: 3 of 9 epochs)'."""
+        planned = f" of {self.planned_epochs}" if self.planned_epochs is not None else ""
+        if self.interrupted:
+            return f" (interrupted at epoch {self.summary['epochs']}{planned})"
+        return f" (partial: {self.summary['epochs']}{planned} epochs)" if self.partial else ""
+
 
 def _read_tsv(path: Path) -> list[dict]:
     rows = []
@@ -101,6 +133,7 @@ def _read_json(path: Path) -> dict:
 _SUMMARY_NUMBERS = (
     "epochs", "steps", "world_size", "wall_seconds", "train_seconds", "time_to_target_seconds", "epoch_at_target",
     "final_top1", "final_top5", "images_per_s", "val_count", "val_excluded", "skipped_steps", "last_step_logged",
+    "planned_epochs", "planned_steps",
 )  # fmt: skip
 
 
@@ -230,7 +263,7 @@ def differences(runs: list[Run]) -> tuple[list[tuple], list[tuple]]:
 def comm_window(run: Run) -> str:
     name = run.summary.get("comm_backend") or run.config.get("comm", {}).get("backend", "?")
     record = registry.ALLREDUCE_BACKENDS.get(name)
-    if run.comm is None:
+    if comm_per_step(run) is None or run.world == 1:  # no comm figures to read a window into
         return "-"
     return record.comm_window if record is not None else "the backend's own (docs/allreduce.md)"
 
@@ -273,7 +306,12 @@ def context(runs: list[Run], recipe: list[tuple], other: list[tuple]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for r in runs:
-        status = f"interrupted (up to epoch {r.summary['epochs']})" if r.interrupted else "finished"
+        planned = f" of {r.planned_epochs}" if r.planned_epochs is not None else ""
+        status = "finished"
+        if r.interrupted:
+            status = f"interrupted (up to epoch {r.summary['epochs']}{planned})"
+        elif r.partial:
+            status = f"partial ({r.summary['epochs']}{planned} epochs)"
         steps = r.summary.get("steps")
         root = r.config.get("data", {}).get("root", "?")
         lines.append(
@@ -345,6 +383,22 @@ def phase_throughput(run: Run) -> list[tuple[str, float | None]]:
     return out
 
 
+def phase_spread(run: Run) -> list[tuple[float, float, int] | None]:
+    """Per phase of the config: (lowest, highest images/s, epochs) over its epochs, the rounds of the same work;
+    None where fewer than two epochs have a rate."""
+    out, first = [], 0
+    by_epoch = {r["epoch"]: r for r in run.history}
+    for p in run.config.get("phases") or []:
+        rates = [
+            by_epoch[e]["images_per_s"]
+            for e in range(first + 1, first + p["epochs"] + 1)
+            if by_epoch.get(e, {}).get("images_per_s") is not None
+        ]
+        out.append((min(rates), max(rates), len(rates)) if len(rates) > 1 else None)
+        first += p["epochs"]
+    return out
+
+
 def _fmt_target(t: dict[str, float]) -> str:
     return " and ".join(f"{k} >= {v:g}%" for k, v in t.items())
 
@@ -366,13 +420,17 @@ def backend_label(run: Run) -> str:
     return record.row_label(flows if isinstance(flows, int) else 1)
 
 
-def _efficiency(ips: float | None, world: int, single: Run | None) -> float | None:
-    base = single.summary.get("images_per_s") if single is not None else None
-    return ips / (world * float(base)) if ips is not None and base else None
+def _efficiency(run: Run, ips: float | None, single: Run | None, forced: bool) -> float | None:
+    """images/s against the single-process run's, per process; None unless both ran the same whole recipe."""
+    if forced or single is None or not (run.whole and single.whole):
+        return None
+    base = single.summary.get("images_per_s")
+    return ips / (run.world * float(base)) if ips is not None and base else None
 
 
-def compare(runs: list[Run], target: dict[str, float] | None = None) -> list[dict]:
-    """One row of numbers per run (None where not available)."""
+def compare(runs: list[Run], target: dict[str, float] | None = None, *, forced: bool = False) -> list[dict]:
+    """One row of numbers per run (None where not available); `forced`: the recipes differ (--force), so the
+    columns that need like recipes (scaling efficiency) are None."""
     single = next((r for r in runs if r.world == 1), None)
     rows = []
     for run in runs:
@@ -384,11 +442,12 @@ def compare(runs: list[Run], target: dict[str, float] | None = None) -> list[dic
         comm = comm_per_step(run)
         rows.append(
             {
-                "run": run.name + (" (interrupted)" if run.interrupted else ""),
+                "run": run.name + run.mark(),
                 "backend": backend_label(run),
                 "comm_window": comm_window(run),
                 "processes": run.world,
                 "target": _fmt_target(t),
+                "target_values": t,
                 "time_to_target_s": hit["train_seconds"] if hit else None,
                 "epoch_at_target": hit["epoch"] if hit else None,
                 "wall_s": float(s["wall_seconds"]) if s.get("wall_seconds") is not None else None,
@@ -397,7 +456,7 @@ def compare(runs: list[Run], target: dict[str, float] | None = None) -> list[dic
                 "images_per_s_per_process": ips / run.world if ips is not None else None,
                 "comm_ms_per_step": comm * 1000 if comm is not None else None,
                 "comm_share": comm / step_s if comm is not None and step_s else None,
-                "scaling_efficiency": _efficiency(ips, run.world, single),
+                "scaling_efficiency": _efficiency(run, ips, single, forced),
                 "final_top1": s["final_top1"],
                 "final_top5": s["final_top5"],
             }
@@ -405,12 +464,23 @@ def compare(runs: list[Run], target: dict[str, float] | None = None) -> list[dic
     return rows
 
 
-def markdown(runs: list[Run], rows: list[dict]) -> str:
+FORCED = (
+    "Forced comparison (--force): the recipes differ (the config differences above), so time, accuracy and images/s "
+    "are of different recipes, and scaling efficiency is n/a."
+)
+PARTIAL = (
+    "A partial or interrupted run stopped before the end of its plan: its time and images/s cover only the epochs it "
+    "ran (its first phases), not its recipe; its scaling efficiency is n/a."
+)
+
+
+def markdown(runs: list[Run], rows: list[dict], *, forced: bool = False) -> str:
     head = (
         "| run | backend | processes | target | time to target | total time | images/s | images/s per process "
         "| comm per step | comm window | comm share | scaling efficiency | final top-1 / top-5 |"
     )
-    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
+    lines = [FORCED, ""] if forced else []
+    lines += [head, "|" + "---|" * head.count(" | ") + "---|"]
     for r in rows:
         ttt = "not reached"
         if r["time_to_target_s"] is not None:
@@ -433,9 +503,22 @@ def markdown(runs: list[Run], rows: list[dict]) -> str:
             "| run (images/s per phase) | " + " | ".join(lbl for lbl, _ in labels) + " |",
             "|---|" + "---:|" * width,
         ]
+        spread = False
         for run, p in zip(runs, phases, strict=True):
-            cells = [_cell(v, ".1f") for _, v in p] + ["-"] * (width - len(p))
+            cells = []
+            for (_, v), s in zip(p, phase_spread(run) + [None] * len(p), strict=False):
+                cells.append(_cell(v, ".1f") + (f" ({s[0]:.1f}-{s[1]:.1f}, {s[2]} epochs)" if s and v else ""))
+                spread = spread or bool(s and v)
+            cells += ["-"] * (width - len(p))
             lines.append(f"| {run.name} | " + " | ".join(cells) + " |")
+        if spread:
+            lines += [
+                "",
+                "In parentheses: the lowest and highest images/s of the phase's epochs (each epoch repeats the same "
+                "work): a difference between runs within that spread is noise, not a faster backend.",
+            ]
+    if not all(run.whole for run in runs):
+        lines += ["", PARTIAL]
     windows = {r["comm_window"] for r in rows if r["comm_window"] != "-"}
     if len(windows) > 1:
         lines += [
@@ -446,41 +529,59 @@ def markdown(runs: list[Run], rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot(runs: list[Run], rows: list[dict]) -> bytes:
-    """Top-5 against wall-clock time (left) and images/s per phase (right), one colour per run, as PNG bytes."""
+def plotted_metric(rows: list[dict]) -> str:
+    """The accuracy the plot draws: top-1 when every run's target is top-1 only, else top-5."""
+    targets = [r["target_values"] for r in rows]
+    return "top1" if targets and all(set(t) == {"top1"} for t in targets) else "top5"
+
+
+def figure(runs: list[Run], rows: list[dict], *, forced: bool = False):
+    """The plot as a matplotlib Figure: the targets' accuracy against wall-clock time (left, the target as a dashed
+    line) and images/s per phase (right), one colour per run, legends below the axes (never over a curve)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5.6))
+    metric = plotted_metric(rows)
+    name = {"top1": "top-1", "top5": "top-5"}[metric]
     wall = all("wall_seconds" in r for run in runs for r in run.history)
     for run in runs:
         xs = [r["wall_seconds"] if wall else r["train_seconds"] for r in run.history]
         label = f"{run.name} ({run.world} proc."
-        label += f", comm window: {comm_window(run)})" if run.comm is not None else ")"
-        label += f" interrupted at epoch {run.summary['epochs']}" if run.interrupted else ""
-        ax1.plot(xs, [r["top5"] for r in run.history], marker="o", ms=3, label=label)
-    for t in {r["target"] for r in rows}:
-        if "top5 >= " in t:
-            ax1.axhline(float(t.split("top5 >= ")[1].rstrip("%")), ls="--", c="gray", lw=0.8)
+        label += f", comm window: {comm_window(run)})" if comm_window(run) != "-" else ")"
+        label += run.mark()
+        ax1.plot(xs, [r[metric] for r in run.history], marker="o", ms=3, label=label)
+    for t in sorted({r["target_values"][metric] for r in rows if metric in r["target_values"]}):
+        ax1.axhline(t, ls="--", c="gray", lw=0.8, label=f"target: {name} >= {t:g}%")
     ax1.set_xlabel("wall-clock time (s)" if wall else "training time (s)")
-    ax1.set_ylabel("top-5 accuracy (%)")
-    ax1.set_title("top-5 against time")
+    ax1.set_ylabel(f"{name} accuracy (%)")
+    ax1.set_title(f"{name} against time")
     ax1.grid(alpha=0.3)
-    ax1.legend(fontsize=8)
+    ax1.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1)
     per_phase = [phase_throughput(run) for run in runs]
     width = 0.8 / max(1, len(runs))
     for k, (run, p) in enumerate(zip(runs, per_phase, strict=True)):
         xs = [i + k * width for i in range(len(p))]
-        ax2.bar(xs, [v or 0.0 for _, v in p], width=width, label=run.name)
+        ax2.bar(xs, [v or 0.0 for _, v in p], width=width, label=run.name + run.mark())
     longest = max(per_phase, key=len) if per_phase else []
     ax2.set_xticks([i + 0.4 - width / 2 for i in range(len(longest))], [lbl for lbl, _ in longest], fontsize=8)
     ax2.set_ylabel("images/s (all processes)")
     ax2.set_title("throughput per phase")
     ax2.grid(alpha=0.3, axis="y")
-    ax2.legend(fontsize=8)
+    ax2.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1)
+    if forced:
+        fig.suptitle("forced comparison (--force): the recipes differ", color="darkred")
     fig.tight_layout()
+    return fig
+
+
+def plot(runs: list[Run], rows: list[dict], *, forced: bool = False) -> bytes:
+    """The figure() as PNG bytes."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(runs, rows, forced=forced)
     data = figure_bytes(fig, dpi=110)
     plt.close(fig)
     return data
@@ -514,13 +615,14 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    rows = compare(runs, target)
-    text = context(runs, recipe, other) + "\n\n" + markdown(runs, rows)
+    forced = bool(recipe)
+    rows = compare(runs, target, forced=forced)
+    text = context(runs, recipe, other) + "\n\n" + markdown(runs, rows, forced=forced)
     print(text)
     try:
         if args.markdown:
             write_output(args.markdown, text + "\n", "--markdown")
-        write_output(args.plot, plot(runs, rows), "--plot")
+        write_output(args.plot, plot(runs, rows, forced=forced), "--plot")
     except RunDirError as e:
         print(f"compare_runs: error: {e}", file=sys.stderr)
         return 2

@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """Rewrite the config reference table in docs/config.md from the schema (recipes/config/schema.py), its plug-in
-tables from the records (recipes/registry.py), and the metrics table of docs/metrics.md from recipes/metrics.py.
+tables from the records (recipes/registry.py), the metrics table of docs/metrics.md from recipes/metrics.py, and
+the exit-code table of docs/reproduce.md from recipes/exit_codes.py.
 
-python scripts/gen_config_reference.py          # update docs/config.md and docs/metrics.md
+python scripts/gen_config_reference.py          # update docs/config.md, docs/metrics.md and docs/reproduce.md
 python scripts/gen_config_reference.py --check  # exit 1 if either is out of date
 """
 
@@ -15,6 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from recipes import exit_codes  # noqa: E402
 from recipes.config import reference_table  # noqa: E402
 from recipes.config.reference import plugin_tables  # noqa: E402
 from recipes.metrics import reference_table as metrics_table  # noqa: E402
@@ -23,6 +25,7 @@ from recipes.metrics import reference_table as metrics_table  # noqa: E402
 DOCS = {
     "config.md": {"config-reference": reference_table, "plugins": plugin_tables},
     "metrics.md": {"metrics": metrics_table},
+    "reproduce.md": {"exit-codes": exit_codes.table},
 }
 
 

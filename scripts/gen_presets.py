@@ -7,10 +7,12 @@
 A preset `extends:` a record config (1 GPU and 1 x 8: configs/dawnbench_8gpu.yaml, the 8-GPU entry's schedule; 2, 4
 and 16 x 8: configs/dawnbench_158s.yaml, the record's) and sets only the cluster shape, the autocast dtype (fp16 on
 V100, which has no bf16, and on A100 and H100, where bf16's BatchNorm runs outside cuDNN and was measured slower) and,
-where a phase would not fit the GPU's memory (recipes/memory.py), `run.max_gpu_batch`: the largest power of two with
-which every phase fits, so those phases accumulate gradients and keep the recipe's global batch. Its header gives the
-time model's predicted training clock (recipes/timemodel.py, calibrated on the published Alibaba runs) and a cost per
-run: predicted wall-clock hours x GPUs x PRICE_PER_GPU_HOUR. Generated, so the labels never drift from the model.
+where a phase would not fit the GPU's memory (recipes/memory.py), `run.max_gpu_batch_by_size`: for that phase's image
+size only, the largest power-of-two micro-batch that fits, so that phase accumulates gradients and keeps the recipe's
+global batch while the phases that fit run whole. Its header gives the time model's predicted training clock
+(recipes/timemodel/, calibrated on the published Alibaba runs; accumulated micro-batches counted against the step
+floor) and a cost per run: predicted wall-clock hours x GPUs x PRICE_PER_GPU_HOUR. Generated, so the labels never
+drift from the model.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from recipes.schedule import Schedule  # noqa: E402
 from recipes.timemodel import IMAGENET_TRAIN_IMAGES, predicted_seconds  # noqa: E402
 
 OUT = ROOT / "configs" / "presets"
-# family -> (GPU name in recipes/memory.py and recipes/timemodel.py, run.amp, what the reader is told)
+# family -> (GPU name in recipes/memory.py and recipes/timemodel/, run.amp, what the reader is told)
 FAMILIES = {
     "v100": ("v100-32gb", "fp16", "V100 32 GB (the record's GPU), fp16: V100 tensor cores have no bf16"),
     "a100": (
@@ -68,55 +70,59 @@ def preset_name(family: str, shape: str) -> str:
     return f"{family}_{shape}"
 
 
-def overrides(family: str, shape: str, cap: int | None = None) -> list[str]:
+def overrides(family: str, shape: str, caps: dict[int, int] | None = None) -> list[str]:
     nodes, gpus, _ = SHAPES[shape]
     # run.name: each preset trains into its own runs/<preset>, never into the record's directory (which it would
     # resume); run.gpu and run.amp: predict.py and --plan predict for the GPU and dtype the preset is written for.
     out = [f"run.name={preset_name(family, shape)}", f"run.nodes={nodes}", f"run.procs_per_node={gpus}"]
     out += [f"run.gpu={FAMILIES[family][0]}", f"run.amp={FAMILIES[family][1]}"]
-    if cap is not None:
-        out.append(f"run.max_gpu_batch={cap}")
+    if caps:
+        out.append(f"run.max_gpu_batch_by_size={{{', '.join(f'{s}: {c}' for s, c in sorted(caps.items()))}}}")
     return out
 
 
-def load(family: str, shape: str, cap: int | None = None):
-    return load_config(str(ROOT / "configs" / SHAPES[shape][2]), overrides(family, shape, cap))
+def load(family: str, shape: str, caps: dict[int, int] | None = None):
+    return load_config(str(ROOT / "configs" / SHAPES[shape][2]), overrides(family, shape, caps))
 
 
-def fitting_cap(family: str, shape: str) -> int | None:
-    """None if every phase fits as it is; else the largest power-of-two run.max_gpu_batch with which all fit."""
+def _plan(cfg, world: int) -> Schedule:
+    return Schedule(
+        cfg.phases, cfg.optim, num_images=IMAGENET_TRAIN_IMAGES, world_size=world, **memory.accumulation(cfg)
+    )
+
+
+def fitting_caps(family: str, shape: str) -> dict[int, int]:
+    """Per image size whose phase would not fit the GPU as it is: the largest power-of-two micro-batch that fits
+    (run.max_gpu_batch_by_size). Only those phases accumulate; every other keeps its whole per-GPU batch."""
     gpu = FAMILIES[family][0]
     nodes, gpus, _ = SHAPES[shape]
     world, gpu_bytes = nodes * gpus, memory.gpu_memory_bytes(gpu)
     cfg = load(family, shape)
-    if not memory.check_fits(
-        cfg,
-        Schedule(cfg.phases, cfg.optim, num_images=IMAGENET_TRAIN_IMAGES, world_size=world, **memory.accumulation(cfg)),
-        gpu_bytes,
-        gpu,
-    ):
-        return None
-    cap = max(p.batch_size for p in cfg.phases) // world
-    cap = 1 << (cap.bit_length() - 1)
-    while cap >= 1:
-        cfg = load(family, shape, cap)
-        if not memory.check_fits(
-            cfg,
-            Schedule(
-                cfg.phases, cfg.optim, num_images=IMAGENET_TRAIN_IMAGES, world_size=world, **memory.accumulation(cfg)
-            ),
-            gpu_bytes,
-            gpu,
-        ):
-            return cap
-        cap //= 2
-    raise SystemExit(f"{preset_name(family, shape)}: not even one image per micro-batch fits {gpu}")
+    caps: dict[int, int] = {}
+    for phase in cfg.phases:
+        per_gpu, size = phase.batch_size // world, phase.image_size
+        fits = memory.largest_micro_batch(
+            cfg.model.name, image_size=size, per_gpu_batch=per_gpu, amp=cfg.run.amp, gpu_bytes=gpu_bytes
+        )
+        if fits >= per_gpu:
+            continue
+        if fits < 1:
+            raise SystemExit(
+                f"{preset_name(family, shape)}: not even one image per micro-batch fits {gpu} at {size} px"
+            )
+        cap = 1 << (fits.bit_length() - 1)
+        caps[size] = min(caps.get(size, cap), cap)
+    cfg = load(family, shape, caps)
+    problems = memory.check_fits(cfg, _plan(cfg, world), gpu_bytes, gpu)
+    if problems:  # the caps are the memory model's own answer: a disagreement is a bug here
+        raise SystemExit(f"{preset_name(family, shape)}: {problems[0]}")
+    return caps
 
 
-def prediction(family: str, shape: str, cap: int | None) -> dict:
+def prediction(family: str, shape: str, caps: dict[int, int]) -> dict:
     """The time model's training clock and wall clock (low, mid, high seconds), or why there is none."""
     nodes, gpus, _ = SHAPES[shape]
-    cfg = load(family, shape, cap)
+    cfg = load(family, shape, caps)
     train, what = predicted_seconds(cfg, nodes * gpus, FAMILIES[family][0])
     if train is None:
         return {"why": what}
@@ -142,7 +148,7 @@ def command(family: str, shape: str, data: str = "/data/imagenet") -> str:
     return f"python scripts/launch.py --hostfile hosts.txt -c {cfg} data.root={data}"
 
 
-def text(family: str, shape: str, cap: int | None, p: dict) -> str:
+def text(family: str, shape: str, caps: dict[int, int], p: dict) -> str:
     """The preset file: header (what, how to run, the prediction) and the keys it sets."""
     nodes, gpus, base = SHAPES[shape]
     lines = [
@@ -157,13 +163,16 @@ def text(family: str, shape: str, cap: int | None, p: dict) -> str:
         lines += [
             f"# predicted training clock {_min(mid)} min ({_min(low)}-{_min(high)}), wall clock {_min(p['wall'][1])} "
             f"min, cost ${p['cost']:.0f} per run at ${price:.2f} per GPU-hour",
-            f"# (recipes/timemodel.py: {p['what']}; predicted, not measured)",
+            f"# (recipes/timemodel/: {p['what']}; predicted, not measured)",
         ]
-    if cap is not None:
-        lines.append("# run.max_gpu_batch: phases whose per-GPU batch is larger accumulate gradients (docs/recipe.md)")
+    if caps:
+        lines.append(
+            "# run.max_gpu_batch_by_size: the phases at these sizes do not fit whole and accumulate gradients "
+            "(recipes/memory.py; docs/recipe.md)"
+        )
     lines.append(f"extends: ../{base}")
     lines.append("run:")
-    for o in overrides(family, shape, cap):
+    for o in overrides(family, shape, caps):
         key, value = o.split("=", 1)
         lines.append(f"  {key.removeprefix('run.')}: {value}")
     return "\n".join(lines) + "\n"
@@ -232,9 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     for family in FAMILIES:
         for shape in SHAPES:
             path = OUT / f"{preset_name(family, shape)}.yaml"
-            cap = fitting_cap(family, shape)
-            predictions[family, shape] = prediction(family, shape, cap)
-            want = text(family, shape, cap, predictions[family, shape])
+            caps = fitting_caps(family, shape)
+            predictions[family, shape] = prediction(family, shape, caps)
+            want = text(family, shape, caps, predictions[family, shape])
             if args.check:
                 if not path.is_file() or not same(path.read_text(), want):
                     stale.append(str(path.relative_to(ROOT)))

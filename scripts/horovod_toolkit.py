@@ -15,14 +15,19 @@ HOROVOD_CUDA_HOME, HOROVOD_CUDA_INCLUDE and HOROVOD_CUDA_LIB point at. NCCL come
 nvidia-nccl wheel that torch installs (`nvidia/nccl`).
 
     python scripts/horovod_toolkit.py plan --site DIR --cuda 13.0 [--assemble DIR]   # shell assignments
+    python scripts/horovod_toolkit.py pins 'psutil>=5.9' packaging ...              # name==installed version
 
-The plan's lines are `KEY='value'` assignments for the shell script to eval.
+The plan's lines are `KEY='value'` assignments for the shell script to eval. `pins` prints each requirement pinned
+to the version this Python has installed: the wheelhouse gets Horovod's dependencies at the versions the venv
+resolved with every other pin (DALI's `packaging<=...`), not the newest ones.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -122,9 +127,25 @@ def plan(*, site: Path, cuda: str, env: dict[str, str], assemble_dir: Path | Non
     return out
 
 
+def pins(requirements: list[str]) -> list[str]:
+    """Each requirement ('psutil>=5.9') as name==the installed version; a requirement not installed is an error."""
+    out = []
+    for req in requirements:
+        name = re.split(r"[<>=!~;\[ ]", req, maxsplit=1)[0]
+        try:
+            out.append(f"{name}=={importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            raise SystemExit(f"horovod_toolkit: {name} is not installed; install it before pinning it") from None
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["pins"]:
+        print(" ".join(pins(argv[1:])))
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("command", choices=["plan"])
+    ap.add_argument("command", choices=["plan", "pins"])
     ap.add_argument("--site", type=Path, required=True, help="site-packages of the Python Horovod is built for")
     ap.add_argument("--cuda", required=True, help="torch.version.cuda, e.g. 13.0")
     ap.add_argument("--assemble", type=Path, help="build a linked toolkit prefix here when pip's wheels are used")

@@ -63,7 +63,12 @@ if [[ -n ${WHEELHOUSE:-} && $plan_only == 0 ]]; then
         echo "install_horovod.sh: WHEELHOUSE=$WHEELHOUSE has no horovod-$VERSION-*.whl (build it with make wheelhouse)" >&2
         exit 2
     fi
-    "${PIP[@]}" install -q --no-index --find-links "$WHEELHOUSE" --force-reinstall "$wheel"
+    # --no-deps: --force-reinstall would reinstall Horovod's dependencies too, at the newest version the folder has,
+    # past the pins of the venv (DALI's packaging<=...). Then only the dependencies missing are added, and pip check
+    # proves every pin still holds.
+    "${PIP[@]}" install -q --no-index --find-links "$WHEELHOUSE" --no-deps --force-reinstall "$wheel"
+    "${PIP[@]}" install -q --no-index --find-links "$WHEELHOUSE" "$wheel"
+    "${PIP[@]}" check
     report
     exit 0
 fi
@@ -173,10 +178,12 @@ if [[ -z $wheel ]]; then
 fi
 
 "${PIP[@]}" install -q --no-deps --force-reinstall "$wheel"
+"${PIP[@]}" check
 if [[ -n $wheel_dir ]]; then
     mkdir -p "$wheel_dir"
     cp "$wheel" "$wheel_dir/"
-    "${PIP[@]}" wheel -q -w "$wheel_dir" "${HVD_DEPS[@]}"
+    # shellcheck disable=SC2046  # name==version words without spaces
+    "${PIP[@]}" wheel -q -w "$wheel_dir" $("$PY" "$HERE/horovod_toolkit.py" pins "${HVD_DEPS[@]}")
     echo "install_horovod.sh: $(basename "$wheel") ($variant) and its dependencies are in $wheel_dir"
 fi
 report

@@ -30,7 +30,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(1, str(REPO))  # launcher/job.py takes the exit codes from recipes/exit_codes.py
 
+from launcher.guard import GRACE_S  # noqa: E402
 from launcher.hosts import Host, HostError, parse_host_list, parse_hostfile, slurm_hosts  # noqa: E402
 from launcher.job import RERUN_ENV, Job, describe_run_dir, probe_shared_run_dir, run, run_checks, run_preflight  # noqa: E402
 from launcher.netprobe import MARK as NETPROBE_MARK  # noqa: E402
@@ -102,9 +104,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--grace",
         type=float,
-        default=100.0,
+        default=GRACE_S,
         help="seconds between SIGTERM and SIGKILL when stopping: time for every rank to finish its step and write "
-        "its checkpoint (as the SLURM script's DAWNBENCH_GRACE)",
+        "its checkpoint (the SLURM script's DAWNBENCH_GRACE) (default: %(default)g s)",
     )
     ap.add_argument("--join-timeout", type=float, default=300.0, help="seconds for every host to join the rendezvous")
     ap.add_argument("--check-timeout", type=float, default=120.0, help="seconds for the checks on every host")

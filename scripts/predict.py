@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Predicted training time of a config on a cluster, per allreduce backend, every cost a term (recipes/timemodel.py).
+"""Predicted training time of a config on a cluster, per allreduce backend, every cost a term (recipes/timemodel/).
 
     python scripts/predict.py -c configs/dawnbench_158s.yaml                 # 16 x 8 V100 32 GB, 32 Gbps, 10/flow
     python scripts/predict.py --hosts 2 --gpus-per-host 8 --gpu a100 --link-gbit 100 --json a100.json
@@ -53,6 +53,7 @@ TERMS = (
     "exposed comm",
     "sync",
     "small collectives",
+    "input wait",
     "pipeline rebuild",
     "autotune",
     "validation",
@@ -125,7 +126,32 @@ def estimates(cfg, cluster, rates, prof) -> list[tm.Estimate]:
         bes.append(
             tm.Backend(f"multistream (recommended: {rec.label()})", "multistream", {**ms.kwargs, "settings": rec})
         )
-    return [tm.estimate(phases, cluster, rates, backend=be, prof=prof) for be in bes]
+    inputs = tm.input_rate(cfg)
+    return [tm.estimate(phases, cluster, rates, backend=be, prof=prof, inputs=inputs) for be in bes]
+
+
+FLOW_ASSUMPTION = (
+    "per-flow cap {cap}: an assumption (--flow-gbit), and it decides the ranking of the backends; measure yours with "
+    "`python scripts/launch.py --hostfile hosts.txt -c CONFIG --probe-network` (make probe-network) and pass "
+    "--network <run dir>/network.json"
+)
+
+
+def input_line(cfg, cluster: tm.Cluster, est: tm.Estimate) -> str:
+    """What each phase's steps consume per GPU and host against what the input pipeline decodes (the input term)."""
+    rate = tm.input_rate(cfg)
+    if rate is None:
+        return f"input: no term (data.backend={cfg.data.backend}: no measured decode rate on a GPU host)"
+    g, parts = cluster.gpus_per_host, []
+    for p in est.phases:
+        step_s = sum(v for k, v in p.step_ms.items() if k != "input wait") / 1e3
+        need, have = p.phase.batch / step_s, rate.images_per_s(p.phase.image_size)
+        per_host = f"{g * need / 1e3:.0f}k of {g * have / 1e3:.0f}k per host"
+        parts.append(f"{p.phase.image_size} px {need / 1e3:.1f}k of {have / 1e3:.1f}k ({per_host})")
+    return (
+        f"input: img/s per GPU the steps consume of what DALI decodes with data.workers={rate.threads_per_gpu} threads "
+        f"({est.backend}): {'; '.join(parts)}; {rate.source}"
+    )
 
 
 def report(
@@ -138,6 +164,8 @@ def report(
         f"per host, per-flow cap {cap}, {cluster.flows_per_comm} flow(s) per communicator, goodput "
         f"{cluster.efficiency:.0%}",
         f"link figures: {link_source or 'given (--link-gbit, --flow-gbit, --latency-us)'}",
+        *([] if link_source else [FLOW_ASSUMPTION.format(cap=cap)]),
+        input_line(cfg, cluster, ests[0]),
         f"compute: {rates.source}",
         "step floor: "
         + (
@@ -205,30 +233,52 @@ def link_figures(args) -> tuple[float, float | None, float, str]:
     return f.link_gbit, f.flow_gbit, f.latency_us, f.source
 
 
-def plot(cfg, cluster, rates, prof, max_hosts: int) -> bytes:
-    """The predicted training clock against hosts, as PNG bytes."""
+STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ((0, (5, 1, 1, 1)), "v"), ((0, (1, 3)), "x")]
+
+
+def figure(cfg, cluster, rates, prof, max_hosts: int):
+    """The predicted training clock against hosts, one line per backend (each its own dash and marker, so a line
+    under another still shows), the cluster asked about marked."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    hosts = [h for h in (1, 2, 4, 8, 16, 32, 64) if h <= max_hosts]
+    hosts = sorted({h for h in (1, 2, 4, 8, 16, 32, 64) if h <= max_hosts} | {cluster.hosts})
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for be in tm.backends(cfg):
+    inputs = tm.input_rate(cfg)
+    for i, be in enumerate(tm.backends(cfg)):
         ys = []
         for h in hosts:
             c = replace(cluster, hosts=h)
-            ys.append(tm.estimate(tm.schedule_phases(cfg, c.world), c, rates, backend=be, prof=prof).range("train"))
-        ax.plot(hosts, [y[1] for y in ys], marker="o", ms=3, label=be.label)
-        ax.fill_between(hosts, [y[0] for y in ys], [y[2] for y in ys], alpha=0.15)
+            est = tm.estimate(tm.schedule_phases(cfg, c.world), c, rates, backend=be, prof=prof, inputs=inputs)
+            ys.append(est.range("train"))
+        dash, marker = STYLES[i % len(STYLES)]
+        ax.plot(hosts, [y[1] for y in ys], ls=dash, marker=marker, ms=4, mfc="none", label=be.label)
+        ax.fill_between(hosts, [y[0] for y in ys], [y[2] for y in ys], alpha=0.08)
+    ax.axvline(cluster.hosts, color="k", lw=0.8, ls=":", label=f"this cluster: {cluster.hosts} hosts")
     ax.set_xscale("log", base=2)
+    ax.set_xticks(hosts, [str(h) for h in hosts])
     ax.set_yscale("log")
+    # One set of tick labels, plain seconds: matplotlib labels minor ticks too when the range is under a decade.
+    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel(f"hosts ({cluster.gpus_per_host} GPUs each)")
     ax.set_ylabel("predicted training clock, s (band: low-high)")
     ax.set_title(f"{cfg.run.name} on {rates.name}: {cluster.link_gbit:g} Gbit/s link")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
+    return fig
+
+
+def plot(cfg, cluster, rates, prof, max_hosts: int) -> bytes:
+    """figure() as PNG bytes."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(cfg, cluster, rates, prof, max_hosts)
     data = figure_bytes(fig, dpi=80)
     plt.close(fig)
     return data

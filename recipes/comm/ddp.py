@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import warnings
 
 import torch.distributed as td
 from torch import nn
@@ -45,14 +46,20 @@ class DDPBackend(BackendDefaults):
         group = None
         if self.comm_cfg.gloo_devices > 1 and td.get_backend() == "gloo":
             group = gloo_group(self.comm_cfg.gloo_devices, self.timeout_s)
-        ddp = DistributedDataParallel(
-            model,
-            process_group=group,
-            device_ids=device_ids,
-            bucket_cap_mb=self.comm_cfg.bucket_cap_mb,
-            static_graph=self.comm_cfg.static_graph,
-            broadcast_buffers=False,  # BN running stats stay per rank and are averaged before validation
-        )
+        with warnings.catch_warnings():
+            # torch 2.13 deprecated broadcast_buffers for forward_sync_buffers, whose False still broadcasts the
+            # buffers at construction: that would overwrite the per-rank BN statistics a mid-epoch checkpoint
+            # restores (checkpoint bn_per_rank). torch's own warning says to keep broadcast_buffers=False until
+            # init_sync_buffers exists; it is silenced here, for this call only.
+            warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated", category=FutureWarning)
+            ddp = DistributedDataParallel(
+                model,
+                process_group=group,
+                device_ids=device_ids,
+                bucket_cap_mb=self.comm_cfg.bucket_cap_mb,
+                static_graph=self.comm_cfg.static_graph,
+                broadcast_buffers=False,  # BN running stats stay per rank and are averaged before validation
+            )
         ddp.register_comm_hook(group, self._allreduce)  # the hook reduces on `group` (None: the default group)
         return ddp, optimizer
 

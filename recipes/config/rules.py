@@ -36,6 +36,19 @@ def warmup_within_schedule(cfg) -> None:
         )
 
 
+def max_gpu_batch_by_size(cfg) -> None:
+    """run.max_gpu_batch_by_size names phases' image sizes, each with a micro-batch of at least one image."""
+    sizes = sorted({p.image_size for p in cfg.phases})
+    for size, cap in cfg.run.max_gpu_batch_by_size.items():
+        if size not in sizes:
+            raise ConfigError(
+                f"run.max_gpu_batch_by_size: {size} px is no phase's image size ({', '.join(map(str, sizes))})"
+            )
+        if cap < 1:
+            raise ConfigError(f"run.max_gpu_batch_by_size.{size}: expected an integer >= 1 (images), got {cap}")
+
+
+BY_SIZE = Rule("run.max_gpu_batch_by_size: phases' image sizes, each at least 1 image", max_gpu_batch_by_size)
 TRUST_CLIP = Rule("optim.trust_clip_min <= optim.trust_clip_max", lambda cfg: trust_clip(cfg.optim))
 WARMUP = Rule("optim.warmup_epochs <= the schedule's epochs", warmup_within_schedule)
 

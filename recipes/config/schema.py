@@ -25,7 +25,7 @@ from recipes.config.fields import (  # noqa: F401 (load.py and reference.py take
     domain_rule,
     domain_text,
 )
-from recipes.config.rules import TRUST_CLIP, WARMUP
+from recipes.config.rules import BY_SIZE, TRUST_CLIP, WARMUP
 
 # The names each plug-in seam accepts, from its registry: a wrong name fails when the config loads.
 AllreduceName = Literal[tuple(registry.ALLREDUCE_BACKENDS)]
@@ -98,6 +98,12 @@ class RunConfig:
         help="largest per-GPU micro-batch: each phase accumulates over as many micro-batches as it needs "
         "(at least run.accumulate); null = no limit",
         domain=">0 <=1048576",
+    )
+    max_gpu_batch_by_size: dict[int, int] = _f(
+        help="largest per-GPU micro-batch of the phases at these image sizes ({224: 1024}: px -> images), in "
+        "place of run.max_gpu_batch there: only the phases that do not fit accumulate (the presets' choice)",
+        factory=dict,
+        cross=BY_SIZE,
     )
     compile: Literal["none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = _f(
         "none",

@@ -120,6 +120,24 @@ class FlipTTA(nn.Module):
 TTA = {"none": lambda m: m, "flip": FlipTTA}
 
 
+def validated_phase(cfg, state: dict | None) -> tuple[int, str]:
+    """(index of the phase the trainer last validated at, where that comes from, in words): the phase of the last
+    finished epoch; phase 0 before any epoch finished; the last phase for a finished run or one without state."""
+    total = sum(p.epochs for p in cfg.phases)
+    done = (state or {}).get("epoch")
+    last = len(cfg.phases) - 1
+    if not isinstance(done, int) or done >= total:
+        why = "the run finished" if isinstance(done, int) else "the checkpoint records no training state"
+        return last, f"phase {last}'s, the last ({why})"
+    if done == 0:
+        return 0, f"phase 0's: no epoch validated yet (0 of {total} epochs)"
+    index, end = 0, cfg.phases[0].epochs
+    while end < done:
+        index += 1
+        end += cfg.phases[index].epochs
+    return index, f"phase {index}'s, where the trainer last validated (after epoch {done} of {total})"
+
+
 def eval_config(
     ck: Checkpoint,
     *,
@@ -130,9 +148,9 @@ def eval_config(
     rect: bool = False,
     val_blacklist: str | None = None,
 ):
-    """(cfg, phase) that evaluate_checkpoint hands to the input pipeline: the checkpoint's last phase at the
-    requested resolution, reading `<data_root>/val` (without the checkpoint's data.val_blacklist images, or
-    `val_blacklist`'s; '' counts every image)."""
+    """(cfg, phase) that evaluate_checkpoint hands to the input pipeline: the phase the trainer last validated at
+    (validated_phase), at the requested resolution, reading `<data_root>/val` (without the checkpoint's
+    data.val_blacklist images, or `val_blacklist`'s; '' counts every image)."""
     cfg = config_from_checkpoint(ck)
     data = {"val_batch_size": batch_size, "workers": min(cfg.data.workers, 2)}
     if val_blacklist is not None:
@@ -143,7 +161,7 @@ def eval_config(
         data["backend"] = backend
     if image_size is not None and image_size <= 0:
         raise ConfigError(f"--image-size: expected a positive integer, got {image_size}")
-    last = cfg.phases[-1]
+    last = cfg.phases[validated_phase(cfg, ck.state)[0]]
     phase = dataclasses.replace(last, root="full", val_image_size=image_size or last.val_image_size, rect_val=rect)
     cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, **data), phases=[phase])
     return cfg, phase
@@ -208,6 +226,9 @@ def evaluate_checkpoint(
             "checkpoint": str(path),
             "data": cfg.data.root,
             "image_size": phase.val_image_size or phase.image_size,
+            "image_size_from": "--image-size"
+            if image_size
+            else validated_phase(config_from_checkpoint(ck), ck.state)[1],
             "world_size": dist.world_size,
             "tta": tta,
             "rect_val": phase.rect_val,

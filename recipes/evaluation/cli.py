@@ -12,6 +12,7 @@ from recipes.errors import CheckpointError, ConfigError, NonFiniteError
 from recipes.evaluation.accuracy import eval_config, evaluate_checkpoint, load_model
 from recipes.evaluation.inference import export_onnx
 from recipes.evaluation.latency import latency_checkpoint, latency_table
+from recipes.exit_codes import BAD_INPUT, TRAINING_STOPPED
 from recipes.rundir.checkpoint_files import load_checkpoint
 from recipes.rundir.writer import to_json
 
@@ -152,10 +153,10 @@ def run_evaluate_cli(args) -> int:
         )
     except (ConfigError, DataError, CheckpointError) as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
-        return 2
+        return BAD_INPUT
     except NonFiniteError as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
-        return 3
+        return TRAINING_STOPPED
     if main:
         extra = f", tta {res['tta']}" if res["tta"] != "none" else ""
         extra += ", EMA weights" if args.ema else ""
@@ -165,5 +166,6 @@ def run_evaluate_cli(args) -> int:
             f"top-1 {res['top1']:.2f}%  top-5 {res['top5']:.2f}%  on {res['count']} images "
             f"({res['image_size']} px, {res['world_size']} process(es){extra})"
         )
+        print(f"crop size {res['image_size']} px: {res['image_size_from']}")
         _write_json(args.out, res)
     return 0

@@ -27,8 +27,10 @@ The package, one job per module:
     terms       sync, validation, BN allreduce, start-up, the comm model's range: value, range and source each
     estimate    Cluster, Phase, Backend and `estimate`: a schedule's terms on a cluster
     evidence    the published runs it is calibrated on and those it was not fitted on (out of sample)
-    entry       `predict` and `predicted_seconds` for other tools, `calibrated_compute` for the autotuner's start
+    entry       `predict`, `predicted_seconds` and `predicted_estimate` for other tools, `calibrated_compute` for
+                the autotuner's start
     imagenet    ImageNet-1k's sizes
+    inputs      the input term: the images per second DALI decodes per GPU, measured on an H200
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from recipes.timemodel.entry import (
     calibrated_compute,
     cluster_shape,
     predict,
+    predicted_estimate,
     predicted_seconds,
 )
 from recipes.timemodel.estimate import (
@@ -72,6 +75,7 @@ from recipes.timemodel.imagenet import (
     IMAGENET_TRAIN_IMAGES,
     VAL_IMAGES,
 )
+from recipes.timemodel.inputs import InputRate, input_rate
 from recipes.timemodel.profile import (
     GradProfile,
     profile_model,
@@ -113,6 +117,9 @@ from recipes.timemodel.terms import (
 
 __all__ = [
     "cluster_shape",
+    "predicted_estimate",
+    "InputRate",
+    "input_rate",
     "predicted_seconds",
     "ALIBABA_16X8",
     "ALIBABA_1X8",

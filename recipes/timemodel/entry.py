@@ -10,6 +10,7 @@ from pathlib import Path
 from recipes import registry
 from recipes.errors import ConfigError
 from recipes.timemodel.estimate import Cluster, backends, estimate, schedule_phases, step_compute
+from recipes.timemodel.inputs import input_rate
 from recipes.timemodel.profile import profile_model
 from recipes.timemodel.rates import DTYPES, ProfileError, gpu_for_device, load_gpu_profile, published
 
@@ -86,7 +87,14 @@ def cluster_shape(world: int, gpus_per_host: int = 8) -> tuple[int, int]:
 
 def predicted_seconds(cfg, world: int, gpu: str, clock: str = "train") -> tuple[tuple[float, float, float] | None, str]:
     """The time model's (low, mid, high) seconds of `cfg` on `world` GPUs (`clock`: "train" or "wall") and what
-    it assumed, or None and why not. Accumulation is not a term of the model: a step costs its per-GPU batch."""
+    it assumed, or None and why not."""
+    est, what = predicted_estimate(cfg, world, gpu)
+    return (est.range(clock) if est is not None else None), what
+
+
+def predicted_estimate(cfg, world: int, gpu: str):
+    """The time model's `Estimate` of `cfg` on `world` GPUs (every term of every phase; an accumulating phase counts
+    the step floor once per micro-batch) and what it assumed, or None and why not."""
     dtype = cfg.run.amp if cfg.run.amp in DTYPES else "fp16"
     try:
         rates = published(gpu, dtype)
@@ -98,8 +106,11 @@ def predicted_seconds(cfg, world: int, gpu: str, clock: str = "train") -> tuple[
         rows = ", ".join(dict.fromkeys(b.name for b in backends(cfg)))
         return None, f"comm.backend {cfg.comm.backend!r} has no row in the time model (backends: {rows})"
     prof = profile_model(cfg.model.name, 64)
-    est = estimate(schedule_phases(cfg, world), Cluster(hosts, per_host), rates, backend=be, prof=prof)
-    what = f"{hosts} x {per_host} {rates.name} {dtype}, {be.label}, 32 Gbit/s links"
+    est = estimate(
+        schedule_phases(cfg, world), Cluster(hosts, per_host), rates, backend=be, prof=prof, inputs=input_rate(cfg)
+    )
+    named = rates.name if dtype in rates.name else f"{rates.name} {dtype}"  # the rates' name may say it already
+    what = f"{hosts} x {per_host} {named}, {be.label}, 32 Gbit/s links"
     if not registry.MODELS[cfg.model.name].time_rates:
         what += f"; per-image rates measured on ResNet-50, not {cfg.model.name}"
-    return est.range(clock), what
+    return est, what

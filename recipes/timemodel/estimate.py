@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from recipes import registry
 from recipes.comm import stepmodel as sm
 from recipes.timemodel.imagenet import IMAGENET_TRAIN_IMAGES, VAL_IMAGES
+from recipes.timemodel.inputs import LOW_HIGH as INPUT_LOW_HIGH
 from recipes.timemodel.profile import GradProfile
 from recipes.timemodel.rates import FLOOR_WHY, GpuRates
 from recipes.timemodel.terms import BnAllreduce, CommUncertainty, StartUp, Sync, Validation
@@ -54,6 +55,7 @@ class Phase:
     batch: int  # per GPU
     image_size: int
     val_size: int = 0  # 0: the image size
+    micro_batches: int = 1  # gradient accumulation: the step runs its per-GPU batch as this many micro-batches
 
 
 @dataclass(frozen=True)
@@ -77,12 +79,13 @@ class Backend:
 
 def schedule_phases(cfg, world: int) -> list[Phase]:
     """The config's schedule on ImageNet-1k, one Phase per (image size, per-GPU batch)."""
+    from recipes.memory import accumulation
     from recipes.schedule import Schedule
 
-    plan = Schedule(cfg.phases, cfg.optim, num_images=IMAGENET_TRAIN_IMAGES, world_size=world)
+    plan = Schedule(cfg.phases, cfg.optim, num_images=IMAGENET_TRAIN_IMAGES, world_size=world, **accumulation(cfg))
     out: dict[int, list] = {}
     for e in plan.epochs:
-        row = out.setdefault(e.phase_index, [0, 0, e.phase.batch_size // world, e.phase.image_size])
+        row = out.setdefault(e.phase_index, [0, 0, e.phase.batch_size // world, e.phase.image_size, 0, e.micro_batches])
         row[0] += 1
         row[1] += e.steps
     return [Phase(*row) for row in out.values()]
@@ -220,9 +223,11 @@ def estimate(
     sync: Sync = Sync(),
     startup: StartUp = StartUp(),
     startup_in_clock: bool = False,
+    inputs=None,
 ) -> Estimate:
     """Every term of every phase, on the training and wall clocks (`startup_in_clock`: the run's clock starts
-    before its set-up, as some published entries' code does)."""
+    before its set-up, as some published entries' code does; `inputs`: the input pipeline's InputRate, whose
+    decoding a step waits for where it is slower than the step, recipes/timemodel/inputs.py)."""
     h, g, n = cluster.hosts, cluster.gpus_per_host, cluster.world
     cu, val = CommUncertainty(), Validation()
     out = []
@@ -232,7 +237,10 @@ def estimate(
         u = gpu.uncertainty(ph.image_size)
         compute = ph.batch * per_img
         flo = gpu.step_floor
-        floor = [max(0.0, f - compute) for f in flo]  # the part of the step the GPU waits for the host
+        # The part of the step the GPU waits for the host, once per micro-batch: each accumulated micro-batch
+        # launches its own forward and backward, and at 96-128 px on a Hopper one alone is floor-bound.
+        a = ph.micro_batches
+        floor = [a * max(0.0, f - compute / a) for f in flo]
         intra = (compute + floor[1]) * (1 / gpu.host_efficiency - 1) if g > 1 else 0.0
         step = compute + floor[1] + intra
         exposed = 0.0
@@ -244,6 +252,9 @@ def estimate(
         sy = sync.seconds(h, g)
         small = backend.small_collectives_s(cluster)
         st = ph.steps
+        feed = inputs.step_s(ph.image_size, ph.batch) if inputs is not None else 0.0
+        # The pipeline decodes the next step's images while this step runs: a step waits only for what is left.
+        wait = [max(0.0, k * feed - (step + exposed + sy)) for k in (INPUT_LOW_HIGH[0], 1.0, INPUT_LOW_HIGH[1])]
         terms = [
             Term("compute", "train", st * compute * (1 - u), st * compute, st * compute * (1 + u), gpu.source),
             Term("step floor", "train", *(st * f for f in floor), gpu.floor_source or FLOOR_WHY),
@@ -265,6 +276,7 @@ def estimate(
             ),
             Term("sync", "train", st * sy * sync.low_high[0], st * sy, st * sy * sync.low_high[1], sync.source),
             Term("small collectives", "train", st * small * 0.5, st * small, st * small * 2.0, backend.small_source),
+            Term("input wait", "train", *(st * w for w in wait), inputs.source if inputs else "no input term"),
         ]
         shape = (ph.image_size, ph.batch)
         changed = i > 0 and shape != prev_shape
@@ -292,6 +304,7 @@ def estimate(
             "exposed comm": exposed * 1e3,
             "sync": sy * 1e3,
             "small collectives": small * 1e3,
+            "input wait": wait[1] * 1e3,
         }
         out.append(PhaseEstimate(ph, terms, step_ms))
     return Estimate(backend.label, gpu.name, cluster, out)

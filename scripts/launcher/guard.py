@@ -1,6 +1,6 @@
 """The per-host guard: runs one host's command and makes sure none of it outlives the launcher.
 
-    python scripts/launch.py guard [--grace 10] -- COMMAND [ARGS...]
+    python scripts/launch.py guard [--grace S] -- COMMAND [ARGS...]
 
 The launcher starts this on every host (through ssh, srun, ...) with the host's stdin connected to itself. The
 guard starts COMMAND in its own session and becomes a child subreaper, so workers that their agent leaves behind
@@ -24,6 +24,9 @@ import threading
 import time
 
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+# Seconds between SIGTERM and SIGKILL when a job stops: every rank finishes its step and writes its checkpoint. The
+# one default of `launch.py --grace` (and of the guard, which the launcher always passes it).
+GRACE_S = 100.0
 
 
 def _become_subreaper() -> None:
@@ -105,7 +108,7 @@ def _watch_stdin(stop: threading.Event, why: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="launch.py guard", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL")
+    ap.add_argument("--grace", type=float, default=GRACE_S, help="seconds between SIGTERM and SIGKILL (%(default)g)")
     ap.add_argument("command", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
     cmd = args.command[1:] if args.command[:1] == ["--"] else args.command

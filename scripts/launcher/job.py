@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -21,14 +22,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from launcher.guard import GRACE_S
 from launcher.hosts import Host
+
+from recipes.exit_codes import BAD_INPUT, CANNOT_START, FAILED, INTERRUPTED, PREEMPTED, SIGNALLED, TIMEOUT
 
 # Variables that tune communication: passed to every host, since ssh and srun do not carry our environment.
 FORWARD_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "HOROVOD_")
 FORWARD_NAMES = ("OMP_NUM_THREADS",)
 CHECK_MARK = "launch-check:"
 RERUN_ENV = "DAWNBENCH_RERUN"  # the command that resumes the run (recipes/preemption.py prints it when preempted)
-EXIT_PREEMPTED = 75  # a rank stopped by a signal after writing its checkpoint (recipes/preemption.py)
+EXIT_PREEMPTED = PREEMPTED  # a rank stopped by a signal after writing its checkpoint (recipes/preemption.py)
 
 
 @dataclass
@@ -45,7 +49,7 @@ class Job:
     python: str = "python"
     env: dict[str, str] = field(default_factory=dict)
     data_paths: list[str] = field(default_factory=list)  # directories every host must see
-    grace: float = 10.0
+    grace: float = GRACE_S
     join_timeout: float = 300.0
     rdzv_id: str = "dawnbench"
     iface: str | None = None
@@ -317,8 +321,99 @@ def exit_status(rc: int) -> int:
     """The launcher's exit status for a host's: the same code (75 preempted, 2 bad input, ...), 128 + N for a
     command killed by signal N (137: SIGKILL), as a shell reports it."""
     if rc < 0:
-        return 128 + (-rc)
-    return rc if 0 < rc < 256 else 1
+        return SIGNALLED + (-rc)
+    return rc if 0 < rc < 256 else FAILED
+
+
+@dataclass
+class RankFailure:
+    """The first failed rank, as torchrun's failure report names it ("Root Cause (first observed failure)")."""
+
+    rank: str  # "1 (local_rank: 1)"
+    host: str
+    exitcode: int  # negative: killed by that signal
+    pid: int | None
+
+
+_REPORT_FIELD = re.compile(r"^\s+(rank|host|exitcode)\s*: (.*)$")
+
+
+def parse_root_cause(lines: list[str]) -> RankFailure | None:
+    """The root cause of torchrun's failure report (its lines between the '=' rules); None when there is none."""
+    fields: dict[str, str] = {}
+    for line in lines[next((i for i, ln in enumerate(lines) if ln.startswith("Root Cause")), len(lines)) :]:
+        m = _REPORT_FIELD.match(line)
+        if m and m.group(1) not in fields:
+            fields[m.group(1)] = m.group(2).strip()
+    code = re.match(r"(-?\d+)(?: \(pid: (\d+)\))?", fields.get("exitcode", ""))
+    if code is None:
+        return None
+    pid = int(code.group(2)) if code.group(2) else None
+    return RankFailure(fields.get("rank", "?"), fields.get("host", "?"), int(code.group(1)), pid)
+
+
+# horovodrun --gloo's line for the first rank that failed (horovod/runner/gloo_run.py), before it exits 1 itself.
+_HOROVOD_FAILED = re.compile(r"^Process (\d+) exit with status code (-?\d+)\.$")
+
+
+def horovod_failure(line: str) -> RankFailure | None:
+    """The failed rank of horovodrun's 'Process 1 exit with status code 137.' (the shell's 128 + N: signal N)."""
+    m = _HOROVOD_FAILED.match(line)
+    if m is None:
+        return None
+    code = int(m.group(2))
+    signum = code - SIGNALLED if code > SIGNALLED else 0
+    return RankFailure(m.group(1), "", -signum if signum else code, None)
+
+
+_OOM = re.compile(r"(?:Killed process |oom-kill:.*\bpid=)(\d+)")
+
+
+def oom_record(kernel_log: str, pid: int) -> str | None:
+    """The kernel log's line that says its OOM killer killed `pid` (None: no such line)."""
+    for line in kernel_log.splitlines():
+        m = _OOM.search(line)
+        if m and int(m.group(1)) == pid:
+            return line.strip()
+    return None
+
+
+def read_kernel_log(job: Job, host: Host) -> str | None:
+    """That host's kernel log (`dmesg`), or None where it cannot be read (dmesg_restrict, no dmesg, no answer)."""
+    try:
+        p = subprocess.run(
+            job.transport.argv(host, "dmesg"), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=15
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return p.stdout if p.returncode == 0 and p.stdout else None
+
+
+def describe_failure(job: Job, host: Host, failure: RankFailure) -> str:
+    """'rank 1 (local_rank: 1) on node07: killed by SIGKILL (...)': which rank, where, and why where it can tell."""
+    where = f"rank {failure.rank}" + (f" on {failure.host}" if failure.host else "")
+    if failure.exitcode >= 0:
+        return f"{where}: exit code {failure.exitcode}"
+    try:
+        name = signal.Signals(-failure.exitcode).name
+    except ValueError:
+        name = f"signal {-failure.exitcode}"
+    what = f"{where}: killed by {name}"
+    if failure.exitcode != -signal.SIGKILL or failure.pid is None:
+        return what
+    log = read_kernel_log(job, host)
+    if log is None:
+        return (
+            f"{what} (the OOM killer, a kill -9 or a scheduler past its grace period: the kernel log of {host.name} "
+            "could not be read from here; run dmesg there as root)"
+        )
+    record = oom_record(log, failure.pid)
+    if record is not None:
+        return f"{what} from the kernel's OOM killer (dmesg on {host.name}: {record})"
+    return (
+        f"{what} (no OOM-killer record of pid {failure.pid} in the kernel log of {host.name}: a kill -9 or a scheduler "
+        "past its grace period)"
+    )
 
 
 def next_step(job: Job, rc: int, log: Path) -> str:
@@ -326,7 +421,7 @@ def next_step(job: Job, rc: int, log: Path) -> str:
     rerun = job.env.get(RERUN_ENV) or "the same command"
     if rc == EXIT_PREEMPTED:
         return f"next: rerun {rerun} to resume from the checkpoint (docs/reproduce.md, 'A run died')"
-    if rc == 2:
+    if rc == BAD_INPUT:
         return f"next: the last lines of {log} name the bad input; fix it and rerun {rerun}"
     return (
         f"next: read the end of {log}, then rerun {rerun}: it resumes from the last checkpoint "
@@ -341,30 +436,52 @@ def _kill_group(p: subprocess.Popen, sig: int) -> None:
         pass
 
 
-class _AfterCleanStop:
-    """After a rank's `preempted:` line (a clean stop, checkpoint written), torchrun's agent reports the ranks'
-    exit code 75 as a ChildFailedError traceback of some 30 lines: kept in the host's log file, left off the
-    console (one line says so), so the console ends with what matters."""
+class _TorchrunReport:
+    """torchrun's agent ends a failed run with its own traceback (ChildFailedError) and a report of some 30 lines:
+    kept in the host's log file, left off the console (one line says where it is), so the console ends with the
+    rank's own last lines and the launcher's line naming the cause. The report's root cause is kept in `failure`.
+    Any other traceback (a rank's own) is shown as it is."""
 
     def __init__(self):
-        self.stopped = self.hiding = self.told = False
+        self.stopped = self.told = False
+        self.held: list[str] = []  # a traceback's first lines, until it shows whose it is
+        self.hiding = False
         self.rules = 0
+        self.report: list[str] = []
+        self.failure: RankFailure | None = None
 
-    def filter(self, line: str, log: Path) -> str | None:
+    def filter(self, line: str, log: Path) -> list[str]:
+        """The lines to show for one line of output (none, it, or lines held back before it)."""
         if line.startswith("preempted: "):
             self.stopped = True
-        if self.stopped and not self.hiding and line.startswith("Traceback (most recent call last)"):
-            self.hiding, self.rules = True, 0
-            if not self.told:
+        if self.failure is None:
+            self.failure = horovod_failure(line)  # horovodrun names the first failed rank in one line
+        if self.hiding:
+            self.report.append(line)
+            if line.startswith("===="):
+                self.rules += 1
+                if self.rules == 2:  # the report ends with its second rule of '='
+                    self.hiding = False
+                    self.failure = parse_root_cause(self.report) or self.failure
+            return []
+        if self.held or line.startswith("Traceback (most recent call last)"):
+            self.held.append(line)
+            if "torch/distributed/run.py" in line or "ChildFailedError" in line:
+                self.held, self.hiding, self.rules, self.report = [], True, 0, []
+                if self.told:
+                    return []
                 self.told = True
-                return f"(torchrun's report of the clean stop, a traceback, is in {log}, not shown here)"
-            return None
-        if not self.hiding:
-            return line
-        if line.startswith("===="):
-            self.rules += 1
-            self.hiding = self.rules < 2  # the report ends with its second rule of '='
-        return None
+                what = "of the clean stop" if self.stopped else "of the failure"
+                return [f"(torchrun's report {what}, a traceback, is in {log}, not shown here)"]
+            if len(self.held) > 1 and not line.startswith((" ", "Traceback")):  # a rank's traceback ended
+                held, self.held = self.held, []
+                return held
+            return []
+        return [line]
+
+    def flush(self) -> list[str]:
+        held, self.held = self.held, []
+        return held
 
 
 class _Host:
@@ -372,6 +489,7 @@ class _Host:
 
     def __init__(self, host: Host, argv: list[str], label: str, out: TextIO, lock: threading.Lock, log: Path):
         self.host, self.label, self.log = host, label, log
+        self.report = _TorchrunReport()
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
         )
@@ -379,20 +497,20 @@ class _Host:
         self.thread.start()
 
     def _copy(self, out: TextIO, lock: threading.Lock, log: Path) -> None:
-        quiet = _AfterCleanStop()
         # O_NOFOLLOW: a log name planted as a link is never appended through (the launcher refuses before this)
         fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         with os.fdopen(fd, "ab") as f:
             for raw in self.proc.stdout:
                 f.write(raw)
                 f.flush()
-                line = raw.decode(errors="replace").rstrip()
-                shown = quiet.filter(line, log)
-                if shown is None:
-                    continue
-                with lock:
-                    out.write(f"[{self.label}] {shown}\n")
-                    out.flush()
+                self._show(out, lock, self.report.filter(raw.decode(errors="replace").rstrip(), log))
+        self._show(out, lock, self.report.flush())
+
+    def _show(self, out: TextIO, lock: threading.Lock, lines: list[str]) -> None:
+        with lock:
+            for line in lines:
+                out.write(f"[{self.label}] {line}\n")
+            out.flush()
 
     def close_stdin(self) -> None:
         try:
@@ -425,7 +543,7 @@ def run(job: Job, log_dir: Path, out: TextIO, timeout: float | None = None) -> i
     if log_dir.is_symlink() or log_dir.parent.is_symlink():
         link = log_dir if log_dir.is_symlink() else log_dir.parent
         out.write(f"launch: error: '{link}' is a symbolic link: the launcher writes its logs only into its own files\n")
-        return 2
+        return BAD_INPUT
     log_dir.mkdir(parents=True, exist_ok=True)
     lock = threading.Lock()
     width = max(len(h.name) for h in job.hosts)
@@ -451,22 +569,27 @@ def run(job: Job, log_dir: Path, out: TextIO, timeout: float | None = None) -> i
             log = log_dir / f"{i:03d}-{host.name}.log"
             if log.is_symlink():  # appending through it would write into someone else's file
                 say(f"error: '{log}' is a symbolic link: the launcher writes its logs only into its own files")
-                return 2
+                return BAD_INPUT
             try:
                 running.append(_Host(host, argv, host.name.ljust(width), out, lock, log))
             except OSError as e:
                 say(f"host {host.name}: cannot start the {job.transport.name} transport ({argv[0]}): {e}")
-                return 127
+                return CANNOT_START
         while True:
             codes = [h.proc.poll() for h in running]
             failed = [(h, c) for h, c in zip(running, codes, strict=True) if c not in (None, 0)]
             if failed:
                 h, rc = failed[0]
+                h.thread.join(timeout=5)  # its last lines, torchrun's report among them, are read
+                rank = h.report.failure
+                if rank is not None:  # torchrun exits 1 for any failed rank: the rank's own code is the cause
+                    rc = EXIT_PREEMPTED if rank.exitcode == EXIT_PREEMPTED else exit_status(rank.exitcode)
                 why = job.transport.failure(rc)
+                cause = describe_failure(job, h.host, rank) if rank is not None else describe_exit(rc)
                 others = [x for x in running if x.proc.poll() is None]
                 what = "stopped (preempted; its checkpoint is written)" if rc == EXIT_PREEMPTED else "failed"
                 say(
-                    f"host {h.host.name} ({h.host.addr}) {what}: {describe_exit(rc)}{'; ' + why if why else ''} "
+                    f"host {h.host.name} ({h.host.addr}) {what}: {cause}{'; ' + why if why else ''} "
                     f"after {time.monotonic() - t0:.1f} s; stopping {len(others)} other host(s)"
                 )
                 t1 = time.monotonic()
@@ -482,7 +605,7 @@ def run(job: Job, log_dir: Path, out: TextIO, timeout: float | None = None) -> i
                 say(f"{what}: stopping all hosts")
                 stop_hosts([x for x in running if x.proc.poll() is None], job.grace)
                 say(next_step(job, EXIT_PREEMPTED, log_dir))
-                return 130 if stop_reason else 124
+                return INTERRUPTED if stop_reason else TIMEOUT
             time.sleep(0.1)
     finally:
         stop_hosts([x for x in running if x.proc.poll() is None], job.grace)

@@ -157,7 +157,7 @@ def test_torchrun_commands_one_agent_per_host_rendezvous_on_first():
             "--rdzv-conf": f"is_host={int(i == 0)},join_timeout=300",
             "--local-addr": host.addr,
             "--max-restarts": "0",
-            "--shutdown-timeout": "10",  # torchrun's wait before SIGKILL follows --grace (10 s by default)
+            "--shutdown-timeout": "100",  # torchrun's wait before SIGKILL follows --grace (its one default)
         }
         assert run[21:] == [
             "train.py",
@@ -916,3 +916,28 @@ def test_torchrun_waits_as_long_as_the_guard_before_killing_a_rank():
         assert argv[argv.index("--shutdown-timeout") + 1] == want
         guard = shlex.split(_job(grace=grace).commands()[0][1].split(" && exec ", 1)[1])
         assert guard[guard.index("--grace") + 1] == f"{grace:g}"
+
+
+def test_a_rank_killed_under_real_torchrun_is_named_and_exits_137(tmp_path):
+    """torchrun itself exits 1 when a rank dies; its report (read from this torch's real output) gives the launcher
+    the rank, its host and SIGKILL, and the launcher exits with the runbook's 137."""
+    import io
+
+    from launcher.job import RERUN_ENV, run
+
+    script = tmp_path / "die.py"
+    script.write_text(
+        "import os, signal, time\n"
+        "if os.environ['RANK'] == '1':\n    time.sleep(0.5)\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "time.sleep(60)\n"
+    )
+    cmd = shlex.join([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"])
+    host = Host("node01", addr="127.0.0.1")
+    job = Job(hosts=[host], transport=Local(), config="", overrides=[], run_dir="", procs_per_host=2, grace=5.0)
+    job.env[RERUN_ENV] = "the same command"
+    job.commands = lambda: [(host, f"{cmd} {shlex.quote(str(script))}")]
+    out = io.StringIO()
+    assert run(job, tmp_path / "launch", out) == 137
+    console = out.getvalue()
+    assert "failed: rank 1 (local_rank: 1) on " in console and ": killed by SIGKILL" in console
+    assert "Traceback" not in console and "ChildFailedError" in (tmp_path / "launch" / "000-node01.log").read_text()

@@ -89,6 +89,7 @@ SIZED = {
     "model.name": "resnet10t (tests/tiny.yaml; every model is built in tests/unit/test_models.py)",
     "run.accumulate": "2 micro-batches where a phase of the config accumulates at its own world size",
     "run.max_gpu_batch": "half the tiny per-rank batch where a phase of the config accumulates at its own world size",
+    "run.max_gpu_batch_by_size": "none: the tiny phases' sizes are not the config's (run.max_gpu_batch stands in)",
     "run.nodes": "one process for a config of one GPU, else two",
     "run.procs_per_node": "one process for a config of one GPU, else two",
     "run.threads": "1 (tests/tiny.yaml)",
@@ -160,7 +161,7 @@ def _flat(tree: dict, prefix: str = "") -> list[str]:
     for k, v in tree.items():
         if k == "phases" and not prefix:
             keys += [f"phases.*.{pk}" for phase in v for pk in phase]
-        elif isinstance(v, dict) and k != "roots":
+        elif isinstance(v, dict) and k not in ("roots", "max_gpu_batch_by_size"):  # mappings of values, not sections
             keys += _flat(v, f"{prefix}{k}.")
         else:
             keys.append(prefix + k)
@@ -208,6 +209,7 @@ class Combination:
         out += ["run.nodes=1", f"run.procs_per_node={self.world}", "dist.timeout_s=60", "dawnbench.require=false"]
         out += [f"comm.backend={s['comm.backend']}", f"phases={json.dumps(s['phases'])}", "checkpoint.keep=1"]
         out.append(f"data.val_blacklist={blacklist if s['blacklist'] else ''}")
+        out.append("run.max_gpu_batch_by_size={}")
         if s["accumulates"]:
             out += ["run.accumulate=1", f"run.max_gpu_batch={12 // self.world // 2}"]
         if s["comm.autotune"]:

@@ -155,3 +155,34 @@ def test_netlab_refuses_zero_hosts_with_one_line(capsys):
     assert netlab.main(["--hosts", "0", "--", "true"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "netlab: error: --hosts: expected 1 or more, got 0"
+
+
+def test_ddp_keeps_rank_local_buffers_without_torchs_deprecation_warning(tmp_path):
+    """broadcast_buffers=False (rank-local BN statistics, restored per rank from a mid-epoch checkpoint) without the
+    FutureWarning torch 2.13+ prints for it on every run."""
+    import datetime
+    import warnings
+
+    import torch
+    import torch.distributed as td
+    from torch import nn
+
+    from recipes.comm.ddp import DDPBackend
+    from recipes.distributed import DistInfo
+
+    store = td.FileStore(str(tmp_path / "store"), 1)
+    td.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))
+    try:
+        cfg = load_config(None, ["run.device=cpu", "comm.engage_single_rank=true"])
+        backend = DDPBackend(cfg.comm, DistInfo(0, 1, 0, 1, torch.device("cpu")), timeout_s=60.0, model_name="x")
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            ddp, _ = backend.prepare(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)), None)
+        assert [str(w.message) for w in seen if "broadcast_buffers" in str(w.message)] == []
+        assert ddp.forward_sync_buffers is False  # still rank-local
+        with warnings.catch_warnings(record=True) as seen:  # the filter is this call's only
+            warnings.simplefilter("always")
+            warnings.warn("`broadcast_buffers` is deprecated (elsewhere)", FutureWarning, stacklevel=1)
+        assert len(seen) == 1
+    finally:
+        td.destroy_process_group()

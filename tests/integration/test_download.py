@@ -117,6 +117,8 @@ def test_the_imagenet_org_download_becomes_the_layout_blacklist_and_copy_in_one_
     assert scan_split(dst, "val", scan_split(dst, "train").classes).labels == [0, 0, 1, 1, 2, 2]
     err = capsys.readouterr().err
     assert "train: 100.0% of" in err and "3 class(es) done" in err  # the progress line
+    val = next(ln for ln in err.splitlines() if ln.startswith("val: 100.0% of"))  # flat: images, no class count
+    assert "class(es)" not in val and " 6 image(s) written, " in val
     assert prepare_main(["--check", str(dst), "--workers", "1"]) == 0
 
 

@@ -7,14 +7,22 @@ import json
 
 import pytest
 import torch
-from support import torchrun
+from support import tiny_config, torchrun
 
 import evaluate
 from data.folder import scan_split
 from data.transforms import normalize
-from recipes.evaluation.accuracy import FlipTTA, config_from_checkpoint, eval_config, evaluate_checkpoint, load_model
+from recipes.evaluation.accuracy import (
+    FlipTTA,
+    config_from_checkpoint,
+    eval_config,
+    evaluate_checkpoint,
+    load_model,
+    validated_phase,
+)
 from recipes.evaluation.latency import load_image
 from recipes.rundir import checkpoint_files as ckpt
+from recipes.trainer import train
 
 
 def _manual_counts(checkpoint, root, tta: bool) -> tuple[int, int, int]:
@@ -153,3 +161,20 @@ def test_a_mid_epoch_checkpoint_of_several_ranks_evaluates_with_their_average_bn
     assert names and all(torch.allclose(loaded[k], ck.model[k] + 2.0) for k in names)
     plain = load_model(ck, cfg).state_dict()  # an epoch-end checkpoint: as saved
     assert all(torch.equal(plain[k], ck.model[k]) for k in names)
+
+
+def test_the_default_crop_is_the_one_the_trainer_last_validated_at(tiny_root, tmp_path, capsys):
+    two = "phases=[{epochs: 1, image_size: 32, batch_size: 12}, {epochs: 1, image_size: 40, batch_size: 12}]"
+    cfg = tiny_config(tiny_root, tmp_path, two, "run.deterministic=true")
+    assert validated_phase(cfg, {"epoch": 0}) == (0, "phase 0's: no epoch validated yet (0 of 2 epochs)")
+    assert validated_phase(cfg, {"epoch": 2}) == (1, "phase 1's, the last (the run finished)")
+    stopped = train(cfg, stop_after_epochs=1)  # stopped in phase 0: it validated at 32 px, not the last phase's 40
+    out = tmp_path / "eval.json"
+    assert evaluate.main([str(tmp_path / "tiny" / "checkpoint.pt"), "--data", str(tiny_root), "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["image_size"] == 32
+    assert res["image_size_from"] == "phase 0's, where the trainer last validated (after epoch 1 of 2)"
+    assert (
+        "crop size 32 px: phase 0's, where the trainer last validated (after epoch 1 of 2)" in capsys.readouterr().out
+    )
+    assert (res["top1"], res["top5"]) == (stopped["final_top1"], stopped["final_top5"])

@@ -53,16 +53,24 @@ def test_a_preset_keeps_the_recipe_and_fits_its_gpu(family, shape):
     gpu = gen_presets.FAMILIES[family][0]
     _, problems = hardware_table(preset, mine, gpu)
     assert problems == []
+    usable = memory.usable_bytes(memory.gpu_memory_bytes(gpu))
     for e in mine.epochs:  # accumulation keeps every phase's per-GPU batch, in micro-batches that fit
-        assert e.micro_batches * mine.micro_batch(e.epoch) == e.phase.batch_size // world
+        per_gpu = e.phase.batch_size // world
+        assert e.micro_batches * mine.micro_batch(e.epoch) == per_gpu
         n = memory.need(
             preset.model.name,
             image_size=e.phase.image_size,
             micro_batch=mine.micro_batch(e.epoch),
-            per_gpu_batch=e.phase.batch_size // world,
+            per_gpu_batch=per_gpu,
             amp=preset.run.amp,
         )
-        assert n.total <= memory.usable_bytes(memory.gpu_memory_bytes(gpu))
+        assert n.total <= usable
+        # ... and only where the whole per-GPU batch would not fit (per phase: the 96 px phase of h100_2x8 runs
+        # 2048 images whole, its 224 px phase accumulates 2 x 1024)
+        whole = memory.need(
+            preset.model.name, image_size=e.phase.image_size, micro_batch=per_gpu, per_gpu_batch=per_gpu, amp="fp16"
+        )
+        assert (e.micro_batches > 1) == (whole.total > usable), (e.phase.image_size, e.micro_batches)
 
 
 def test_the_one_gpu_v100_preset_accumulates_where_the_recipe_would_not_fit(capsys):
@@ -73,12 +81,30 @@ def test_the_one_gpu_v100_preset_accumulates_where_the_recipe_would_not_fit(caps
     rows = [ln.split() for ln in out.split("per GPU on v100-32gb")[1].splitlines()[2:6]]
     # phase, size, global batch, per GPU, accumulation, micro-batch
     assert [r[:6] for r in rows] == [
-        ["0", "96", "2048", "2048", "8", "256"],
-        ["1", "128", "2048", "2048", "8", "256"],
-        ["2", "224", "2048", "2048", "8", "256"],
+        ["0", "96", "2048", "2048", "1", "2048"],
+        ["1", "128", "2048", "2048", "2", "1024"],
+        ["2", "224", "2048", "2048", "4", "512"],
         ["3", "288", "1024", "1024", "4", "256"],
     ]
     assert "predicted training clock" in out
+
+
+def test_plan_shows_the_time_model_counting_each_micro_batch_against_the_step_floor(capsys):
+    def step_rows(*over):
+        assert train.main(["-c", str(ROOT / "configs/presets/h100_2x8.yaml"), "--plan", *over]) == 0
+        out = capsys.readouterr().out
+        assert "time model per step (the step floor once per micro-batch):" in out
+        predicted = next(ln for ln in out.splitlines() if ln.startswith("predicted training clock"))
+        assert predicted.count("fp16") == 1, predicted  # the rate table's name says the dtype already
+        return [ln.split() for ln in out.split("step (all terms)\n")[1].splitlines()[:4]]
+
+    preset = step_rows()  # 96 px whole (2048 per GPU): its compute hides the host's floor
+    assert preset[0][:3] == ["0", "96", "1"] and preset[0][5] == "0.0"
+    cut = step_rows(
+        "run.max_gpu_batch_by_size={96: 512, 224: 1024, 288: 512}"
+    )  # 96 px in four: each waits for the host
+    assert cut[0][:3] == ["0", "96", "4"] and cut[0][3] == preset[0][3]  # the same compute
+    assert float(cut[0][5]) > 0 and float(cut[0][7]) > float(preset[0][7])
 
 
 def test_plan_refuses_a_recipe_that_does_not_fit_naming_the_phase_and_the_fix(capsys):
@@ -119,3 +145,16 @@ def test_the_check_names_a_preset_the_generator_does_not_write(tmp_path, monkeyp
     monkeypatch.setattr(gen_presets, "ROOT", tmp_path)
     assert gen_presets.main(["--check"]) == 1
     assert "configs/presets/v100_3x8.yaml (not written by this script: remove it)" in capsys.readouterr().err
+
+
+def test_the_plan_plot_names_the_gpu_the_dtype_and_the_accumulation(monkeypatch, tmp_path, capsys):
+    from recipes import schedule_report
+
+    titles = []
+    monkeypatch.setattr(schedule_report, "plot_plan", lambda plan, title="": titles.append(title) or b"png")
+    assert train.main(["-c", str(ROOT / "configs/presets/h100_2x8.yaml"), "--plan", f"run.out_dir={tmp_path}"]) == 0
+    capsys.readouterr()
+    assert titles == [
+        "1159 iterations in 28 epochs, 16 processes\n"
+        "GPU: h100, dtype: fp16, micro-batches x images per GPU by phase: 1 x 2048, 1 x 2048, 2 x 1024, 2 x 512"
+    ]

@@ -54,8 +54,12 @@ def test_interrupted_and_resumed_run_matches_uninterrupted(tiny_root, tmp_path):
     full = train(tiny_config(tiny_root, tmp_path / "a", *over))
     first = train(tiny_config(tiny_root, tmp_path / "b", *over), stop_after_epochs=1)
     assert first["epochs"] == 1
+    # The plan is recorded beside what ran, so a stopped run reads as partial (summary.json, compare_runs).
+    written = json.loads((tmp_path / "b" / "tiny" / "summary.json").read_text())
+    assert (written["planned_epochs"], written["planned_steps"], written["partial"]) == (3, full["steps"], True)
     resumed = train(tiny_config(tiny_root, tmp_path / "b", *over))  # same run dir: continues
     assert resumed["epochs"] == 3 and resumed["steps"] == full["steps"]
+    assert (resumed["planned_epochs"], resumed["partial"]) == (3, False)
     a = ckpt.load(tmp_path / "a" / "tiny" / "checkpoint.pt")
     b = ckpt.load(tmp_path / "b" / "tiny" / "checkpoint.pt")
     for k, v in a["model"].items():

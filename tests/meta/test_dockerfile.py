@@ -125,3 +125,25 @@ def test_every_copied_file_exists():
     assert missing == []
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert ".venv" in ignored and "runs" in ignored  # the image's own .venv is never overwritten by COPY . .
+
+
+def test_what_the_install_steps_run_is_copied_before_them():
+    """make install runs scripts/check_install.py and install_horovod.sh runs scripts/horovod_toolkit.py: each is in
+    the image before the RUN step that needs it (the sources arrive only with the last COPY)."""
+    make = (ROOT / "Makefile").read_text()
+    recipe = make.split("$(VENV)/.installed:", 1)[1].split("\ninstall:", 1)[0]
+    needed = {"make install": set(re.findall(r"scripts/\w+\.py", recipe))}
+    script = (ROOT / "scripts" / "install_horovod.sh").read_text()
+    needed["install_horovod.sh"] = {f"scripts/{n}" for n in re.findall(r"\$HERE/(\w+\.py)", script)}
+    assert needed == {
+        "make install": {"scripts/check_install.py"},
+        "install_horovod.sh": {"scripts/horovod_toolkit.py"},
+    }
+    copied: set[str] = set()
+    for word, args in _instructions():
+        if word == "COPY" and args != ". .":
+            copied |= set(args.split()[:-1])
+        elif word == "RUN":
+            for step, files in needed.items():
+                if step in args:
+                    assert files <= copied, (step, files - copied)

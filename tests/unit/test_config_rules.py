@@ -16,7 +16,7 @@ TRUST = r"^optim.trust_clip_min: 0.5 is above optim.trust_clip_max \(0.25\)$"
 
 
 def test_the_schema_declares_each_rule_on_its_fields_and_the_loader_runs_them():
-    assert rules.declared(Config) == [rules.WARMUP, rules.TRUST_CLIP]
+    assert set(rules.declared(Config)) == {rules.BY_SIZE, rules.WARMUP, rules.TRUST_CLIP}
     assert field_of("optim.trust_clip_min").metadata["cross"] is rules.TRUST_CLIP
     assert field_of("optim.trust_clip_max").metadata["cross"] is rules.TRUST_CLIP
     with pytest.raises(ConfigError, match=TRUST):
@@ -37,3 +37,15 @@ def test_the_part_raises_the_same_error_for_a_section_built_in_code():
     cfg = Config(optim=OptimConfig(warmup_epochs=2.0), phases=[Phase(epochs=1, image_size=32, batch_size=8)])
     with pytest.raises(ConfigError, match="optim.warmup_epochs: 2.0 is longer than the schedule"):
         rules.check_all(cfg)
+
+
+def test_max_gpu_batch_by_size_names_phase_sizes_with_at_least_one_image():
+    two = "phases=[{epochs: 1, image_size: 96, batch_size: 64}, {epochs: 1, image_size: 224, batch_size: 64}]"
+    cfg = load_config(None, [two, "run.max_gpu_batch_by_size={224: 16}"])
+    assert cfg.run.max_gpu_batch_by_size == {224: 16}
+    with pytest.raises(ConfigError, match=r"^run.max_gpu_batch_by_size: 160 px is no phase's image size \(96, 224\)$"):
+        load_config(None, [two, "run.max_gpu_batch_by_size={160: 16}"])
+    with pytest.raises(
+        ConfigError, match=r"^run.max_gpu_batch_by_size.224: expected an integer >= 1 \(images\), got 0$"
+    ):
+        load_config(None, [two, "run.max_gpu_batch_by_size={224: 0}"])

@@ -10,6 +10,7 @@ import subprocess
 import pytest
 from support import ROOT
 
+from scripts import horovod_toolkit
 from scripts.horovod_toolkit import assemble, pip_parts, plan
 
 
@@ -115,3 +116,13 @@ def test_install_script_plan_reports_pip_toolkit_and_nccl(tmp_path):
         ["bash", "scripts/install_horovod.sh", "--gpu"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
     )
     assert bad.returncode == 2 and "unknown argument '--gpu'" in bad.stderr
+
+
+def test_pins_give_the_wheelhouse_the_versions_the_venv_resolved(capsys):
+    import importlib.metadata
+
+    assert horovod_toolkit.main(["pins", "pyyaml>=6.0", "packaging"]) == 0
+    want = f"pyyaml=={importlib.metadata.version('pyyaml')} packaging=={importlib.metadata.version('packaging')}"
+    assert capsys.readouterr().out == want + "\n"
+    with pytest.raises(SystemExit, match="no-such-dist-here is not installed"):
+        horovod_toolkit.pins(["no-such-dist-here>=1"])

@@ -13,6 +13,7 @@ from support import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from launcher import job as job_module  # noqa: E402
 from launcher.hosts import HostError, parse_hostfile  # noqa: E402
 from launcher.job import RERUN_ENV, exit_status, run  # noqa: E402
 from launcher.transports import Local  # noqa: E402
@@ -113,11 +114,76 @@ def test_torchruns_traceback_after_a_clean_stop_stays_in_the_log_file_only(tmp_p
     assert "preempted: stopped by SIGTERM" in console and "failed (exitcode: 75)" in console
     assert f"(torchrun's report of the clean stop, a traceback, is in {log}, not shown here)" in console
     assert "[node01] after the report" in console
-    # A traceback without a clean stop before it is a real failure: shown.
-    report.write_text(TORCHRUN_REPORT.split("\n", 1)[1] + "\n")
+
+
+# torchrun 2.14's output when rank 1 of 2 was killed with SIGKILL (its exit status: 1), cut to what matters here.
+KILLED_REPORT = """rank 1 up
+E1205 13:05:13.761000 14680 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -9) local_rank: 1
+Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+  File "/v/lib/python3.11/site-packages/torch/distributed/run.py", line 1142, in <module>
+    main()
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+=======================================================
+train.py FAILED
+-------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-12-05_13:05:13
+  host      : node01
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 14697)  (SIGTERM)
+-------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-05_13:05:13
+  host      : node01
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 14700)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 14700
+======================================================="""
+
+OOM_LINE = "[ 812.4] Out of memory: Killed process 14700 (python) total-vm:9000kB, anon-rss:8000kB"
+
+
+@pytest.mark.parametrize(
+    ("kernel_log", "cause"),
+    [
+        (f"[ 1.0] boot\n{OOM_LINE}\n", f"from the kernel's OOM killer (dmesg on node01: {OOM_LINE})"),
+        ("[ 1.0] boot\n", " (no OOM-killer record of pid 14700 in the kernel log of node01: a kill -9 or a"),
+        (None, " (the OOM killer, a kill -9 or a scheduler past its grace period: the kernel log of node01 could not"),
+    ],
+)
+def test_a_killed_rank_is_named_with_its_host_signal_and_the_runbooks_code(tmp_path, monkeypatch, kernel_log, cause):
+    monkeypatch.setattr(job_module, "read_kernel_log", lambda job, host: kernel_log)
+    report = tmp_path / "report.txt"
+    report.write_text(KILLED_REPORT + "\n")
     out = io.StringIO()
-    assert run(_job(f"cat '{report}'; exit 1"), tmp_path / "again", out) == 1
-    assert "Traceback (most recent call last)" in out.getvalue()
+    assert run(_job(f"cat '{report}'; exit 1", "read line"), tmp_path / "launch", out) == 137  # torchrun said 1
+    console = out.getvalue()
+    log = tmp_path / "launch" / "000-node01.log"
+    assert log.read_text() == KILLED_REPORT + "\n"
+    assert "Traceback" not in console and "ChildFailedError" not in console and "=====" not in console
+    assert f"[node01] (torchrun's report of the failure, a traceback, is in {log}, not shown here)" in console
+    failed = next(line for line in console.splitlines() if " failed: " in line)
+    assert failed.startswith(
+        "launch: host node01 (10.0.0.1) failed: rank 1 (local_rank: 1) on node01: killed by SIGKILL"
+    )
+    assert cause in failed
+    assert console.rstrip().splitlines()[-1].startswith("launch: next: read the end of")  # the cause is near the end
+
+
+def test_a_ranks_own_traceback_is_shown_and_its_exit_code_kept(tmp_path):
+    own = 'Traceback (most recent call last):\n  File "train.py", line 9, in <module>\nKeyError: 3\nafter'
+    report = tmp_path / "report.txt"
+    report.write_text(own + "\n" + KILLED_REPORT.replace("-9 (pid: 14700)  (SIGKILL)", "1 (pid: 14700)") + "\n")
+    out = io.StringIO()
+    assert run(_job(f"cat '{report}'; exit 1"), tmp_path / "launch", out) == 1
+    console = out.getvalue()
+    assert "".join(f"[node01] {line}\n" for line in own.splitlines()) in console
+    assert "failed: rank 1 (local_rank: 1) on node01: exit code 1 after" in console
+    assert "ChildFailedError" not in console and "run.py" not in console
 
 
 def test_a_planted_log_link_is_refused_and_its_target_left_alone(tmp_path):
@@ -158,3 +224,35 @@ def test_the_launcher_checks_the_run_directory_before_it_writes_anything(tmp_pat
     words = "holds 'config.yaml' but no run.json" if kind == "foreign" else "network.json' is a symbolic link"
     assert p.stderr.startswith("launch: error: ") and words in p.stderr
     assert sorted(q.name for q in run_dir.iterdir()) == before  # no launch/ folder, no probe, no token
+
+
+def test_one_grace_default_shown_by_help_and_said_once_in_the_docs():
+    import re
+
+    from launcher import guard
+
+    sys.path.insert(0, str(ROOT))
+    import launch  # scripts/launch.py
+
+    assert guard.GRACE_S == 100.0
+    helptext = " ".join(launch._parser().format_help().split())
+    assert "(default: 100 s)" in helptext and launch._parser().parse_args(["-c", "x"]).grace == guard.GRACE_S
+    assert job_module.Job(hosts=[], transport=None, config="", overrides=[], run_dir="", procs_per_host=1).grace == 100
+    said = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for sentence in re.split(r"\.\s", " ".join(doc.read_text().split())):
+            if "--grace" in sentence:  # a number of seconds given as its default, or bare in parentheses: "(10;"
+                said += [(doc.name, n) for n in re.findall(r"(?<![-\w.])(\d+)(?=(?: s)? by default|;)", sentence)]
+    assert said == [("reproduce.md", "100")]
+
+
+def test_horovodruns_failed_rank_is_named_and_its_code_kept(tmp_path):
+    said = "[1]<stderr>:training\nProcess 1 exit with status code 137.\n"
+    said += "Terminating remaining workers after failure of Process 1."
+    report = tmp_path / "report.txt"
+    report.write_text(said + "\n")
+    out = io.StringIO()
+    assert run(_job(f"cat '{report}'; exit 1"), tmp_path / "launch", out) == 137  # horovodrun itself said 1
+    failed = next(line for line in out.getvalue().splitlines() if " failed: " in line)
+    assert failed.startswith("launch: host node01 (10.0.0.1) failed: rank 1: killed by SIGKILL after ")
+    assert job_module.horovod_failure("Process 3 exit with status code 3.") == job_module.RankFailure("3", "", 3, None)

@@ -137,3 +137,48 @@ def test_bad_network_file_is_one_line_exit_2(tmp_path, capsys, text, extra, key)
     assert predict.main(["--network", str(f), *extra]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: --network: ") and key in err
+
+
+def test_the_per_flow_cap_is_printed_as_an_assumption_with_the_command_that_measures_it(tmp_path, capsys):
+    from scripts.launcher.netprobe import summarize
+
+    argv = ["--hosts", "2", "--gpus-per-host", "8", "--gpu", "v100", "--record-s", "0"]
+    assert predict.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "per-flow cap 10 Gbit/s: an assumption (--flow-gbit)" in out
+    assert "`python scripts/launch.py --hostfile hosts.txt -c CONFIG --probe-network`" in out
+    pair = {"a": "h0", "b": "h1", "ranks": [0, 1], "one_flow_gbit": 2.0, "n_flows_gbit": 6.0, "latency_us": 80.0}
+    f = tmp_path / "network.json"
+    f.write_text(json.dumps(summarize(["h0", "h1"], [pair], 4, 1.0)))
+    assert predict.main([*argv, "--network", str(f)]) == 0
+    assert "an assumption" not in capsys.readouterr().out  # measured: no assumption left to name
+
+
+def test_the_input_line_sets_what_the_steps_consume_against_what_dali_decodes(capsys):
+    assert predict.main(["-c", str(ROOT / "configs/presets/h100_1gpu.yaml"), "--record-s", "0"]) == 0
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.startswith("input: "))
+    assert "DALI decodes with data.workers=8 threads" in line and "96 px " in line and " of 18.7k (" in line
+    need = float(line.split("96 px ")[1].split("k of")[0])
+    assert need > 18.7  # one H100 at 96 px, 2048 per step, consumes more than one GPU's pipeline decodes
+    assert predict.main(["-c", str(ROOT / "configs/presets/h100_1gpu.yaml"), "data.backend=torch"]) == 0
+    assert "input: no term (data.backend=torch" in capsys.readouterr().out
+
+
+def test_the_plot_marks_the_cluster_keeps_every_line_visible_and_labels_each_axis_once():
+    from recipes import timemodel as tm
+    from recipes.config import load_config
+
+    one = "phases=[{epochs: 1, image_size: 128, batch_size: 3072}]"  # divides 1-16 hosts of 8 and 3 hosts
+    cfg = load_config(str(ROOT / "configs" / "dawnbench_158s.yaml"), [one, "optim.warmup_epochs=0"])
+    cluster = tm.Cluster(3, 8)
+    fig = predict.figure(cfg, cluster, tm.published("v100-32gb"), tm.profile_model("resnet50", 224), 16)
+    ax = fig.axes[0]
+    lines = [ln for ln in ax.get_lines() if not ln.get_label().startswith("this cluster")]
+    assert len({(str(ln.get_linestyle()), ln.get_marker()) for ln in lines}) == len(lines)  # none hides another
+    marks = [ln for ln in ax.get_lines() if ln.get_label() == "this cluster: 3 hosts"]
+    assert len(marks) == 1 and list(marks[0].get_xdata()) == [3, 3]
+    assert 3 in list(lines[0].get_xdata())  # the cluster's own host count is predicted, not only 1, 2, 4, ...
+    fig.canvas.draw()
+    assert all(t.get_text() == "" for t in ax.yaxis.get_minorticklabels())
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "3", "4", "8", "16"]

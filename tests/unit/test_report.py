@@ -8,9 +8,11 @@ from recipes.report import summarize, summary_table
 from recipes.rundir.payload import State
 
 
-def _summary(*overrides, history=None, excluded=0, classes=1000, skipped=0):
+def _summary(*overrides, history=None, excluded=0, classes=1000, skipped=0, planned=(2, 40), **state):
     cfg = load_config(None, list(overrides))
     st = State(epoch=2, step=40, train_seconds=3725.0, wall_seconds=3800.0, images=7450, history=history or [])
+    for k, v in state.items():
+        setattr(st, k, v)
     return summarize(
         cfg,
         st,
@@ -19,6 +21,8 @@ def _summary(*overrides, history=None, excluded=0, classes=1000, skipped=0):
         run_dir="runs/x",
         val_excluded=excluded,
         comm_stats=CommStats("ddp"),
+        planned_epochs=planned[0],
+        planned_steps=planned[1],
         num_classes=classes,
         val_skipped=skipped,
     )
@@ -40,7 +44,7 @@ def test_the_summary_finds_the_first_epoch_at_target():
     rows = _rows(summary_table(s))
     assert rows["time to target (top-5 >= 93%)"] == "1:02:05 (epoch 2)"
     assert rows["final top-1 / top-5"] == "76.00% / 93.50%"
-    assert rows["epochs"] == "2 (40 steps, 2 process(es))"
+    assert rows["epochs"] == "2 of 2 (40 of 40 steps, 2 process(es))" and not s["partial"]
     assert rows["validation images counted"] == "100 (every image)"
     assert rows["training time"] == "1:02:05 (excl. validation and checkpoints)"
 
@@ -80,3 +84,26 @@ def test_the_summary_says_whether_the_run_is_a_dawnbench_result_and_why_not():
     assert _rows(summary_table(s))["DAWNBench result"] == "no: " + "; ".join(s["not_qualifying_because"])
     s = _summary("run.target_top5=80", history=full, excluded=1_762)
     assert _rows(summary_table(s))["DAWNBench result"].startswith("no: its target is not DAWNBench's top-5 >= 93%")
+
+
+def test_a_run_stopped_before_the_end_of_its_plan_says_so():
+    rows = [{"epoch": 2, "train_seconds": 17.0, "top1": 1.0, "top5": 5.0, "val_count": 100}]
+    s = _summary(history=rows, planned=(9, 180))
+    assert (s["planned_epochs"], s["planned_steps"], s["partial"]) == (9, 180, True)
+    assert _rows(summary_table(s))["epochs"] == (
+        "2 of 9 (40 of 180 steps, 2 process(es)); stopped before the end of the plan: a partial run"
+    )
+    # Stopped at its target (run.stop_at_target): done by its own rule, not partial.
+    hit = [{**rows[0], "top5": 95.0}]
+    s = _summary("run.target_top5=93", "run.stop_at_target=true", history=hit, planned=(9, 180))
+    assert not s["partial"]
+    assert _rows(summary_table(s))["epochs"].endswith("; stopped at its target (run.stop_at_target)")
+    # A summary.json from before the plan was recorded still reads.
+    old = {k: v for k, v in s.items() if k not in ("planned_epochs", "planned_steps", "partial")}
+    assert _rows(summary_table(old))["epochs"] == "2 (40 steps, 2 process(es))"
+
+
+def test_a_resumed_runs_table_shows_the_restart():
+    assert "restarts" not in _rows(summary_table(_summary()))
+    s = _summary(restarts=1, redone_steps=7)
+    assert _rows(summary_table(s))["restarts"] == "1 (resumed from a checkpoint after a failure; 7 step(s) redone)"

@@ -283,3 +283,37 @@ def test_h200_bf16_rows_and_the_h100_from_them():
         assert t100 * (1 - u) <= t200 * 1.001 and t100 * (1 + u) >= t200 / 0.70 * 0.999
         assert h100.step_s(96, 256) == pytest.approx(h200.step_s(96, 256))
     assert tm.gpu_for_device("NVIDIA H200") == "h200" and tm.gpu_for_device("NVIDIA H100 80GB HBM3") == "h100"
+
+
+def test_each_accumulated_micro_batch_waits_for_the_step_floor(prof):
+    rates = tm.published("h100", "fp16")
+    floor = rates.step_floor[1]
+    cluster, be = tm.Cluster(2, 8), tm.backends()[0]
+
+    def step(micro_batches):
+        phase = tm.Phase(1, 100, 2048, 96, micro_batches=micro_batches)
+        return tm.estimate([phase], cluster, rates, backend=be, prof=prof).phases[0].step_ms
+
+    whole, cut = step(1), step(4)
+    compute = 2048 * rates.per_image_s(96)
+    assert compute > floor > compute / 4  # one 2048-image step hides the floor; a 512-image micro-batch does not
+    assert whole["compute"] == cut["compute"] == pytest.approx(compute * 1e3)
+    assert whole["step floor"] == 0.0
+    assert cut["step floor"] == pytest.approx(4 * (floor - compute / 4) * 1e3)
+
+
+def test_a_step_waits_for_the_input_pipeline_where_it_decodes_slower(prof):
+    rate = tm.InputRate(8)
+    assert rate.images_per_s(96) == pytest.approx(18729.0) and tm.InputRate(4).images_per_s(96) == pytest.approx(9364.5)
+    rates, cluster, be = tm.published("h100", "fp16"), tm.Cluster(1, 1), tm.backends()[0]
+    phase = tm.Phase(1, 100, 2048, 96)
+
+    def wait(inputs):
+        est = tm.estimate([phase], cluster, rates, backend=be, prof=prof, inputs=inputs)
+        return est.phases[0].step_ms
+
+    fed, none = wait(rate), wait(None)
+    assert none["input wait"] == 0.0
+    busy = sum(v for k, v in none.items() if k != "input wait")
+    assert fed["input wait"] == pytest.approx(2048 / 18729.0 * 1e3 - busy)  # 109 ms of decoding per step
+    assert wait(tm.InputRate(64))["input wait"] == 0.0  # enough threads: no wait
