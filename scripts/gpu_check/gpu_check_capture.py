@@ -310,12 +310,16 @@ def horovod_missing() -> str:
 
 
 def case_wrapped(rows: list[dict], probe: Probe) -> None:
+    from recipes import registry
     from recipes.steps import GraphStep
 
-    for backend in ("ddp", "horovod"):
+    # every backend whose record refuses capture while it wraps the model
+    refusing = [n for n, r in registry.ALLREDUCE_BACKENDS.items() if r.graph_refusal]
+    for backend in refusing:
         label = f"capture wrapped: comm.backend={backend} engaged at world 1 stays eager"
         with guard(rows, label):
-            if backend == "horovod" and (why := horovod_missing()):
+            own = registry.ALLREDUCE_BACKENDS[backend].launcher == "horovodrun"  # needs horovod.torch
+            if own and (why := horovod_missing()):
                 rows.append(row(label, f"skip: {why}"))
                 continue
             cfg = small_cfg(probe, f"comm.backend={backend}", "comm.engage_single_rank=true", "optim.name=hybrid")

@@ -105,9 +105,15 @@ def test_an_optimizer_record_that_claims_capture_wrongly_fails_its_row(probe, mo
 
 
 def test_a_backend_decision_that_would_capture_ddp_fails_its_row(probe, monkeypatch):
-    """DDP's record without its refusal: graph_decision captures the engaged DDP step, and the row says so."""
-    ddp = dataclasses.replace(registry.ALLREDUCE_BACKENDS["ddp"], graph_refusal="")
-    monkeypatch.setitem(registry.ALLREDUCE_BACKENDS, "ddp", ddp)
+    """A decision that looks at the world size instead of the wrapping captures the engaged DDP step (world 1),
+    and the row says so."""
+    decide = probe.decision
+
+    def world_only(cfg, *, world_size: int = 1):
+        unwrapped = dataclasses.replace(cfg, comm=dataclasses.replace(cfg.comm, engage_single_rank=False))
+        return decide(unwrapped, world_size=world_size)
+
+    monkeypatch.setattr(probe, "decision", world_only)
     monkeypatch.setattr(cap, "horovod_missing", lambda: "left out here")
     rows = []
     cap.run_cases(rows, probe, write=lambda: None, cases=["wrapped"])
