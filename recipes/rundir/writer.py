@@ -15,6 +15,7 @@ import json
 import math
 import os
 import re
+import stat
 from pathlib import Path
 
 from recipes.errors import RunDirError
@@ -37,12 +38,45 @@ def refuse_link(path: Path) -> None:
         )
 
 
+def _kind(mode: int) -> str | None:
+    """What a non-regular file is, in words; None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def refuse_irregular(path: Path, what: str | None = None) -> None:
+    """Raise RunDirError unless `path` is a regular file or nothing: the rename would replace a device node or a
+    FIFO with our file (as root, /dev/null or /dev/full), and a link means someone else uses the name."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(mode):
+        if what is None:
+            refuse_link(path)
+        raise RunDirError(f"{what}: '{path}' is a symbolic link (to '{os.readlink(path)}'): give a path that is not")
+    kind = _kind(mode)
+    if kind is not None:
+        prefix = f"{what}: " if what else ""
+        raise RunDirError(f"{prefix}'{path}' is {kind}: expected a regular file or a new name")
+
+
 def write_atomic(path: str | Path, data: bytes | str, *, durable: bool = True) -> None:
-    """Write `data` as `path`: the old complete file or the new complete file, never a mix, never through a link.
+    """Write `data` as `path`: the old complete file or the new complete file, never a mix, never through a link,
+    never over a device, FIFO or directory.
 
     durable=False skips the fsync: after a power loss the file may be the old one (the rename is still atomic)."""
     path = Path(path)
-    refuse_link(path)
+    refuse_irregular(path)
     if isinstance(data, str):
         data = data.encode()
     tmp = temp_path(path)
@@ -93,13 +127,11 @@ def remove_stale_temps(run_dir: Path) -> list[str]:
 
 
 def check_target(path: str | Path, what: str) -> Path:
-    """Refuse, before any work, an output path a tool could not write safely: a link, a directory, a folder that
-    does not exist. One RunDirError line names `what` (the flag or file) and the path."""
+    """Refuse, before any work, an output path a tool could not write safely: anything but a regular file or a new
+    name (a link, a directory, a device, a FIFO), a folder that does not exist. One RunDirError line names `what`
+    (the flag or file) and the path."""
     path = Path(path)
-    if path.is_symlink():
-        raise RunDirError(f"{what}: '{path}' is a symbolic link (to '{os.readlink(path)}'): give a path that is not")
-    if path.is_dir():
-        raise RunDirError(f"{what}: '{path}' is a directory: give a file name")
+    refuse_irregular(path, what)
     if not path.parent.is_dir():
         raise RunDirError(f"{what}: the folder '{path.parent}' does not exist")
     return path
