@@ -33,7 +33,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from recipes import reader
 from recipes.errors import DataError
+from recipes.writer import open_new, refuse_irregular, write_output
 
 TRAIN_TAR = "ILSVRC2012_img_train.tar"
 VAL_TAR = "ILSVRC2012_img_val.tar"
@@ -48,11 +50,19 @@ PROGRESS = ".prepare-progress"  # per-class completion markers, inside <dst> (th
 VAL_NAME = re.compile(r"^ILSVRC2012_val_(\d{8})\.JPEG$", re.IGNORECASE)
 _CLASS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,99}")
 _FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")
+# Kaggle's LOC_val_solution.csv is 2.3 MB and LOC_synset_mapping.txt 31 KB: a text member or file above this is not
+# theirs, and is refused before it is read (a small zip can inflate a CSV to gigabytes).
+TEXT_BYTES = 16 << 20
 _READ_ERRORS = (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error, OSError)
 
 
 def is_class_name(name) -> bool:
     return isinstance(name, str) and _CLASS_NAME.fullmatch(name) is not None
+
+
+def read_blacklist(path: Path) -> bytes:
+    """The bytes of a user's blacklist file (a regular file of at most 1 MiB: 50,000 numbers take 290 KB)."""
+    return reader.read_bytes(path, what="--blacklist", error=DataError, max_bytes=1 << 20)
 
 
 def write_blacklist(data: bytes, source: str, out_dir: Path) -> Path:
@@ -65,9 +75,7 @@ def write_blacklist(data: bytes, source: str, out_dir: Path) -> Path:
     if not numbers or not all(1 <= n <= 50_000 for n in numbers) or len(set(numbers)) != len(numbers):
         raise DataError(f"{source}: expected distinct image numbers in 1..50000, one a line")
     out = out_dir / BLACKLIST
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text("".join(f"{n}\n" for n in numbers))
-    os.replace(tmp, out)
+    write_output(out, "".join(f"{n}\n" for n in numbers), "the validation blacklist", DataError)
     return out
 
 
@@ -141,12 +149,7 @@ def solution_labels(csv_path: Path) -> dict[int, str]:
     """{image number: wnid} from Kaggle's LOC_val_solution.csv (ImageId, PredictionString 'wnid x y x y ...')."""
     if not csv_path.is_file():
         raise DataError(f"--val-solution: '{csv_path}' not found ({KAGGLE_SOLUTION} of Kaggle's ImageNet)")
-    try:
-        text = csv_path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise DataError(f"--val-solution '{csv_path}' is not UTF-8 text (byte {e.start})") from None
-    except OSError as e:
-        raise DataError(f"cannot read --val-solution '{csv_path}': {e.strerror or e}") from None
+    text = reader.read_text(csv_path, what="--val-solution", error=DataError, max_bytes=TEXT_BYTES)
     return _parse_solution(text, str(csv_path))
 
 
@@ -222,9 +225,10 @@ def _check_file_member(member: tarfile.TarInfo, archive: str) -> None:
 
 def _write_atomic(src, out: Path) -> int:
     """Copy the file object `src` to `out` through a temporary name (a file that exists is complete)."""
+    refuse_irregular(out, "an image", DataError)  # a regular file or nothing: never replace a FIFO or a device
     tmp = out.with_name(out.name + ".tmp")
     tmp.unlink(missing_ok=True)  # a leftover of an interrupted run (or a planted link: never written through)
-    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "wb") as f:
+    with open_new(tmp, "an image", DataError) as f:
         shutil.copyfileobj(src, f, 1 << 20)
     os.replace(tmp, out)
     return out.stat().st_size
@@ -256,6 +260,7 @@ def extract_train(train_tar: Path, dst: Path, *, stream=None) -> int:
                             f"'{where}': member {ascii(name)} is not a per-class tar (<wnid>.tar); expected "
                             f"{TRAIN_TAR} from image-net.org"
                         )
+                    refuse_irregular(marks / wnid, "a progress marker", DataError)  # a link never marks a class
                     if (marks / wnid).is_file():
                         progress.classes += 1
                         progress.skipped += 1
@@ -272,7 +277,7 @@ def extract_train(train_tar: Path, dst: Path, *, stream=None) -> int:
                             progress.update(raw.tell())
                     if written == 0:
                         raise DataError(f"'{inner_where}' holds no images")
-                    (marks / wnid).write_text(f"{written}\n")
+                    write_output(marks / wnid, f"{written}\n", "a progress marker", DataError)
                     progress.classes += 1
                     progress.update(raw.tell())
         except _READ_ERRORS as e:
@@ -297,6 +302,7 @@ def _val_destination(name: str, labels: Callable[[int], str | None], where: str)
 def extract_val(val_tar: Path, dst: Path, val_wnids: list[str], *, stream=None) -> int:
     """The flat validation tar -> <dst>/val/<wnid>/ (labels from the devkit); returns the images written."""
     done = dst / PROGRESS / "val"
+    refuse_irregular(done, "a progress marker", DataError)  # before the extraction, not after it
     if done.is_file():
         return 0
     progress = Progress("val", val_tar.stat().st_size, stream=stream)
@@ -320,7 +326,7 @@ def extract_val(val_tar: Path, dst: Path, val_wnids: list[str], *, stream=None) 
                 f"'{where}' cannot be read past {raw.tell():,} bytes ({e}): truncated or not a tar"
             ) from None
     done.parent.mkdir(parents=True, exist_ok=True)
-    done.write_text(f"{progress.images}\n")
+    write_output(done, f"{progress.images}\n", "a progress marker", DataError)
     progress.update(val_tar.stat().st_size, force=True)
     return progress.images
 
@@ -367,7 +373,7 @@ def _kaggle_tree(base: Path) -> tuple[list[_Entry], bytes, bytes]:
     for name in (KAGGLE_SOLUTION, KAGGLE_MAPPING):
         if not (base / name).is_file():
             raise DataError(f"'{base}' has {KAGGLE_ROOT} but no {name} beside ILSVRC/ (Kaggle's download has both)")
-        texts.append((base / name).read_bytes())
+        texts.append(reader.read_bytes(base / name, what=name, error=DataError, max_bytes=TEXT_BYTES))
     return entries, texts[0], texts[1]
 
 
@@ -468,7 +474,7 @@ def from_download(
     elif blacklist is not None:
         if not blacklist.is_file():
             raise DataError(f"--blacklist: '{blacklist}' not found")
-        write_blacklist(blacklist.read_bytes()[: 1 << 20], f"--blacklist '{blacklist}'", dst)
+        write_blacklist(read_blacklist(blacklist), f"--blacklist '{blacklist}'", dst)
     classes = sum(1 for d in (dst / "train").iterdir() if d.is_dir()) if (dst / "train").is_dir() else 0
     log(f"wrote {dst} from {route}: {classes} class folder(s) in train/, {written} file(s) written")
     return {"route": route, "classes": classes, "blacklist": (dst / BLACKLIST).is_file()}
