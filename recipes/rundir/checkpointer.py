@@ -162,11 +162,8 @@ class Checkpointer:
             )
         ck.path = path
         st = ck.training_state()
-        where = position_problem(
-            st,
-            Schedule(cfg.phases, cfg.optim, num_images=self.data.num_train, world_size=dist.world_size),
-            exact=not problems,
-        )
+        plan = Schedule(cfg.phases, cfg.optim, num_images=self.data.num_train, world_size=dist.world_size)
+        where = position_problem(st, plan, exact=not problems)
         if where:
             raise CheckpointError(f"checkpoint '{path}': entry 'state' {where}")
         check_compatible(parts.model, ck.model, str(path))
@@ -203,7 +200,7 @@ class Checkpointer:
             load_bn_statistics(parts.model, ck.bn_per_rank[dist.rank], str(path))
         self._restore_ema(ck, str(path))
         restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-        lost = max(0, agreed.reached - st.step)
+        lost = max(0, min(agreed.reached, plan.total_steps) - st.step)  # no rank logged a step the plan lacks
         redo = agreed.restarted or lost
         if redo:
             st.restarts += 1
