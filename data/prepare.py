@@ -222,7 +222,8 @@ def sort_val(root: Path, labels: list[str] | dict[int, str], log=print) -> int:
     if not val.is_dir():
         raise DataError(f"--sort-val: '{val}' not found (expected the validation images in <root>/val)")
     flat = sorted(p for p in val.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
-    lookup = (lambda n: labels[n - 1] if n <= len(labels) else None) if isinstance(labels, list) else labels.get
+    # image numbers start at 1: image 0 has no label (labels[-1] would be image 50,000's)
+    lookup = (lambda n: labels[n - 1] if 1 <= n <= len(labels) else None) if isinstance(labels, list) else labels.get
     moves = []
     inside = val.resolve()
     for p in flat:
@@ -390,6 +391,13 @@ def main(argv: list[str] | None = None) -> int:
         )
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # at the edges: a destination that vanished, a file system that filled or went read-only
+        where = f" '{e.filename}'" if e.filename else ""
+        print(
+            f"error: cannot read or write{where}: {e.strerror or e}; check the path, its permissions and free space",
+            file=sys.stderr,
+        )
         return 2
     print(
         f"wrote {args.dst}: {result['resized']} resized, {result['copied']} copied, {result['undecodable']} undecodable"
