@@ -23,6 +23,10 @@ BAD_SUMMARY = [
     ("summary.json", json.dumps({"world_size": 1, "comm": {"steps": "many"}}), "'comm'"),
     ("config.yaml", "a: [1\n", "not valid YAML"),
     ("config.yaml", "- 1\n", "expected a mapping"),
+    ("config.yaml", "comm: 5\n", "section 'comm': expected a mapping, got 5"),
+    ("config.yaml", "phases: [1]\n", "'phases': expected a list of mappings"),
+    ("config.yaml", "a: " + "[" * 5000 + "]" * 5000 + "\n", "not valid YAML"),  # the config parser's depth bound
+    ("summary.json", json.dumps({"world_size": 1, "comm_backend": [1]}), "'comm_backend': expected a backend name"),
 ]
 
 
