@@ -97,7 +97,10 @@ def not_a_run(run_dir: Path) -> str | None:
 
     A run directory is empty, or holds run.json, or holds only names a run makes; a home folder or a dataset (with
     `train/` and `val/`) is neither, and a training must not write there nor move its files to previous/.
+    The path is judged as written, '..' taken lexically: `runs/..` is the folder above runs/ even while runs/ does
+    not exist (the kernel would call it missing, and the launcher's logs would land in that folder).
     """
+    run_dir = Path(os.path.abspath(run_dir))  # lexical: a link above it is resolved_elsewhere()'s to report
     if run_dir.is_symlink() or (run_dir.exists() and not run_dir.is_dir()):
         what = "a symbolic link" if run_dir.is_symlink() else "not a directory"
         return f"run directory '{run_dir}' is {what}; give run.out_dir/run.name or --run-dir a directory"

@@ -238,3 +238,18 @@ def test_progress_json_is_a_step_of_the_plan_or_ignored_with_a_warning(tiny_root
     assert len(warned) == (PROGRESS_STEPS[text] == 0), err
     saved = json.loads((tmp_path / "tiny" / files.SUMMARY).read_text())
     assert saved["redone_steps"] == PROGRESS_STEPS[text]
+
+
+def test_a_run_directory_spelled_with_dotdot_is_judged_as_the_folder_it_names(tiny_root, tmp_path):
+    """`runs/..` while runs/ does not exist: the kernel calls it missing, so it passed as new, and the launcher's
+    launch/ (and runs/) were written into the folder above (the repository, for a config named '...')."""
+    home = tmp_path / "repo"
+    home.mkdir()
+    (home / "README.md").write_text("mine\n")
+    before = _tree(home)
+    with pytest.raises(RunDirError) as e:
+        train(tiny_config(tiny_root, tmp_path), run_dir=home / "runs" / "..")
+    msg = str(e.value)
+    assert "\n" not in msg and f"run directory '{home}' is neither empty nor a run" in msg, msg
+    assert _tree(home) == before  # no runs/, no launch/, nothing
+    assert directory.not_a_run(home / "runs" / "..") == directory.not_a_run(home)
