@@ -94,9 +94,12 @@ def write_blacklist(data: bytes, source: str, out_dir: Path) -> Path:
     """Check a blacklist (one image number in 1..50000 a line) and write it to `out_dir` as data.val_blacklist
     reads it; the same file whichever route sorted the validation set."""
     try:
-        numbers = [int(x) for x in data.decode("utf-8").split()]
-    except (UnicodeDecodeError, ValueError):
-        raise DataError(f"{source}: expected one image number (1..50000) a line") from None
+        words = data.decode("utf-8").split()
+    except UnicodeDecodeError:
+        words = ["not UTF-8"]
+    if not all(_ID.fullmatch(w) for w in words):  # ASCII digits: int() takes '٢' as 2
+        raise DataError(f"{source}: expected one image number (1..50000) a line")
+    numbers = [int(w) for w in words]
     if not numbers or not all(1 <= n <= 50_000 for n in numbers) or len(set(numbers)) != len(numbers):
         raise DataError(f"{source}: expected distinct image numbers in 1..50000, one a line")
     out = out_dir / BLACKLIST

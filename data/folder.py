@@ -86,13 +86,19 @@ def read_blacklist(path: str | Path) -> list[int]:
         text = reader.read_text(p, what="data.val_blacklist:", error=DataError, max_bytes=_MAX_BLACKLIST_BYTES)
     except DataError as e:
         raise DataError(f"{e}; expected {expected}") from None
-    out = []
+    out: dict[int, int] = {}  # index -> line
     for n, line in enumerate(text.splitlines(), 1):
         if line.strip():
             if not _INDEX.fullmatch(line.strip()):  # ASCII digits: str.isdigit() takes '³', which int() refuses
                 raise DataError(f"data.val_blacklist: '{p}' line {n} is not an image index; expected {expected}")
-            out.append(int(line))
-    return out
+            index = int(line)
+            if index in out:  # each image is listed once: a repeat is a list that is not the devkit's
+                raise DataError(
+                    f"data.val_blacklist: '{p}' line {n} repeats the index of line {out[index]}; expected each "
+                    "image once (the devkit's data/ILSVRC2012_validation_blacklist.txt)"
+                )
+            out[index] = n
+    return list(out)
 
 
 def drop_blacklisted(split: Split, path: str | Path) -> tuple[Split, int]:
