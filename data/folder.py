@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +73,21 @@ def scan_split(root: str | Path, split: str, classes: list[str] | None = None) -
 
 _MAX_BLACKLIST_BYTES = 1 << 20
 _INDEX = re.compile(r"[0-9]{1,9}")  # the devkit's list is 9 kB (1,762 indices of 50,000)
+
+
+def distinct_files(folder: str | Path) -> int:
+    """How many distinct files (device and inode, links followed) the images under `folder` are: a folder of
+    50,000 links to one image is 1, ImageNet's validation set 50,000."""
+    seen = set()
+    for dirpath, _, names in os.walk(folder, followlinks=True):
+        for name in names:
+            if name.lower().endswith(IMAGE_EXTENSIONS):
+                try:
+                    st = os.stat(os.path.join(dirpath, name))
+                except OSError:
+                    continue  # a dangling link is no image: the loader reports it
+                seen.add((st.st_dev, st.st_ino))
+    return len(seen)
 
 
 def read_blacklist(path: str | Path) -> list[int]:
