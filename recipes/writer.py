@@ -133,7 +133,8 @@ def write_output(path: str | Path, data: bytes | str, what: str, error: type[Exc
     try:
         write_atomic(path, data, error=error)
     except OSError as e:
-        raise error(f"{what}: cannot write '{path}': {e.strerror or e}; free space or choose another folder") from None
+        why = e.strerror or e
+        raise error(f"{what}: cannot write '{path}': {why}; check the folder's permissions and free space") from None
 
 
 def open_new(path: str | Path, what: str, error: type[Exception] = RunDirError) -> IO[bytes]:

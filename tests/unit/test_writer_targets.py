@@ -61,3 +61,14 @@ def test_a_regular_file_or_a_new_name_is_written(tmp_path):
     write_output(old, "after\n", "--json")
     write_output(new, b"\x89PNG", "--png")
     assert old.read_text() == "after\n" and new.read_bytes() == b"\x89PNG"
+
+
+def test_a_folder_that_refuses_the_write_is_one_line_saying_what_to_check():
+    with pytest.raises(RunDirError) as e:
+        write_output("/proc/dawnbench-out.json", "{}", "--json")  # /proc refuses new files, even to root
+    msg = str(e.value)
+    assert (
+        "\n" not in msg
+        and msg.startswith("--json: cannot write '/proc/dawnbench-out.json': ")
+        and msg.endswith("; check the folder's permissions and free space")
+    ), msg
