@@ -58,7 +58,14 @@ from data.download import (  # noqa: E402
 from data.folder import IMAGE_EXTENSIONS, scan_split  # noqa: E402
 from recipes import reader  # noqa: E402
 from recipes.errors import DataError  # noqa: E402
-from recipes.writer import check_target, open_append, to_json, write_output  # noqa: E402
+from recipes.writer import (  # noqa: E402
+    check_target,
+    open_append,
+    open_new,
+    refuse_irregular,
+    to_json,
+    write_output,
+)
 
 MANIFEST = "manifest.jsonl"
 SETTINGS = "prepare.json"
@@ -110,13 +117,16 @@ def _resize_one(task: tuple) -> dict:
         return {**entry, "status": "undecodable", "kind": report.kind, "error": report.detail or str(e)}
     Path(dst).parent.mkdir(parents=True, exist_ok=True)
     tmp = f"{dst}.tmp{os.getpid()}"
-    if fmt == "JPEG" and mode == "RGB" and (tw, th) == (w, h):
-        with open(src, "rb") as fi, open(tmp, "wb") as fo:  # already small: the original bytes, no re-encode
-            fo.write(fi.read())
-        status = "copied"
-    else:
-        out.save(tmp, format="JPEG", quality=quality)
-        status = "resized"
+    refuse_irregular(Path(dst), "an image", DataError)  # a regular file or nothing: never replace a FIFO or device
+    Path(tmp).unlink(missing_ok=True)  # our own leftover (same pid), or a planted link: never written through
+    with open_new(tmp, "an image", DataError) as fo:
+        if fmt == "JPEG" and mode == "RGB" and (tw, th) == (w, h):
+            with open(src, "rb") as fi:  # already small: the original bytes, no re-encode
+                fo.write(fi.read())
+            status = "copied"
+        else:
+            out.save(fo, format="JPEG", quality=quality)
+            status = "resized"
     os.replace(tmp, dst)  # atomic: a file that exists is complete (what makes a rerun resume safely)
     kind = "rgb-jpeg" if fmt == "JPEG" and mode == "RGB" else f"{fmt} {mode}"
     return {

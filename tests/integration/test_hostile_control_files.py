@@ -114,3 +114,16 @@ def test_evaluates_outputs_are_refused_up_front_and_never_written_through(tmp_pa
     with pytest.raises(ConfigError):
         cli._write_json(str(out), {"top1": 1.0}, flag)
     assert (victim.read_text() == "precious\n") if kind == "link" else not victim.exists()
+
+
+def test_a_resized_copy_is_never_written_through_a_planted_temp_link(sample, tmp_path):
+    dst = tmp_path / "copy"
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    images = sorted(p.relative_to(sample) for p in (sample / "train").rglob("*.JPEG"))
+    for rel in images:  # the temp name each image is written to (one process: this one's pid)
+        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+        (dst / f"{rel}.tmp{os.getpid()}").symlink_to(victim)
+    assert prepare_main(["--src", str(sample), "--dst", str(dst), "--short-side", "16", "--workers", "1"]) == 0
+    assert victim.read_text() == "precious\n"
+    assert all((dst / rel).is_file() and not (dst / rel).is_symlink() for rel in images)
