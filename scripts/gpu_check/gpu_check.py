@@ -47,7 +47,9 @@ def write_profile(path: Path, rates: list[dict], dtype: str) -> dict:
         "dtype": dtype,
         "rates": rates,
     }
-    path.write_text(json.dumps(profile, indent=2) + "\n")
+    from recipes.writer import write_output
+
+    write_output(path, json.dumps(profile, indent=2) + "\n", "the GPU profile")
     return profile
 
 
@@ -167,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
             "work": str(work),
             "rows": rows,
         }
-        out.write_text(json.dumps(report, indent=2) + "\n")
+        from recipes.writer import write_output
+
+        write_output(out, json.dumps(report, indent=2) + "\n", "the gpu-check report")
         print(
             f"### GPU check: {report['gpu']} x{gpus}, torch {torch.__version__} (CUDA {torch.version.cuda}), "
             f"{report['date']}, {seconds:.0f} s" + ("" if parts == WHOLE else f"; parts: {' '.join(parts)}") + "\n"
