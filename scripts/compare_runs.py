@@ -144,6 +144,16 @@ def _check_summary(path: Path, summary: dict) -> dict:
     return summary
 
 
+def _world_size(path: Path, meta: dict) -> int:
+    """meta.json's process count (1 when it has none): an integer >= 1, or one CompareError line naming the file."""
+    n = meta.get("world_size")
+    if n is None:
+        return 1
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 1 << 20:
+        raise CompareError(f"{path}: 'world_size': expected an integer in [1, 1,048,576], got {_short(n)}")
+    return n
+
+
 def _interrupted_summary(path: Path, history: list[dict]) -> dict:
     """What summary.json would say of the epochs an interrupted run finished (meta.json gives the processes)."""
     meta = _read_json(path / run_files.META) if (path / run_files.META).is_file() else {}
@@ -153,7 +163,7 @@ def _interrupted_summary(path: Path, history: list[dict]) -> dict:
         "epochs": last["epoch"],
         "steps": None,  # progress.json counts steps past the last epoch: not the steps of these epochs
         "last_step_logged": progress.get("step"),
-        "world_size": int(meta.get("world_size") or 1),
+        "world_size": _world_size(path / run_files.META, meta),
         "wall_seconds": last.get("wall_seconds"),
         "train_seconds": last["train_seconds"],
         "images_per_s": last.get("images_per_s"),

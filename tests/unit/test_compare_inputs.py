@@ -62,3 +62,12 @@ def test_the_plot_goes_beside_the_runs_and_never_through_a_link(tmp_path, capsys
     capsys.readouterr()
     assert compare_runs.main([str(a), str(b)]) == 2
     assert "--plot: " in capsys.readouterr().err and victim.read_text() == "precious"
+
+
+@pytest.mark.parametrize("value", ["x", [1], True, 2.5, 0, 10**300])
+def test_an_interrupted_runs_meta_json_holds_a_process_count(tmp_path, capsys, value):
+    run = fake_run_dir(tmp_path / "a", "ddp", finished=False)
+    (run / "meta.json").write_text(json.dumps({"world_size": value}))
+    assert compare_runs.main([str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{run / 'meta.json'}: 'world_size': expected an integer in [1," in err, err
