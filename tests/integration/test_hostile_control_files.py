@@ -127,3 +127,10 @@ def test_a_resized_copy_is_never_written_through_a_planted_temp_link(sample, tmp
     assert prepare_main(["--src", str(sample), "--dst", str(dst), "--short-side", "16", "--workers", "1"]) == 0
     assert victim.read_text() == "precious\n"
     assert all((dst / rel).is_file() and not (dst / rel).is_symlink() for rel in images)
+
+
+def test_a_copy_destination_that_cannot_be_made_is_one_line(sample, capsys):
+    dst = "/proc/dawnbench-copy"  # refuses new folders, even to root (a read-only mount would too)
+    assert prepare_main(["--src", str(sample), "--dst", dst, "--short-side", "16", "--workers", "1"]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert f"cannot read or write '{dst}'" in line and "check the path, its permissions and free space" in line, line
