@@ -253,3 +253,20 @@ def test_a_run_directory_spelled_with_dotdot_is_judged_as_the_folder_it_names(ti
     assert "\n" not in msg and f"run directory '{home}' is neither empty nor a run" in msg, msg
     assert _tree(home) == before  # no runs/, no launch/, nothing
     assert directory.not_a_run(home / "runs" / "..") == directory.not_a_run(home)
+
+
+def test_the_launcher_refuses_runs_dotdot_before_it_writes_launch(tmp_path, capsys):
+    """The launcher's check is the trainer's: no launch/ or runs/ appears in the folder above."""
+    from support import ROOT
+
+    from scripts import launch
+
+    home = tmp_path / "repo"
+    home.mkdir()
+    (home / "README.md").write_text("mine\n")
+    before = _tree(home)
+    argv = ["--hosts", "localhost:1", "--transport", "local", "--run-dir", str(home / "runs" / "..")]
+    rc = launch.main([*argv, "-c", str(ROOT / "tests" / "tiny.yaml"), f"data.root={tmp_path / 'none'}"])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"launch: error: run directory '{home}' is neither empty nor a run" in err, err
+    assert _tree(home) == before
