@@ -35,8 +35,9 @@ qw = $(foreach w,$(1),$(call q,$(w)))
 # driver; on a machine without a GPU they run on the CPU. CUDA=cu126: the CUDA 12.6 builds of the same versions
 # (requirements-cu126.txt), for Volta (V100) and older drivers. From the command line or DAWNBENCH_CUDA.
 CUDA = $(or $(value DAWNBENCH_CUDA),cu130)
-ifeq ($(filter $(CUDA),cu130 cu126),)
-$(error CUDA=$(CUDA): expected cu130 (the default: CUDA 13, Turing and newer) or cu126 (CUDA 12.6: Volta/V100 and older drivers))
+# Exactly one word of the list: 'cu130 ;touch x' or 'cu126 cu130' holds a valid word, and is refused all the same.
+ifneq ($(words $(CUDA))$(filter-out cu130 cu126,$(CUDA)),1)
+$(error CUDA=$(CUDA): expected cu130 (the default: CUDA 13, Turing and newer) or cu126 (CUDA 12.6: Volta/V100 and older drivers), exactly one word)
 endif
 # WHEELHOUSE=folder (or DAWNBENCH_WHEELHOUSE): install from a folder that `make wheelhouse` filled, with no package
 # index at all (HPC nodes, GPU machines lent for checks). The folder is made for one CUDA variant (its cuda-variant.txt).
@@ -52,7 +53,7 @@ SWITCHING := $(filter-out $(CUDA),$(or $(INSTALLED_CUDA),$(CUDA)))
 .PHONY: FORCE
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt requirements-cu126.txt $(if $(SWITCHING),FORCE)
-	$(if $(PIP_OFFLINE),@grep -sqx $(CUDA) $(call q,$(WHEELHOUSE)/cuda-variant.txt) || { echo WHEELHOUSE=$(call q,$(WHEELHOUSE))": \
+	$(if $(PIP_OFFLINE),@grep -sqx $(call q,$(CUDA)) $(call q,$(WHEELHOUSE)/cuda-variant.txt) || { echo WHEELHOUSE=$(call q,$(WHEELHOUSE))": \
 		no wheels for CUDA=$(CUDA) there (its cuda-variant.txt: $$(cat $(call q,$(WHEELHOUSE)/cuda-variant.txt) 2>/dev/null || echo missing)); \
 		fill it with make wheelhouse CUDA=$(CUDA)" >&2; exit 2; })
 	$(if $(SWITCHING),rm -rf $(call q,$(VENV)))
@@ -63,7 +64,7 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt requirements-cu126.txt
 		grep -v "is ignored: it is neither" $(VENV)/pip-install.log; exit $$rc
 	$(PY) -m pip check --disable-pip-version-check
 	$(PY) scripts/check_install.py $(REQS_$(CUDA)) -r requirements-dev.txt
-	echo $(CUDA) > $@
+	echo $(call q,$(CUDA)) > $@
 
 install: $(VENV)/.installed
 
@@ -87,7 +88,7 @@ wheelhouse: install
 	mkdir -p $(call q,$(WHEELHOUSE))
 	$(PY) -m pip wheel -q --disable-pip-version-check -w $(call q,$(WHEELHOUSE)) $(REQS_$(CUDA)) -r requirements-dev.txt
 	PY=$(PY) bash scripts/install_horovod.sh --wheel-dir $(call q,$(WHEELHOUSE)) $(if $(filter 0,$(HOROVOD_NCCL)),--cpu,--nccl)
-	echo $(CUDA) > $(call q,$(WHEELHOUSE)/cuda-variant.txt)
+	echo $(call q,$(CUDA)) > $(call q,$(WHEELHOUSE)/cuda-variant.txt)
 	@echo "make wheelhouse: $$(ls $(call q,$(WHEELHOUSE)) | grep -c '\.whl$$') wheels for CUDA=$(CUDA) in "$(call q,$(WHEELHOUSE))
 
 # (Not a file target: a make target cannot hold a path with spaces.)

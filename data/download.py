@@ -29,11 +29,14 @@ import tarfile
 import time
 import zipfile
 import zlib
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from recipes import reader
 from recipes.errors import DataError
+from recipes.writer import open_new, refuse_irregular, write_output
 
 TRAIN_TAR = "ILSVRC2012_img_train.tar"
 VAL_TAR = "ILSVRC2012_img_val.tar"
@@ -48,26 +51,59 @@ PROGRESS = ".prepare-progress"  # per-class completion markers, inside <dst> (th
 VAL_NAME = re.compile(r"^ILSVRC2012_val_(\d{8})\.JPEG$", re.IGNORECASE)
 _CLASS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,99}")
 _FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")
-_READ_ERRORS = (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error, OSError)
+# Kaggle's LOC_val_solution.csv is 2.3 MB and LOC_synset_mapping.txt 31 KB: a text member or file above this is not
+# theirs, and is refused before it is read (a small zip can inflate a CSV to gigabytes).
+TEXT_BYTES = 16 << 20
+# One image of ImageNet is at most ~15 MB (train) and ~4 MB (val); a member declared larger is not an ImageNet image,
+# and a gzip'd archive that inflates past RATIO times the bytes read is not ImageNet's (JPEGs do not compress):
+# with these bounds a small archive cannot fill the disk or memory.
+MAX_IMAGE_BYTES = 64 << 20
+RATIO = 4
+_SLACK = 256 << 20  # the budget's allowance before the ratio takes hold (headers, a first large class)
+# Zip compression methods Python reads (stored, deflate, bzip2, lzma); Deflate64 (9) and the rest are refused.
+_ZIP_METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflate", zipfile.ZIP_BZIP2: "bzip2"}
+_ZIP_METHODS[zipfile.ZIP_LZMA] = "lzma"
+_READ_ERRORS = (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error, OSError, NotImplementedError)
+_ID = re.compile(r"[0-9]{1,6}")  # an ILSVRC2012_ID (1..1000 in the real devkit): ASCII digits only, never '²' or '٢'
 
 
 def is_class_name(name) -> bool:
     return isinstance(name, str) and _CLASS_NAME.fullmatch(name) is not None
 
 
+def make_folder(path: Path, what: str) -> Path:
+    """`path` as a folder (made with its parents when missing); one DataError line when it cannot be: a file in the
+    way, a read-only file system, no permission."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise DataError(f"{what}: '{path}' exists and is not a folder: give a folder (or a new name)") from None
+    except OSError as e:
+        raise DataError(
+            f"{what}: cannot create the folder '{path}': {e.strerror or e}; choose a writable place with free space"
+        ) from None
+    return path
+
+
+def read_blacklist(path: Path) -> bytes:
+    """The bytes of a user's blacklist file (a regular file of at most 1 MiB: 50,000 numbers take 290 KB)."""
+    return reader.read_bytes(path, what="--blacklist", error=DataError, max_bytes=1 << 20)
+
+
 def write_blacklist(data: bytes, source: str, out_dir: Path) -> Path:
     """Check a blacklist (one image number in 1..50000 a line) and write it to `out_dir` as data.val_blacklist
     reads it; the same file whichever route sorted the validation set."""
     try:
-        numbers = [int(x) for x in data.decode("utf-8").split()]
-    except (UnicodeDecodeError, ValueError):
-        raise DataError(f"{source}: expected one image number (1..50000) a line") from None
+        words = data.decode("utf-8").split()
+    except UnicodeDecodeError:
+        words = ["not UTF-8"]
+    if not all(_ID.fullmatch(w) for w in words):  # ASCII digits: int() takes '٢' as 2
+        raise DataError(f"{source}: expected one image number (1..50000) a line")
+    numbers = [int(w) for w in words]
     if not numbers or not all(1 <= n <= 50_000 for n in numbers) or len(set(numbers)) != len(numbers):
         raise DataError(f"{source}: expected distinct image numbers in 1..50000, one a line")
     out = out_dir / BLACKLIST
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text("".join(f"{n}\n" for n in numbers))
-    os.replace(tmp, out)
+    write_output(out, "".join(f"{n}\n" for n in numbers), "the validation blacklist", DataError)
     return out
 
 
@@ -83,9 +119,14 @@ class Devkit:
 
 def _devkit_member(tar: tarfile.TarFile, devkit: Path, name: str) -> bytes:
     member = next((m for m in tar.getmembers() if m.name.endswith("/data/" + name) or m.name == "data/" + name), None)
-    if member is None or not member.isfile():
+    if member is None or not member.isfile() or member.issparse():
         raise DataError(f"--devkit: '{devkit}' has no data/{name} (expected {DEVKIT} from image-net.org)")
-    return tar.extractfile(member).read(64 << 20)
+    if member.size > TEXT_BYTES:  # the real meta.mat is 2 MB, the ground truth 270 KB
+        raise DataError(
+            f"--devkit: data/{name} of '{devkit}' declares {member.size:,} bytes: expected at most {TEXT_BYTES:,} "
+            f"(not {DEVKIT} from image-net.org)"
+        )
+    return tar.extractfile(member).read(TEXT_BYTES + 1)
 
 
 def devkit_blacklist_bytes(devkit: Path) -> bytes:
@@ -117,15 +158,24 @@ def read_devkit(devkit: Path) -> Devkit:
     try:
         synsets = scipy.io.loadmat(io.BytesIO(mat), squeeze_me=True)["synsets"]
         rows = zip(synsets["ILSVRC2012_ID"], synsets["WNID"], synsets["num_children"], strict=True)
-        id_to_wnid = {int(i): str(w) for i, w, children in rows if int(children) == 0}
-    except (ValueError, KeyError, TypeError, IndexError, OSError, NotImplementedError):
+        leaves = [(int(i), str(w)) for i, w, children in rows if int(children) == 0]
+    except (ValueError, KeyError, TypeError, IndexError, OSError, NotImplementedError, OverflowError):
         raise DataError(f"--devkit: data/meta.mat of '{devkit}' is not {expected}") from None
+    ids, wnids = Counter(i for i, _ in leaves), Counter(w for _, w in leaves)
+    twice = next((("ILSVRC2012_ID", i) for i, n in ids.items() if n > 1), None)
+    twice = twice or next((("WNID", w) for w, n in wnids.items() if n > 1), None)
+    if twice is not None:  # the last one would win: a class's images would go to a folder train/ does not have
+        raise DataError(
+            f"--devkit: data/meta.mat of '{devkit}' lists {twice[0]} {twice[1]} twice: each class must have exactly "
+            "one ILSVRC2012_ID and one WNID"
+        )
+    id_to_wnid = dict(leaves)
     bad = next((w for w in id_to_wnid.values() if not is_class_name(w)), None)
     if not id_to_wnid or bad is not None:
         raise DataError(f"--devkit: data/meta.mat of '{devkit}' is not {expected}")
     val_wnids = []
     for n, line in enumerate(truth.decode("utf-8", "replace").split(), 1):
-        wnid = id_to_wnid.get(int(line)) if line.isdigit() else None
+        wnid = id_to_wnid.get(int(line)) if _ID.fullmatch(line) else None
         if wnid is None:
             raise DataError(
                 f"--devkit: line {n} of data/ILSVRC2012_validation_ground_truth.txt in '{devkit}' is not the "
@@ -141,12 +191,7 @@ def solution_labels(csv_path: Path) -> dict[int, str]:
     """{image number: wnid} from Kaggle's LOC_val_solution.csv (ImageId, PredictionString 'wnid x y x y ...')."""
     if not csv_path.is_file():
         raise DataError(f"--val-solution: '{csv_path}' not found ({KAGGLE_SOLUTION} of Kaggle's ImageNet)")
-    try:
-        text = csv_path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise DataError(f"--val-solution '{csv_path}' is not UTF-8 text (byte {e.start})") from None
-    except OSError as e:
-        raise DataError(f"cannot read --val-solution '{csv_path}': {e.strerror or e}") from None
+    text = reader.read_text(csv_path, what="--val-solution", error=DataError, max_bytes=TEXT_BYTES)
     return _parse_solution(text, str(csv_path))
 
 
@@ -164,7 +209,10 @@ def _parse_solution(text: str, where: str) -> dict[int, str]:
                 f"{where}:{n}: expected columns ImageId (ILSVRC2012_val_NNNNNNNN) and PredictionString "
                 "('<wnid> x y x y ...')"
             )
-        out[int(m.group(1))] = parts[0]
+        number = int(m.group(1))
+        if number in out:
+            raise DataError(f"{where}:{n}: ImageId {m.group(0)[:-5]} is listed twice: each image has exactly one label")
+        out[number] = parts[0]
     return out
 
 
@@ -182,7 +230,7 @@ class Progress:
         self.by_class = by_class
         self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
         self.start = self.last = time.monotonic()
-        self.classes = self.images = self.skipped = 0
+        self.classes = self.images = self.skipped = self.bytes = 0
 
     def line(self, pos: int) -> str:
         elapsed = max(time.monotonic() - self.start, 1e-6)
@@ -214,7 +262,17 @@ def _plain_name(name: str, archive: str) -> str:
     return plain
 
 
-def _check_file_member(member: tarfile.TarInfo, archive: str) -> None:
+def _check_file_member(member: tarfile.TarInfo, archive: str, max_bytes: int | None = None) -> None:
+    if member.isfile() and member.issparse():  # holes read back as zeros: 20 KB of archive can declare 2 GiB
+        raise DataError(
+            f"'{archive}': member {ascii(member.name[:120])} is a sparse file; an ImageNet archive holds only "
+            "image files, refusing to extract it"
+        )
+    if max_bytes is not None and member.size > max_bytes:
+        raise DataError(
+            f"'{archive}': member {ascii(member.name[:120])} declares {member.size:,} bytes: an ImageNet image is at "
+            f"most {max_bytes:,}; refusing to extract it"
+        )
     if not member.isfile():
         kind = "link" if member.issym() or member.islnk() else "device or special file"
         raise DataError(
@@ -225,27 +283,36 @@ def _check_file_member(member: tarfile.TarInfo, archive: str) -> None:
 
 def _write_atomic(src, out: Path) -> int:
     """Copy the file object `src` to `out` through a temporary name (a file that exists is complete)."""
+    refuse_irregular(out, "an image", DataError)  # a regular file or nothing: never replace a FIFO or a device
     tmp = out.with_name(out.name + ".tmp")
     tmp.unlink(missing_ok=True)  # a leftover of an interrupted run (or a planted link: never written through)
-    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "wb") as f:
+    with open_new(tmp, "an image", DataError) as f:
         shutil.copyfileobj(src, f, 1 << 20)
     os.replace(tmp, out)
     return out.stat().st_size
 
 
-def _members(tar: tarfile.TarFile, archive: str) -> Iterator[tarfile.TarInfo]:
+def _within_budget(written: int, read: int, archive: str) -> None:
+    """Raise DataError when the bytes extracted outgrow the archive's bytes read (a compression bomb)."""
+    if written > RATIO * read + _SLACK:
+        raise DataError(
+            f"'{archive}': {written:,} bytes extracted from {read:,} bytes read, over {RATIO}x: ImageNet's JPEGs do "
+            "not compress that well; refusing to extract more (a compression bomb, or not ImageNet's archive)"
+        )
+
+
+def _members(tar: tarfile.TarFile, archive: str, max_bytes: int | None = None) -> Iterator[tarfile.TarInfo]:
     """The file members of a tar stream (folders skipped), each checked to be a regular file."""
     for member in tar:
         if member.isdir():
             continue
-        _check_file_member(member, archive)
+        _check_file_member(member, archive, max_bytes)
         yield member
 
 
 def extract_train(train_tar: Path, dst: Path, *, stream=None) -> int:
     """The tar of per-class tars -> <dst>/train/<wnid>/; returns the number of classes in <dst>/train."""
-    marks = dst / PROGRESS / "train"
-    marks.mkdir(parents=True, exist_ok=True)
+    marks = make_folder(dst / PROGRESS / "train", "--dst")
     progress = Progress("train", train_tar.stat().st_size, stream=stream, by_class=True)
     where = str(train_tar)
     with open(train_tar, "rb") as raw:
@@ -259,23 +326,25 @@ def extract_train(train_tar: Path, dst: Path, *, stream=None) -> int:
                             f"'{where}': member {ascii(name)} is not a per-class tar (<wnid>.tar); expected "
                             f"{TRAIN_TAR} from image-net.org"
                         )
+                    refuse_irregular(marks / wnid, "a progress marker", DataError)  # a link never marks a class
                     if (marks / wnid).is_file():
                         progress.classes += 1
                         progress.skipped += 1
                         continue
-                    folder = dst / "train" / wnid
-                    folder.mkdir(parents=True, exist_ok=True)
+                    folder = make_folder(dst / "train" / wnid, "--dst")
                     inner_where = f"{where}: {name}"
                     written = 0
                     with tarfile.open(fileobj=outer.extractfile(member), mode="r|") as inner:
-                        for im in _members(inner, inner_where):
-                            _write_atomic(inner.extractfile(im), folder / _plain_name(im.name, inner_where))
+                        for im in _members(inner, inner_where, MAX_IMAGE_BYTES):
+                            size = _write_atomic(inner.extractfile(im), folder / _plain_name(im.name, inner_where))
+                            progress.bytes += size
+                            _within_budget(progress.bytes, raw.tell(), where)
                             written += 1
                             progress.images += 1
                             progress.update(raw.tell())
                     if written == 0:
                         raise DataError(f"'{inner_where}' holds no images")
-                    (marks / wnid).write_text(f"{written}\n")
+                    write_output(marks / wnid, f"{written}\n", "a progress marker", DataError)
                     progress.classes += 1
                     progress.update(raw.tell())
         except _READ_ERRORS as e:
@@ -284,6 +353,8 @@ def extract_train(train_tar: Path, dst: Path, *, stream=None) -> int:
                 "finished so far are kept, a rerun resumes"
             ) from None
     progress.update(train_tar.stat().st_size, force=True)
+    if not (dst / "train").is_dir():
+        raise DataError(f"'{where}' holds no per-class tars (<wnid>.tar): expected {TRAIN_TAR} from image-net.org")
     return sum(1 for d in (dst / "train").iterdir() if d.is_dir())
 
 
@@ -300,6 +371,7 @@ def _val_destination(name: str, labels: Callable[[int], str | None], where: str)
 def extract_val(val_tar: Path, dst: Path, val_wnids: list[str], *, stream=None) -> int:
     """The flat validation tar -> <dst>/val/<wnid>/ (labels from the devkit); returns the images written."""
     done = dst / PROGRESS / "val"
+    refuse_irregular(done, "a progress marker", DataError)  # before the extraction, not after it
     if done.is_file():
         return 0
     progress = Progress("val", val_tar.stat().st_size, stream=stream)
@@ -308,22 +380,23 @@ def extract_val(val_tar: Path, dst: Path, val_wnids: list[str], *, stream=None) 
     with open(val_tar, "rb") as raw:
         try:
             with tarfile.open(fileobj=raw, mode="r|*") as tar:
-                for member in _members(tar, where):
+                for member in _members(tar, where, MAX_IMAGE_BYTES):
                     wnid, name = _val_destination(_plain_name(member.name, where), labels, where)
                     out = dst / "val" / wnid / name
                     if out.is_file() and out.stat().st_size == member.size:
                         progress.skipped += 1  # written by an interrupted run (files appear complete or not at all)
                         continue
-                    out.parent.mkdir(parents=True, exist_ok=True)
-                    _write_atomic(tar.extractfile(member), out)
+                    make_folder(out.parent, "--dst")
+                    progress.bytes += _write_atomic(tar.extractfile(member), out)
+                    _within_budget(progress.bytes, raw.tell(), where)
                     progress.images += 1
                     progress.update(raw.tell())
         except _READ_ERRORS as e:
             raise DataError(
                 f"'{where}' cannot be read past {raw.tell():,} bytes ({e}): truncated or not a tar"
             ) from None
-    done.parent.mkdir(parents=True, exist_ok=True)
-    done.write_text(f"{progress.images}\n")
+    make_folder(done.parent, "--dst")
+    write_output(done, f"{progress.images}\n", "a progress marker", DataError)
     progress.update(val_tar.stat().st_size, force=True)
     return progress.images
 
@@ -370,24 +443,38 @@ def _kaggle_tree(base: Path) -> tuple[list[_Entry], bytes, bytes]:
     for name in (KAGGLE_SOLUTION, KAGGLE_MAPPING):
         if not (base / name).is_file():
             raise DataError(f"'{base}' has {KAGGLE_ROOT} but no {name} beside ILSVRC/ (Kaggle's download has both)")
-        texts.append((base / name).read_bytes())
+        texts.append(reader.read_bytes(base / name, what=name, error=DataError, max_bytes=TEXT_BYTES))
     return entries, texts[0], texts[1]
 
 
 def _kaggle_zip(zf: zipfile.ZipFile, where: str) -> tuple[list[_Entry], bytes, bytes]:
-    entries, texts = [], {}
+    entries, texts, declared = [], {}, 0
     for info in zf.infolist():
         if info.is_dir():
             continue
+        name = ascii(info.filename[:120])
         if stat.S_IFMT(info.external_attr >> 16) not in (0, stat.S_IFREG):
-            raise DataError(f"'{where}': member {ascii(info.filename[:120])} is a link or special file; refusing it")
-        if info.filename in (KAGGLE_SOLUTION, KAGGLE_MAPPING):
+            raise DataError(f"'{where}': member {name} is a link or special file; refusing it")
+        if info.flag_bits & 0x1:
+            raise DataError(f"'{where}': member {name} is encrypted: expected Kaggle's zip as downloaded")
+        if info.compress_type not in _ZIP_METHODS:
+            raise DataError(
+                f"'{where}': member {name} uses compression method {info.compress_type} (Deflate64 is 9), which "
+                f"Python cannot read: expected {'/'.join(_ZIP_METHODS.values())}; unzip it and give the folder"
+            )
+        text = info.filename in (KAGGLE_SOLUTION, KAGGLE_MAPPING)
+        limit = TEXT_BYTES if text else MAX_IMAGE_BYTES
+        if info.file_size > limit:
+            raise DataError(f"'{where}': member {name} declares {info.file_size:,} bytes: expected at most {limit:,}")
+        declared += info.file_size
+        if text:
             texts[info.filename] = zf.read(info)
         elif info.filename.startswith(KAGGLE_ROOT + "/"):
             rel = info.filename[len(KAGGLE_ROOT) + 1 :]
             entry = _kaggle_entry(rel, info.file_size, lambda i=info: zf.open(i), where)
             if entry is not None:
                 entries.append(entry)
+    _within_budget(declared, os.path.getsize(where), where)  # from the zip's own directory, before a byte is inflated
     missing = [n for n in (KAGGLE_SOLUTION, KAGGLE_MAPPING) if n not in texts]
     if missing or not entries:
         raise DataError(f"'{where}' is not Kaggle's ImageNet zip: no {', '.join(missing) or KAGGLE_ROOT + '/'} in it")
@@ -415,7 +502,7 @@ def place_kaggle(entries: list[_Entry], solution: bytes, mapping: bytes, dst: Pa
         if out.is_file() and out.stat().st_size == entry.size:
             progress.skipped += 1
             continue
-        out.parent.mkdir(parents=True, exist_ok=True)
+        make_folder(out.parent, "--dst")
         try:
             with entry.open() as f:
                 _write_atomic(f, out)
@@ -439,7 +526,7 @@ def from_download(
     if src.resolve() == dst.resolve():
         raise DataError("--dst must differ from --download (the layout is written beside the download, not into it)")
     zip_path = src if src.is_file() else src / KAGGLE_ZIP
-    dst.mkdir(parents=True, exist_ok=True)
+    make_folder(dst, "--dst")
     if src.is_dir() and ((src / TRAIN_TAR).exists() or (src / VAL_TAR).exists()):
         missing = [n for n in (TRAIN_TAR, VAL_TAR) if not (src / n).is_file()]
         kit = devkit or src / DEVKIT
@@ -471,7 +558,7 @@ def from_download(
     elif blacklist is not None:
         if not blacklist.is_file():
             raise DataError(f"--blacklist: '{blacklist}' not found")
-        write_blacklist(blacklist.read_bytes()[: 1 << 20], f"--blacklist '{blacklist}'", dst)
+        write_blacklist(read_blacklist(blacklist), f"--blacklist '{blacklist}'", dst)
     classes = sum(1 for d in (dst / "train").iterdir() if d.is_dir()) if (dst / "train").is_dir() else 0
     log(f"wrote {dst} from {route}: {classes} class folder(s) in train/, {written} file(s) written")
     return {"route": route, "classes": classes, "blacklist": (dst / BLACKLIST).is_file()}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +75,21 @@ _MAX_BLACKLIST_BYTES = 1 << 20
 _INDEX = re.compile(r"[0-9]{1,9}")  # the devkit's list is 9 kB (1,762 indices of 50,000)
 
 
+def distinct_files(folder: str | Path) -> int:
+    """How many distinct files (device and inode, links followed) the images under `folder` are: a folder of
+    50,000 links to one image is 1, ImageNet's validation set 50,000."""
+    seen = set()
+    for dirpath, _, names in os.walk(folder, followlinks=True):
+        for name in names:
+            if name.lower().endswith(IMAGE_EXTENSIONS):
+                try:
+                    st = os.stat(os.path.join(dirpath, name))
+                except OSError:
+                    continue  # a dangling link is no image: the loader reports it
+                seen.add((st.st_dev, st.st_ino))
+    return len(seen)
+
+
 def read_blacklist(path: str | Path) -> list[int]:
     """The devkit's ILSVRC2012_validation_blacklist.txt: one 1-based index into the sorted val file names a line."""
     p = Path(path)
@@ -86,13 +102,19 @@ def read_blacklist(path: str | Path) -> list[int]:
         text = reader.read_text(p, what="data.val_blacklist:", error=DataError, max_bytes=_MAX_BLACKLIST_BYTES)
     except DataError as e:
         raise DataError(f"{e}; expected {expected}") from None
-    out = []
+    out: dict[int, int] = {}  # index -> line
     for n, line in enumerate(text.splitlines(), 1):
         if line.strip():
             if not _INDEX.fullmatch(line.strip()):  # ASCII digits: str.isdigit() takes '³', which int() refuses
                 raise DataError(f"data.val_blacklist: '{p}' line {n} is not an image index; expected {expected}")
-            out.append(int(line))
-    return out
+            index = int(line)
+            if index in out:  # each image is listed once: a repeat is a list that is not the devkit's
+                raise DataError(
+                    f"data.val_blacklist: '{p}' line {n} repeats the index of line {out[index]}; expected each "
+                    "image once (the devkit's data/ILSVRC2012_validation_blacklist.txt)"
+                )
+            out[index] = n
+    return list(out)
 
 
 def drop_blacklisted(split: Split, path: str | Path) -> tuple[Split, int]:

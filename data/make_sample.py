@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import argparse
 import colorsys
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
+
+from recipes.errors import DataError
+from recipes.writer import to_json, write_output
 
 # The first ImageNet synsets, so folder names look like the real thing.
 WNIDS = [
@@ -139,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         "odd_files": odd,
         "seed": args.seed,
     }
-    (out / "sample.json").write_text(json.dumps(info, indent=1) + "\n")
+    write_output(out / "sample.json", to_json(info), "sample.json", DataError)
     print(f"wrote {n_train + len(odd)} train and {n_val} val images in {args.classes} classes to {out}")
     return 0
 

@@ -50,12 +50,22 @@ from data.download import (  # noqa: E402
     devkit_blacklist_bytes,
     from_download,
     is_class_name,
+    read_blacklist,
     read_devkit,
     solution_labels,
     write_blacklist,
 )
 from data.folder import IMAGE_EXTENSIONS, scan_split  # noqa: E402
+from recipes import reader  # noqa: E402
 from recipes.errors import DataError  # noqa: E402
+from recipes.writer import (  # noqa: E402
+    check_target,
+    open_append,
+    open_new,
+    refuse_irregular,
+    to_json,
+    write_output,
+)
 
 MANIFEST = "manifest.jsonl"
 SETTINGS = "prepare.json"
@@ -63,12 +73,8 @@ SETTINGS = "prepare.json"
 
 def _read_text(path: Path, what: str) -> str:
     """A text file the tool reads back, or one DataError line saying what is wrong with it (never its content)."""
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise DataError(f"{what} '{path}' is not UTF-8 text (byte {e.start}); delete or replace it") from None
-    except OSError as e:
-        raise DataError(f"cannot read {what} '{path}': {e.strerror or e}") from None
+    # 1 GiB: a manifest holds one ~150-byte line per image (1.28 M for ImageNet's train split)
+    return reader.read_text(path, what=what, error=DataError, max_bytes=1 << 30)
 
 
 def _read_settings(path: Path) -> dict:
@@ -111,13 +117,16 @@ def _resize_one(task: tuple) -> dict:
         return {**entry, "status": "undecodable", "kind": report.kind, "error": report.detail or str(e)}
     Path(dst).parent.mkdir(parents=True, exist_ok=True)
     tmp = f"{dst}.tmp{os.getpid()}"
-    if fmt == "JPEG" and mode == "RGB" and (tw, th) == (w, h):
-        with open(src, "rb") as fi, open(tmp, "wb") as fo:  # already small: the original bytes, no re-encode
-            fo.write(fi.read())
-        status = "copied"
-    else:
-        out.save(tmp, format="JPEG", quality=quality)
-        status = "resized"
+    refuse_irregular(Path(dst), "an image", DataError)  # a regular file or nothing: never replace a FIFO or device
+    Path(tmp).unlink(missing_ok=True)  # our own leftover (same pid), or a planted link: never written through
+    with open_new(tmp, "an image", DataError) as fo:
+        if fmt == "JPEG" and mode == "RGB" and (tw, th) == (w, h):
+            with open(src, "rb") as fi:  # already small: the original bytes, no re-encode
+                fo.write(fi.read())
+            status = "copied"
+        else:
+            out.save(fo, format="JPEG", quality=quality)
+            status = "resized"
     os.replace(tmp, dst)  # atomic: a file that exists is complete (what makes a rerun resume safely)
     kind = "rgb-jpeg" if fmt == "JPEG" and mode == "RGB" else f"{fmt} {mode}"
     return {
@@ -164,7 +173,7 @@ def prepare(src: Path, dst: Path, short_side: int, *, splits: list[str], quality
             raise DataError(
                 f"'{dst}' was prepared with other settings ({old_settings}); use another --dst or delete it"
             )
-    settings_path.write_text(json.dumps({**settings, "complete": False}, indent=1) + "\n")
+    write_output(settings_path, to_json({**settings, "complete": False}), "the settings file", DataError)
     manifest_path = dst / MANIFEST
     done = _read_manifest(manifest_path)
     tasks, kept = [], 0
@@ -179,7 +188,7 @@ def prepare(src: Path, dst: Path, short_side: int, *, splits: list[str], quality
                 continue
             tasks.append((path, str(out), rel, short_side, quality))
     log(f"{len(tasks)} file(s) to write, {kept} already done (resume), {workers} worker(s)")
-    with open(manifest_path, "a") as manifest:
+    with open_append(manifest_path, "the manifest", DataError) as manifest:
         for i, entry in enumerate(_pool_map(_resize_one, tasks, workers), 1):
             manifest.write(json.dumps(entry) + "\n")
             manifest.flush()
@@ -187,13 +196,13 @@ def prepare(src: Path, dst: Path, short_side: int, *, splits: list[str], quality
                 log(f"  {i}/{len(tasks)}")
     # One line per file, the last one wins (a resumed run appends): rewrite it compactly.
     final = _read_manifest(manifest_path)
-    tmp = manifest_path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(e) + "\n" for _, e in sorted(final.items())))
-    os.replace(tmp, manifest_path)
+    write_output(
+        manifest_path, "".join(json.dumps(e) + "\n" for _, e in sorted(final.items())), "the manifest", DataError
+    )
     counts = Counter(e["status"] for e in final.values())
     bad = [e for _, e in sorted(final.items()) if e["status"] == "undecodable"]
     totals = {"resized": counts["resized"], "copied": counts["copied"], "undecodable": len(bad)}
-    settings_path.write_text(json.dumps({**settings, "complete": not bad, **totals}, indent=1) + "\n")
+    write_output(settings_path, to_json({**settings, "complete": not bad, **totals}), "the settings file", DataError)
     for entry in bad:
         log(f"undecodable: {entry['file']}: {entry['kind']}: {entry['error']}")
     return {**totals, "bad": bad}
@@ -223,7 +232,8 @@ def sort_val(root: Path, labels: list[str] | dict[int, str], log=print) -> int:
     if not val.is_dir():
         raise DataError(f"--sort-val: '{val}' not found (expected the validation images in <root>/val)")
     flat = sorted(p for p in val.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
-    lookup = (lambda n: labels[n - 1] if n <= len(labels) else None) if isinstance(labels, list) else labels.get
+    # image numbers start at 1: image 0 has no label (labels[-1] would be image 50,000's)
+    lookup = (lambda n: labels[n - 1] if 1 <= n <= len(labels) else None) if isinstance(labels, list) else labels.get
     moves = []
     inside = val.resolve()
     for p in flat:
@@ -287,7 +297,7 @@ def check(root: Path, workers: int, out: Path | None = None, log=print) -> list:
     summary = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
     log(f"checked {len(reports)} files under {root}: {summary or 'none'}; {len(undecodable)} cannot be decoded")
     if out is not None:
-        out.write_text("kind\tfile\tdetail\n" + "".join(line + "\n" for line in lines))
+        write_output(out, "kind\tfile\tdetail\n" + "".join(line + "\n" for line in lines), "--out", DataError)
     return odd
 
 
@@ -358,9 +368,7 @@ def main(argv: list[str] | None = None) -> int:
                 elif args.blacklist is not None:
                     if not args.blacklist.is_file():
                         raise DataError(f"--blacklist: '{args.blacklist}' not found")
-                    write_blacklist(
-                        args.blacklist.read_bytes()[: 1 << 20], f"--blacklist '{args.blacklist}'", args.sort_val
-                    )
+                    write_blacklist(read_blacklist(args.blacklist), f"--blacklist '{args.blacklist}'", args.sort_val)
             else:
                 found = devkit_labels(args.devkit, args.sort_val)
             sort_val(args.sort_val, found)
@@ -374,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
             return 0
         if args.check is not None:
+            if args.out is not None:
+                check_target(args.out, "--out", DataError)  # before the hours of inspection, not after
             odd = check(args.check, args.workers, args.out)
             return 1 if any(not r.decodable for r in odd) else 0
         if args.src is None or args.dst is None:
@@ -391,6 +401,13 @@ def main(argv: list[str] | None = None) -> int:
         )
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # at the edges: a destination that vanished, a file system that filled or went read-only
+        where = f" '{e.filename}'" if e.filename else ""
+        print(
+            f"error: cannot read or write{where}: {e.strerror or e}; check the path, its permissions and free space",
+            file=sys.stderr,
+        )
         return 2
     print(
         f"wrote {args.dst}: {result['resized']} resized, {result['copied']} copied, {result['undecodable']} undecodable"

@@ -31,8 +31,9 @@ def bounded_int(lo: int, hi: int):
     return parse
 
 
-def bounded_float(lo: float, hi: float, *, low_open: bool = False):
-    """An argparse type: a finite number in [lo, hi] (or (lo, hi] with low_open)."""
+def bounded_float(lo: float, hi: float, *, low_open: bool = False, zero: bool = False):
+    """An argparse type: a finite number in [lo, hi] (or (lo, hi] with low_open); with `zero`, also exactly 0 (a
+    flag whose 0 means "none", whose other values need a plausible lower bound: a rate of 1e-300 is no rate)."""
 
     def parse(text: str) -> float:
         try:
@@ -40,9 +41,12 @@ def bounded_float(lo: float, hi: float, *, low_open: bool = False):
         except ValueError:
             value = math.nan
         ok = math.isfinite(value) and (lo < value if low_open else lo <= value) and value <= hi
-        if not ok:
+        if not ok and not (zero and value == 0):
             left = "(" if low_open else "["
-            raise argparse.ArgumentTypeError(f"expected a number in {left}{_shown(lo)}, {_shown(hi)}], got {text!r}")
+            also = "0 or " if zero else ""
+            raise argparse.ArgumentTypeError(
+                f"expected {also}a number in {left}{_shown(lo)}, {_shown(hi)}], got {text!r}"
+            )
         return value
 
     parse.__name__ = "number"

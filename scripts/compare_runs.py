@@ -46,8 +46,9 @@ sys.path.insert(0, str(REPO))
 from recipes import reader, registry  # noqa: E402
 from recipes.comm.stats import CommStats  # noqa: E402
 from recipes.config import to_yaml  # noqa: E402
+from recipes.config.load import parse_yaml  # noqa: E402
 from recipes.config.schema import Config, not_training_keys  # noqa: E402
-from recipes.errors import RunDirError  # noqa: E402
+from recipes.errors import ConfigError, RunDirError  # noqa: E402
 from recipes.rundir import files as run_files  # noqa: E402
 from recipes.rundir.writer import check_target, figure_bytes, write_output  # noqa: E402
 
@@ -162,6 +163,8 @@ def _check_summary(path: Path, summary: dict) -> dict:
         raise CompareError(f"{path}: 'world_size': expected an integer >= 1, got {summary['world_size']!r}")
     if summary.get("history") is not None:
         _check_history(path, summary["history"])
+    if summary.get("comm_backend") is not None and not isinstance(summary["comm_backend"], str):
+        raise CompareError(f"{path}: 'comm_backend': expected a backend name, got {_short(summary['comm_backend'])}")
     comm = summary.get("comm")
     fields = ("steps", "comm_seconds", "wait_seconds", "bytes")
     if comm is not None and (
@@ -174,6 +177,16 @@ def _check_summary(path: Path, summary: dict) -> dict:
     return summary
 
 
+def _world_size(path: Path, meta: dict) -> int:
+    """meta.json's process count (1 when it has none): an integer >= 1, or one CompareError line naming the file."""
+    n = meta.get("world_size")
+    if n is None:
+        return 1
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 1 << 20:
+        raise CompareError(f"{path}: 'world_size': expected an integer in [1, 1,048,576], got {_short(n)}")
+    return n
+
+
 def _interrupted_summary(path: Path, history: list[dict]) -> dict:
     """What summary.json would say of the epochs an interrupted run finished (meta.json gives the processes)."""
     meta = _read_json(path / run_files.META) if (path / run_files.META).is_file() else {}
@@ -183,7 +196,7 @@ def _interrupted_summary(path: Path, history: list[dict]) -> dict:
         "epochs": last["epoch"],
         "steps": None,  # progress.json counts steps past the last epoch: not the steps of these epochs
         "last_step_logged": progress.get("step"),
-        "world_size": int(meta.get("world_size") or 1),
+        "world_size": _world_size(path / run_files.META, meta),
         "wall_seconds": last.get("wall_seconds"),
         "train_seconds": last["train_seconds"],
         "images_per_s": last.get("images_per_s"),
@@ -193,19 +206,35 @@ def _interrupted_summary(path: Path, history: list[dict]) -> dict:
     }
 
 
+def _read_config(path: Path) -> dict:
+    """A run's config.yaml, parsed as the config loader parses YAML (no aliases, depth and size bounded), each
+    section a mapping and `phases` a list of mappings, as train.py writes it."""
+    try:
+        config = parse_yaml(reader.read_text(path, what="run config", error=CompareError)) or {}
+    except (yaml.YAMLError, ConfigError):
+        raise CompareError(f"{path}: not valid YAML (or nested or repeated beyond a config's size)") from None
+    if not isinstance(config, dict):
+        raise CompareError(f"{path}: expected a mapping of config sections")
+    for key, value in config.items():
+        if key == "phases":
+            if not isinstance(value, list) or not all(isinstance(p, dict) for p in value):
+                raise CompareError(f"{path}: 'phases': expected a list of mappings (one per phase)")
+        elif not isinstance(key, str) or not isinstance(value, dict):
+            raise CompareError(f"{path}: section '{str(key)[:40]}': expected a mapping, got {_short(value)}")
+    return config
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def load_run(path: str | Path) -> Run:
     path = Path(path)
     if not path.is_dir():
         raise CompareError(f"{path}: not a directory")
     summary_path, config_path, tsv = path / run_files.SUMMARY, path / run_files.CONFIG, path / run_files.TSV
-    config = {}
-    if config_path.is_file():
-        try:
-            config = yaml.safe_load(reader.read_text(config_path, what="run config", error=CompareError)) or {}
-        except yaml.YAMLError:
-            raise CompareError(f"{config_path}: not valid YAML") from None
-        if not isinstance(config, dict):
-            raise CompareError(f"{config_path}: expected a mapping of config sections")
+    config = _read_config(config_path) if config_path.is_file() else {}
     network = _read_json(path / run_files.NETWORK) if (path / run_files.NETWORK).is_file() else None
     if not summary_path.is_file():
         history = _read_tsv(tsv) if tsv.is_file() else []

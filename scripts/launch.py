@@ -365,9 +365,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"launch: {run_dir / name}")
     entry_file = run_dir / run_files.ENTRY
     if rc == 0 and entry_file.is_file():
+        from recipes import reader
         from recipes.dawnbench import qualification_line
 
-        print(f"launch: {qualification_line(json.loads(entry_file.read_text()))}")
+        print(f"launch: {qualification_line(reader.read_json_object(entry_file, what=run_files.ENTRY))}")
     return rc
 
 

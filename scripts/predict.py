@@ -305,12 +305,15 @@ def parser() -> OneLineParser:
     ap.add_argument("--gpu-profile", default="", help="measured rates (make gpu-check) instead of --gpu's")
     ap.add_argument(
         "--link-gbit",
-        type=bounded_float(0, 100_000, low_open=True),
+        type=bounded_float(0.001, 100_000),  # comm.link_gbit's domain: 1 Mbit/s is the slowest link a model ranks
         default=None,
         help="link per host and direction (Gbit/s; 32)",
     )
     ap.add_argument(
-        "--flow-gbit", type=bounded_float(0, 100_000), default=None, help="per-flow cap (Gbit/s; 0 = none; 10)"
+        "--flow-gbit",
+        type=bounded_float(0.001, 100_000, zero=True),
+        default=None,
+        help="per-flow cap (Gbit/s; 0 = none; 10)",
     )
     ap.add_argument(
         "--network", default="", help="the link probe's figures (<run dir>/network.json of launch.py --probe-network)"
@@ -326,13 +329,13 @@ def parser() -> OneLineParser:
     )
     ap.add_argument(
         "--intra-gbyte",
-        type=bounded_float(0, 100_000, low_open=True),
+        type=bounded_float(0.1, 100_000),
         default=150.0,
         help="intra-host stage (GB/s; NVLink ~150, PCIe ~12)",
     )
     ap.add_argument(
         "--efficiency",
-        type=bounded_float(0, 1, low_open=True),
+        type=bounded_float(0.01, 1),
         default=0.93,
         help="TCP goodput as a fraction of the caps",
     )

@@ -12,14 +12,13 @@ fit. `LAB_FIT` is the fit of docs/scaling.md, which tests check an unfitted lab 
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
-from recipes import registry
+from recipes import reader, registry
 from recipes.comm import stepmodel as sm
 from recipes.comm.plan import Settings, TensorSpec
+from recipes.errors import ConfigError
 
 # The methods checked against the model: those the lab measures by default.
 LAB_METHODS = tuple(name for name, m in registry.LAB_METHODS.items() if m.default)
@@ -115,7 +114,7 @@ def load_lab(paths: list[str]) -> list[dict]:
     compute-only time is kept; Horovod and torch contenders may come from different runs)."""
     merged: dict[int, dict] = {}
     for path in paths:
-        for rec in json.loads(Path(path).read_text()):
+        for rec in reader.read_json(path, what="--lab", error=ConfigError):
             have = merged.get(rec["hosts"])
             if have is None:
                 merged[rec["hosts"]] = rec

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import yaml
 
-from recipes import registry
+from recipes import reader, registry
 from recipes.config.rules import check_all
 from recipes.config.schema import Config, _is_name, _plain, _type_name, domain_rule, domain_text
 from recipes.errors import ConfigError
@@ -261,12 +261,11 @@ def parse_yaml(text: str):
 def _read_yaml(path: Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
+    data = reader.read_bytes(path, what="config file", error=ConfigError)  # a regular file of at most 16 MiB
     try:
-        text = path.read_text()
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not a text file (not UTF-8)") from None
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from None
     try:
         data = parse_yaml(text)
     except ConfigError as e:

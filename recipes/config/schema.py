@@ -343,10 +343,12 @@ class CommConfig:
         "this cluster (hosts x GPUs from the launcher, link_gbit/flow_gbit/latency_us), then in predicted order",
     )
     link_gbit: float | None = _f(
-        None, help="tune_start model: network link per host and direction (Gbit/s)", domain=">0 <=100000"
+        None, help="tune_start model: network link per host and direction (Gbit/s)", domain=">=0.001 <=100000"
     )
     flow_gbit: float | None = _f(
-        None, help="tune_start model: one TCP flow's ceiling (Gbit/s); null = no per-flow cap", domain=">0 <=100000"
+        None,
+        help="tune_start model: one TCP flow's ceiling (Gbit/s); null = no per-flow cap",
+        domain=">=0.001 <=100000",
     )
     latency_us: float = _f(
         50.0, help="tune_start model: per-message latency of one ring step (microseconds)", domain=">=0 <=1000000"

@@ -14,7 +14,7 @@ from recipes.evaluation.inference import export_onnx
 from recipes.evaluation.latency import latency_checkpoint, latency_table
 from recipes.exit_codes import BAD_INPUT, TRAINING_STOPPED
 from recipes.rundir.checkpoint_files import load_checkpoint
-from recipes.rundir.writer import to_json
+from recipes.writer import refuse_irregular, to_json, write_output
 
 
 def export_checkpoint(
@@ -32,10 +32,10 @@ def export_checkpoint(
     return export_onnx(model, size, out or Path(path).with_suffix(".onnx"))
 
 
-def _write_json(path: str | None, data: dict) -> None:
+def _write_json(path: str | None, data: dict, flag: str) -> None:
     if path:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(to_json(data))  # strict: a non-finite number is null, never NaN
+        write_output(path, to_json(data), flag, ConfigError)  # strict JSON, never through a link, FIFO or device
 
 
 # (flag, attribute, lowest, highest): what each number can be; None = no bound on that side.
@@ -71,8 +71,7 @@ def check_args(args) -> None:
 def check_writable(flag: str, path: str) -> None:
     """Refuse an output path that is a directory or that cannot be written, before the work that fills it."""
     p = Path(path)
-    if p.is_dir():
-        raise ConfigError(f"{flag}: '{p}' is a directory; expected a file name")
+    refuse_irregular(p, flag, ConfigError)  # a regular file or a new name: never a folder, FIFO, device or link
     parent = p.parent
     while not parent.exists():  # created when written: the nearest existing folder must take it
         parent = parent.parent
@@ -80,10 +79,7 @@ def check_writable(flag: str, path: str) -> None:
         raise ConfigError(f"{flag}: cannot write '{p}': '{parent}' is not a directory")
     try:  # a real probe: os.access says yes to root on a read-only mount
         with tempfile.NamedTemporaryFile(dir=parent, prefix=".evaluate-probe-"):
-            pass
-        if p.exists():
-            with open(p, "ab"):
-                pass
+            pass  # the file itself is replaced by a rename: the folder's permission is what counts
     except OSError as e:
         raise ConfigError(f"{flag}: cannot write '{p}': {e.strerror or e}") from None
 
@@ -135,8 +131,8 @@ def run_evaluate_cli(args) -> int:
                         f"${k['excluding_preprocessing']:.3g} per 10,000 images excluding preprocessing; "
                         f"${k['including_preprocessing']:.3g} per 10,000 including it"
                     )
-            _write_json(args.out, res)
-            _write_json(args.entry, res["dawnbench"])
+            _write_json(args.out, res, "--out")
+            _write_json(args.entry, res["dawnbench"], "--entry")
             return 0
         if args.entry:
             raise ConfigError("--entry: the DAWNBench inference entry comes from --latency")
@@ -167,5 +163,9 @@ def run_evaluate_cli(args) -> int:
             f"({res['image_size']} px, {res['world_size']} process(es){extra})"
         )
         print(f"crop size {res['image_size']} px: {res['image_size_from']}")
-        _write_json(args.out, res)
+        try:
+            _write_json(args.out, res, "--out")
+        except ConfigError as e:  # the disk filled or the folder went away during the evaluation
+            print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+            return 2
     return 0

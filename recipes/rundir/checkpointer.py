@@ -24,6 +24,7 @@ from recipes.rundir import checkpoint_files as ckpt
 from recipes.rundir.directory import RunDir
 from recipes.rundir.payload import Checkpoint, ModelInfo, State
 from recipes.rundir.resume import agree_state, compare
+from recipes.rundir.state_checks import optimizer_state_problem, scaler_state_problem
 from recipes.schedule import Schedule
 
 
@@ -161,11 +162,8 @@ class Checkpointer:
             )
         ck.path = path
         st = ck.training_state()
-        where = position_problem(
-            st,
-            Schedule(cfg.phases, cfg.optim, num_images=self.data.num_train, world_size=dist.world_size),
-            exact=not problems,
-        )
+        plan = Schedule(cfg.phases, cfg.optim, num_images=self.data.num_train, world_size=dist.world_size)
+        where = position_problem(st, plan, exact=not problems)
         if where:
             raise CheckpointError(f"checkpoint '{path}': entry 'state' {where}")
         check_compatible(parts.model, ck.model, str(path))
@@ -175,12 +173,18 @@ class Checkpointer:
             if name in fresh:
                 notes.append(f"checkpoint.resume=force: {fresh[name]}: the {name} state starts afresh")
                 continue
-            try:
-                getattr(parts, name).load_state_dict(getattr(ck, name) or {})
-            except (KeyError, ValueError, RuntimeError, TypeError, IndexError, AttributeError) as e:
-                raise CheckpointError(
-                    f"checkpoint '{path}': entry '{name}' does not fit this run's {name} ({ckpt.first_line(e)})"
-                ) from None
+            state = getattr(ck, name) or {}
+            problem = scaler_state_problem(state) if name == "scaler" else None
+            if problem is None:
+                try:
+                    getattr(parts, name).load_state_dict(state)
+                except (KeyError, ValueError, RuntimeError, TypeError, IndexError, AttributeError) as e:
+                    problem = f"does not fit this run's {name} ({ckpt.first_line(e)})"
+            if problem is None and name == "optimizer":
+                # checked against the parameters before any step reads it: a wrong shape crashes fused kernels
+                problem = optimizer_state_problem(parts.optimizer)
+            if problem is not None:
+                raise CheckpointError(f"checkpoint '{path}': entry '{name}' {problem}")
         if "optimizer" not in fresh:
             # load_state_dict restored the checkpoint's weight decay, eta, trust clip, ...: train with the config's
             # (they differ only under checkpoint.resume=force)
@@ -196,7 +200,7 @@ class Checkpointer:
             load_bn_statistics(parts.model, ck.bn_per_rank[dist.rank], str(path))
         self._restore_ema(ck, str(path))
         restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-        lost = max(0, agreed.reached - st.step)
+        lost = max(0, min(agreed.reached, plan.total_steps) - st.step)  # no rank logged a step the plan lacks
         redo = agreed.restarted or lost
         if redo:
             st.restarts += 1

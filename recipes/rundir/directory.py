@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import datetime
 import fcntl
-import json
 import os
 import socket
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from recipes import reader
 from recipes.distributed import DistInfo, all_gather_object, broadcast_object
 from recipes.errors import CheckpointError, RunDirError
 from recipes.rundir import files
@@ -68,10 +68,17 @@ class RunLock:
 
 
 def read_run_id(run_dir: Path) -> str | None:
-    try:
-        run_id = json.loads((run_dir / files.RUN).read_text())["run_id"]
-    except (OSError, ValueError, KeyError, TypeError):
+    """The run id in run.json (None: no run.json, or not one a run wrote); read through the one reader, so a FIFO or
+    a device under that name is refused instead of waited on."""
+    path = run_dir / files.RUN
+    if not os.path.lexists(path):
         return None
+    try:
+        run_id = reader.read_json_object(path, what=files.RUN, error=RunDirError, max_bytes=64 << 10).get("run_id")
+    except RunDirError:
+        if path.is_symlink() or not path.is_file():
+            raise
+        return None  # a regular file that is not a run's run.json: the run writes its own over it
     return run_id if isinstance(run_id, str) and files.RUN_ID.match(run_id) else None  # it names previous/<id>/
 
 
@@ -81,12 +88,19 @@ def write_run_file(run_dir: Path, run_id: str) -> None:
     write_json(run_dir / files.RUN, {"run_id": run_id, "started": _now(), "host": socket.gethostname()})
 
 
+# The run files a training reads back from its directory: each must be a regular file when it is there.
+_REGULAR = (files.RUN, files.PROGRESS, files.CONFIG, files.META, files.SUMMARY)
+
+
 def not_a_run(run_dir: Path) -> str | None:
     """Why `run_dir` must not be used as a run directory (None: it is new, empty, or a run's).
 
     A run directory is empty, or holds run.json, or holds only names a run makes; a home folder or a dataset (with
     `train/` and `val/`) is neither, and a training must not write there nor move its files to previous/.
+    The path is judged as written, '..' taken lexically: `runs/..` is the folder above runs/ even while runs/ does
+    not exist (the kernel would call it missing, and the launcher's logs would land in that folder).
     """
+    run_dir = Path(os.path.abspath(run_dir))  # lexical: a link above it is resolved_elsewhere()'s to report
     if run_dir.is_symlink() or (run_dir.exists() and not run_dir.is_dir()):
         what = "a symbolic link" if run_dir.is_symlink() else "not a directory"
         return f"run directory '{run_dir}' is {what}; give run.out_dir/run.name or --run-dir a directory"
@@ -100,6 +114,11 @@ def not_a_run(run_dir: Path) -> str | None:
     if links:  # planted where the run writes: refused before anything is written (the writers refuse it too)
         return f"'{links[0]}' is a symbolic link (to '{os.readlink(links[0])}'): a run writes only its own files; " + (
             "remove the link or choose another run directory"
+        )
+    odd = sorted(p for p in entries if p.name in _REGULAR and not p.is_file())
+    if odd:  # a FIFO would hang the reader, a device or folder is no run's file
+        return f"'{odd[0]}' is not a regular file (a FIFO, device, socket or folder): a run writes it as a file; " + (
+            "remove it or choose another run directory"
         )
     run_json = run_dir / files.RUN
     if run_json.is_file():

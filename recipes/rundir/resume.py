@@ -12,12 +12,12 @@ compared with the current one: a change that alters the training refuses with th
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from recipes import reader
 from recipes.config import Config, to_dict
 from recipes.config.schema import not_training_keys
 from recipes.distributed import DistInfo, all_gather_object, broadcast_bytes
@@ -99,11 +99,20 @@ class Agreed:
     restarted: bool  # some agent restarted its workers (TORCHELASTIC_RESTART_COUNT > 0 on any rank)
 
 
-def _progress(run_dir: Path) -> int:
+def _progress(run_dir: Path) -> tuple[int, str | None]:
+    """(the step this rank's progress.json recorded, why it was ignored): a hint, so a file that is not one a run
+    wrote (not strict JSON, a step that is not a count, a FIFO) counts as 0 with a warning, never as a number that
+    is not a step."""
+    path = run_dir / files.PROGRESS
+    if not os.path.lexists(path):
+        return 0, None
     try:
-        return int(json.loads((run_dir / files.PROGRESS).read_text())["step"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return 0
+        step = reader.read_json_object(path, what=files.PROGRESS, error=RunDirError, max_bytes=64 << 10).get("step")
+    except RunDirError as e:
+        return 0, f"{e}; ignored"
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        return 0, f"{files.PROGRESS} '{path}' has step {str(step)[:40]}: expected an integer >= 0; ignored"
+    return step, None
 
 
 def agree_state(run: RunDir, dist: DistInfo, resume_from: str | None, resume, warn) -> Agreed | None:
@@ -116,12 +125,15 @@ def agree_state(run: RunDir, dist: DistInfo, resume_from: str | None, resume, wa
     elif resume is not False and run.leader:
         local = ckpt.load_latest(run.path, warn=warn, run_id=None if run.legacy else run.run_id)
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    reached, why = _progress(run.path)
+    if why:
+        warn(why)
     mine = {
         "rank": dist.rank,
         "host": socket.gethostname(),
         "step": None,
         "path": None,
-        "reached": _progress(run.path),
+        "reached": reached,
         "restart": restart,
     }
     if local is not None:

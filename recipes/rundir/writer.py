@@ -1,82 +1,31 @@
-"""Every file a training writes into its run directory goes through here: no symlink followed, never half-written.
+"""The run directory's side of the one writer (recipes/writer.py): what every run-directory file goes through.
 
-A file is written to a temp file in the same directory (opened with O_NOFOLLOW | O_EXCL, so a planted link is never
-written through), fsynced and renamed over its name. progress.json, a hint rewritten at every log window, skips the
-fsync, which would stall the training loop for milliseconds. A name that is a symbolic link is refused with one line
-that names it (the rename would replace the link, but a planted link means someone else uses the directory). A writer
-killed between the temp file and the rename leaves `.<name>.tmp<pid>`: `remove_stale_temps` deletes them when the
-next training takes the directory's lock. JSON is strict: NaN and infinities are written as null, never as the
-`NaN` that JSON readers refuse.
+The writer itself (temp file and rename, no link followed, a regular file or nothing, strict JSON) is
+recipes/writer.py, in the bottom layer so that the data tools use it too; this module adds what only a run
+directory needs. A writer killed between the temp file and the rename leaves `.<name>.tmp<pid>`:
+`remove_stale_temps` deletes them when the next training takes the directory's lock. progress.json, a hint rewritten
+at every log window, is written with durable=False (an fsync would stall the training loop for milliseconds).
 """
 
 from __future__ import annotations
 
-import json
-import math
-import os
 import re
 from pathlib import Path
 
-from recipes.errors import RunDirError
+from recipes.writer import (  # noqa: F401 (the run package's writer: its users import from here)
+    check_target,
+    finite,
+    refuse_irregular,
+    refuse_link,
+    temp_path,
+    to_json,
+    write_atomic,
+    write_json,
+    write_output,
+)
 
 # `.<name>.tmp<pid>` (a file being written), `.<name>.link<pid>` (checkpoint.pt's new hard link), the write probe.
 STALE_TEMP = re.compile(r"^\..+\.(tmp|link)\d+$|^\.write-probe-\d+$")
-
-
-def temp_path(path: Path, kind: str = "tmp") -> Path:
-    """The temp file `path` is written to before the rename (one per process)."""
-    return path.with_name(f".{path.name}.{kind}{os.getpid()}")
-
-
-def refuse_link(path: Path) -> None:
-    """Raise RunDirError when `path` is a symbolic link (a planted file the run must not write through)."""
-    if path.is_symlink():
-        raise RunDirError(
-            f"'{path}' is a symbolic link (to '{os.readlink(path)}'): a run writes only its own files; "
-            "remove the link or choose another run directory"
-        )
-
-
-def write_atomic(path: str | Path, data: bytes | str, *, durable: bool = True) -> None:
-    """Write `data` as `path`: the old complete file or the new complete file, never a mix, never through a link.
-
-    durable=False skips the fsync: after a power loss the file may be the old one (the rename is still atomic)."""
-    path = Path(path)
-    refuse_link(path)
-    if isinstance(data, str):
-        data = data.encode()
-    tmp = temp_path(path)
-    tmp.unlink(missing_ok=True)  # our own leftover (same pid): never a file of someone else's
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            if durable:
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def finite(value):
-    """`value` with every non-finite float replaced by None (JSON has no NaN or infinity)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite(v) for v in value]
-    return value
-
-
-def to_json(value, indent: int | None = 1) -> str:
-    """Strict JSON text of `value` (non-finite floats as null)."""
-    return json.dumps(finite(value), indent=indent, allow_nan=False) + "\n"
-
-
-def write_json(path: str | Path, value, indent: int | None = 1, *, durable: bool = True) -> None:
-    write_atomic(path, to_json(value, indent), durable=durable)
 
 
 def remove_stale_temps(run_dir: Path) -> list[str]:
@@ -90,29 +39,6 @@ def remove_stale_temps(run_dir: Path) -> list[str]:
             p.unlink(missing_ok=True)
             removed.append(f"{p.name} ({size / 2**20:.1f} MiB)")
     return removed
-
-
-def check_target(path: str | Path, what: str) -> Path:
-    """Refuse, before any work, an output path a tool could not write safely: a link, a directory, a folder that
-    does not exist. One RunDirError line names `what` (the flag or file) and the path."""
-    path = Path(path)
-    if path.is_symlink():
-        raise RunDirError(f"{what}: '{path}' is a symbolic link (to '{os.readlink(path)}'): give a path that is not")
-    if path.is_dir():
-        raise RunDirError(f"{what}: '{path}' is a directory: give a file name")
-    if not path.parent.is_dir():
-        raise RunDirError(f"{what}: the folder '{path.parent}' does not exist")
-    return path
-
-
-def write_output(path: str | Path, data: bytes | str, what: str) -> None:
-    """A tool's output file (a prediction, a plot, a comparison): checked, written atomically, never through a
-    link; a full disk or a read-only folder is one RunDirError line."""
-    path = check_target(path, what)
-    try:
-        write_atomic(path, data)
-    except OSError as e:
-        raise RunDirError(f"{what}: cannot write '{path}': {e.strerror or e}") from None
 
 
 def figure_bytes(fig, **savefig) -> bytes:

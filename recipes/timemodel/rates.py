@@ -370,10 +370,15 @@ def load_gpu_profile(path: str | Path, host_efficiency: float | None = None) -> 
     for i, r in enumerate(rates):
         if not isinstance(r, dict):
             raise bad(f"rates[{i}]", "an object", r)
-        for key, kind, top in (("image_size", int, 4096), ("batch_size", int, 1 << 20), ("images_per_s", float, 1e9)):
+        # a plausible floor too: a rate of 1e-300 images/s is no measurement, and gives 300-digit results
+        for key, kind, low, top in (
+            ("image_size", int, 1, 4096),
+            ("batch_size", int, 1, 1 << 20),
+            ("images_per_s", float, 0.01, 1e9),
+        ):
             v = r.get(key)
-            if isinstance(v, bool) or not isinstance(v, (int, kind)) or not 0 < v <= top:
-                raise bad(f"rates[{i}].{key}", f"a positive number up to {top:,g}", v)
+            if isinstance(v, bool) or not isinstance(v, (int, kind)) or not low <= v <= top:
+                raise bad(f"rates[{i}].{key}", f"a number in [{low:g}, {top:,g}]", v)
         out.append(Rate(r["image_size"], r["batch_size"], float(r["images_per_s"]), 0.03))
     sizes = [r.image_size for r in out]
     if len(set(sizes)) != len(sizes):  # the table is one rate per size: the largest batch measured

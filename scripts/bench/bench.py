@@ -15,6 +15,9 @@ from pathlib import Path
 
 import torch
 
+from recipes.errors import RunDirError
+from recipes.writer import check_target, write_output
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
@@ -25,6 +28,11 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="pass --quick to every benchmark")
     ap.add_argument("--only", default="", help="comma-separated names (bench_<name>.py)")
     args = ap.parse_args(argv)
+    try:
+        check_target(args.out, "--out")  # before the benchmarks, not after them
+    except RunDirError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     scripts = sorted(HERE.glob("bench_*.py"))
     if args.only:
         wanted = {f"bench_{n.strip()}.py" for n in args.only.split(",")}
@@ -49,7 +57,7 @@ def main(argv=None) -> int:
             failed.append(script.name)
             parts.append(f"**failed with exit code {p.returncode}:**\n\n```\n{p.stderr[-2000:]}\n```\n")
         print(p.stdout, flush=True)
-    Path(args.out).write_text("\n".join(parts))
+    write_output(args.out, "\n".join(parts), "--out")
     print(f"report: {args.out}")
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)

@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 from recipes import registry
+from recipes.writer import write_output
 from scripts import netlab
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -626,7 +627,7 @@ def main(argv: list[str] | None = None) -> int:
                     }
                 )
                 if args.json:
-                    Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
+                    write_output(args.json, json.dumps(record, indent=1) + "\n", "--json")
                 lines += _table(
                     f"Network lab ({args.link_mbit:g} Mbit/s link, {flow:.0f} Mbit/s per flow)",
                     n,

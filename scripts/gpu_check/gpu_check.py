@@ -49,7 +49,9 @@ def write_profile(path: Path, rates: list[dict], dtype: str) -> dict:
         "dtype": dtype,
         "rates": rates,
     }
-    path.write_text(json.dumps(profile, indent=2) + "\n")
+    from recipes.writer import write_output
+
+    write_output(path, json.dumps(profile, indent=2) + "\n", "the GPU profile")
     return profile
 
 
@@ -174,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     }
 
     def save() -> None:
-        out.write_text(json.dumps(report, indent=2) + "\n")
+        from recipes.writer import write_output
+
+        write_output(out, json.dumps(report, indent=2) + "\n", "the gpu-check report")
 
     profile["save"] = save
     t0 = time.perf_counter()

@@ -576,7 +576,12 @@ def main(argv: list[str] | None = None) -> int:
     report["rows"] = rows
     out = Path(args.out)
     try:
-        run_cases(rows, probe, write=lambda: out.write_text(json.dumps(report, indent=2) + "\n"), cases=args.cases)
+        from recipes.writer import write_output
+
+        def write() -> None:
+            write_output(out, json.dumps(report, indent=2) + "\n", "the capture probe's report")
+
+        run_cases(rows, probe, write=write, cases=args.cases)
     finally:
         probe.close()
     print(markdown_table(rows))

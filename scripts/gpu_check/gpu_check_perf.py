@@ -284,6 +284,8 @@ def run_parts(rows: list[dict], parts: list[str], *, smoke: bool, work: Path, ou
     """Run `parts` in order, adding their rows to `rows`; `out` (JSON: rows and raw numbers) after every part."""
     import torch
 
+    from recipes.writer import write_output
+
     raw: dict = {}
     report = {"gpu": gpu, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "parts_done": []}
     report.update(rows=rows, raw=raw)
@@ -296,7 +298,8 @@ def run_parts(rows: list[dict], parts: list[str], *, smoke: bool, work: Path, ou
         t = time.perf_counter()
         checks[part]()
         report["parts_done"].append({"part": part, "seconds": round(time.perf_counter() - t, 1)})
-        out.write_text(json.dumps(report, indent=2, default=str) + "\n")  # after every part: a timeout keeps these
+        # after every part: a timeout keeps these
+        write_output(out, json.dumps(report, indent=2, default=str) + "\n", "the perf report")
         print(f"gpu_check_perf: {part} done in {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
     return report
 

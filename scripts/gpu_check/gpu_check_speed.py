@@ -216,6 +216,8 @@ def compare(bench: Bench, variants: dict, *, size: int, batch: int, rounds: int,
 def run(out: Path, *, device: str, smoke: bool, parts: list[str]) -> dict:
     import torch
 
+    from recipes.writer import write_output
+
     bench = Bench(device, smoke)
     sizes = (8,) if smoke else SIZES
     batch = {8: 2} if smoke else BATCH
@@ -234,7 +236,7 @@ def run(out: Path, *, device: str, smoke: bool, parts: list[str]) -> dict:
     }
 
     def write():
-        out.write_text(json.dumps(report, indent=2) + "\n")
+        write_output(out, json.dumps(report, indent=2) + "\n", "the speed report")
 
     def part(name, fn):
         t = time.perf_counter()

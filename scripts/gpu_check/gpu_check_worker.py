@@ -66,6 +66,7 @@ def main() -> int:
     from recipes import registry
     from recipes.config import load_config
     from recipes.distributed import DistInfo, _env_int, teardown
+    from recipes.writer import write_output
 
     out, transport, steps = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
@@ -104,7 +105,7 @@ def main() -> int:
         traceback.print_exc()
         result["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
     if rank == 0:
-        out.write_text(json.dumps(result, indent=1) + "\n")
+        write_output(out, json.dumps(result, indent=1) + "\n", "the worker's result")
     return 0 if "error" not in result else 1
 
 

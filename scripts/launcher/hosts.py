@@ -73,14 +73,15 @@ def parse_hostfile(path: str | Path) -> list[Host]:
     path = Path(path)
     if not path.is_file():
         raise HostError(f"{path}: hostfile not found")
+    from recipes import reader  # the launcher puts the repository on sys.path before it reads a hostfile
+
+    data = reader.read_bytes(path, what="hostfile", error=HostError, max_bytes=1 << 20)  # a regular file, <= 1 MiB
     try:
-        text = path.read_text(encoding="utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise HostError(
             f"{path}: not a UTF-8 text file (byte {e.start}): expected 'host [slots=N] [addr=IP]' lines"
         ) from None
-    except OSError as e:
-        raise HostError(f"{path}: cannot read the hostfile: {e.strerror or e}") from None
     hosts: list[Host] = []
     for no, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()

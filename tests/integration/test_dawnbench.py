@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 
 import pytest
 from support import ROOT, tiny_config
@@ -252,3 +253,26 @@ def test_file_name_follows_the_entries_repository_pattern(tiny_root, tmp_path):
     cfg = load_config(ROOT / "configs" / "base.yaml", ["dawnbench.author=Alibaba Cloud", "dawnbench.model=ResNet-50"])
     # [author name]_[model name]_[hardware tag]_[framework], like alibabacloud_resnet50_gn6e_16_machine_tensorflow
     assert file_stem(cfg, 16, 8, torch.device("cpu")) == "alibabacloud_resnet50_2x8-cpu_pytorch"
+
+
+def test_50000_links_to_few_images_do_not_qualify_as_imagenet(tmp_path):
+    """A made-up set with 1,000 class folders and 50,000 validation links to one image once qualified."""
+    from data.folder import distinct_files
+
+    val = tmp_path / "val"
+    (val / "n01").mkdir(parents=True)
+    (val / "n02").mkdir()
+    one = val / "n01" / "ILSVRC2012_val_00000001.JPEG"
+    one.write_bytes(b"jpeg")
+    os.link(one, val / "n01" / "ILSVRC2012_val_00000002.JPEG")
+    (val / "n02" / "ILSVRC2012_val_00000003.JPEG").symlink_to(one)
+    assert distinct_files(val) == 1
+    (val / "n02" / "ILSVRC2012_val_00000004.JPEG").write_bytes(b"jpeg")  # the same bytes, its own file
+    assert distinct_files(val) == 2
+    cfg = load_config(ROOT / "configs" / "dawnbench_158s.yaml", ["dawnbench.author=Us", "dawnbench.author_email=u@x"])
+    full = {**SUMMARY, "val_count": 48238, "val_excluded": 1762, "num_classes": 1000}
+    assert entry(cfg, {**full, "val_files": 50_000}, "x")["qualifies"] is True
+    linked = entry(cfg, {**full, "val_files": 1}, "x")
+    assert linked["notQualifyingBecause"] == [
+        "its 50,000 validation images are 1 distinct files (links to the same images), not ImageNet's validation set"
+    ]

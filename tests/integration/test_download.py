@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
+import subprocess
 import tarfile
 import zipfile
 from pathlib import Path
@@ -14,6 +16,7 @@ import pytest
 import scipy.io
 from PIL import Image
 
+from data import download
 from data.folder import scan_split
 from data.prepare import main as prepare_main
 
@@ -46,13 +49,14 @@ def _class_tar(wnid: str, extra=None) -> bytes:
     return buf.getvalue()
 
 
-def _devkit(path: Path, meta: bytes | None = None) -> Path:
-    rows = [(IDS[w], w, w, "", 0, [], 0, 2) for w in WNIDS] + [(4, "n00015388", "animal", "", 3, [1, 2, 3], 5, 0)]
+def _devkit(path: Path, meta: bytes | None = None, *, truth: bytes | None = None, ids: dict | None = None) -> Path:
+    ids = ids or IDS
+    rows = [(ids[w], w, w, "", 0, [], 0, 2) for w in WNIDS] + [(4, "n00015388", "animal", "", 3, [1, 2, 3], 5, 0)]
     fields = ["ILSVRC2012_ID", "WNID", "words", "gloss", "num_children", "children", "wordnet_height"]
     synsets = np.array(rows, dtype=[(f, "O") for f in [*fields, "num_train_images"]])
     mat = io.BytesIO()
     scipy.io.savemat(mat, {"synsets": synsets})
-    truth = "".join(f"{IDS[w]}\n" for w in VAL).encode()
+    truth = truth if truth is not None else "".join(f"{IDS[w]}\n" for w in VAL).encode()
     files = {"meta.mat": meta if meta is not None else mat.getvalue()}
     files.update({"ILSVRC2012_validation_ground_truth.txt": truth, "ILSVRC2012_validation_blacklist.txt": BLACKLIST})
     with tarfile.open(path, "w:gz") as tar:
@@ -213,3 +217,157 @@ def test_check_fails_on_a_tree_of_tars_or_of_no_images(tmp_path, capsys):
     (tmp_path / "empty" / "train").mkdir(parents=True)
     assert prepare_main(["--check", str(tmp_path / "empty")]) == 2
     assert "holds no image" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Hostile downloads: each is one line and exit 2, never a traceback, a filled disk or a silently wrong label.
+
+
+def _one_error(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("error: ")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("where", ["a file", "under /proc"])
+def test_a_destination_that_cannot_be_made_is_one_line(tmp_path, capsys, where):
+    src = _imagenet_org(tmp_path / "download")
+    dst = tmp_path / "taken"
+    if where == "a file":
+        dst.write_text("mine\n")
+    else:
+        dst = Path("/proc/dawnbench-imagenet")
+    assert prepare_main(["--download", str(src), "--dst", str(dst)]) == 2
+    line = _one_error(capsys)
+    assert f"--dst: '{dst}'" in line or f"--dst: cannot create the folder '{dst}'" in line, line
+    if where == "a file":
+        assert dst.read_text() == "mine\n"
+
+
+def test_an_empty_train_tar_is_one_line(tmp_path, capsys):
+    src = _imagenet_org(tmp_path / "download")
+    with tarfile.open(src / "ILSVRC2012_img_train.tar", "w"):
+        pass
+    assert prepare_main(["--download", str(src), "--dst", str(tmp_path / "imagenet")]) == 2
+    assert "holds no per-class tars" in _one_error(capsys)
+
+
+def _kaggle_zip(tmp_path, src=None) -> Path:
+    src = src or _kaggle(tmp_path / "kaggle")
+    archive = tmp_path / "imagenet-object-localization-challenge.zip"
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
+        for p in sorted(src.rglob("*")):
+            zf.write(p, p.relative_to(src).as_posix())
+    return archive
+
+
+def _patch_first_image(archive: Path, *, method: int | None = None, flags: int | None = None) -> None:
+    """Set the compression method or the flag bits of the first image in both of the zip's headers."""
+    data = bytearray(archive.read_bytes())
+    name = f"ILSVRC/Data/CLS-LOC/train/{WNIDS[0]}/{WNIDS[0]}_1.JPEG".encode()
+    for sig, flag_at, method_at, name_at in ((b"PK\x03\x04", 6, 8, 30), (b"PK\x01\x02", 8, 10, 46)):
+        pos = data.find(sig)
+        while pos >= 0 and data[pos + name_at : pos + name_at + len(name)] != name:
+            pos = data.find(sig, pos + 4)
+        assert pos >= 0
+        if method is not None:
+            data[pos + method_at : pos + method_at + 2] = method.to_bytes(2, "little")
+        if flags is not None:
+            data[pos + flag_at : pos + flag_at + 2] = flags.to_bytes(2, "little")
+    archive.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("change, said", [("deflate64", "compression method 9"), ("encrypted", "is encrypted")])
+def test_a_zip_member_python_cannot_read_is_one_line_before_extraction(tmp_path, capsys, change, said):
+    archive = _kaggle_zip(tmp_path)
+    _patch_first_image(archive, **({"method": 9} if change == "deflate64" else {"flags": 1}))
+    dst = tmp_path / "imagenet"
+    assert prepare_main(["--download", str(archive), "--dst", str(dst)]) == 2
+    assert said in _one_error(capsys)
+    assert not (dst / "train").exists()
+
+
+def test_a_zip_whose_csv_inflates_past_its_budget_is_refused_unread(tmp_path, capsys):
+    src = _kaggle(tmp_path / "kaggle")
+    row = (src / "LOC_val_solution.csv").read_text().splitlines()[1]
+    (src / "LOC_val_solution.csv").write_text("ImageId,PredictionString\n" + (row + "\n") * (17 * 2**20 // len(row)))
+    archive = _kaggle_zip(tmp_path, src)
+    assert archive.stat().st_size < 2**20  # a small zip, 17 MiB of CSV
+    assert prepare_main(["--download", str(archive), "--dst", str(tmp_path / "imagenet")]) == 2
+    line = _one_error(capsys)
+    assert "member 'LOC_val_solution.csv' declares " in line and "expected at most 16,777,216" in line, line
+    assert not (tmp_path / "imagenet" / "train").exists()
+
+
+@pytest.mark.skipif(shutil.which("tar") is None, reason="GNU tar writes the sparse member")
+def test_a_sparse_member_is_refused_before_a_byte_is_written(tmp_path, capsys):
+    src = _imagenet_org(tmp_path / "download")
+    big = tmp_path / "ILSVRC2012_val_00000001.JPEG"
+    with open(big, "wb") as f:  # 200 MiB of holes: 20 KB in the tar
+        f.truncate(200 * 2**20)
+    tar = src / "ILSVRC2012_img_val.tar"
+    tar.unlink()
+    subprocess.run(["tar", "--sparse", "-cf", str(tar), "-C", str(tmp_path), big.name], check=True)
+    assert tar.stat().st_size < 2**20
+    dst = tmp_path / "imagenet"
+    assert prepare_main(["--download", str(src), "--dst", str(dst)]) == 2
+    line = _one_error(capsys)
+    assert "is a sparse file" in line or "declares 209,715,200 bytes" in line, line
+    assert not list((dst / "val").rglob("*.JPEG")) if (dst / "val").exists() else True
+
+
+def test_a_gzipped_tar_that_inflates_past_its_ratio_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(download, "_SLACK", 2**20)  # the budget's allowance, small enough for a test archive
+    src = _imagenet_org(tmp_path / "download")
+    tar = src / "ILSVRC2012_img_val.tar"
+    with tarfile.open(tar, "w:gz") as t:  # 8 MiB of zeros in 8 KB: not JPEGs
+        for i in range(1, 9):
+            _add(t, f"ILSVRC2012_val_{i:08d}.JPEG", bytes(2**20))
+    assert prepare_main(["--download", str(src), "--dst", str(tmp_path / "imagenet")]) == 2
+    line = _one_error(capsys)
+    assert "bytes extracted from" in line and "over 4x" in line, line
+
+
+@pytest.mark.parametrize("line", ["²", "٢", "9" * 5000, "+2", " 2x", "0x2"])
+def test_a_ground_truth_line_is_ascii_digits_of_a_known_id(tmp_path, capsys, line):
+    src = _imagenet_org(tmp_path / "download")
+    truth = "".join(f"{IDS[w]}\n" for w in VAL[:-1]) + line + "\n"
+    _devkit(src / "ILSVRC2012_devkit_t12.tar.gz", truth=truth.encode())
+    assert prepare_main(["--download", str(src), "--dst", str(tmp_path / "imagenet")]) == 2
+    msg = _one_error(capsys)
+    assert f"line {len(VAL)} of data/ILSVRC2012_validation_ground_truth.txt" in msg, msg
+
+
+def test_a_class_listed_twice_in_meta_mat_is_refused(tmp_path, capsys):
+    src = _imagenet_org(tmp_path / "download")
+    _devkit(src / "ILSVRC2012_devkit_t12.tar.gz", ids={**IDS, "n01443537": IDS["n01484850"]})  # ID 1 twice
+    assert prepare_main(["--download", str(src), "--dst", str(tmp_path / "imagenet")]) == 2
+    assert "lists ILSVRC2012_ID 1 twice" in _one_error(capsys)
+
+
+def test_an_image_listed_twice_in_kaggles_csv_is_refused(tmp_path, capsys):
+    src = _kaggle(tmp_path / "kaggle")
+    csv = src / "LOC_val_solution.csv"
+    csv.write_text(csv.read_text() + f"ILSVRC2012_val_00000001,{WNIDS[0]} 1 2 30 20\n")
+    assert prepare_main(["--download", str(src), "--dst", str(tmp_path / "imagenet")]) == 2
+    assert "ImageId ILSVRC2012_val_00000001 is listed twice" in _one_error(capsys)
+
+
+def test_sort_val_has_no_label_for_image_0(tmp_path, capsys):
+    root = tmp_path / "imagenet"
+    (root / "val").mkdir(parents=True)
+    (root / "val" / "ILSVRC2012_val_00000000.JPEG").write_bytes(_jpeg(0))  # labels[-1] was image 50,000's
+    devkit = _devkit(tmp_path / "ILSVRC2012_devkit_t12.tar.gz")
+    assert prepare_main(["--sort-val", str(root), "--devkit", str(devkit)]) == 2
+    assert "no label for" in _one_error(capsys)
+    assert (root / "val" / "ILSVRC2012_val_00000000.JPEG").is_file()
+
+
+@pytest.mark.parametrize("name", ["sub/escaped.JPEG", f"{WNIDS[0]}_1.JPEG/../../../escaped.JPEG", "a\\b.JPEG"])
+def test_a_member_name_with_a_separator_is_refused(tmp_path, capsys, name):
+    """The name check's first character is not its only guard: a '/' later in the name is refused too."""
+    src = _imagenet_org(tmp_path / "download", train_extra=lambda tar: _add(tar, name, _jpeg(1)))
+    assert prepare_main(["--download", str(src), "--dst", str(tmp_path / "out")]) == 2
+    assert "not a plain file name" in _one_error(capsys)
+    assert not list(tmp_path.rglob("escaped.JPEG"))

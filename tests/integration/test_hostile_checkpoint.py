@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 import subprocess
 import sys
 
@@ -174,3 +175,45 @@ def test_force_with_another_optimizer_or_precision_starts_that_state_afresh_sayi
         key, new = c.split("=")
         part = {"optim.name": "optimizer", "run.amp": "scaler"}[key]
         assert f"-> '{new}': the {part} state starts afresh" in out
+
+
+def _first_buffer(opt_state: dict) -> tuple[int, str]:
+    """(parameter index, state key) of the first per-parameter tensor in an optimizer state_dict."""
+    for idx, st in opt_state["state"].items():
+        for key, value in st.items():
+            if key != "step" and isinstance(value, torch.Tensor) and value.numel() > 1:
+                return idx, key
+    raise AssertionError("the tiny checkpoint's optimizer keeps no per-parameter tensor")
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        ("shape", r"is a float32 tensor of shape \(3,\): expected the parameter's float32 tensor of shape"),
+        ("not-a-tensor", "must be a tensor, got int"),
+        ("step", "state 'step' must be a finite count >= 0, got -1.0"),
+        ("scale", "entry 'scaler' key 'scale' must be a finite number > 0, got -1.0"),
+        ("interval", "entry 'scaler' key 'growth_interval' must be an integer >= 1, got 0"),
+    ],
+)
+def test_optimizer_and_scaler_state_are_checked_against_the_run_at_load(good, tiny_root, tmp_path, change, expected):
+    """A momentum buffer of another shape once reached torch's fused SGD and segfaulted the trainer (exit 139)."""
+    bad = {**good, "optimizer": copy.deepcopy(good["optimizer"]), "scaler": dict(good["scaler"] or {})}
+    idx, key = _first_buffer(bad["optimizer"])
+    if change == "shape":
+        bad["optimizer"]["state"][idx][key] = torch.zeros(3)
+    elif change == "not-a-tensor":
+        bad["optimizer"]["state"][idx][key] = 5
+    elif change == "step":
+        bad["optimizer"]["state"][idx]["step"] = torch.tensor(-1.0)
+    elif change == "scale":
+        bad["scaler"] = {"scale": -1.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000}
+    else:
+        bad["scaler"] = {"scale": 1.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 0}
+    path = tmp_path / "bad.pt"
+    torch.save(bad, path)
+    with pytest.raises(CheckpointError) as e:
+        train(tiny_config(tiny_root, tmp_path), resume_from=str(path))
+    msg = str(e.value)
+    assert "\n" not in msg and f"checkpoint '{path}" in msg and "': entry '" in msg, msg
+    assert re.search(expected, msg), msg

@@ -22,6 +22,7 @@ from support import input_args, run_context, tiny_config
 from data import create_input
 from data.check import check_headers, header_size, inspect_file
 from data.dali_loader import DaliPipeline
+from data.download import write_blacklist
 from data.folder import Split, read_blacklist, scan_split
 from data.prepare import BLACKLIST, sort_val
 from data.prepare import main as prepare_main
@@ -360,3 +361,26 @@ def test_a_blacklist_that_is_no_regular_file_is_one_line(tmp_path):
         read_blacklist("/dev/zero")
     with pytest.raises(DataError, match="is a directory"):
         read_blacklist(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "data, said",
+    [
+        (b"1\n2\n2\n", "expected distinct image numbers"),  # a repeat: the check the audit's mutation removed
+        ("1\n\u0662\n".encode(), "expected one image number"),  # an Arabic-Indic 2, which int() reads as 2
+        (b"1\n+2\n", "expected one image number"),
+    ],
+)
+def test_a_blacklist_written_by_the_data_tools_lists_each_image_once_in_ascii(tmp_path, data, said):
+    with pytest.raises(DataError, match=said):
+        write_blacklist(data, "test", tmp_path)
+    assert not (tmp_path / BLACKLIST).exists()
+
+
+def test_a_blacklist_read_by_a_run_lists_each_image_once(tmp_path):
+    path = tmp_path / "bl.txt"
+    path.write_text("5\n7\n5\n")
+    with pytest.raises(DataError, match=r"line 3 repeats the index of line 1"):
+        read_blacklist(path)
+    path.write_text("5\n7\n")
+    assert read_blacklist(path) == [5, 7]

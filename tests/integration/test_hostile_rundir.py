@@ -207,3 +207,66 @@ def test_a_link_above_the_run_directory_is_said(tiny_root, tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"is '{tmp_path / 'real' / 'tiny'}' (a symbolic link above it)" in out
     assert (tmp_path / "real" / "tiny" / "run.json").is_file()
+
+
+@pytest.mark.parametrize("name", ["run.json", "progress.json"])
+def test_a_run_file_that_is_a_fifo_is_one_line_never_a_hang(tiny_root, tmp_path, name):
+    run = tmp_path / "tiny"
+    run.mkdir()
+    os.mkfifo(run / name)  # the old reader opened it and waited for a writer forever
+    with pytest.raises(RunDirError) as e:
+        train(tiny_config(tiny_root, tmp_path))
+    msg = str(e.value)
+    assert "\n" not in msg and f"'{run / name}' is not a regular file" in msg, msg
+    assert sorted(os.listdir(run)) == [name]
+
+
+# progress.json's step -> the steps the resume redoes (the checkpoint is at step 4 of the plan's 8)
+PROGRESS_STEPS = {'{"step": Infinity}': 0, '{"step": 1e18}': 0, '{"step": "6"}': 0, '{"step": true}': 0}
+PROGRESS_STEPS |= {'{"step": -3}': 0, "[6]": 0, '{"step": 1000000000000000000}': 4, '{"step": 6}': 2}
+
+
+@pytest.mark.parametrize("text", sorted(PROGRESS_STEPS))
+def test_progress_json_is_a_step_of_the_plan_or_ignored_with_a_warning(tiny_root, tmp_path, capsys, text):
+    train(tiny_config(tiny_root, tmp_path, *DET), stop_after_epochs=1)
+    (tmp_path / "tiny" / files.PROGRESS).write_text(text + "\n")
+    capsys.readouterr()
+    summary = train(tiny_config(tiny_root, tmp_path, *DET))
+    err = capsys.readouterr().err
+    assert summary["steps"] == 8 and summary["redone_steps"] == PROGRESS_STEPS[text], summary["redone_steps"]
+    warned = [ln for ln in err.splitlines() if ln.startswith("warning: ") and files.PROGRESS in ln]
+    assert len(warned) == (PROGRESS_STEPS[text] == 0), err
+    saved = json.loads((tmp_path / "tiny" / files.SUMMARY).read_text())
+    assert saved["redone_steps"] == PROGRESS_STEPS[text]
+
+
+def test_a_run_directory_spelled_with_dotdot_is_judged_as_the_folder_it_names(tiny_root, tmp_path):
+    """`runs/..` while runs/ does not exist: the kernel calls it missing, so it passed as new, and the launcher's
+    launch/ (and runs/) were written into the folder above (the repository, for a config named '...')."""
+    home = tmp_path / "repo"
+    home.mkdir()
+    (home / "README.md").write_text("mine\n")
+    before = _tree(home)
+    with pytest.raises(RunDirError) as e:
+        train(tiny_config(tiny_root, tmp_path), run_dir=home / "runs" / "..")
+    msg = str(e.value)
+    assert "\n" not in msg and f"run directory '{home}' is neither empty nor a run" in msg, msg
+    assert _tree(home) == before  # no runs/, no launch/, nothing
+    assert directory.not_a_run(home / "runs" / "..") == directory.not_a_run(home)
+
+
+def test_the_launcher_refuses_runs_dotdot_before_it_writes_launch(tmp_path, capsys):
+    """The launcher's check is the trainer's: no launch/ or runs/ appears in the folder above."""
+    from support import ROOT
+
+    from scripts import launch
+
+    home = tmp_path / "repo"
+    home.mkdir()
+    (home / "README.md").write_text("mine\n")
+    before = _tree(home)
+    argv = ["--hosts", "localhost:1", "--transport", "local", "--run-dir", str(home / "runs" / "..")]
+    rc = launch.main([*argv, "-c", str(ROOT / "tests" / "tiny.yaml"), f"data.root={tmp_path / 'none'}"])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"launch: error: run directory '{home}' is neither empty nor a run" in err, err
+    assert _tree(home) == before

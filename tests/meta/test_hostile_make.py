@@ -93,3 +93,39 @@ def test_ordinary_values_still_work():
     p = _make(["reproduce-8gpu", "DATA=/data/my imagenet;x", "RUN_DIR=runs/a b"])
     assert p.returncode == 0, p.stderr
     assert "'data.root=/data/my imagenet;x'" in p.stdout and "--run-dir 'runs/a b'" in p.stdout
+
+
+@pytest.mark.parametrize("route", ["command line", "environment"])
+@pytest.mark.parametrize("value", ["cu130 ;touch {m};", "cu126 cu130", "cu130;touch {m}", "", "cu130 x", "CU130"])
+def test_cuda_is_exactly_one_word_of_its_list(tmp_path, route, value):
+    """A list holding one valid word once passed the check (make CUDA='cu130 ;touch x;' ran the command)."""
+    value = value.format(m=tmp_path / "ran")
+    args, env = (
+        (["install", f"CUDA={value}"], None) if route == "command line" else (["install"], {"DAWNBENCH_CUDA": value})
+    )
+    if route == "environment" and value == "":
+        env = {"DAWNBENCH_CUDA": " "}  # an empty one means "the default"
+    p = _make(args, env)
+    errors = [ln for ln in p.stderr.splitlines() if "***" in ln]
+    assert (
+        p.returncode == 2
+        and len(errors) == 1
+        and "expected cu130 " in errors[0]
+        and errors[0].endswith("exactly one word.  Stop.")
+    ), p.stderr
+    assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.parametrize("cuda", ["cu130", "cu126"])
+def test_cuda_is_quoted_where_the_recipes_use_it(tmp_path, cuda):
+    venv = tmp_path / "venv"
+    p = subprocess.run(
+        ["make", "-n", "-B", "--no-print-directory", f"{venv}/.installed", f"CUDA={cuda}", f"VENV={venv}"],
+        cwd=ROOT,
+        env={**os.environ, "DAWNBENCH_WHEELHOUSE": str(tmp_path / "wheels")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 0, p.stderr
+    assert f"grep -sqx '{cuda}' " in p.stdout and f"echo '{cuda}' > {venv}/.installed" in p.stdout, p.stdout

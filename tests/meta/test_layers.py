@@ -2,7 +2,8 @@
 of the file or inside a function) only modules of lower layers, or of its own layer and top-level package.
 
     bottom            recipes.errors, recipes.registry, recipes.rundir.files, recipes.comm.stats, recipes.environment,
-                      recipes.reader, recipes.argtypes, recipes.metrics, recipes.exit_codes: no project imports
+                      recipes.reader, recipes.writer, recipes.argtypes, recipes.metrics, recipes.exit_codes: no
+                      project imports (recipes.writer imports recipes.errors only)
     data and models   data/, models/: take the config as a plain object, never import recipes.config or above
     config            recipes.config: the schema, with the names from recipes.registry
     recipe parts      schedule, optimizers, allreduce backends, the run package (checkpoints, resume, outputs), ...
@@ -24,7 +25,8 @@ import pytest
 from support import ROOT
 
 BOTTOM = ["recipes", "recipes.errors", "recipes.registry", "recipes.rundir.files", "recipes.comm.stats"]
-BOTTOM += ["recipes.environment", "recipes.reader", "recipes.argtypes", "recipes.metrics", "recipes.exit_codes"]
+BOTTOM += ["recipes.environment", "recipes.reader", "recipes.writer", "recipes.argtypes", "recipes.metrics"]
+BOTTOM += ["recipes.exit_codes"]
 RECIPE_PARTS = ["recipes.lars", "recipes.optim", "recipes.schedule", "recipes.schedule_report", "recipes.distributed"]
 RECIPE_PARTS += ["recipes.rundir", "recipes.logger", "recipes.dawnbench", "recipes.comm"]
 RECIPE_PARTS += ["recipes.steps", "recipes.epoch_clock", "recipes.preemption", "recipes.ema"]

@@ -9,6 +9,7 @@ import pytest
 
 import evaluate
 import train
+from recipes.argtypes import bounded_float
 from recipes.evaluation.cli import _NUMBERS
 from scripts import predict
 
@@ -89,3 +90,26 @@ def test_the_refusal_is_one_line_and_exit_2(capsys):
     assert len(err) == 1 and err[0].startswith(
         "error: argument --stop-after-epochs: expected an integer in [1, 10,000]"
     )
+
+
+def test_an_open_lower_bound_refuses_the_bound_itself():
+    parse = bounded_float(0, 1, low_open=True)
+    assert parse("0.5") == 0.5 and parse("1e-9") == 1e-9
+    with pytest.raises(argparse.ArgumentTypeError, match=r"expected a number in \(0, 1\], got '0'"):
+        parse("0")
+    closed = bounded_float(0.001, 10, zero=True)  # 0 means "none"; any other value is a plausible rate
+    assert closed("0") == 0 and closed("0.001") == 0.001
+    with pytest.raises(argparse.ArgumentTypeError, match=r"expected 0 or a number in \[0.001, 10\], got '1e-300'"):
+        closed("1e-300")
+
+
+@pytest.mark.parametrize("flag", ["--link-gbit", "--flow-gbit", "--intra-gbyte", "--efficiency"])
+@pytest.mark.parametrize("value", ["0", "1e-300", "-0"])
+def test_predict_rates_have_a_plausible_lower_bound(capsys, flag, value):
+    """--link-gbit 0 once ended in a ZeroDivisionError traceback, 1e-300 in results of 300 digits."""
+    if flag == "--flow-gbit" and value in ("0", "-0"):
+        return  # 0 = no per-flow cap
+    with pytest.raises(SystemExit) as e:
+        predict.parser().parse_args([flag, value])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and f"argument {flag}: expected" in err, err

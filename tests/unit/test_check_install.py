@@ -38,8 +38,9 @@ def test_a_good_install_passes(capsys, tmp_path):
 
 def _third_party_imports() -> dict[str, str]:
     """Top-level module -> a file that imports it, for every import of the project that is neither local nor stdlib."""
-    files = [p for p in ROOT.rglob("*.py") if not {".venv", "runs"} & set(p.relative_to(ROOT).parts)]
-    local = {p.stem for p in files} | {p.name for p in ROOT.rglob("*") if p.is_dir()}
+    ours = [p for p in ROOT.rglob("*") if not {".venv", "runs", ".git"} & set(p.relative_to(ROOT).parts)]
+    files = [p for p in ours if p.suffix == ".py"]
+    local = {p.stem for p in files} | {p.name for p in ours if p.is_dir()}
     found = {}
     for f in files:
         for node in ast.walk(ast.parse(f.read_text())):

@@ -217,6 +217,8 @@ def test_the_link_probes_file_replaces_the_config_link(tmp_path, record):
         (json.dumps({"link_gbit": "fast", "flow_gbit": 1, "latency_us": 1}), "link_gbit"),
         (json.dumps({"link_gbit": 3, "flow_gbit": -1, "latency_us": 1}), "flow_gbit"),
         (json.dumps({"link_gbit": 3, "flow_gbit": None}), "latency_us"),
+        (json.dumps({"link_gbit": 1e-300, "flow_gbit": 1, "latency_us": 1}), "comm.link_gbit's domain (>= 0.001"),
+        (json.dumps({"link_gbit": 3, "flow_gbit": 1e-300, "latency_us": 1}), "comm.flow_gbit's domain (>= 0.001"),
     ],
 )
 def test_a_bad_probe_file_is_a_one_line_config_error(tmp_path, text, key):

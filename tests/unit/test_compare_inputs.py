@@ -23,6 +23,10 @@ BAD_SUMMARY = [
     ("summary.json", json.dumps({"world_size": 1, "comm": {"steps": "many"}}), "'comm'"),
     ("config.yaml", "a: [1\n", "not valid YAML"),
     ("config.yaml", "- 1\n", "expected a mapping"),
+    ("config.yaml", "comm: 5\n", "section 'comm': expected a mapping, got 5"),
+    ("config.yaml", "phases: [1]\n", "'phases': expected a list of mappings"),
+    ("config.yaml", "a: " + "[" * 5000 + "]" * 5000 + "\n", "not valid YAML"),  # the config parser's depth bound
+    ("summary.json", json.dumps({"world_size": 1, "comm_backend": [1]}), "'comm_backend': expected a backend name"),
 ]
 
 
@@ -58,3 +62,12 @@ def test_the_plot_goes_beside_the_runs_and_never_through_a_link(tmp_path, capsys
     capsys.readouterr()
     assert compare_runs.main([str(a), str(b)]) == 2
     assert "--plot: " in capsys.readouterr().err and victim.read_text() == "precious"
+
+
+@pytest.mark.parametrize("value", ["x", [1], True, 2.5, 0, 10**300])
+def test_an_interrupted_runs_meta_json_holds_a_process_count(tmp_path, capsys, value):
+    run = fake_run_dir(tmp_path / "a", "ddp", finished=False)
+    (run / "meta.json").write_text(json.dumps({"world_size": value}))
+    assert compare_runs.main([str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{run / 'meta.json'}: 'world_size': expected an integer in [1," in err, err

@@ -60,3 +60,16 @@ def test_teardown_waits_for_gloo_workers_to_sleep(tmp_path):
     _task(tmp_path, 4, "pt_gloo_runloop", "R")
     assert distributed.wait_for_gloo_workers(0.1, tmp_path) is False
     assert distributed.wait_for_gloo_workers(1.0, tmp_path / "absent") is False
+
+
+def test_teardown_destroys_the_groups_then_waits_for_gloo_workers(monkeypatch):
+    """The wait is the fix for the abort at exit: a teardown without it must fail here, not only under load."""
+    calls = []
+    monkeypatch.setattr(td, "is_initialized", lambda: True)
+    monkeypatch.setattr(td, "destroy_process_group", lambda: calls.append("destroy"))
+    monkeypatch.setattr(distributed, "wait_for_gloo_workers", lambda *a, **k: calls.append("wait") or True)
+    distributed.teardown()
+    assert calls == ["destroy", "wait"]
+    monkeypatch.setattr(td, "is_initialized", lambda: False)
+    distributed.teardown()
+    assert calls == ["destroy", "wait"]  # nothing to tear down: neither

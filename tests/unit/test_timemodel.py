@@ -131,6 +131,10 @@ def test_profile_file_replaces_published_rates(tmp_path, prof):
         (json.dumps(profile_doc(rates=[])), "rates"),
         (json.dumps(profile_doc(rates=[{"image_size": 224, "batch_size": 256, "images_per_s": -1}])), "rates[0]."),
         (json.dumps(profile_doc(rates=[{"image_size": "224", "batch_size": 256, "images_per_s": 1}])), "rates[0]."),
+        (
+            json.dumps(profile_doc(rates=[{"image_size": 224, "batch_size": 256, "images_per_s": 1e-300}])),
+            "rates[0].images_per_s: expected a number in [0.01, 1e+09]",
+        ),
     ],
 )
 def test_bad_profile_file_is_a_one_line_error(tmp_path, text, key):

@@ -1,0 +1,160 @@
+"""Every file the project writes goes through here: a regular file or a new name only, no link followed, never
+half-written; images go through `copy_image` / `write_image` of the data tools, which use `open_new` below.
+
+A file is written to a temp file in the same directory (opened with O_NOFOLLOW | O_EXCL, so a planted link is never
+written through), fsynced and renamed over its name. A name that is a symbolic link is refused with one line that
+names it (the rename would replace the link, but a planted link means someone else uses the name); so is a name that
+is a directory, a FIFO, a socket or a device node (as root the rename would replace /dev/null). JSON is strict: NaN
+and infinities are written as null, never as the `NaN` that JSON readers refuse. The caller chooses the error class
+(RunDirError for a run's files and a tool's outputs, DataError for the data tools' control files), as with
+recipes/reader.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+from pathlib import Path
+from typing import IO
+
+from recipes.errors import RunDirError
+
+
+def temp_path(path: Path, kind: str = "tmp") -> Path:
+    """The temp file `path` is written to before the rename (one per process)."""
+    return path.with_name(f".{path.name}.{kind}{os.getpid()}")
+
+
+def refuse_link(path: Path, error: type[Exception] = RunDirError) -> None:
+    """Raise `error` when `path` is a symbolic link (a planted file the run must not write through)."""
+    if path.is_symlink():
+        raise error(
+            f"'{path}' is a symbolic link (to '{os.readlink(path)}'): a run writes only its own files; "
+            "remove the link or choose another run directory"
+        )
+
+
+def _kind(mode: int) -> str | None:
+    """What a file that is not regular is, in words; None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def refuse_irregular(path: Path, what: str | None = None, error: type[Exception] = RunDirError) -> None:
+    """Raise `error` unless `path` is a regular file or nothing (`what`: the flag or file, named first)."""
+    try:
+        mode = path.lstat().st_mode
+    except (FileNotFoundError, NotADirectoryError):  # nothing there (a missing folder is the caller's to report)
+        return
+    except OSError as e:
+        raise error(f"{what + ': ' if what else ''}cannot write '{path}': {e.strerror or e}") from None
+    if stat.S_ISLNK(mode):
+        if what is None:
+            refuse_link(path, error)
+        raise error(f"{what}: '{path}' is a symbolic link (to '{os.readlink(path)}'): give a path that is not")
+    kind = _kind(mode)
+    if kind is not None:
+        raise error(f"{what + ': ' if what else ''}'{path}' is {kind}: expected a regular file or a new name")
+
+
+def write_atomic(
+    path: str | Path, data: bytes | str, *, durable: bool = True, error: type[Exception] = RunDirError
+) -> None:
+    """Write `data` as `path`: the old complete file or the new complete file, never a mix, never through a link,
+    never over a device, FIFO or directory.
+
+    durable=False skips the fsync: after a power loss the file may be the old one (the rename is still atomic)."""
+    path = Path(path)
+    refuse_irregular(path, error=error)
+    if isinstance(data, str):
+        data = data.encode()
+    tmp = temp_path(path)
+    tmp.unlink(missing_ok=True)  # our own leftover (same pid): never a file of someone else's
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            if durable:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def finite(value):
+    """`value` with every non-finite float replaced by None (JSON has no NaN or infinity)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def to_json(value, indent: int | None = 1) -> str:
+    """Strict JSON text of `value` (non-finite floats as null)."""
+    return json.dumps(finite(value), indent=indent, allow_nan=False) + "\n"
+
+
+def write_json(
+    path: str | Path, value, indent: int | None = 1, *, durable: bool = True, error: type[Exception] = RunDirError
+) -> None:
+    write_atomic(path, to_json(value, indent), durable=durable, error=error)
+
+
+def check_target(path: str | Path, what: str, error: type[Exception] = RunDirError) -> Path:
+    """Refuse, before any work, an output path a tool could not write safely: anything but a regular file or a new
+    name (a link, a directory, a device, a FIFO), a folder that does not exist. One line names `what` (the flag or
+    file) and the path."""
+    path = Path(path)
+    refuse_irregular(path, what, error)
+    if not path.parent.is_dir():
+        raise error(f"{what}: the folder '{path.parent}' does not exist")
+    return path
+
+
+def write_output(path: str | Path, data: bytes | str, what: str, error: type[Exception] = RunDirError) -> None:
+    """A tool's output file (a prediction, a plot, a comparison, a data tool's control file): checked, written
+    atomically, never through a link; a full disk or a read-only folder is one line."""
+    path = check_target(path, what, error)
+    try:
+        write_atomic(path, data, error=error)
+    except OSError as e:
+        why = e.strerror or e
+        raise error(f"{what}: cannot write '{path}': {why}; check the folder's permissions and free space") from None
+
+
+def open_new(path: str | Path, what: str, error: type[Exception] = RunDirError) -> IO[bytes]:
+    """`path` opened for writing as a new file (O_EXCL | O_NOFOLLOW: never an existing file, link, device or FIFO),
+    for the data tools' temp files that are streamed rather than held in memory; the caller renames it."""
+    try:
+        return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "wb")
+    except OSError as e:
+        raise error(f"{what}: cannot create '{path}': {e.strerror or e}") from None
+
+
+def open_append(path: str | Path, what: str, error: type[Exception] = RunDirError) -> IO[str]:
+    """The log file `path` opened to append text: a regular file or a new one, never through a link."""
+    path = Path(path)
+    refuse_irregular(path, what, error)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as e:
+        raise error(f"{what}: cannot write '{path}': {e.strerror or e}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped in after the check above
+        os.close(fd)
+        raise error(f"{what}: '{path}' is not a regular file")
+    return os.fdopen(fd, "a", encoding="utf-8")
