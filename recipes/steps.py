@@ -391,8 +391,11 @@ def graph_decision(
     captures what can be, auto (the default) only what has been proven, false nothing."""
     if run.cuda_graph is False:
         return False, "run.cuda_graph=false"
+    registry.check_name(registry.OPTIMIZERS, optim, "optim.name", "optimizer")  # a config built in code
     opt = registry.OPTIMIZERS[optim]
-    back = registry.ALLREDUCE_BACKENDS[comm.backend]
+    back = registry.ALLREDUCE_BACKENDS.get(comm.backend)
+    if back is None:  # a backend built in code without a record states nothing it could be captured with
+        return False, f"comm.backend={comm.backend} has no record in recipes/registry.py"
     wraps = world_size > 1 or comm.engage_single_rank  # the backend wraps the model (recipes/comm backends' prepare)
     reasons = [
         (device_type != "cuda", f"no CUDA device ({device_type})"),
