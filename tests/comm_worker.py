@@ -257,7 +257,7 @@ def scenario_tune(out: dict, args: list[str]) -> None:
     opt = torch.optim.SGD(m.parameters(), lr=0.0)
     backend = create_allreduce(cfg.comm, dist, timeout_s=cfg.dist.timeout_s, model_name=cfg.model.name)
     tm, opt = backend.prepare(m, opt)
-    seq = []
+    seq, balancing = [], []
     mean = exact_mean(model, dist.rank, dist.world_size, step=0)
     errs = []
     for step in range(16):
@@ -267,7 +267,10 @@ def scenario_tune(out: dict, args: list[str]) -> None:
         errs.append(max_err([p.grad for p in m.parameters()], mean))
         backend.on_step_end(step + 1)
         seq.append([backend.settings.bucket_mb, backend.settings.streams, backend.settings.slices])
+        # comm.balance (when the test turns it on): no balancer while the tuner measures; its K afterwards
+        balancing.append([backend.tuner.done, backend.balance.streams if backend.balance else None])
     out["sequence"] = seq
+    out["balancing"] = balancing
     out["max_err"] = max(errs)
     out["trials"] = len(backend.tuner.trials)
     out["done"] = backend.tuner.done

@@ -62,14 +62,19 @@ def test_every_backend_leaves_every_rank_with_the_mean(tmp_path, nproc):
 
 def test_tuner_decisions_are_identical_on_all_ranks_and_cached(tmp_path):
     cache = tmp_path / "tune.json"
-    results, p = run_worker(tmp_path, 2, "tune", f"comm.tune_cache={cache}")
+    results, p = run_worker(tmp_path, 2, "tune", f"comm.tune_cache={cache}", "comm.balance=true")
     a, b = results
     assert a["sequence"] == b["sequence"]  # every rank switched plan at the same step, to the same settings
+    # comm.balance with the tuner: the balancer starts once the tuner has chosen, over the winner's K communicators
+    assert all(k is None for done, k in a["balancing"] if not done)
+    assert a["balancing"][-1] == [True, a["sequence"][-1][1]]
     assert a["trials"] == b["trials"] == 4 and a["done"] and b["done"]
     assert len({tuple(s) for s in a["sequence"]}) >= 3  # it really tried several plans
     assert a["max_err"] < 1e-6  # and gradients stayed exact through the switches
     winner = a["sequence"][-1]
-    assert a["state"] == {"bucket_mb": winner[0], "streams": winner[1], "slices": winner[2]}
+    assert {k: a["state"][k] for k in ("bucket_mb", "streams", "slices")} == dict(
+        zip(("bucket_mb", "streams", "slices"), winner, strict=True)
+    )
     data = json.loads(cache.read_text())
     (key,) = data
     assert key.startswith("model=") and "|world=2|pg=gloo|dtype=float32|wire=none|net=" in key
