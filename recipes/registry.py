@@ -168,6 +168,9 @@ LAB_METHODS = {
             tuned=True,
             default=False,
         ),
+        LabMethod(
+            "balanced", "multistream", "our backend with comm.balance, timed once its balancer settled", default=False
+        ),
         LabMethod("horovod", "horovod", "real horovod.torch DistributedOptimizer, Horovod's defaults (gloo)"),
     )
 }

@@ -211,7 +211,7 @@ def worker(args) -> None:
             td.all_reduce(p.grad)
             p.grad.div_(world)
 
-    contenders, settings, tuning = {"compute": compute}, {"compute": "no communication"}, {}
+    contenders, settings, tuning, balancing = {"compute": compute}, {"compute": "no communication"}, {}, {}
     for method in args.methods:
         if method == "per-tensor":
             contenders[method], settings[method] = per_tensor, f"{len(params)} allreduces"
@@ -254,6 +254,8 @@ def worker(args) -> None:
                     "comm.tune_steps_per_window=1",
                     "comm.tune_windows=2",
                 ]
+            if method == "balanced":
+                over += ["comm.balance=true", f"comm.balance_window={args.balance_window}"]
             if method == "tuned-model":  # the model's ranking for this lab, and half the candidates
                 over += [
                     "comm.tune_start=model",
@@ -281,6 +283,19 @@ def worker(args) -> None:
             t_tune = time.perf_counter()
             while backend.tuner is not None and not backend.tuner.done:
                 step()
+            t_balance, balance_steps = time.perf_counter(), 0
+            while backend._balancing() and balance_steps < 60:
+                step()
+                balance_steps += 1
+            if backend.balance is not None:
+                b = backend.balance
+                balancing[method] = {
+                    "seconds": time.perf_counter() - t_balance,
+                    "steps": balance_steps,
+                    "replans": b.replans,
+                    "settled": b.settled,
+                    "shares": list(b.current),
+                }
             if backend.tuner is not None:
                 tuning[method] = {
                     "seconds": time.perf_counter() - t_tune,
@@ -289,6 +304,10 @@ def worker(args) -> None:
                 }
             contenders[method] = step
             settings[method] = backend.settings.label().replace("bucket ", "")
+            if method in balancing:
+                b = balancing[method]
+                shares = "/".join(str(x) for x in b["shares"])
+                settings[method] += f", {b['replans']} re-plans, shares {shares}"
         else:
             raise SystemExit(f"unknown method {method}")
     res = _rounds(contenders, args, td.barrier)
@@ -308,6 +327,8 @@ def worker(args) -> None:
         }
     for method, t in tuning.items():
         out[method]["tuning"] = t
+    for method, b in balancing.items():
+        out[method]["balancing"] = b
     if rank == 0:
         Path(args.out).write_text(json.dumps(out, indent=1))
     td.barrier()
@@ -397,6 +418,8 @@ def _worker_cmd(kind: str, out: Path, args, lab) -> list[str]:
         str(args.flows),
         "--seed",
         str(args.seed),
+        "--balance-window",
+        str(args.balance_window),
     ]
     if args.profile:
         cmd += ["--profile", args.profile]
@@ -602,6 +625,7 @@ def main(argv: list[str] | None = None) -> int:
         "connections pinned to leaves with the profile's ceilings",
     )
     ap.add_argument("--seed", type=int, default=0, help="--profile: the seed of one-slow's and random's draws")
+    ap.add_argument("--balance-window", type=int, default=2, help="balanced: comm.balance_window")
     ap.add_argument("--no-lab", action="store_true", help="loopback only")
     ap.add_argument("--no-loopback", action="store_true", help="lab only")
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps before each contender's timed steps")
