@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--flows", type=int, default=4, help="connections per hop (K)")
     ap.add_argument("--link-mbit", type=float, default=40.0)
     ap.add_argument("--flow-ratio", type=float, default=3.0, help="per-flow cap = link / this")
-    ap.add_argument("--seeds", type=int, default=50, help="draws of the profile (seeds 0..N-1)")
+    ap.add_argument("--seeds", type=int, default=200, help="draws of the profile (seeds 0..N-1)")
     ap.add_argument("--lab", nargs="*", default=[], help="bench_allreduce --profile JSON files: model beside them")
     args = ap.parse_args(argv)
     table = flowrates.prediction_table(

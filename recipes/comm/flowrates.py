@@ -14,7 +14,8 @@ predicts the bandwidth of a ring allreduce over them for three ways of spreading
 
 In every case a host's connections together are held to its link cap, and a ring goes at its slowest hop, so the
 allreduce of B bytes over H hosts takes 2(H-1)/H x B / rate. `rates[h][k]` is host h's egress on its k-th
-connection to its ring neighbour h+1.
+connection to its ring neighbour, host h-1: gloo's ring sends to the previous rank (in the lab, the shares the
+balancer settled on at 4 hosts under one-slow name the communicators whose slow connection points to h-1).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def ring_rates(profile: str, seed: int, hosts: int, flows: int, flow_mbit: float
     sharing a leaf split its ceiling)."""
     out = []
     for h in range(hosts):
-        peer = (h + 1) % hosts
+        peer = (h - 1) % hosts
         leaves = [leaf_for(profile, seed, h, peer, k, flows, flow_mbit) for k in range(flows)]
         sharing = {s: sum(1 for x in leaves if x.slot == s) for s in {x.slot for x in leaves}}
         out.append([x.ceil_mbit / sharing[x.slot] for x in leaves])
@@ -97,7 +98,7 @@ class Prediction:
 
 
 def predict(
-    profile: str, hosts: int, *, flows: int = 4, link_mbit: float = 40.0, flow_mbit: float = 40 / 3, seeds=range(50)
+    profile: str, hosts: int, *, flows: int = 4, link_mbit: float = 40.0, flow_mbit: float = 40 / 3, seeds=range(200)
 ) -> Prediction:
     """Even striping against communicator- and hop-level balancing, over `seeds` draws of the profile."""
     rows = []
