@@ -19,13 +19,17 @@ import statistics
 import sys
 import time
 
+from scripts.bench import record
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--blocks", type=int, default=6, help="blocks of each kind, alternated")
     ap.add_argument("--steps", type=int, default=8, help="steps per block")
     ap.add_argument("--fraction", type=float, default=1.0, help="each gradient at this fraction of its size")
+    record.add_json_arg(ap)
     args = ap.parse_args(argv)
+    record.check_json(args.json)
 
     import torch
     import torch.distributed as td
@@ -92,6 +96,18 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"difference: {(on_c - off_c) * 1000:+.2f} ms CPU per step ({(on_c - off_c) / off_w:+.2%} of the step), "
         f"{(on_w - off_w) * 1000:+.1f} ms wall ({(on_w - off_w) / off_w:+.2%}, within the step's noise)"
+    )
+    record.write_json(
+        args.json,
+        "scripts.bench.bench_balance_cost",
+        argv,
+        {
+            "plan": backend.engine.plan.describe(),
+            "slices": slices,
+            "steps_each": args.blocks * args.steps,
+            "off": {"step_s": res[False][0], "cpu_s": res[False][1]},
+            "on": {"step_s": res[True][0], "cpu_s": res[True][1]},
+        },
     )
     td.destroy_process_group()
     return 0

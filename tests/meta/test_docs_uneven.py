@@ -1,0 +1,32 @@
+"""docs/allreduce.md's uneven-flow section against its sources: the model's prediction table is
+recipes/comm/flowrates.py's, and every lab row and summary is scripts/bench/uneven_tables.py's output from the
+committed JSON (docs/data/lab-uneven-*.json)."""
+
+from __future__ import annotations
+
+import pytest
+from support import ROOT
+
+from recipes.comm import flowrates
+from scripts.bench import uneven_tables
+
+DOC = ROOT / "docs" / "allreduce.md"
+DATA = sorted((ROOT / "docs" / "data").glob("lab-uneven-*.json"))
+
+
+def test_the_prediction_table_is_the_models():
+    doc = DOC.read_text().splitlines()
+    # the rows up to 16 hosts (the larger ones cost seconds to draw; they come from the same function)
+    rows = flowrates.prediction_table((2, 4, 8, 16), ("one-slow", "random"), seeds=range(200))
+    for row in rows:
+        assert row in doc, row
+
+
+@pytest.mark.skipif(not DATA, reason="no uneven-flow lab data committed")
+def test_every_uneven_lab_row_is_its_data_files():
+    doc = DOC.read_text().splitlines()
+    recs = uneven_tables.load([str(p) for p in DATA])
+    rows = uneven_tables.run_rows(recs)[2:] + uneven_tables.summary_rows(recs)[2:]
+    assert len(rows) >= 3 * len(recs)
+    for row in rows:
+        assert row in doc, row
