@@ -30,3 +30,14 @@ def test_every_uneven_lab_row_is_its_data_files():
     assert len(rows) >= 3 * len(recs)
     for row in rows:
         assert row in doc, row
+
+
+def test_the_four_host_reading_quotes_the_data():
+    recs = uneven_tables.load([str(ROOT / "docs" / "data" / "lab-uneven-4.json")])
+    comm = {(r["profile"], r["seed"]): uneven_tables.comm_s(r) for r in recs}
+    ratio = {k: c["ddp-flows"] / c["balanced"] for k, c in comm.items()}
+    rnd = sorted(v for (p, _), v in ratio.items() if p == "random")
+    text = " ".join(DOC.read_text().split())
+    assert f"Under `one-slow` it is {ratio['one-slow', 0]:.2f}x DDP with 4 flows" in text
+    assert f"it is {rnd[len(rnd) // 2]:.2f}x in the median and {rnd[0]:.2f}x at worst" in text
+    assert f"re-planned nothing and is {ratio['even', 0]:.2f}x" in text
