@@ -10,6 +10,7 @@ the seeds. tests/meta/test_docs_numbers.py holds the docs to this output.
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -71,7 +72,9 @@ def summary_rows(recs: list[dict]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    recs = load(argv if argv is not None else sys.argv[1:])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("files", nargs="+", help="bench_allreduce --profile JSON files")
+    recs = load(ap.parse_args(argv).files)
     print("\n".join(summary_rows(recs)))
     print()
     print("\n".join(run_rows(recs)))

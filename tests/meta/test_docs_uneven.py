@@ -41,3 +41,16 @@ def test_the_four_host_reading_quotes_the_data():
     assert f"Under `one-slow` it is {ratio['one-slow', 0]:.2f}x DDP with 4 flows" in text
     assert f"it is {rnd[len(rnd) // 2]:.2f}x in the median and {rnd[0]:.2f}x at worst" in text
     assert f"re-planned nothing and is {ratio['even', 0]:.2f}x" in text
+
+
+def test_the_readme_sentence_is_the_data():
+    recs = uneven_tables.load([str(ROOT / "docs" / "data" / "lab-uneven-4.json")])
+    ratio = {
+        (r["profile"], r["seed"]): (lambda c: c["ddp-flows"] / c["balanced"])(uneven_tables.comm_s(r)) for r in recs
+    }
+    rnd = sorted(v for (p, _), v in ratio.items() if p == "random")
+    quoted = (
+        f"at 4 lab hosts it is {ratio['one-slow', 0]:.2f}x DDP with 4 flows when one flow per peer runs at a third, "
+        f"{rnd[len(rnd) // 2]:.2f}x in the median of 5 random draws, {ratio['even', 0]:.2f}x on even flows"
+    )
+    assert quoted in " ".join((ROOT / "README.md").read_text().split())
