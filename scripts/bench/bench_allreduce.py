@@ -254,8 +254,9 @@ def worker(args) -> None:
                     "comm.tune_steps_per_window=1",
                     "comm.tune_windows=2",
                 ]
-            if method == "balanced":
-                over += ["comm.balance=true", f"comm.balance_window={args.balance_window}"]
+            over += list(LAB[method].overrides)
+            if "comm.balance=true" in over:
+                over.append(f"comm.balance_window={args.balance_window}")
             if method == "tuned-model":  # the model's ranking for this lab, and half the candidates
                 over += [
                     "comm.tune_start=model",
