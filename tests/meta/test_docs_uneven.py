@@ -54,3 +54,15 @@ def test_the_readme_sentence_is_the_data():
         f"{rnd[len(rnd) // 2]:.2f}x in the median of 5 random draws, {ratio['even', 0]:.2f}x on even flows"
     )
     assert quoted in " ".join((ROOT / "README.md").read_text().split())
+
+
+def test_the_eight_and_sixteen_host_reading_quotes_the_data():
+    recs = uneven_tables.load([str(ROOT / "docs" / "data" / "lab-uneven-8-16.json")])
+    ratio = {(r["hosts"], r["profile"], r["seed"]): uneven_tables.comm_s(r) for r in recs}
+    ratio = {k: c["ddp-flows"] / c["balanced"] for k, c in ratio.items()}
+    rnd = sorted(v for (h, p, _), v in ratio.items() if (h, p) == (8, "random"))
+    text = " ".join(DOC.read_text().split())
+    assert f"and the balancer gave it 484 of 1000: {ratio[8, 'one-slow', 0]:.2f}x DDP with 4 flows" in text
+    assert f"it is {rnd[len(rnd) // 2]:.2f}x in the median of 3 seeds, {rnd[0]:.2f}x at worst" in text
+    assert f"{ratio[16, 'one-slow', 0]:.2f}x DDP with 4 flows and" in text
+    assert f"under `even` {ratio[16, 'even', 0]:.2f}x, as static multistream" in text
