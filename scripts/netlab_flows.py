@@ -93,7 +93,7 @@ def pins_for(
         cs = by_peer[dst]
         slots: dict[int, int] = {}
         for k, (sport, _, _) in enumerate(cs):
-            spec = leaf_for(profile, seed, host, peer_of[dst], k, len(cs), flow_mbit)
+            spec = leaf_for(profile, seed=seed, host=host, peer=peer_of[dst], k=k, flows=len(cs), flow_mbit=flow_mbit)
             if spec.slot not in slots:
                 slots[spec.slot] = leaf
                 leaf += 1

@@ -38,7 +38,7 @@ class Leaf:
     ceil_mbit: float
 
 
-def leaf_for(profile: str, seed: int, host: int, peer: int, k: int, flows: int, flow_mbit: float) -> Leaf:
+def leaf_for(profile: str, *, seed: int, host: int, peer: int, k: int, flows: int, flow_mbit: float) -> Leaf:
     """Connection k (of `flows`) from `host` to `peer` under `profile`: its leaf slot and ceiling (a pure function,
     so the lab and the model draw the same network for a seed)."""
     if profile not in PROFILES:
@@ -62,7 +62,9 @@ def ring_rates(profile: str, seed: int, hosts: int, flows: int, flow_mbit: float
     out = []
     for h in range(hosts):
         peer = (h - 1) % hosts
-        leaves = [leaf_for(profile, seed, h, peer, k, flows, flow_mbit) for k in range(flows)]
+        leaves = [
+            leaf_for(profile, seed=seed, host=h, peer=peer, k=k, flows=flows, flow_mbit=flow_mbit) for k in range(flows)
+        ]
         sharing = {s: sum(1 for x in leaves if x.slot == s) for s in {x.slot for x in leaves}}
         out.append([x.ceil_mbit / sharing[x.slot] for x in leaves])
     return out

@@ -13,21 +13,31 @@ F = 40 / 3
 
 def test_one_slow_has_exactly_one_slow_connection_per_peer_and_is_seeded():
     for host, peer in [(0, 1), (1, 0), (3, 2)]:
-        ceils = [fr.leaf_for("one-slow", 7, host, peer, k, 4, F).ceil_mbit for k in range(4)]
+        ceils = [
+            fr.leaf_for("one-slow", seed=7, host=host, peer=peer, k=k, flows=4, flow_mbit=F).ceil_mbit for k in range(4)
+        ]
         assert sorted(ceils) == pytest.approx([F / 3, F, F, F])
-    draws = {tuple(fr.leaf_for("one-slow", s, 0, 1, k, 4, F).ceil_mbit for k in range(4)) for s in range(20)}
+    draws = {
+        tuple(fr.leaf_for("one-slow", seed=s, host=0, peer=1, k=k, flows=4, flow_mbit=F).ceil_mbit for k in range(4))
+        for s in range(20)
+    }
     assert len(draws) == 4  # the slow one moves with the seed
 
 
 def test_random_is_seeded_within_its_range_and_collide_shares_leaves():
-    a = [fr.leaf_for("random", 3, 2, 1, k, 4, F).ceil_mbit for k in range(4)]
-    assert a == [fr.leaf_for("random", 3, 2, 1, k, 4, F).ceil_mbit for k in range(4)]
-    assert a != [fr.leaf_for("random", 4, 2, 1, k, 4, F).ceil_mbit for k in range(4)]
+    a = [fr.leaf_for("random", seed=3, host=2, peer=1, k=k, flows=4, flow_mbit=F).ceil_mbit for k in range(4)]
+    assert a == [fr.leaf_for("random", seed=3, host=2, peer=1, k=k, flows=4, flow_mbit=F).ceil_mbit for k in range(4)]
+    assert a != [fr.leaf_for("random", seed=4, host=2, peer=1, k=k, flows=4, flow_mbit=F).ceil_mbit for k in range(4)]
     assert all(0.2 * F <= c <= F for c in a)
-    assert [fr.leaf_for("collide", 0, 0, 1, k, 4, F).slot for k in range(4)] == [0, 0, 1, 1]
+    assert [fr.leaf_for("collide", seed=0, host=0, peer=1, k=k, flows=4, flow_mbit=F).slot for k in range(4)] == [
+        0,
+        0,
+        1,
+        1,
+    ]
     assert fr.ring_rates("collide", 0, 2, 4, F)[0] == pytest.approx([F / 2] * 4)
     with pytest.raises(ValueError, match="flow profile: expected one of even, one-slow, collide, random"):
-        fr.leaf_for("ecmp", 0, 0, 1, 0, 4, F)
+        fr.leaf_for("ecmp", seed=0, host=0, peer=1, k=0, flows=4, flow_mbit=F)
 
 
 def test_ring_rates_per_strategy():
