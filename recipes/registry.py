@@ -136,6 +136,7 @@ class LabMethod:
     flows: bool = False  # DDP on a gloo group of --flows devices: its settings end in "N flows"
     tuned: bool = False  # the backend after its tuner ran in the same process (the winner's settings are shown)
     default: bool = True  # measured unless --contenders says otherwise, and checked by scripts/predict.py --validate
+    overrides: tuple[str, ...] = ()  # config overrides of this variant of its backend (e.g. comm.balance=true)
 
     @property
     def model(self) -> str:
@@ -176,6 +177,13 @@ LAB_METHODS = {
             "the tuner started from the step-time model's ranking for this lab, half the candidates",
             tuned=True,
             default=False,
+        ),
+        LabMethod(
+            "balanced",
+            "multistream",
+            "our backend with comm.balance, timed once its balancer settled",
+            default=False,
+            overrides=("comm.balance=true",),
         ),
         LabMethod("horovod", "horovod", "real horovod.torch DistributedOptimizer, Horovod's defaults (gloo)"),
     )

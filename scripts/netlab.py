@@ -53,6 +53,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 # Processes and namespaces (netlab_procs.py); imported here too by the tests and scripts/bench/bench_allreduce.py.
+from scripts import netlab_flows  # noqa: E402
 from scripts.netlab_procs import (  # noqa: E402, F401
     _SINK,
     _SOURCE,
@@ -208,15 +209,22 @@ class NetLab:
                 f"class add dev {dev} parent 1:1 classid 1:{0x100 + h:x} htb rate {leaf_rate} "
                 f"ceil {flow} burst 128k cburst 128k quantum 65536"
             )
+        # Leaves a flow profile pins connections to (scripts/netlab_flows.py: prio 1 filters, ahead of the hash).
+        pin_rate = _mbit(max(self.link_mbit / (2 * netlab_flows.PIN_LEAVES), 0.01))
+        for h in range(netlab_flows.PIN_LEAVES):
+            rules.append(
+                f"class add dev {dev} parent 1:1 classid 1:{netlab_flows.PIN_BASE + h:x} htb rate {pin_rate} "
+                f"ceil {flow} burst 128k cburst 128k quantum 65536"
+            )
         rules += [
-            f"filter add dev {dev} parent 1: prio 1 handle 2: protocol ip u32 divisor {FLOW_CLASSES}",
+            f"filter add dev {dev} parent 1: prio 2 handle 2: protocol ip u32 divisor {FLOW_CLASSES}",
             # IPv4 without options (Linux TCP never sets any): the TCP source port is the high half of word 20.
-            f"filter add dev {dev} parent 1: prio 1 protocol ip u32 ht 800:: match ip protocol 6 0xff "
+            f"filter add dev {dev} parent 1: prio 2 protocol ip u32 ht 800:: match ip protocol 6 0xff "
             "hashkey mask 0x00ff0000 at 20 link 2:",
         ]
         for h in range(FLOW_CLASSES):
             rules.append(
-                f"filter add dev {dev} parent 1: prio 1 protocol ip u32 ht 2:{h:x}: match u32 0 0 "
+                f"filter add dev {dev} parent 1: prio 2 protocol ip u32 ht 2:{h:x}: match u32 0 0 "
                 f"flowid 1:{0x100 + h:x}"
             )
         return rules
@@ -311,6 +319,18 @@ def substitute(arg: str, **values) -> str:
     return _PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), arg)
 
 
+def print_flows(lab: NetLab, profile: str, seed: int, flow_mbit: float, streams: int = 4) -> list:
+    """The throughput check under a flow profile: every connection's leaf, ceiling and measured rate."""
+    rates = netlab_flows.measure_flows(lab, streams, profile=profile, seed=seed, flow_mbit=flow_mbit)
+    total = sum(r.mbit for r in rates)
+    print(f"\n{profile} (seed {seed}), {streams} connections host 1 -> 0, together {total:.1f} Mbit/s")
+    print("| connection | source port | leaf | ceiling Mbit/s | measured Mbit/s |")
+    print("|---:|---:|---|---:|---:|")
+    for r in rates:
+        print(f"| {r.k} | {r.sport} | {r.leaf} | {r.ceil_mbit:.1f} | {r.mbit:.1f} |", flush=True)
+    return rates
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hosts", type=int, default=2, help="number of hosts (namespaces)")
@@ -319,6 +339,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=3600, help="kill the command after this many seconds")
     ap.add_argument("--check", action="store_true", help="measure 1, 2, 3, 4 and 8 TCP streams between 2 hosts")
     ap.add_argument("--cleanup", action="store_true", help="remove namespaces of labs whose process died")
+    ap.add_argument(
+        "--profile",
+        choices=netlab_flows.PROFILES,
+        default=None,
+        help="--check: 4 connections pinned to leaves as this flow profile says (scripts/netlab_flows.py); each "
+        "connection's leaf and rate are printed",
+    )
+    ap.add_argument("--seed", type=int, default=0, help="--profile: the seed of one-slow's and random's draws")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- command to run in every host")
     args = ap.parse_args(argv)
     if args.cleanup:
@@ -346,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
             print("|---:|---:|")
             for k in (1, 2, 3, 4, 8):
                 print(f"| {k} | {measure_mbit(lab, k):.0f} |", flush=True)
+            if args.profile and args.flow_mbit:
+                print_flows(lab, args.profile, args.seed, args.flow_mbit)
             return 0
         fmt = {"world": lab.hosts, "master": lab.addr(0)}
         results = lab.run_all(

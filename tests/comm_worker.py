@@ -74,8 +74,9 @@ def exact_mean(model: nn.Module, rank: int, world: int, step: int = 0) -> list[t
     return [t.view(p.shape) for t, p in zip(flat, model.parameters(), strict=True)]
 
 
-def run_backend(cfg, dist, model: nn.Module, steps: int = 2) -> tuple[list[torch.Tensor], object]:
-    """Train `steps` backward passes through the backend (no optimizer step); gradients after the last one."""
+def run_backend(cfg, dist, model: nn.Module, steps: int = 2, between=None) -> tuple[list[torch.Tensor], object]:
+    """Train `steps` backward passes through the backend (no optimizer step); gradients after the last one.
+    `between(backend)` runs after every step but the last (a forced re-plan)."""
     m = copy.deepcopy(model)
     opt = torch.optim.SGD(m.parameters(), lr=0.0)
     backend = create_allreduce(cfg.comm, dist, timeout_s=cfg.dist.timeout_s, model_name=cfg.model.name)
@@ -85,6 +86,8 @@ def run_backend(cfg, dist, model: nn.Module, steps: int = 2) -> tuple[list[torch
         x, y = batch(dist.rank, step)
         nn.functional.cross_entropy(tm(x), y).backward()
         backend.on_step_end(step + 1)
+        if between is not None and step < steps - 1:
+            between(backend)
     return [p.grad.detach().clone() for p in m.parameters()], backend
 
 
@@ -128,6 +131,26 @@ def scenario_equal(out: dict, args: list[str]) -> None:
             "vs_mean": max_err(g, mean),
             "vs_ddp": max_err(g, ddp),
             "scale": max(float(t.abs().max()) for t in mean),
+        }
+    # comm.balance: a re-plan forced between the two steps (unequal shares); the second step must still be exact
+    for extra, shares in (
+        (["comm.streams=3", "comm.slices=2"], (600, 50, 350)),
+        (["comm.compression=fp16", "comm.streams=2", "comm.slices=3"], (850, 150)),
+    ):
+        g, backend = run_backend(
+            config("comm.backend=multistream", tiny, "comm.balance=true", *extra, *args),
+            dist,
+            model,
+            between=lambda b, shares=shares: b.replan(shares),
+        )
+        plan = backend.engine.plan
+        out["replan/" + "/".join(extra)] = {
+            "vs_mean": max_err(g, mean),
+            "vs_ddp": max_err(g, ddp),
+            "scale": max(float(t.abs().max()) for t in mean),
+            "shares": list(plan.shares),
+            "slice_lengths": [[hi - lo for lo, hi in plan.slice_bounds(b)] for b in range(len(plan.buckets))],
+            "replans": backend.stats().settings["balance_replans"],
         }
     torch.manual_seed(0)
     with_unused = Net(unused=True)
@@ -236,7 +259,7 @@ def scenario_tune(out: dict, args: list[str]) -> None:
     opt = torch.optim.SGD(m.parameters(), lr=0.0)
     backend = create_allreduce(cfg.comm, dist, timeout_s=cfg.dist.timeout_s, model_name=cfg.model.name)
     tm, opt = backend.prepare(m, opt)
-    seq = []
+    seq, balancing = [], []
     mean = exact_mean(model, dist.rank, dist.world_size, step=0)
     errs = []
     for step in range(16):
@@ -246,7 +269,10 @@ def scenario_tune(out: dict, args: list[str]) -> None:
         errs.append(max_err([p.grad for p in m.parameters()], mean))
         backend.on_step_end(step + 1)
         seq.append([backend.settings.bucket_mb, backend.settings.streams, backend.settings.slices])
+        # comm.balance (when the test turns it on): no balancer while the tuner measures; its K afterwards
+        balancing.append([backend.tuner.done, backend.balance.streams if backend.balance else None])
     out["sequence"] = seq
+    out["balancing"] = balancing
     out["max_err"] = max(errs)
     out["trials"] = len(backend.tuner.trials)
     out["done"] = backend.tuner.done
@@ -286,6 +312,89 @@ def scenario_model_start(out: dict, args: list[str]) -> None:
     except ConfigError as e:
         out["error"] = str(e)
     out["seconds"] = time.monotonic() - t0
+
+
+# comm.balance's figures as each rank would measure them on a network whose communicators run at these rates
+# (elements per second), with noise of its own on every rank: the ranks see different numbers, the plan must agree.
+BALANCE_RATES = (1.0, 0.3, 0.8)
+
+
+def _fake_read_communicators(engine, wait: bool, rank: int, calls: list) -> list[list[float]]:
+    import random
+
+    steps, engine.comm_marks[:] = len(engine.comm_marks), []
+    plan = engine.plan
+    per = [0] * plan.streams
+    for b in range(len(plan.buckets)):
+        for j, (lo, hi) in enumerate(plan.slice_bounds(b)):
+            per[plan.communicator(b, j)] += hi - lo
+    out = []
+    for _ in range(steps):
+        calls.append(1)
+        rng = random.Random(f"{rank}/{len(calls)}")
+        out.append([per[k] / BALANCE_RATES[k] * 1e-6 * rng.uniform(0.97, 1.03) for k in range(plan.streams)])
+    return out
+
+
+def scenario_balance(out: dict, args: list[str]) -> None:
+    """comm.balance with every rank measuring different figures (BALANCE_RATES with noise of its own): the plan after
+    every step, which must agree; a call from inside backward must not re-plan; a resumed backend has the plan."""
+    from recipes.comm.engine import _Engine
+
+    cfg = config(
+        "comm.backend=multistream",
+        "comm.bucket_mb=0.004",
+        "comm.streams=3",
+        "comm.slices=2",
+        "comm.balance=true",
+        "comm.balance_window=1",
+        "comm.balance_min_gain=0.02",
+        *args,
+    )
+    dist = setup(cfg)
+    calls: list = []
+    _Engine.read_communicators = lambda self, wait: _fake_read_communicators(self, wait, dist.rank, calls)
+    torch.manual_seed(0)
+    model = Net()
+    m = copy.deepcopy(model)
+    backend = create_allreduce(cfg.comm, dist, timeout_s=cfg.dist.timeout_s, model_name=cfg.model.name)
+    tm, _ = backend.prepare(m, None)
+    inside = []
+
+    def mid_backward(g):  # on_step_end called from inside backward, at every step: the plan must not change there
+        before = backend.capture_key()
+        backend.on_step_end(0)
+        inside.append(before != backend.capture_key())
+        return g
+
+    m.fc1.weight.register_hook(mid_backward)
+    seq, errs, blockers, keys = [], [], [], []
+    for step in range(12):
+        mean = exact_mean(model, dist.rank, dist.world_size, step=step % 2)
+        x, y = batch(dist.rank, step % 2)
+        for p in m.parameters():
+            p.grad = None
+        nn.functional.cross_entropy(tm(x), y).backward()
+        errs.append(max_err([p.grad for p in m.parameters()], mean))
+        backend.on_step_end(step + 1)
+        seq.append([backend.balance.version if backend.balance else 0, list(backend.engine.plan.shares or [])])
+        blockers.append(backend.capture_blocker())
+        keys.append(repr(backend.capture_key()))
+    out["sequence"] = seq
+    out["max_err"] = max(errs)
+    out["inside_changed"] = sum(inside)
+    out["inside_calls"] = len(inside)
+    out["blockers"] = blockers
+    out["keys"] = keys
+    out["stats"] = backend.stats().settings
+    state = backend.state_dict()
+    out["state"] = state
+    resumed = create_allreduce(cfg.comm, dist, timeout_s=cfg.dist.timeout_s, model_name=cfg.model.name)
+    resumed.load_state_dict(json.loads(json.dumps(state)))  # as a checkpoint carries it
+    resumed.prepare(copy.deepcopy(model), None)
+    out["digest"] = backend.engine.plan.digest()
+    out["resumed_digest"] = resumed.engine.plan.digest()
+    out["resumed_measuring"] = resumed.capture_blocker()
 
 
 def scenario_mismatch(out: dict, args: list[str]) -> None:

@@ -78,6 +78,20 @@ class _Engine:
         self.clock = Stopwatch(self.device)
         self.marks: list[tuple] = []  # steps not yet read, oldest first
         self.timing = True  # False once the step is a CUDA graph: a replay runs no Python, so it marks nothing
+        # comm.balance (recipes/comm/balance.py): while True, each step also marks when every communicator finished
+        # its last slice (a callback on each slice's future on gloo, an event on a stream of its own on a GPU)
+        self.measure = False
+        # On gloo only the buckets from the first one that holds some communicator's last slice on get a callback
+        # (ResNet-50, K=4, S=2: 2 of 12 buckets): a callback takes the GIL from backward's thread, and the end of a
+        # communicator's work is its last slice.
+        last = {}
+        for b in range(len(plan.buckets)):
+            for j, (lo, hi) in enumerate(self.slices[b]):
+                if hi > lo:
+                    last[plan.communicator(b, j)] = b
+        self._measure_from = min(last.values(), default=0)
+        self.comm_marks: list[tuple] = []  # steps not yet read: (start mark, [done mark per communicator])
+        self._meas_streams = None
         self.serialize = serialize
         self._queue: queue.Queue | None = None
         self._error: BaseException | None = None
@@ -96,6 +110,8 @@ class _Engine:
             self.pending = list(self.counts)
             self.next_bucket = 0
             self.works = []
+            self._done_at = [None] * len(self.groups)  # measure, host clocks: the last slice's completion
+            self._children = []
             torch.autograd.Variable._execution_engine.queue_callback(self.finalize)
         b = self.bucket_of[i]
         self.pending[b] -= 1
@@ -126,11 +142,20 @@ class _Engine:
             event = torch.cuda.Event()
             event.record()
         for j, part in enumerate(self.slice_views[b]):
+            if part.numel() == 0:
+                continue  # a tiny bucket under shares: every rank skips the same empty slice
             k = self.plan.communicator(b, j)
             if self.serialize:
                 self._queue.put((b, j, k, part, event))
             else:
-                self.works.append((b, j, k, td.all_reduce(part, group=self.groups[k], async_op=True)))
+                work = td.all_reduce(part, group=self.groups[k], async_op=True)
+                self.works.append((b, j, k, work))
+                if self.measure and not part.is_cuda and b >= self._measure_from:
+                    self._children.append(work.get_future().then(lambda _, k=k: self._slice_done(k)))
+
+    def _slice_done(self, k: int) -> None:
+        # a gloo thread, when communicator k finished a slice; its slices finish in order, so the last one wins
+        self._done_at[k] = self.clock.mark()
 
     def _serial_loop(self) -> None:
         if self.device.type == "cuda":
@@ -188,12 +213,18 @@ class _Engine:
                     raise err
                 if self._side is not None:  # done on the device already; this orders the copy-back after it
                     torch.cuda.current_stream(self.device).wait_stream(self._side)
+            elif self.measure and self.timing and self.device.type == "cuda":
+                self._wait_per_communicator()
             else:
                 for b, j, k, work in self.works:
                     try:
                         work.wait()
                     except Exception as e:
                         raise self._comm_error(b, j, k, e) from e
+                if self.measure and self.timing:
+                    for child in self._children:
+                        child.wait()  # the callbacks that marked each communicator's end have run
+                    self.comm_marks.append((self.t_start, list(self._done_at)))
             for buf, wire in zip(self.buffers, self.wire, strict=True):
                 if wire is not buf:  # the fp16/bf16 wire copy holds the averages: back into the gradients' buffer
                     buf.copy_(wire)
@@ -203,6 +234,40 @@ class _Engine:
         finally:
             self.works = []
             self.active = False
+
+    def _wait_per_communicator(self) -> None:
+        """On a GPU, while measuring: each communicator's slices are waited for on a stream of its own, where an
+        event then marks when that communicator was done; backward's stream waits for all of those streams."""
+        if self._meas_streams is None:
+            self._meas_streams = [torch.cuda.Stream(self.device) for _ in self.groups]
+        current = torch.cuda.current_stream(self.device)
+        done = [None] * len(self.groups)
+        for k, side in enumerate(self._meas_streams):
+            side.wait_stream(current)
+            with torch.cuda.stream(side):
+                for b, j, kk, work in self.works:
+                    if kk != k:
+                        continue
+                    try:
+                        work.wait()
+                    except Exception as e:
+                        raise self._comm_error(b, j, k, e) from e
+                done[k] = self.clock.mark()
+            current.wait_stream(side)
+        self.comm_marks.append((self.t_start, done))
+
+    def read_communicators(self, wait: bool) -> list[list[float]]:
+        """Per finished step (oldest first), the seconds from its first gradient to each communicator's last slice
+        being done (0 for a communicator that carried nothing); `wait`: of every step marked so far."""
+        out = []
+        while self.comm_marks:
+            start, done = self.comm_marks[0]
+            secs = [0.0 if d is None else self.clock.seconds(start, d, wait) for d in done]
+            if any(x is None for x in secs):
+                break
+            out.append(secs)
+            self.comm_marks.pop(0)
+        return out
 
     def read(self, wait: bool) -> list[tuple[float, float]]:
         """(backward + sync, of which waiting) seconds of finished steps, oldest first; `wait`: of every step."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import statistics
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -23,6 +24,7 @@ import torch.distributed as td
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from recipes.comm import balance as balancing
 from recipes.comm import concurrency, ncclenv
 from recipes.comm import tuner as tuning
 from recipes.comm.base import BackendDefaults
@@ -56,6 +58,8 @@ class MultiStreamBackend(BackendDefaults):
         self.tuner: tuning.AutoTuner | None = None
         self.groups: list = []
         self._resumed: Settings | None = None
+        self._resumed_balance: dict | None = None
+        self.balance: balancing.BalanceState | None = None  # comm.balance, once the tuner (if any) has chosen
         self._steps = 0  # steps whose times are read
         self._sync_seconds = 0.0
         self._wait_seconds = 0.0
@@ -106,7 +110,13 @@ class MultiStreamBackend(BackendDefaults):
         self.concurrency = concurrency.decide(c.concurrency, facts)
         self.graph_serial = concurrency.graph_serial_reasons(facts)  # captured NCCL collectives would not overlap
         self._note(f"multistream concurrency: {self.concurrency.why}")
-        plan = self._verified_plan(start)  # before anything else, so a mismatch fails fast
+        shares = None
+        if c.balance and self.concurrency.mode == "serialize":
+            self._note("multistream balance: off under comm.concurrency=serialize (one collective in flight at a time)")
+        elif c.balance and self._resumed_balance:
+            self.balance = balancing.BalanceState.from_state(start.streams, self._resumed_balance)
+            shares = self.balance.shares
+        plan = self._verified_plan(start, shares)  # before anything else, so a mismatch fails fast
         _broadcast_states(model)
         streams = [start.streams] + ([s.streams for s in self.tuner.space] if self.tuner is not None else [])
         self._create_groups(max(streams))
@@ -162,9 +172,9 @@ class MultiStreamBackend(BackendDefaults):
                 f"the world size {self.dist.world_size}"
             )
 
-    def _verified_plan(self, settings: Settings) -> FusionPlan:
+    def _verified_plan(self, settings: Settings, shares: tuple[int, ...] | None = None) -> FusionPlan:
         """The plan for `settings`, after checking that every rank derived the same one (one all-gather)."""
-        plan = build_plan(self.specs, settings, self.comm_cfg.compression)
+        plan = build_plan(self.specs, settings, self.comm_cfg.compression, shares)
         mine = (plan.digest(), plan.describe())
         everyone = all_gather_object(mine, self.dist)
         differ = [r for r, (h, _) in enumerate(everyone) if h != everyone[0][0]]
@@ -209,8 +219,18 @@ class MultiStreamBackend(BackendDefaults):
             return f"{self.engine.plan.streams} communicators would run one at a time inside a graph: " + "; ".join(
                 self.graph_serial
             )
+        if self._balancing():
+            return "the multistream balancer measures eager steps"
         self.engine.timing = False
         return None
+
+    def capture_key(self):
+        """The plan's identity (settings and shares): a captured step replays one plan's buffers and communicators,
+        so recipes/steps.py's GraphStep captures again when a re-plan changes it (re-plans happen between steps
+        only, in on_step_end)."""
+        if self.engine is None:
+            return None
+        return (self.settings, self.engine.plan.shares)
 
     @contextmanager
     def no_sync(self, model: nn.Module):
@@ -263,7 +283,10 @@ class MultiStreamBackend(BackendDefaults):
         # the steps the GPU has finished are read, so the stats never stall it.
         times = self.engine.read(wait=measuring)
         self._account(times)
-        if not measuring or not times or not tuner.record(times[-1][0]):
+        if not measuring:
+            self._balance_step(step, log)
+            return
+        if not times or not tuner.record(times[-1][0]):
             return
         trial = tuner.trials[-1]
         self._note(
@@ -316,6 +339,84 @@ class MultiStreamBackend(BackendDefaults):
         if win != self.settings:
             self._start(self._verified_plan(win))
 
+    # -- the balancer (recipes/comm/balance.py) ----------------------------------------------------------------
+    def _balancing(self) -> bool:
+        """Whether the balancer still measures steps (comm.balance on, after the tuner, not settled)."""
+        if not self.comm_cfg.balance or self.concurrency is None or self.concurrency.mode == "serialize":
+            return False
+        return self.balance is None or not self.balance.settled
+
+    def _balance_step(self, step: int, log) -> None:
+        """Between two steps: feed the finished steps' per-communicator times to the window; at its end, agree on
+        the figures (one all-reduce) and re-plan if the balancer says so. Never while a step's backward runs."""
+        if not self._balancing() or self.engine.active:
+            return  # called from inside a step (a hook): the window waits for the step's end
+        if self.balance is None:  # the tuner (if any) has chosen: balance its winner's K communicators
+            self.balance = balancing.BalanceState(self.settings.streams)
+        b, eng = self.balance, self.engine
+        if not eng.measure:
+            eng.measure = True  # from the next step on
+            return
+        for secs in eng.read_communicators(wait=True):
+            b.add(secs)
+        if b.steps < self.comm_cfg.balance_window:
+            return
+        agreed = torch.tensor(b.window, dtype=torch.float64, device=self.dist.device) / b.steps
+        with collective_guard("multistream balance: the window's figures", step, self.timeout_s):
+            td.all_reduce(agreed, op=td.ReduceOp.MAX)  # a ring goes at its slowest rank; MAX is exact everywhere
+        carried = self._carried()
+        decision = balancing.rebalance(carried, agreed.tolist(), self.comm_cfg.balance_min_gain, b.shares)
+        b.close(decision)
+        rates = ", ".join(f"{self._mbyte_s(k, decision.rates[k]):.2f}" for k in range(len(carried)))
+        slow = "".join(
+            f"; communicator {k} delivers {decision.rates[k] / statistics.median(decision.rates):.2f}x the median: "
+            "a slow path"
+            for k in decision.slow
+        )
+        if decision.shares is not None:
+            self._install(decision.shares)
+            self._note(
+                f"multistream balance: re-plan {b.replans} at step {step}: shares "
+                f"{'/'.join(str(x) for x in decision.shares)} (MB/s per communicator {rates}; slowest communicator "
+                f"{decision.gain:.0%} shorter predicted){slow}",
+                log,
+            )
+        elif b.settled:
+            eng.measure = False
+            self._note(
+                f"multistream balance: settled at step {step} after {b.replans} re-plans, shares "
+                f"{'/'.join(str(x) for x in b.current)} (MB/s per communicator {rates}){slow}",
+                log,
+            )
+
+    def _install(self, shares: tuple[int, ...]) -> None:
+        if self.engine.active:
+            raise RuntimeError("multistream balance: a re-plan inside a step (only on_step_end may re-plan)")
+        self._start(build_plan(self.specs, self.settings, self.comm_cfg.compression, shares))
+        self.engine.measure = self._balancing()
+
+    def replan(self, shares: tuple[int, ...]) -> None:
+        """Install `shares` now, as a re-plan would (tests force one with it); call it on every rank, between steps."""
+        if self.balance is None:
+            self.balance = balancing.BalanceState(self.settings.streams)
+        self.balance.close(balancing.Decision(tuple(shares), 0.0, (), ()))
+        self._install(tuple(shares))
+
+    def _carried(self) -> list[float]:
+        """What each communicator carries per step under the current plan, in shares (SHARE_TOTAL = every byte)."""
+        plan = self.engine.plan
+        per = [0] * plan.streams
+        for b in range(len(plan.buckets)):
+            for j, (lo, hi) in enumerate(plan.slice_bounds(b)):
+                per[plan.communicator(b, j)] += hi - lo
+        total = sum(per) or 1
+        return [balancing.SHARE_TOTAL * x / total for x in per]
+
+    def _mbyte_s(self, k: int, rate: float) -> float:
+        """A rate in shares per second as MB/s of wire bytes."""
+        wire = sum(w.numel() * w.element_size() for w in self.engine.wire)
+        return rate / balancing.SHARE_TOTAL * wire / 1e6
+
     def _note(self, msg: str, log=None) -> None:
         if log is not None:
             log.info(msg)
@@ -343,6 +444,9 @@ class MultiStreamBackend(BackendDefaults):
             "compression": c.compression,
             "concurrency": self.concurrency.mode if self.concurrency else c.concurrency,
         }
+        if self.balance is not None:
+            settings["balance_replans"] = self.balance.replans
+            settings["shares"] = list(self.balance.current)
         return CommStats(self.name, self._steps, self._sync_seconds, self._wait_seconds, self._bytes, settings)
 
     def state_dict(self) -> dict:
@@ -350,11 +454,15 @@ class MultiStreamBackend(BackendDefaults):
         if self.engine is None or not tuned:
             return {}
         s = self.settings
-        return {"bucket_mb": s.bucket_mb, "streams": s.streams, "slices": s.slices}
+        out = {"bucket_mb": s.bucket_mb, "streams": s.streams, "slices": s.slices}
+        if self.balance is not None:  # the re-planned shares: a resumed run installs the same plan on every rank
+            out["balance"] = self.balance.to_state()
+        return out
 
     def load_state_dict(self, state: dict) -> None:
         if state:
             self._resumed = Settings(float(state["bucket_mb"]), int(state["streams"]), int(state["slices"]))
+            self._resumed_balance = state.get("balance")
 
 
 def _broadcast_states(model: nn.Module) -> None:

@@ -57,6 +57,9 @@ class FusionPlan:
     buckets: tuple[tuple[int, ...], ...]  # indices into `tensors`, contiguous runs
     settings: Settings
     compression: str = "none"
+    # comm.balance (recipes/comm/balance.py): each communicator's share of every bucket, integers summing to
+    # balance.SHARE_TOTAL; None = the static plan (S equal slices, slice j on communicator (b*S+j) mod K)
+    shares: tuple[int, ...] | None = None
 
     @property
     def streams(self) -> int:
@@ -73,11 +76,16 @@ class FusionPlan:
         return sum(self.tensors[i].nbytes for i in self.buckets[b])
 
     def slice_bounds(self, b: int) -> list[tuple[int, int]]:
-        """[(start, end)) element ranges of bucket b's S slices (lengths differ by at most one element)."""
+        """[(start, end)) element ranges of bucket b's slices: S of lengths that differ by at most one element, or
+        with shares, K whose lengths follow the shares (slice k on communicator k; a tiny bucket's may be empty)."""
+        if self.shares is not None:
+            return split_weighted(self.bucket_numel(b), self.shares)
         return split_even(self.bucket_numel(b), self.slices)
 
     def communicator(self, b: int, j: int) -> int:
         """Index of the communicator that carries slice j of bucket b."""
+        if self.shares is not None:
+            return j
         return (b * self.slices + j) % self.streams
 
     @property
@@ -93,6 +101,8 @@ class FusionPlan:
             "slices": self.slices,
             "compression": self.compression,
         }
+        if self.shares is not None:
+            payload["shares"] = list(self.shares)
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
     def describe(self) -> str:
@@ -101,6 +111,7 @@ class FusionPlan:
             f"{len(self.tensors)} gradients, {self.total_bytes / 2**20:.1f} MB in {len(self.buckets)} buckets "
             f"({min(sizes):.2f}-{max(sizes):.2f} MB), K={self.streams} communicators, S={self.slices} slices, "
             f"wire {self.compression}"
+            + (f", shares {'/'.join(str(x) for x in self.shares)}" if self.shares is not None else "")
         )
 
 
@@ -113,6 +124,17 @@ def split_even(n: int, parts: int) -> list[tuple[int, int]]:
         end = start + base + (1 if j < extra else 0)
         bounds.append((start, end))
         start = end
+    return bounds
+
+
+def split_weighted(n: int, weights: tuple[int, ...]) -> list[tuple[int, int]]:
+    """Split range(n) into len(weights) contiguous ranges with lengths in proportion to the integer weights (exact
+    integer arithmetic, so every rank cuts the same; a range may be empty)."""
+    total, bounds, acc = sum(weights), [], 0
+    for w in weights:
+        lo = n * acc // total
+        acc += w
+        bounds.append((lo, n * acc // total))
     return bounds
 
 
@@ -163,7 +185,9 @@ def _balanced_run(nbytes: list[int], target: int) -> list[list[int]]:
     return buckets[::-1]
 
 
-def build_plan(specs: list[TensorSpec], settings: Settings, compression: str = "none") -> FusionPlan:
+def build_plan(
+    specs: list[TensorSpec], settings: Settings, compression: str = "none", shares: tuple[int, ...] | None = None
+) -> FusionPlan:
     if settings.bucket_mb <= 0 or settings.streams < 1 or settings.slices < 1:
         raise ValueError(f"invalid multistream settings: {settings}")
     if compression not in WIRE_DTYPES:
@@ -171,4 +195,6 @@ def build_plan(specs: list[TensorSpec], settings: Settings, compression: str = "
     if not specs:
         raise ValueError("the model has no trainable parameters: nothing to allreduce")
     buckets = balanced_buckets([s.nbytes for s in specs], [s.dtype for s in specs], settings.bucket_mb * 2**20)
-    return FusionPlan(tuple(specs), tuple(tuple(b) for b in buckets), settings, compression)
+    if shares is not None and (len(shares) != settings.streams or min(shares) < 1):
+        raise ValueError(f"shares: expected {settings.streams} positive integers, got {shares}")
+    return FusionPlan(tuple(specs), tuple(tuple(b) for b in buckets), settings, compression, shares)

@@ -369,6 +369,18 @@ class CommConfig:
     tune_warmup_steps: int = _f(3, help="autotune: steps discarded before the first measurement", domain=">=0 <=10000")
     tune_steps_per_window: int = _f(2, help="autotune: steps averaged into one window", domain=">0 <=1000")
     tune_windows: int = _f(3, help="autotune: windows per candidate; its score is their median", domain=">0 <=1000")
+    balance: bool = _f(
+        False,
+        help="multistream: re-plan each communicator's share of every bucket in proportion to what it delivered "
+        "(recipes/comm/balance.py), for networks whose TCP connections run at unequal rates",
+    )
+    balance_window: int = _f(4, help="balance: steps measured before each re-plan decision", domain=">0 <=10000")
+    balance_min_gain: float = _f(
+        0.05,
+        help="balance: re-plan only when the slowest communicator's time is predicted to fall by more than this "
+        "fraction (hysteresis)",
+        domain=">=0 <=1",
+    )
     tune_cache: str | None = _f(
         "",
         help="autotune: JSON file of winners ('' = ~/.cache/dawnbench/allreduce_tuning.json, null = no cache)",

@@ -22,6 +22,7 @@ Prints Markdown tables (the measured link beside them) and exits 0.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -116,6 +117,61 @@ def _rounds(contenders: dict, args, sync) -> dict:
     return out
 
 
+class _FlowPins:
+    """--profile: pins each contender's connections on this host to leaves whose ceilings the profile gives
+    (scripts/netlab_flows.py), the same ceilings for every contender; `pins` keeps what was pinned, per contender."""
+
+    def __init__(self, rank: int, world: int, args):
+        self.rank, self.args = rank, args
+        self.peer_of = {f"{netlab.SUBNET}.{i + 1}": i for i in range(world)}
+        self.next_leaf = 0
+        self.pins: dict[str, list] = {}
+
+    def pin(self, method: str, groups: list) -> None:
+        from scripts import netlab_flows
+
+        pins = netlab_flows.pins_for(
+            groups,
+            profile=self.args.profile,
+            seed=self.args.seed,
+            host=self.rank,
+            peer_of=self.peer_of,
+            flow_mbit=self.args.flow_mbit,
+            first_leaf=self.next_leaf,
+        )
+        self.next_leaf = max([self.next_leaf - 1, *(p.leaf for p in pins)]) + 1
+        netlab_flows.apply_pins(pins, "eth0", self.args.link_mbit)
+        self.pins[method] = [[p.sport, p.dst, p.classid, round(p.ceil_mbit, 3)] for p in pins]
+
+
+@contextlib.contextmanager
+def _groups_of(method: str, flows: _FlowPins | None):
+    """Records the TCP connections each process group created inside the block opened (one list per group),
+    then pins them as the flow profile says."""
+    if flows is None:
+        yield
+        return
+    import torch.distributed as td
+
+    from scripts import netlab_flows
+
+    groups, original = [], td.new_group
+
+    def tracked(*a, **kw):
+        before = netlab_flows.established()
+        g = original(*a, **kw)
+        td.barrier(group=g)  # every connection of the group is up
+        groups.append(sorted(netlab_flows.established() - before))
+        return g
+
+    td.new_group = tracked
+    try:
+        yield
+    finally:
+        td.new_group = original
+    flows.pin(method, groups)
+
+
 def worker(args) -> None:
     import torch
     import torch.distributed as td
@@ -129,6 +185,7 @@ def worker(args) -> None:
     torch.set_num_threads(1)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     td.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
+    flows = _FlowPins(rank, world, args) if args.profile else None
     one = torch.ones(())
     f = args.fraction
     out: dict = {"world": world, "fraction": f, "rounds": args.rounds}
@@ -155,7 +212,7 @@ def worker(args) -> None:
             td.all_reduce(p.grad)
             p.grad.div_(world)
 
-    contenders, settings, tuning = {"compute": compute}, {"compute": "no communication"}, {}
+    contenders, settings, tuning, balancing = {"compute": compute}, {"compute": "no communication"}, {}, {}
     for method in args.methods:
         if method == "per-tensor":
             contenders[method], settings[method] = per_tensor, f"{len(params)} allreduces"
@@ -170,7 +227,8 @@ def worker(args) -> None:
             contenders[method], settings[method] = step, f"bucket_cap_mb {25 * f:g}"
         elif method == "ddp-flows":
             m, ps = fresh()
-            group = gloo_group(args.flows, args.timeout)
+            with _groups_of(method, flows):
+                group = gloo_group(args.flows, args.timeout)
             ddp_n = DistributedDataParallel(m, bucket_cap_mb=25 * f, broadcast_buffers=False, process_group=group)
 
             def step(ddp=ddp_n, ps=ps):
@@ -197,6 +255,9 @@ def worker(args) -> None:
                     "comm.tune_steps_per_window=1",
                     "comm.tune_windows=2",
                 ]
+            over += list(LAB[method].overrides)
+            if "comm.balance=true" in over:
+                over.append(f"comm.balance_window={args.balance_window}")
             if method == "tuned-model":  # the model's ranking for this lab, and half the candidates
                 over += [
                     "comm.tune_start=model",
@@ -213,7 +274,8 @@ def worker(args) -> None:
                 model_name=cfg.model.name,
             )
             m, ps = fresh()
-            tm, _ = backend.prepare(m, None)
+            with _groups_of(method, flows):
+                tm, _ = backend.prepare(m, None)
 
             def step(tm=tm, ps=ps, backend=backend):
                 zero(ps)
@@ -223,6 +285,19 @@ def worker(args) -> None:
             t_tune = time.perf_counter()
             while backend.tuner is not None and not backend.tuner.done:
                 step()
+            t_balance, balance_steps = time.perf_counter(), 0
+            while backend._balancing() and balance_steps < 60:
+                step()
+                balance_steps += 1
+            if backend.balance is not None:
+                b = backend.balance
+                balancing[method] = {
+                    "seconds": time.perf_counter() - t_balance,
+                    "steps": balance_steps,
+                    "replans": b.replans,
+                    "settled": b.settled,
+                    "shares": list(b.current),
+                }
             if backend.tuner is not None:
                 tuning[method] = {
                     "seconds": time.perf_counter() - t_tune,
@@ -231,9 +306,15 @@ def worker(args) -> None:
                 }
             contenders[method] = step
             settings[method] = backend.settings.label().replace("bucket ", "")
+            if method in balancing:
+                b = balancing[method]
+                shares = "/".join(str(x) for x in b["shares"])
+                settings[method] += f", {b['replans']} re-plans, shares {shares}"
         else:
             raise SystemExit(f"unknown method {method}")
     res = _rounds(contenders, args, td.barrier)
+    if flows is not None:
+        out["pins"] = flows.pins
     cpu = [None] * world
     td.all_gather_object(cpu, {m: statistics.median(r["cpu"]) for m, r in res.items()})
     out["compute_s"] = statistics.median(res["compute"]["times"])
@@ -248,6 +329,8 @@ def worker(args) -> None:
         }
     for method, t in tuning.items():
         out[method]["tuning"] = t
+    for method, b in balancing.items():
+        out[method]["balancing"] = b
     if rank == 0:
         Path(args.out).write_text(json.dumps(out, indent=1))
     td.barrier()
@@ -335,7 +418,13 @@ def _worker_cmd(kind: str, out: Path, args, lab) -> list[str]:
         str(args.latency_us),
         "--flows",
         str(args.flows),
+        "--seed",
+        str(args.seed),
+        "--balance-window",
+        str(args.balance_window),
     ]
+    if args.profile:
+        cmd += ["--profile", args.profile]
     if kind == "--worker":
         cmd += ["--methods", ",".join(m for m in args.contenders if not LAB[m].own_launcher)]
         cmd += [f"--tune-over={o}" for o in args.tune_over]
@@ -531,6 +620,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--flow-ratio", type=float, default=3.0, help="lab: per-flow cap = link / this")
     ap.add_argument("--latency-us", type=float, default=50.0, help="tuned-model: per-message latency it assumes")
     ap.add_argument("--flows", type=int, default=4, help="ddp-flows: gloo devices (TCP flows per peer) of DDP's group")
+    ap.add_argument(
+        "--profile",
+        default="",
+        help="lab: a flow profile (scripts/netlab_flows.py: even, one-slow, collide, random): every contender's "
+        "connections pinned to leaves with the profile's ceilings",
+    )
+    ap.add_argument("--seed", type=int, default=0, help="--profile: the seed of one-slow's and random's draws")
+    ap.add_argument("--balance-window", type=int, default=2, help="balanced: comm.balance_window")
     ap.add_argument("--no-lab", action="store_true", help="loopback only")
     ap.add_argument("--no-loopback", action="store_true", help="lab only")
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps before each contender's timed steps")
@@ -565,6 +662,8 @@ def main(argv: list[str] | None = None) -> int:
     args.candidates = args.candidates or (4 if args.quick else 8)
     args.contenders = args.contenders.split(",")
     args.flow_mbit = args.link_mbit / args.flow_ratio
+    if args.profile and args.profile not in netlab.netlab_flows.PROFILES:
+        ap.error(f"--profile: expected one of {', '.join(netlab.netlab_flows.PROFILES)}, got {args.profile!r}")
     unknown = set(args.contenders) - set(LAB)
     if unknown:
         ap.error(f"--contenders: unknown {', '.join(sorted(unknown))}; expected some of {', '.join(LAB)}")
@@ -612,6 +711,14 @@ def main(argv: list[str] | None = None) -> int:
                         f"direction, per-flow cap {flow:.0f} Mbit/s; measured TCP host 1 -> 0: 1 flow "
                         f"{one:.0f} Mbit/s, 4 flows {four:.0f} Mbit/s"
                     )
+                    checked = []
+                    if args.profile:  # the profile's leaves for host 1's first peer, each connection measured
+                        checked = netlab.print_flows(lab, args.profile, args.seed, flow, args.flows)
+                        lines.append(
+                            f"{args.profile} (seed {args.seed}), host 1 -> 0, per connection (leaf, ceiling, "
+                            "measured Mbit/s): "
+                            + ", ".join(f"{r.leaf} {r.ceil_mbit:.1f} {r.mbit:.1f}" for r in checked)
+                        )
                     res = _run_torch(n, lab, args, tmp)
                     hvd = _run_horovod(n, lab, args, tmp) if "horovod" in args.contenders else "not run"
                 record.append(
@@ -621,6 +728,9 @@ def main(argv: list[str] | None = None) -> int:
                         "flow_mbit": flow,
                         "measured_1flow_mbit": one,
                         "measured_4flows_mbit": four,
+                        "profile": args.profile or "even",
+                        "seed": args.seed,
+                        "measured_flows": [[r.leaf, r.ceil_mbit, r.mbit] for r in checked],
                         "cpus": os.cpu_count(),
                         "torch": res,
                         "horovod": hvd,

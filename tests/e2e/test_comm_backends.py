@@ -46,6 +46,15 @@ def test_every_backend_leaves_every_rank_with_the_mean(tmp_path, nproc):
         assert 0 < fp16["vs_mean"] <= FP16_TOL * fp16["scale"]
         assert 0 < bf16["vs_mean"] <= BF16_TOL * bf16["scale"]
         assert r["unused"]["vs_mean"] < exact and r["unused"]["grad_is_zero"]
+        # comm.balance: after a forced re-plan to unequal shares the step is still the exact mean (fp16: within
+        # its tolerance), each bucket cut in the shares' proportions, one slice per communicator
+        replan = r["replan/comm.streams=3/comm.slices=2"]
+        assert replan["vs_mean"] < exact and replan["vs_ddp"] <= 1e-7 and replan["replans"] == 1
+        assert replan["shares"] == [600, 50, 350]
+        big = max(replan["slice_lengths"], key=sum)
+        assert [round(1000 * x / sum(big)) for x in big] == pytest.approx([600, 50, 350], abs=2)
+        replan16 = r["replan/comm.compression=fp16/comm.streams=2/comm.slices=3"]
+        assert 0 < replan16["vs_mean"] <= FP16_TOL * replan16["scale"] and replan16["shares"] == [850, 150]
     # every rank derived the same plans and ended with the same gradients
     for name in results[0]["multistream"]:
         assert len({r["multistream"][name]["digest"] for r in results}) == 1
@@ -53,14 +62,19 @@ def test_every_backend_leaves_every_rank_with_the_mean(tmp_path, nproc):
 
 def test_tuner_decisions_are_identical_on_all_ranks_and_cached(tmp_path):
     cache = tmp_path / "tune.json"
-    results, p = run_worker(tmp_path, 2, "tune", f"comm.tune_cache={cache}")
+    results, p = run_worker(tmp_path, 2, "tune", f"comm.tune_cache={cache}", "comm.balance=true")
     a, b = results
     assert a["sequence"] == b["sequence"]  # every rank switched plan at the same step, to the same settings
+    # comm.balance with the tuner: the balancer starts once the tuner has chosen, over the winner's K communicators
+    assert all(k is None for done, k in a["balancing"] if not done)
+    assert a["balancing"][-1] == [True, a["sequence"][-1][1]]
     assert a["trials"] == b["trials"] == 4 and a["done"] and b["done"]
     assert len({tuple(s) for s in a["sequence"]}) >= 3  # it really tried several plans
     assert a["max_err"] < 1e-6  # and gradients stayed exact through the switches
     winner = a["sequence"][-1]
-    assert a["state"] == {"bucket_mb": winner[0], "streams": winner[1], "slices": winner[2]}
+    assert {k: a["state"][k] for k in ("bucket_mb", "streams", "slices")} == dict(
+        zip(("bucket_mb", "streams", "slices"), winner, strict=True)
+    )
     data = json.loads(cache.read_text())
     (key,) = data
     assert key.startswith("model=") and "|world=2|pg=gloo|dtype=float32|wire=none|net=" in key
@@ -72,6 +86,31 @@ def test_tuner_decisions_are_identical_on_all_ranks_and_cached(tmp_path):
     assert not a["second_tuner"] and not b["second_tuner"]
     assert a["second_settings"] == b["second_settings"] == winner
     assert "candidate 4:" in p.stdout and "winner after 4 candidates" in p.stdout
+
+
+def test_balancer_ranks_agree_on_every_replan_never_inside_a_step_and_resume_keeps_the_plan(tmp_path):
+    """comm.balance, 2 gloo ranks, each rank fed different figures (tests/comm_worker.py BALANCE_RATES, noise of its
+    own): the one collective at each window's end makes every rank install the same plan at the same step."""
+    results, p = run_worker(tmp_path, 2, "balance")
+    a, b = results
+    assert a["sequence"] == b["sequence"]  # the same plan after every step, on both ranks
+    versions = [v for v, _ in a["sequence"]]
+    assert versions[0] == 0 and versions[-1] >= 1  # it re-planned
+    shares = a["sequence"][-1][1]
+    assert shares[1] < shares[2] < shares[0]  # the slow communicator carries least, in the rates' order
+    assert [round(x / sum(shares), 2) for x in shares] == pytest.approx([1 / 2.1, 0.3 / 2.1, 0.8 / 2.1], abs=0.03)
+    assert a["max_err"] < 1e-6 and b["max_err"] < 1e-6  # exact through the re-plans
+    assert a["inside_calls"] == 12 and a["inside_changed"] == 0  # no re-plan from inside backward
+    # the plan's identity is the capture key; measuring blocks capture until the balancer settles
+    changes = [i for i in range(1, 12) if a["keys"][i] != a["keys"][i - 1]]
+    assert changes == [i for i in range(1, 12) if versions[i] != versions[i - 1]]
+    assert a["blockers"][0] == "the multistream balancer measures eager steps" and a["blockers"][-1] is None
+    assert a["stats"]["balance_replans"] == versions[-1] and a["stats"]["shares"] == shares
+    assert a["state"]["balance"]["shares"] == shares
+    assert a["resumed_digest"] == a["digest"] == b["resumed_digest"]  # resumed: the uninterrupted run's plan
+    assert a["resumed_measuring"] is None  # and its settled state: nothing measured again
+    assert "multistream balance: re-plan 1 at step" in p.stdout and "communicator 1 delivers" in p.stdout
+    assert "a slow path" in p.stdout and "multistream balance: settled at step" in p.stdout
 
 
 def test_model_start_takes_the_link_probes_file_and_a_bad_one_stops_every_rank(tmp_path):

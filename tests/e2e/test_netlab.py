@@ -33,6 +33,20 @@ def test_link_cap_and_per_flow_cap():
     assert 0.8 * link < four < 1.1 * link  # several connections fill the link, and no more
 
 
+def test_a_flow_profile_pins_each_connection_to_its_leaf():
+    """one-slow: of 4 connections host 1 -> 0, the one the profile slows runs well below the others, each in a leaf
+    of its own (scripts/netlab_flows.py)."""
+    link, flow = 40.0, 40.0 / 3
+    with netlab.NetLab(2, link_mbit=link, flow_mbit=flow) as lab:
+        rates = netlab.netlab_flows.measure_flows(lab, 4, profile="one-slow", seed=1, flow_mbit=flow, seconds=4)
+    assert len({r.leaf for r in rates}) == 4 and all(r.leaf.startswith("1:5") for r in rates)
+    slow = [r for r in rates if r.ceil_mbit < flow]
+    fast = [r for r in rates if r.ceil_mbit == flow]
+    assert len(slow) == 1 and slow[0].ceil_mbit == pytest.approx(flow / 3)
+    # the sender counts what its socket took, so the slow one reads above its 4.4 Mbit/s by its buffer
+    assert slow[0].mbit < 0.75 * min(r.mbit for r in fast)
+
+
 def test_namespaces_are_removed_on_exception_and_on_sigterm(tmp_path):
     lab = netlab.NetLab(2, link_mbit=100, flow_mbit=30, tag="dbntest1")
     with pytest.raises(RuntimeError, match="boom"), lab:

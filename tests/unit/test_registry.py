@@ -109,14 +109,17 @@ def test_every_backend_is_measured_by_the_lab_and_checked_by_the_gpu_check():
 
     comm_keys = {f.name for f in dataclasses.fields(CommConfig)}
     for name, r in registry.ALLREDUCE_BACKENDS.items():
-        plain = [m for m in registry.LAB_METHODS.values() if m.backend == name and not (m.flows or m.tuned)]
+        plain = [
+            m for m in registry.LAB_METHODS.values() if m.backend == name and not (m.flows or m.tuned or m.overrides)
+        ]
         assert [m.name for m in plain] == [name] and plain[0].default, name
         assert r.launcher in ("torchrun", "horovodrun") and r.bucket_key in comm_keys, name
     assert all(m.model in stepmodel.BACKENDS for m in registry.LAB_METHODS.values())
     assert registry.REFERENCE_BACKEND in registry.ALLREDUCE_BACKENDS
     # What the scripts derive, pinned: their CLI and JSON are unchanged by deriving them.
     assert predict_lab.LAB_METHODS == ("per-tensor", "ddp", "ddp-flows", "multistream", "tuned", "horovod")
-    assert bench_allreduce.METHODS == ["per-tensor", "ddp", "ddp-flows", "multistream", "tuned", "tuned-model"]
+    methods = ["per-tensor", "ddp", "ddp-flows", "multistream", "tuned", "tuned-model", "balanced"]
+    assert bench_allreduce.METHODS == methods
     assert registry.compared_with_reference() == ["multistream"]
 
 

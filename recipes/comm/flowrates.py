@@ -1,0 +1,139 @@
+"""The step model's per-connection rates: ring allreduce over K unequal TCP connections per hop.
+
+recipes/comm/stepmodel.py gives every flow the same ceiling. On a cloud network it is not so: ECMP hashes each TCP
+connection onto one path, paths collide and a neighbour loads one, so the K connections of one hop run at unequal
+rates. This module names the uneven networks the lab builds (`PROFILES`, also scripts/netlab_flows.py's leaves) and
+predicts the bandwidth of a ring allreduce over them for three ways of spreading a message over the connections:
+
+    even     each message split evenly over the K connections (NCCL over its sockets; DDP over K gloo devices;
+             multistream with a static plan): a hop goes at K x its slowest connection
+    comm     communicator-level balancing (multistream's `comm.balance`): communicator k is a ring over connection
+             k of every hop and goes at its slowest hop; its share of every bucket is proportional to that rate
+    hop      hop-level balancing: every hop splits its chunk over its K connections in proportion to their rates
+             (a ring of point-to-point sends, as NCCL Fast Socket balances its sockets); a hop goes at the sum
+
+In every case a host's connections together are held to its link cap, and a ring goes at its slowest hop, so the
+allreduce of B bytes over H hosts takes 2(H-1)/H x B / rate. `rates[h][k]` is host h's egress on its k-th
+connection to its ring neighbour, host h-1: gloo's ring sends to the previous rank (in the lab, the shares the
+balancer settled on at 4 hosts under one-slow name the communicators whose slow connection points to h-1).
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from dataclasses import dataclass
+
+PROFILES = ("even", "one-slow", "collide", "random")
+SLOW = 1 / 3  # one-slow: the slow connection's share of the per-flow cap
+RANDOM_RANGE = (0.2, 1.0)  # random: a connection's ceiling as a fraction of the per-flow cap
+STRATEGIES = ("even", "comm", "hop")
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """Where one connection goes: a leaf slot among the host's leaves to that peer, and that leaf's ceiling."""
+
+    slot: int  # connections to one peer with the same slot share one leaf (collide)
+    ceil_mbit: float
+
+
+def leaf_for(profile: str, *, seed: int, host: int, peer: int, k: int, flows: int, flow_mbit: float) -> Leaf:
+    """Connection k (of `flows`) from `host` to `peer` under `profile`: its leaf slot and ceiling (a pure function,
+    so the lab and the model draw the same network for a seed)."""
+    if profile not in PROFILES:
+        raise ValueError(f"flow profile: expected one of {', '.join(PROFILES)}, got {profile!r}")
+    if not 0 <= k < flows:
+        raise ValueError(f"connection index {k} outside 0..{flows - 1}")
+    if profile == "even":
+        return Leaf(k, flow_mbit)
+    if profile == "collide":
+        return Leaf(k // 2, flow_mbit)
+    if profile == "one-slow":
+        slow = random.Random(f"one-slow/{seed}/{host}/{peer}").randrange(flows)
+        return Leaf(k, flow_mbit * (SLOW if k == slow else 1.0))
+    lo, hi = RANDOM_RANGE
+    return Leaf(k, flow_mbit * random.Random(f"random/{seed}/{host}/{peer}/{k}").uniform(lo, hi))
+
+
+def ring_rates(profile: str, seed: int, hosts: int, flows: int, flow_mbit: float) -> list[list[float]]:
+    """rates[h][k]: what host h's k-th connection to its ring neighbour can carry alone (collide: the connections
+    sharing a leaf split its ceiling)."""
+    out = []
+    for h in range(hosts):
+        peer = (h - 1) % hosts
+        leaves = [
+            leaf_for(profile, seed=seed, host=h, peer=peer, k=k, flows=flows, flow_mbit=flow_mbit) for k in range(flows)
+        ]
+        sharing = {s: sum(1 for x in leaves if x.slot == s) for s in {x.slot for x in leaves}}
+        out.append([x.ceil_mbit / sharing[x.slot] for x in leaves])
+    return out
+
+
+def ring_mbit(rates: list[list[float]], link_mbit: float, strategy: str) -> float:
+    """The allreduce's ring rate (Mbit/s of the 2(H-1)/H x B bytes each host sends) under `strategy`."""
+    if strategy == "even":
+        return min(min(link_mbit, len(r) * min(r)) for r in rates)
+    if strategy == "hop":
+        return min(min(link_mbit, sum(r)) for r in rates)
+    if strategy == "comm":
+        per_comm = [min(r[k] for r in rates) for k in range(len(rates[0]))]
+        return min(link_mbit, sum(per_comm))
+    raise ValueError(f"strategy: expected one of {', '.join(STRATEGIES)}, got {strategy!r}")
+
+
+def allreduce_seconds(nbytes: float, hosts: int, rate_mbit: float) -> float:
+    """A ring allreduce of `nbytes` over `hosts` at `rate_mbit` (the data part; latency is stepmodel's)."""
+    return 2 * (hosts - 1) / hosts * nbytes * 8 / (rate_mbit * 1e6) if hosts > 1 else 0.0
+
+
+@dataclass(frozen=True)
+class Prediction:
+    hosts: int
+    profile: str
+    flow_sum: float  # the flows' sum at a hop, capped by the link, as a fraction of the link (median over seeds)
+    even: float  # even striping's ring rate as a fraction of the link (median)
+    comm: float  # communicator-level balancing: speed-up over even striping (median)
+    comm_worst: float  # its lowest over the seeds
+    hop: float  # hop-level balancing: speed-up over even striping (median)
+    hop_worst: float
+
+
+def predict(
+    profile: str, hosts: int, *, flows: int = 4, link_mbit: float = 40.0, flow_mbit: float = 40 / 3, seeds=range(200)
+) -> Prediction:
+    """Even striping against communicator- and hop-level balancing, over `seeds` draws of the profile."""
+    rows = []
+    for s in seeds:
+        r = ring_rates(profile, s, hosts, flows, flow_mbit)
+        e = ring_mbit(r, link_mbit, "even")
+        flow_sum = min(min(link_mbit, sum(x)) for x in r)
+        rows.append((flow_sum, e, ring_mbit(r, link_mbit, "comm") / e, ring_mbit(r, link_mbit, "hop") / e))
+    med = [statistics.median(c) for c in zip(*rows, strict=True)]
+    return Prediction(
+        hosts,
+        profile,
+        med[0] / link_mbit,
+        med[1] / link_mbit,
+        med[2],
+        min(x[2] for x in rows),
+        med[3],
+        min(x[3] for x in rows),
+    )
+
+
+def prediction_table(hosts=(2, 4, 8, 16, 32, 64, 128), profiles=("one-slow", "random"), **kw) -> list[str]:
+    """Markdown rows of `predict` for every host count and profile."""
+    lines = [
+        "| hosts | profile | flows' sum, % of link | even striping, % of link | comm-level balancing vs even "
+        "(median, worst) | hop-level balancing vs even (median, worst) |",
+        "|---:|---|---:|---:|---:|---:|",
+    ]
+    for p in profiles:
+        for h in hosts:
+            x = predict(p, h, **kw)
+            lines.append(
+                f"| {h} | {p} | {100 * x.flow_sum:.0f}% | {100 * x.even:.0f}% | {x.comm:.2f}x ({x.comm_worst:.2f}x) "
+                f"| {x.hop:.2f}x ({x.hop_worst:.2f}x) |"
+            )
+    return lines

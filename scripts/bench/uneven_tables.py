@@ -1,0 +1,85 @@
+#!/usr/bin/env python
+"""docs/allreduce.md's uneven-flow tables from bench_allreduce --profile JSON (docs/data/lab-uneven-*.json).
+
+    python -m scripts.bench.uneven_tables docs/data/lab-uneven-4.json [more.json ...]
+
+Prints one row per run and contender (communication time = step - compute-only step, as bench_allreduce prints it),
+then per host count and profile the balanced backend against DDP on as many flows: the median and the worst over
+the seeds. tests/meta/test_docs_numbers.py holds the docs to this output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+CONTENDERS = ("ddp-flows", "multistream", "balanced")
+
+
+def load(paths: list[str]) -> list[dict]:
+    return [rec for p in paths for rec in json.loads(Path(p).read_text())]
+
+
+def comm_s(rec: dict) -> dict[str, float]:
+    t = rec["torch"]
+    return {m: max(t[m]["step_s"] - t["compute_s"], 1e-6) for m in CONTENDERS if m in t}
+
+
+def run_rows(recs: list[dict]) -> list[str]:
+    lines = [
+        "| hosts | profile | seed | method | settings | step ms | comm ms | % of link cap | vs ddp-flows | CPU load |",
+        "|---:|---|---:|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for rec in recs:
+        t, n, comm = rec["torch"], rec["hosts"], comm_s(rec)
+        for m, c in comm.items():
+            r = t[m]
+            bus = 2 * (n - 1) / n * t["bytes"] * 8 / c / 1e6
+            load = sum(r["cpu_s"]) / (rec["cpus"] * r["step_s"])
+            lines.append(
+                f"| {n} | {rec['profile']} | {rec['seed']} | {m} | {r['settings']} | {r['step_s'] * 1000:.0f} | "
+                f"{c * 1000:.0f} | {100 * bus / rec['link_mbit']:.0f}% | {comm['ddp-flows'] / c:.2f}x | "
+                f"{100 * load:.0f}% |"
+            )
+    return lines
+
+
+def summary_rows(recs: list[dict]) -> list[str]:
+    lines = [
+        "| hosts | profile | runs | balanced vs ddp-flows (median, worst) | multistream vs ddp-flows (median) "
+        "| balanced, % of link cap (median) |",
+        "|---:|---|---:|---:|---:|---:|",
+    ]
+    groups: dict[tuple[int, str], list[dict]] = {}
+    for rec in recs:
+        groups.setdefault((rec["hosts"], rec["profile"]), []).append(rec)
+    for (n, profile), rs in sorted(groups.items()):
+        comms = [comm_s(r) for r in rs]
+        bal = [c["ddp-flows"] / c["balanced"] for c in comms]
+        ms = [c["ddp-flows"] / c["multistream"] for c in comms]
+        pct = [
+            200 * (n - 1) / n * r["torch"]["bytes"] * 8 / c["balanced"] / 1e6 / r["link_mbit"]
+            for r, c in zip(rs, comms, strict=True)
+        ]
+        lines.append(
+            f"| {n} | {profile} | {len(rs)} | {statistics.median(bal):.2f}x ({min(bal):.2f}x) | "
+            f"{statistics.median(ms):.2f}x | {statistics.median(pct):.0f}% |"
+        )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("files", nargs="+", help="bench_allreduce --profile JSON files")
+    recs = load(ap.parse_args(argv).files)
+    print("\n".join(summary_rows(recs)))
+    print()
+    print("\n".join(run_rows(recs)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

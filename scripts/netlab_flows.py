@@ -1,0 +1,219 @@
+"""Uneven flows in the network lab: named profiles of per-connection ceilings, and pinning connections to leaves.
+
+The lab (scripts/netlab.py) hashes every TCP connection onto one of 256 leaf classes by the low 8 bits of its source
+port, as a switch hashes the 5-tuple onto a path; every hashed leaf has the same ceiling (the per-flow cap). A
+*profile* makes the flows unequal on purpose. Each host pins its own connections (by source port and destination)
+to leaves of their own, numbered from `PIN_BASE`, whose ceilings come from the profile:
+
+    even       every connection at the per-flow cap (the lab without a profile)
+    one-slow   to each peer, one of the host's K connections at a third of the per-flow cap (which one: seeded)
+    collide    to each peer, the host's connections forced into shared leaves two by two (K/2 leaves for K flows)
+    random     every connection's ceiling drawn from the seeded uniform distribution of 0.2 to 1.0 x the cap
+
+A connection is named by (host, peer, k): k is its index among the K connections one contender opened from this
+host to that peer (multistream: communicator k; DDP on K gloo devices: the k-th by source port). The ceilings depend
+on (profile, seed, host, peer, k) only, so two contenders run on the same leaf ceilings in the same run. Pinning is
+done from inside the host (its process is root in its namespace): `pin_commands` gives the `tc -batch` lines,
+`established` lists the host's connections from /proc/net/tcp. The profiles themselves (`leaf_for`) live in
+recipes/comm/flowrates.py, where the step model draws the same networks.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import subprocess
+import tempfile
+from dataclasses import dataclass
+
+from recipes.comm.flowrates import PROFILES, leaf_for  # noqa: F401 - the profiles are the model's
+
+PIN_BASE = 0x400  # pinned leaves 1:400..1:5ff; hashed leaves are 1:100..1:1ff
+PIN_LEAVES = 512
+
+
+def _ip(hexaddr: str) -> str:
+    return socket.inet_ntoa(struct.pack("<I", int(hexaddr, 16)))
+
+
+def established(path: str = "/proc/net/tcp") -> set[tuple[int, str, int]]:
+    """(local port, remote address, remote port) of every established IPv4 TCP connection of this namespace."""
+    out = set()
+    with open(path) as f:
+        next(f)
+        for line in f:
+            cols = line.split()
+            if cols[3] != "01":  # TCP_ESTABLISHED
+                continue
+            laddr, lport = cols[1].split(":")
+            raddr, rport = cols[2].split(":")
+            if _ip(raddr).startswith("127."):
+                continue
+            out.add((int(lport, 16), _ip(raddr), int(rport, 16)))
+    return out
+
+
+@dataclass(frozen=True)
+class Pin:
+    """One connection of this host pinned to pinned leaf `leaf` (0..PIN_LEAVES-1) with ceiling `ceil_mbit`."""
+
+    sport: int
+    dst: str
+    leaf: int
+    ceil_mbit: float
+
+    @property
+    def classid(self) -> str:
+        return f"1:{PIN_BASE + self.leaf:x}"
+
+
+def pins_for(
+    conns: list[list[tuple[int, str, int]]],
+    *,
+    profile: str,
+    seed: int,
+    host: int,
+    peer_of: dict[str, int],
+    flow_mbit: float,
+    first_leaf: int = 0,
+) -> list[Pin]:
+    """Pins for one contender: `conns[g]` are the connections its g-th process group opened on this host. With one
+    group per flow (multistream) connection k to a peer is group k's; with one group of K devices (DDP), the K
+    connections to a peer in source-port order. Leaves are numbered from `first_leaf`."""
+    by_peer: dict[str, list[tuple[int, str, int]]] = {}
+    for group in conns:
+        per_peer: dict[str, list] = {}
+        for c in sorted(group):
+            per_peer.setdefault(c[1], []).append(c)
+        for dst, cs in per_peer.items():
+            by_peer.setdefault(dst, []).extend(cs)
+    pins, leaf = [], first_leaf
+    for dst in sorted(by_peer, key=lambda a: peer_of[a]):
+        cs = by_peer[dst]
+        slots: dict[int, int] = {}
+        for k, (sport, _, _) in enumerate(cs):
+            spec = leaf_for(profile, seed=seed, host=host, peer=peer_of[dst], k=k, flows=len(cs), flow_mbit=flow_mbit)
+            if spec.slot not in slots:
+                slots[spec.slot] = leaf
+                leaf += 1
+            pins.append(Pin(sport, dst, slots[spec.slot], spec.ceil_mbit))
+    if leaf > PIN_LEAVES:
+        raise ValueError(f"{leaf} pinned leaves needed, the lab has {PIN_LEAVES}")
+    return pins
+
+
+def _kbit(mbit: float) -> str:
+    return f"{max(1, int(round(mbit * 1000)))}kbit"
+
+
+def pin_commands(pins: list[Pin], dev: str = "eth0", link_mbit: float | None = None) -> list[str]:
+    """`tc -batch` lines: each pinned leaf's ceiling, then one exact-match filter per connection (ahead of the
+    source-port hash, which keeps every other connection)."""
+    rate = _kbit(max((link_mbit or 1.0) / (2 * PIN_LEAVES), 0.01))
+    lines, seen = [], set()
+    for p in pins:
+        if p.leaf not in seen:
+            seen.add(p.leaf)
+            lines.append(
+                f"class change dev {dev} parent 1:1 classid {p.classid} htb rate {rate} ceil {_kbit(p.ceil_mbit)} "
+                "burst 128k cburst 128k quantum 65536"
+            )
+    for p in pins:
+        lines.append(
+            f"filter add dev {dev} parent 1: prio 1 protocol ip u32 match ip protocol 6 0xff "
+            f"match ip sport {p.sport} 0xffff match ip dst {p.dst}/32 flowid {p.classid}"
+        )
+    return lines
+
+
+def apply_pins(pins: list[Pin], dev: str = "eth0", link_mbit: float | None = None) -> None:
+    """Install `pins` on this namespace's `dev` (run inside the lab host, as root)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".tc", delete=False) as f:
+        f.write("\n".join(pin_commands(pins, dev, link_mbit)) + "\n")
+    try:
+        r = subprocess.run(["tc", "-batch", f.name], capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            raise RuntimeError(f"tc -batch (pinning {len(pins)} connections) failed: {r.stderr.strip()}")
+    finally:
+        os.unlink(f.name)
+
+
+# -- the throughput check, per connection: K streams from host 1 to host 0 under a profile -----------------
+_SOURCE = r"""
+import json, socket, sys, threading, time
+host, port, streams, seconds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+conns = [socket.create_connection((host, port)) for _ in range(streams)]
+print(json.dumps([c.getsockname()[1] for c in conns]), flush=True)
+sys.stdin.readline()  # the driver pinned them
+buf = b"\0" * (1 << 20); sent = [0] * streams
+def push(k):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        sent[k] += conns[k].send(buf)
+threads = [threading.Thread(target=push, args=(k,)) for k in range(streams)]
+t0 = time.monotonic(); [t.start() for t in threads]; [t.join() for t in threads]
+dt = time.monotonic() - t0
+print(json.dumps([s * 8 / dt / 1e6 for s in sent]), flush=True)
+"""
+
+
+@dataclass(frozen=True)
+class FlowRate:
+    k: int
+    sport: int
+    leaf: str
+    ceil_mbit: float
+    mbit: float
+
+
+def measure_flows(
+    lab, streams: int, *, profile: str, seed: int, flow_mbit: float, seconds: float = 3.0, port: int = 5202
+) -> list[FlowRate]:
+    """Each of `streams` TCP connections from host 1 to host 0, pinned as `profile` says: its leaf and its rate."""
+    import json
+    import sys
+    import time
+
+    from scripts.netlab_procs import _SINK, NetLabError, _kill_tree
+
+    sink = lab.popen(
+        0, [sys.executable, "-c", _SINK, lab.addr(0), str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    src = None
+    try:
+        deadline = time.monotonic() + 10
+        probe = f"import socket; socket.create_connection(({lab.addr(0)!r}, {port}), timeout=1).close()"
+        while subprocess.run(lab.argv(1, [sys.executable, "-c", probe]), capture_output=True).returncode != 0:
+            if time.monotonic() > deadline:
+                raise NetLabError("throughput check: the sink on host 0 did not start")
+            time.sleep(0.1)
+        src = lab.popen(
+            1,
+            [sys.executable, "-c", _SOURCE, lab.addr(0), str(port), str(streams), str(seconds)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        ports = json.loads(src.stdout.readline())
+        conns = [(p, lab.addr(0), port) for p in ports]
+        pins = pins_for(
+            [conns], profile=profile, seed=seed, host=1, peer_of={lab.addr(0): 0}, flow_mbit=flow_mbit, first_leaf=256
+        )
+        with tempfile.NamedTemporaryFile("w", suffix=".tc", delete=False) as f:
+            f.write("\n".join(pin_commands(pins, "eth0", lab.link_mbit)) + "\n")
+        try:
+            r = subprocess.run(lab.argv(1, ["tc", "-batch", f.name]), capture_output=True, text=True, timeout=60)
+            if r.returncode != 0:
+                raise NetLabError(f"throughput check: pinning failed: {r.stderr.strip()}")
+        finally:
+            os.unlink(f.name)
+        src.stdin.write("go\n")
+        src.stdin.flush()
+        rates = json.loads(src.stdout.readline())
+        by_port = {p.sport: p for p in pins}
+        return [FlowRate(k, sp, by_port[sp].classid, by_port[sp].ceil_mbit, rates[k]) for k, sp in enumerate(ports)]
+    finally:
+        if src is not None:
+            _kill_tree(src)
+        _kill_tree(sink)

@@ -1,0 +1,69 @@
+"""docs/allreduce.md's uneven-flow section against its sources: the model's prediction table is
+recipes/comm/flowrates.py's, and every lab row and summary is scripts/bench/uneven_tables.py's output from the
+committed JSON (docs/data/lab-uneven-*.json)."""
+
+from __future__ import annotations
+
+import pytest
+from support import ROOT
+
+from recipes.comm import flowrates
+from scripts.bench import uneven_tables
+
+DOC = ROOT / "docs" / "allreduce.md"
+DATA = sorted((ROOT / "docs" / "data").glob("lab-uneven-*.json"))
+
+
+def test_the_prediction_table_is_the_models():
+    doc = DOC.read_text().splitlines()
+    # the rows up to 16 hosts (the larger ones cost seconds to draw; they come from the same function)
+    rows = flowrates.prediction_table((2, 4, 8, 16), ("one-slow", "random"), seeds=range(200))
+    for row in rows:
+        assert row in doc, row
+
+
+@pytest.mark.skipif(not DATA, reason="no uneven-flow lab data committed")
+def test_every_uneven_lab_row_is_its_data_files():
+    doc = DOC.read_text().splitlines()
+    recs = uneven_tables.load([str(p) for p in DATA])
+    rows = uneven_tables.run_rows(recs)[2:] + uneven_tables.summary_rows(recs)[2:]
+    assert len(rows) >= 3 * len(recs)
+    for row in rows:
+        assert row in doc, row
+
+
+def test_the_four_host_reading_quotes_the_data():
+    recs = uneven_tables.load([str(ROOT / "docs" / "data" / "lab-uneven-4.json")])
+    comm = {(r["profile"], r["seed"]): uneven_tables.comm_s(r) for r in recs}
+    ratio = {k: c["ddp-flows"] / c["balanced"] for k, c in comm.items()}
+    rnd = sorted(v for (p, _), v in ratio.items() if p == "random")
+    text = " ".join(DOC.read_text().split())
+    assert f"Under `one-slow` it is {ratio['one-slow', 0]:.2f}x DDP with 4 flows" in text
+    assert f"it is {rnd[len(rnd) // 2]:.2f}x in the median and {rnd[0]:.2f}x at worst" in text
+    assert f"re-planned nothing and is {ratio['even', 0]:.2f}x" in text
+
+
+def test_the_readme_sentence_is_the_data():
+    recs = uneven_tables.load([str(ROOT / "docs" / "data" / "lab-uneven-4.json")])
+    ratio = {
+        (r["profile"], r["seed"]): (lambda c: c["ddp-flows"] / c["balanced"])(uneven_tables.comm_s(r)) for r in recs
+    }
+    rnd = sorted(v for (p, _), v in ratio.items() if p == "random")
+    quoted = (
+        f"at 4 lab hosts it is {ratio['one-slow', 0]:.2f}x DDP with 4 flows when one flow per peer runs at a third, "
+        f"{rnd[len(rnd) // 2]:.2f}x in the median of 5 random draws, {ratio['even', 0]:.2f}x on even flows"
+    )
+    assert quoted in " ".join((ROOT / "README.md").read_text().split())
+
+
+def test_the_eight_and_sixteen_host_reading_quotes_the_data():
+    recs = uneven_tables.load([str(ROOT / "docs" / "data" / "lab-uneven-8-16.json")])
+    ratio = {(r["hosts"], r["profile"], r["seed"]): uneven_tables.comm_s(r) for r in recs}
+    ratio = {k: c["ddp-flows"] / c["balanced"] for k, c in ratio.items()}
+    rnd = sorted(v for (h, p, _), v in ratio.items() if (h, p) == (8, "random"))
+    text = " ".join(DOC.read_text().split())
+    assert f"and the balancer gave it 484 of 1000: {ratio[8, 'one-slow', 0]:.2f}x DDP with 4 flows" in text
+    assert f"it is {rnd[len(rnd) // 2]:.2f}x in the median of 3 seeds, {rnd[0]:.2f}x at worst" in text
+    assert f"{ratio[16, 'one-slow', 0]:.2f}x DDP with 4 flows and" in text
+    assert f"under `even` {ratio[16, 'even', 0]:.2f}x, as static multistream" in text
+    assert f"`random` {ratio[16, 'random', 0]:.2f}x and {ratio[16, 'random', 1]:.2f}x for seeds 0 and 1" in text

@@ -1,0 +1,87 @@
+"""comm.balance's decisions (recipes/comm/balance.py): shares, hysteresis, the slow communicator, agreement, state."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from recipes.comm import balance as bal
+from recipes.comm.plan import Settings, TensorSpec, build_plan, split_weighted
+
+
+def test_proportional_shares_sum_exactly_keep_a_floor_and_follow_the_weights():
+    rng = random.Random(0)
+    for _ in range(200):
+        w = [rng.uniform(0.0, 5.0) for _ in range(rng.randint(1, 8))]
+        s = bal.proportional(w)
+        assert sum(s) == bal.SHARE_TOTAL and min(s) >= min(bal.MIN_SHARE, bal.SHARE_TOTAL // len(w))
+        big = [i for i in range(len(w)) if s[i] > bal.MIN_SHARE]
+        for i in big:
+            for j in big:
+                if w[i] > w[j] + 1e-9:
+                    assert s[i] >= s[j]
+    assert bal.proportional([1.0, 1.0, 2.0]) == (255, 255, 490)  # 20 each, then 940 in proportion
+    assert bal.even_shares(3) == (334, 333, 333)
+
+
+def test_every_rank_computes_the_same_plan_from_the_agreed_figures():
+    """Each rank measures differently; the one collective (MAX over ranks) gives every rank the same figures, and the
+    decision is a function of those alone. Without it (each rank deciding from its own) they would disagree."""
+    rng = random.Random(1)
+    disagreed = 0
+    for _ in range(300):
+        ranks, k = rng.randint(2, 16), rng.randint(2, 6)
+        carried = list(bal.proportional([rng.uniform(0.5, 2.0) for _ in range(k)]))
+        local = [[c / rng.uniform(0.1, 1.0) * rng.uniform(0.9, 1.1) for c in carried] for _ in range(ranks)]
+        agreed = [max(col) for col in zip(*local, strict=True)]  # td.ReduceOp.MAX: exact, order-free
+        plans = {bal.rebalance(carried, list(agreed), 0.05) for _ in range(ranks)}
+        assert len(plans) == 1
+        own = {bal.rebalance(carried, mine, 0.05).shares for mine in local}
+        disagreed += len(own) > 1
+    assert disagreed > 250  # the property is not vacuous: local figures alone give different plans
+
+
+def test_rebalance_moves_shares_to_the_rates_with_hysteresis_and_names_the_slow_one():
+    even = [c for c in bal.even_shares(4)]
+    rates = [1.0, 1.0, 1.0, 1 / 3]
+    d = bal.rebalance(even, [c / r for c, r in zip(even, rates, strict=True)], 0.05)
+    assert d.shares == bal.proportional(rates) == (296, 296, 296, 112)
+    assert d.gain == pytest.approx(1 - 336 / 750, abs=0.01) and d.slow == (3,)  # 750 s of the slow one -> 336
+    # installed, the same network is balanced: nothing left to gain, no re-plan, nothing named
+    again = bal.rebalance(list(d.shares), [c / r for c, r in zip(d.shares, rates, strict=True)], 0.05, d.shares)
+    assert again.shares is None and abs(again.gain) < 0.01
+    # a small imbalance stays under the threshold (hysteresis)
+    noisy = bal.rebalance(even, [250 / 1.0, 250 / 1.03, 250 / 0.98, 250 / 1.0], 0.05)
+    assert noisy.shares is None and noisy.slow == ()
+
+
+def test_state_windows_settle_and_round_trip():
+    s = bal.BalanceState(3)
+    s.add([1.0, 2.0, 3.0])  # the first step of a plan is left out
+    s.add([1.0, 2.0, 3.0])
+    s.add([1.0, 2.0, 3.0])
+    assert s.steps == 2 and s.window == [2.0, 4.0, 6.0]
+    s.close(bal.Decision((500, 200, 300), 0.3, (), ()))
+    assert (s.version, s.replans, s.window, s.skip, s.settled) == (1, 1, [], 1, False)
+    for _ in range(bal.SETTLE_WINDOWS):
+        s.close(bal.Decision(None, 0.0, (), ()))
+    assert s.settled
+    back = bal.BalanceState.from_state(3, s.to_state())
+    assert (back.shares, back.version, back.replans, back.settled) == ((500, 200, 300), 1, 1, True)
+    with pytest.raises(ValueError, match="shares are for 3 communicators, not 4"):
+        bal.BalanceState.from_state(4, s.to_state())
+
+
+def test_plan_with_shares_cuts_every_bucket_in_proportion():
+    specs = [TensorSpec(f"t{i}", (1000 + i,), "float32") for i in range(6)]
+    plan = build_plan(specs, Settings(0.008, 3, 2), "none", (600, 50, 350))
+    assert plan.digest() != build_plan(specs, Settings(0.008, 3, 2)).digest()
+    for b in range(len(plan.buckets)):
+        bounds = plan.slice_bounds(b)
+        assert [plan.communicator(b, j) for j in range(len(bounds))] == [0, 1, 2]
+        assert bounds[0][0] == 0 and bounds[-1][1] == plan.bucket_numel(b)
+        assert all(x[1] == y[0] for x, y in zip(bounds, bounds[1:], strict=False))
+    assert split_weighted(10, (1, 1, 2)) == [(0, 2), (2, 5), (5, 10)]
+    with pytest.raises(ValueError, match="shares: expected 3 positive integers"):
+        build_plan(specs, Settings(0.008, 3, 2), "none", (600, 400))

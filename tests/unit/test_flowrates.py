@@ -1,0 +1,71 @@
+"""Uneven flows: the profiles (recipes/comm/flowrates.py, the lab's leaves in scripts/netlab_flows.py) and the
+model of a ring over unequal connections under even striping, communicator- and hop-level balancing."""
+
+from __future__ import annotations
+
+import pytest
+
+from recipes.comm import flowrates as fr
+from scripts import netlab_flows as nf
+
+F = 40 / 3
+
+
+def test_one_slow_has_exactly_one_slow_connection_per_peer_and_is_seeded():
+    for host, peer in [(0, 1), (1, 0), (3, 2)]:
+        ceils = [
+            fr.leaf_for("one-slow", seed=7, host=host, peer=peer, k=k, flows=4, flow_mbit=F).ceil_mbit for k in range(4)
+        ]
+        assert sorted(ceils) == pytest.approx([F / 3, F, F, F])
+    draws = {
+        tuple(fr.leaf_for("one-slow", seed=s, host=0, peer=1, k=k, flows=4, flow_mbit=F).ceil_mbit for k in range(4))
+        for s in range(20)
+    }
+    assert len(draws) == 4  # the slow one moves with the seed
+
+
+def test_random_is_seeded_within_its_range_and_collide_shares_leaves():
+    a = [fr.leaf_for("random", seed=3, host=2, peer=1, k=k, flows=4, flow_mbit=F).ceil_mbit for k in range(4)]
+    assert a == [fr.leaf_for("random", seed=3, host=2, peer=1, k=k, flows=4, flow_mbit=F).ceil_mbit for k in range(4)]
+    assert a != [fr.leaf_for("random", seed=4, host=2, peer=1, k=k, flows=4, flow_mbit=F).ceil_mbit for k in range(4)]
+    assert all(0.2 * F <= c <= F for c in a)
+    assert [fr.leaf_for("collide", seed=0, host=0, peer=1, k=k, flows=4, flow_mbit=F).slot for k in range(4)] == [
+        0,
+        0,
+        1,
+        1,
+    ]
+    assert fr.ring_rates("collide", 0, 2, 4, F)[0] == pytest.approx([F / 2] * 4)
+    with pytest.raises(ValueError, match="flow profile: expected one of even, one-slow, collide, random"):
+        fr.leaf_for("ecmp", seed=0, host=0, peer=1, k=0, flows=4, flow_mbit=F)
+
+
+def test_ring_rates_per_strategy():
+    rates = [[10.0, 10.0, 10.0, 2.0], [10.0, 2.0, 10.0, 10.0]]  # two hosts, slow connections on different indices
+    assert fr.ring_mbit(rates, 100.0, "even") == 8.0  # K x the slowest connection
+    assert fr.ring_mbit(rates, 100.0, "comm") == 24.0  # communicators 1 and 3 each have a slow hop
+    assert fr.ring_mbit(rates, 100.0, "hop") == 32.0  # every hop carries its connections' sum
+    assert fr.ring_mbit(rates, 20.0, "hop") == 20.0  # the link binds
+    assert fr.allreduce_seconds(1e6, 4, 8.0) == pytest.approx(1.5 * 8e6 / 8e6)
+
+
+def test_communicator_balancing_fades_with_hosts_under_one_slow_and_hop_level_does_not():
+    small, big = fr.predict("one-slow", 2), fr.predict("one-slow", 16)
+    assert small.comm == pytest.approx(2.0) and big.comm == pytest.approx(1.0)
+    assert small.hop == big.hop == pytest.approx(40 / (4 * F / 3))  # the link over 4 x the slow flow
+
+
+def test_pins_follow_groups_and_peers():
+    groups = [[(5000 + g, "10.250.0.2", 1), (6000 + g, "10.250.0.3", 1)] for g in range(4)]
+    peer_of = {"10.250.0.2": 1, "10.250.0.3": 2}
+    pins = nf.pins_for(groups, profile="collide", seed=0, host=0, peer_of=peer_of, flow_mbit=F, first_leaf=10)
+    assert [(p.sport, p.leaf) for p in pins if p.dst == "10.250.0.2"] == [
+        (5000, 10),
+        (5001, 10),
+        (5002, 11),
+        (5003, 11),
+    ]
+    assert {p.leaf for p in pins if p.dst == "10.250.0.3"} == {12, 13}
+    lines = nf.pin_commands(pins, "eth0", 40.0)
+    assert sum(x.startswith("class change") for x in lines) == 4 and sum(x.startswith("filter") for x in lines) == 8
+    assert "match ip sport 5000 0xffff match ip dst 10.250.0.2/32 flowid 1:40a" in lines[4]
