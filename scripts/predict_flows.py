@@ -12,12 +12,12 @@ communicator-level balancing (comm.balance) and hop-level balancing over it, med
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from recipes import reader  # noqa: E402
 from recipes.comm import flowrates  # noqa: E402
 
 
@@ -30,7 +30,7 @@ def lab_rows(paths: list[str], flows: int) -> list[str]:
         "|---:|---|---:|---:|---:|---:|",
     ]
     for path in paths:
-        for rec in json.loads(Path(path).read_text()):
+        for rec in reader.read_json(path, what="lab JSON", error=SystemExit):
             t, n = rec["torch"], rec["hosts"]
             r = flowrates.ring_rates(rec["profile"], rec["seed"], n, flows, rec["flow_mbit"])
             model = flowrates.ring_mbit(r, rec["link_mbit"], "comm") / flowrates.ring_mbit(r, rec["link_mbit"], "even")

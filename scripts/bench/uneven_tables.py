@@ -11,16 +11,16 @@ the seeds. tests/meta/test_docs_numbers.py holds the docs to this output.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
-from pathlib import Path
+
+from recipes import reader
 
 CONTENDERS = ("ddp-flows", "multistream", "balanced")
 
 
 def load(paths: list[str]) -> list[dict]:
-    return [rec for p in paths for rec in json.loads(Path(p).read_text())]
+    return [rec for p in paths for rec in reader.read_json(p, what="lab JSON", error=SystemExit)]
 
 
 def comm_s(rec: dict) -> dict[str, float]:

@@ -47,6 +47,7 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ("recipes/comm/tuner.py", "cache_store"): "the tuner cache: a temp file opened O_EXCL | O_NOFOLLOW, renamed",
     ("recipes/dawnbench.py", "write_entry"): "reads back the entry and table it has just written, to copy them",
     ("recipes/distributed.py", "rendezvous_endpoint"): _PROC,
+    ("scripts/netlab_flows.py", "established"): _PROC,
     ("recipes/distributed.py", "_thread_states"): _PROC,
     ("recipes/environment.py", "_driver"): _PROC,
     ("recipes/evaluation/latency.py", "describe_hardware"): _PROC,
