@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from dataclasses import dataclass
@@ -76,18 +77,27 @@ _INDEX = re.compile(r"[0-9]{1,9}")  # the devkit's list is 9 kB (1,762 indices o
 
 
 def distinct_files(folder: str | Path) -> int:
-    """How many distinct files (device and inode, links followed) the images under `folder` are: a folder of
-    50,000 links to one image is 1, ImageNet's validation set 50,000."""
-    seen = set()
+    """How many distinct images the files under `folder` are: distinct files (device and inode, links followed) with
+    distinct contents (size and a hash of the first 8 KiB, where a JPEG's entropy-coded data has begun), so a folder
+    of 50,000 links to, or copies of, one image is 1, and ImageNet's validation set 50,000."""
+    seen, contents = set(), set()
     for dirpath, _, names in os.walk(folder, followlinks=True):
         for name in names:
             if name.lower().endswith(IMAGE_EXTENSIONS):
+                path = os.path.join(dirpath, name)
                 try:
-                    st = os.stat(os.path.join(dirpath, name))
+                    st = os.stat(path)
                 except OSError:
                     continue  # a dangling link is no image: the loader reports it
+                if (st.st_dev, st.st_ino) in seen:
+                    continue
                 seen.add((st.st_dev, st.st_ino))
-    return len(seen)
+                try:
+                    head = reader.read_bytes(path, what="validation image", error=DataError, head=8192)
+                except DataError:
+                    continue  # not a regular file, or unreadable: the loader reports it
+                contents.add((st.st_size, hashlib.sha1(head).digest()))
+    return len(contents)
 
 
 def read_blacklist(path: str | Path) -> list[int]:

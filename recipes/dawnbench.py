@@ -75,8 +75,8 @@ def qualification(cfg: Config, summary: dict) -> list[str]:
     elif summary.get("val_files") is not None and summary["val_files"] < IMAGENET_VAL_IMAGES:
         # the count is ImageNet's, the files are not: links (hard or symbolic) to fewer images
         reasons.append(
-            f"its {IMAGENET_VAL_IMAGES:,} validation images are {summary['val_files']:,} distinct files (links to "
-            "the same images), not ImageNet's validation set"
+            f"its {IMAGENET_VAL_IMAGES:,} validation images are {summary['val_files']:,} distinct images (links to or "
+            "copies of the same images), not ImageNet's validation set"
         )
     elif excluded not in (0, DEVKIT_BLACKLISTED):
         # A list that makes the count add up is not the devkit's: only its 1,762 images may be left out.

@@ -22,9 +22,15 @@ MAX_BYTES = 16 * 1024 * 1024
 
 
 def read_bytes(
-    path: str | Path, *, what: str, error: type[Exception] = ValueError, max_bytes: int = MAX_BYTES
+    path: str | Path,
+    *,
+    what: str,
+    error: type[Exception] = ValueError,
+    max_bytes: int = MAX_BYTES,
+    head: int | None = None,
 ) -> bytes:
-    """The bytes of the regular file `path` (at most `max_bytes`); `what` names the file in errors."""
+    """The bytes of the regular file `path` (at most `max_bytes`); `what` names the file in errors. `head`: only
+    its first `head` bytes, whatever its size."""
     p = Path(path)
     try:
         # O_NONBLOCK: a FIFO opens at once instead of waiting for a writer (it is then refused as not regular).
@@ -38,13 +44,13 @@ def read_bytes(
         if not stat.S_ISREG(st.st_mode):
             kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file (a FIFO, device or socket)"
             raise error(f"{what} '{p}' is {kind}: expected a regular file")
-        if st.st_size > max_bytes:
+        if head is None and st.st_size > max_bytes:
             raise error(f"{what} '{p}' is {st.st_size:,} bytes: expected at most {max_bytes:,}")
         with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read(max_bytes + 1)
+            data = f.read(max_bytes + 1 if head is None else head)
     finally:
         os.close(fd)
-    if len(data) > max_bytes:  # grew while being read
+    if head is None and len(data) > max_bytes:  # grew while being read
         raise error(f"{what} '{p}' is over {max_bytes:,} bytes: expected at most {max_bytes:,}")
     return data
 

@@ -267,12 +267,16 @@ def test_50000_links_to_few_images_do_not_qualify_as_imagenet(tmp_path):
     os.link(one, val / "n01" / "ILSVRC2012_val_00000002.JPEG")
     (val / "n02" / "ILSVRC2012_val_00000003.JPEG").symlink_to(one)
     assert distinct_files(val) == 1
-    (val / "n02" / "ILSVRC2012_val_00000004.JPEG").write_bytes(b"jpeg")  # the same bytes, its own file
-    assert distinct_files(val) == 2
+    (val / "n02" / "ILSVRC2012_val_00000004.JPEG").write_bytes(b"jpeg")  # a copy: the same image
+    assert distinct_files(val) == 1
+    (val / "n02" / "ILSVRC2012_val_00000005.JPEG").write_bytes(b"jpeg" + bytes(9000))  # another image
+    (val / "n02" / "ILSVRC2012_val_00000006.JPEG").write_bytes(b"jpeg" + bytes(9000) + b"x")  # other size
+    assert distinct_files(val) == 3
     cfg = load_config(ROOT / "configs" / "dawnbench_158s.yaml", ["dawnbench.author=Us", "dawnbench.author_email=u@x"])
     full = {**SUMMARY, "val_count": 48238, "val_excluded": 1762, "num_classes": 1000}
     assert entry(cfg, {**full, "val_files": 50_000}, "x")["qualifies"] is True
     linked = entry(cfg, {**full, "val_files": 1}, "x")
     assert linked["notQualifyingBecause"] == [
-        "its 50,000 validation images are 1 distinct files (links to the same images), not ImageNet's validation set"
+        "its 50,000 validation images are 1 distinct images (links to or copies of the same images), not ImageNet's "
+        "validation set"
     ]
