@@ -17,6 +17,7 @@ import torch
 from support import ROOT, horovodrun, needs_horovod
 from torch import nn
 
+from recipes import registry
 from recipes.comm.horovod_backend import Contiguous, broadcast_state
 from recipes.lars import LayerAdaptiveSGD
 from recipes.steps import StepRunner
@@ -33,11 +34,12 @@ def _tf_lars(seed: int = 0):
 
 @pytest.mark.parametrize("bad", [0.0, 1.0])
 def test_lars_tf_takes_the_trainers_nonfinite_flag(bad):
-    """Without GradScaler the trainer hands `found_inf` as StepRunner.nonfinite_flag makes it: shape (1,)."""
+    """Without GradScaler the trainer hands `found_inf` as StepRunner.nonfinite_flag makes it: in the shape the
+    optimizer's record states (0-dim for LARS, as GradScaler's own)."""
     net, opt = _tf_lars()
-    runner = SimpleNamespace(model=net, device=torch.device("cpu"))
+    runner = SimpleNamespace(model=net, device=torch.device("cpu"), optim=registry.OPTIMIZERS["lars"])
     flag = StepRunner.nonfinite_flag(runner)
-    assert flag.shape == (1,) and float(flag) == 0.0
+    assert flag.shape == () and float(flag) == 0.0
     ref_net, ref_opt = _tf_lars()
     ref_opt.step()  # no flag at all: the plain step
     before = [p.detach().clone() for p in net.parameters()]
