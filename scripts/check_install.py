@@ -17,9 +17,6 @@ import re
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from recipes import reader  # noqa: E402  (standard library only, as this script)
-
 # The module a distribution is imported as, where its name does not say it (else the name with '-' as '_').
 IMPORTS = {
     "pyyaml": "yaml",
@@ -35,7 +32,7 @@ def requirements(files: list[Path]) -> list[tuple[str, str | None]]:
     """(name, exact pin or None) of every requirement line in `files`; `-r` includes are followed, options skipped."""
     out = []
     for f in files:
-        for line in reader.read_text(f, what="requirement file", error=SystemExit).splitlines():
+        for line in f.read_text().splitlines():
             line = line.split("#", 1)[0].strip()
             if line.startswith(("-r ", "--requirement ")):
                 out += requirements([f.parent / line.split(None, 1)[1]])
