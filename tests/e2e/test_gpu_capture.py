@@ -25,6 +25,8 @@ def probe(monkeypatch):
     """A smoke probe capturing under the stand-in (installed first: GraphStep makes its side stream when built)."""
     fake = FakeCudaGraphs(None)
     fake.install(monkeypatch.setattr)
+    # the speed bench sets multistream's NCCL order in os.environ; taken back when the test ends
+    monkeypatch.setenv("NCCL_LAUNCH_ORDER_IMPLICIT", "1")
     p = cap.Probe("cpu", smoke=True, capture=True)
     fake.written = p.written
     p.fake = fake
