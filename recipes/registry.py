@@ -185,6 +185,14 @@ LAB_METHODS = {
             default=False,
             overrides=("comm.balance=true",),
         ),
+        LabMethod(
+            "hop-balanced",
+            "multistream",
+            "our backend with comm.balance at hop level (a ring of point-to-point sends, each hop's chunk cut over "
+            "its own connections), timed once its balancer settled",
+            default=False,
+            overrides=("comm.balance=true", "comm.balance_level=hop"),
+        ),
         LabMethod("horovod", "horovod", "real horovod.torch DistributedOptimizer, Horovod's defaults (gloo)"),
     )
 }

@@ -161,6 +161,54 @@ def scenario_equal(out: dict, args: list[str]) -> None:
     out["unused"] = {"vs_mean": max_err(g, mean), "grad_is_zero": all(float(t.abs().max()) == 0 for t in g[-2:])}
 
 
+def scenario_hop(out: dict, args: list[str]) -> None:
+    """comm.balance_level=hop on real gloo ranks: the exact mean with equal shares and after a forced re-plan to a
+    table whose every host cuts differently (fp32, fp16); the balancer on each rank's own loopback measurements, the
+    same plan on every rank after every step; a resumed backend has the plan."""
+    from recipes.comm.balance import listed
+
+    cfg = config(*args)
+    dist = setup(cfg)
+    torch.manual_seed(0)
+    model = Net()
+    mean = exact_mean(model, dist.rank, dist.world_size, step=1)
+    scale = max(float(t.abs().max()) for t in mean)
+    hop = ["comm.backend=multistream", "comm.bucket_mb=0.004", "comm.balance=true", "comm.balance_level=hop"]
+    g, backend = run_backend(config(*hop, "comm.streams=3", *args), dist, model)
+    out["even"] = {"vs_mean": max_err(g, mean), "table": listed(backend.engine.plan.hop_shares)}
+    rows = ((600, 50, 350), (100, 300, 600), (334, 333, 333), (20, 20, 960))
+    table = tuple(rows[h % len(rows)] for h in range(dist.world_size))
+    for extra in (["comm.streams=3"], ["comm.compression=fp16", "comm.streams=3"]):
+        g, backend = run_backend(config(*hop, *extra, *args), dist, model, between=lambda b: b.replan(table))
+        out["replan/" + "/".join(extra)] = {
+            "vs_mean": max_err(g, mean),
+            "scale": scale,
+            "table": listed(backend.engine.plan.hop_shares),
+            "replans": backend.stats().settings["balance_replans"],
+        }
+    cfg = config(*hop, "comm.streams=2", "comm.balance_window=1", "comm.balance_min_gain=0", *args)
+    m = copy.deepcopy(model)
+    backend = create_allreduce(cfg.comm, dist, timeout_s=cfg.dist.timeout_s, model_name=cfg.model.name)
+    tm, _ = backend.prepare(m, None)
+    digests, errs = [], []
+    for step in range(5):
+        x, y = batch(dist.rank, step % 2)
+        for p in m.parameters():
+            p.grad = None
+        nn.functional.cross_entropy(tm(x), y).backward()
+        errs.append(max_err([p.grad for p in m.parameters()], exact_mean(model, dist.rank, dist.world_size, step % 2)))
+        backend.on_step_end(step + 1)
+        digests.append([backend.balance.version if backend.balance else 0, backend.engine.plan.digest()])
+    out["digests"] = digests
+    out["max_err"] = max(errs)
+    out["stats"] = backend.stats().settings
+    state = backend.state_dict()
+    resumed = create_allreduce(cfg.comm, dist, timeout_s=cfg.dist.timeout_s, model_name=cfg.model.name)
+    resumed.load_state_dict(json.loads(json.dumps(state)))  # as a checkpoint carries it
+    resumed.prepare(copy.deepcopy(model), None)
+    out["resumed_same"] = resumed.engine.plan.digest() == backend.engine.plan.digest()
+
+
 def scenario_horovod(out: dict, args: list[str]) -> None:
     cfg = config("comm.backend=horovod", *args)
     dist = setup(cfg)  # under horovodrun: torch.distributed is bootstrapped from Horovod's environment

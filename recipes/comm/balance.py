@@ -57,23 +57,68 @@ class Decision:
     slow: tuple[int, ...]  # communicators far below the others
 
 
-def rebalance(
-    carried: list[float], seconds: list[float], min_gain: float, current: tuple[int, ...] | None = None
-) -> Decision:
-    """The next shares from what each communicator carried (in shares: SHARE_TOTAL = a whole step's bytes) and the
-    agreed seconds it took over the window (pure: the same inputs give the same plan on every rank)."""
+def _proportional_step(carried: list[float], seconds: list[float]) -> tuple[list[float], tuple[int, ...], float, float]:
+    """(rates, shares in proportion to them, the slowest's seconds now, the slowest's seconds predicted after)."""
     secs = [max(t, 1e-9) for t in seconds]
     rates = [max(c, 1e-9) / t for c, t in zip(carried, secs, strict=True)]
     new = proportional(rates)
-    now, after = max(secs), max(n / r for n, r in zip(new, rates, strict=True))
-    gain = 1 - after / now
+    return rates, new, max(secs), max(n / r for n, r in zip(new, rates, strict=True))
+
+
+def _slow(rates: list[float]) -> list[int]:
+    """The indices far below the others' median rate."""
     slow = []
     for k, r in enumerate(rates):
         others = rates[:k] + rates[k + 1 :]
         if others and r < SLOW_FACTOR * statistics.median(others):
             slow.append(k)
+    return slow
+
+
+def rebalance(
+    carried: list[float], seconds: list[float], min_gain: float, current: tuple[int, ...] | None = None
+) -> Decision:
+    """The next shares from what each communicator carried (in shares: SHARE_TOTAL = a whole step's bytes) and the
+    agreed seconds it took over the window (pure: the same inputs give the same plan on every rank)."""
+    rates, new, now, after = _proportional_step(carried, seconds)
+    gain = 1 - after / now
     keep = gain <= min_gain or new == current
-    return Decision(None if keep else new, gain, tuple(rates), tuple(slow))
+    return Decision(None if keep else new, gain, tuple(rates), tuple(_slow(rates)))
+
+
+def even_table(hops: int, k: int) -> tuple[tuple[int, ...], ...]:
+    """`comm.balance_level: hop` before its first re-plan: every hop's K connections carry equal shares."""
+    return tuple(even_shares(k) for _ in range(hops))
+
+
+@dataclass(frozen=True)
+class HopDecision:
+    shares: tuple[tuple[int, ...], ...] | None  # the new table (a row per sending host); None: keep the plan
+    gain: float  # predicted fall of the slowest hop's time, as a fraction
+    rates: tuple[tuple[float, ...], ...]  # per hop, what each connection delivered, in shares per second
+    slow: tuple[tuple[int, int], ...]  # (hop, connection) pairs far below the hop's other connections
+
+
+def rebalance_hops(
+    carried: list[list[float]],
+    seconds: list[list[float]],
+    min_gain: float,
+    current: tuple[tuple[int, ...], ...] | None = None,
+) -> HopDecision:
+    """`comm.balance_level: hop`: every hop's connections get shares in proportion to what they delivered; the plan
+    changes only if the slowest hop (a ring goes at it) is predicted to get more than `min_gain` shorter (pure, as
+    `rebalance`: row h is host h's connections to host h-1)."""
+    rows, rates_all, slow, now, after = [], [], [], 0.0, 0.0
+    for h, (c, s) in enumerate(zip(carried, seconds, strict=True)):
+        rates, new, row_now, row_after = _proportional_step(c, s)
+        rows.append(new)
+        rates_all.append(tuple(rates))
+        slow += [(h, k) for k in _slow(rates)]
+        now, after = max(now, row_now), max(after, row_after)
+    table = tuple(rows)
+    gain = 1 - after / now
+    keep = gain <= min_gain or table == current
+    return HopDecision(None if keep else table, gain, tuple(rates_all), tuple(slow))
 
 
 @dataclass
@@ -81,7 +126,8 @@ class BalanceState:
     """Where the balancer stands: the plan's shares and version, and the window being measured."""
 
     streams: int
-    shares: tuple[int, ...] | None = None  # None until the first re-plan (the static plan)
+    shares: tuple | None = None  # None until the first re-plan (the static plan); hop level: a row per host
+    hops: int = 0  # comm.balance_level=hop: the ring's hops (its world size); 0: communicator level
     version: int = 0  # +1 per installed re-plan
     replans: int = 0
     quiet: int = 0  # windows in a row without a re-plan
@@ -91,8 +137,10 @@ class BalanceState:
     skip: int = 1  # steps to leave out before measuring (the first step of a plan)
 
     @property
-    def current(self) -> tuple[int, ...]:
-        return self.shares if self.shares is not None else even_shares(self.streams)
+    def current(self) -> tuple:
+        if self.shares is not None:
+            return self.shares
+        return even_table(self.hops, self.streams) if self.hops else even_shares(self.streams)
 
     def add(self, seconds: list[float]) -> None:
         if self.skip > 0:
@@ -101,7 +149,7 @@ class BalanceState:
         self.window = [a + b for a, b in zip(self.window, seconds, strict=True)] if self.window else list(seconds)
         self.steps += 1
 
-    def close(self, decision: Decision) -> None:
+    def close(self, decision: Decision | HopDecision) -> None:
         """The window's decision is taken (and installed if it has shares): start the next window."""
         self.window, self.steps, self.skip = [], 0, 1
         if decision.shares is not None:
@@ -112,7 +160,8 @@ class BalanceState:
 
     def to_state(self) -> dict:
         return {
-            "shares": list(self.shares) if self.shares is not None else None,
+            "shares": listed(self.shares),
+            "hops": self.hops,
             "version": self.version,
             "replans": self.replans,
             "quiet": self.quiet,
@@ -120,17 +169,36 @@ class BalanceState:
         }
 
     @classmethod
-    def from_state(cls, streams: int, state: dict) -> BalanceState:
-        shares = state.get("shares")
-        if shares is not None and len(shares) != streams:
-            raise ValueError(
-                f"comm.balance: the checkpoint's shares are for {len(shares)} communicators, not {streams}"
-            )
+    def from_state(cls, streams: int, state: dict, hops: int = 0) -> BalanceState:
+        shares, saved = state.get("shares"), int(state.get("hops", 0))
+        if saved != hops:
+            where = f"hop level over {saved} hosts" if saved else "communicator level"
+            want = f"hop level over {hops} hosts" if hops else "communicator level"
+            raise ValueError(f"comm.balance: the checkpoint's shares are {where}, this run balances at {want}")
+        if shares is not None:
+            rows = shares if hops else [shares]
+            bad = [len(row) for row in rows if len(row) != streams]
+            if bad or len(rows) != max(hops, 1):
+                raise ValueError(
+                    f"comm.balance: the checkpoint's shares are for {bad[0] if bad else streams} communicators over "
+                    f"{len(rows)} hops, not {streams} over {max(hops, 1)}"
+                    if hops
+                    else f"comm.balance: the checkpoint's shares are for {bad[0]} communicators, not {streams}"
+                )
+            shares = tuple(tuple(int(x) for x in row) for row in rows) if hops else tuple(int(x) for x in shares)
         return cls(
             streams,
-            tuple(int(x) for x in shares) if shares is not None else None,
+            shares,
+            hops,
             int(state.get("version", 0)),
             int(state.get("replans", 0)),
             int(state.get("quiet", 0)),
             bool(state.get("settled", False)),
         )
+
+
+def listed(shares):
+    """Shares (a tuple, or a table of tuples) as JSON lists."""
+    if shares is None:
+        return None
+    return [list(row) if isinstance(row, tuple) else row for row in shares]

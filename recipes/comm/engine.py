@@ -36,6 +36,7 @@ import torch
 import torch.distributed as td
 from torch import nn
 
+from recipes.comm.hopring import HopRing
 from recipes.comm.plan import WIRE_DTYPES, FusionPlan
 from recipes.comm.timing import Stopwatch
 from recipes.errors import CommError
@@ -46,7 +47,15 @@ class _Engine:
     """Runs one FusionPlan over the given communicators for every backward pass."""
 
     def __init__(
-        self, plan: FusionPlan, params: list[nn.Parameter], groups: list, world: int, serialize: bool, timeout_s: float
+        self,
+        plan: FusionPlan,
+        params: list[nn.Parameter],
+        groups: list,
+        world: int,
+        serialize: bool,
+        timeout_s: float,
+        *,
+        rank: int = 0,
     ):
         self.plan, self.params, self.groups, self.world = plan, params, groups, world
         self.timeout_s = timeout_s
@@ -97,7 +106,11 @@ class _Engine:
         self._error: BaseException | None = None
         # serialize on a GPU: the helper thread's stream (never backward's, so backward keeps running)
         self._side = torch.cuda.Stream(self.device) if serialize and self.device.type == "cuda" else None
-        if serialize:
+        # comm.balance_level=hop: every bucket goes whole to the hop-balanced ring (recipes/comm/hopring.py), whose
+        # own thread runs the buckets in launch order; it times each incoming connection while measuring
+        self.ring = HopRing(groups, rank, world, plan.hop_shares, timeout_s) if plan.hop_shares is not None else None
+        self.hop_seconds: list[list[float]] = []  # steps not yet read: seconds per incoming connection
+        if serialize and self.ring is None:
             self._queue = queue.Queue()
             self._thread = threading.Thread(target=self._serial_loop, name="multistream-serial", daemon=True)
             self._thread.start()
@@ -112,6 +125,8 @@ class _Engine:
             self.works = []
             self._done_at = [None] * len(self.groups)  # measure, host clocks: the last slice's completion
             self._children = []
+            if self.ring is not None:
+                self.ring.begin_step(self.measure and self.timing)
             torch.autograd.Variable._execution_engine.queue_callback(self.finalize)
         b = self.bucket_of[i]
         self.pending[b] -= 1
@@ -137,6 +152,9 @@ class _Engine:
         wire = self.wire[b]
         if wire is not buf:
             wire.copy_(buf)
+        if self.ring is not None:
+            self.ring.submit(b, wire)
+            return
         event = None
         if self.serialize and wire.is_cuda:
             event = torch.cuda.Event()
@@ -206,7 +224,11 @@ class _Engine:
                 self._launch(self.next_bucket)
                 self.next_bucket += 1
             t_wait = self.clock.mark() if self.timing else None
-            if self.serialize:
+            if self.ring is not None:
+                self.ring.join()
+                if self.ring.measure:
+                    self.hop_seconds.append(list(self.ring.seconds))
+            elif self.serialize:
                 self._queue.join()
                 if self._error is not None:
                     err, self._error = self._error, None
@@ -258,7 +280,11 @@ class _Engine:
 
     def read_communicators(self, wait: bool) -> list[list[float]]:
         """Per finished step (oldest first), the seconds from its first gradient to each communicator's last slice
-        being done (0 for a communicator that carried nothing); `wait`: of every step marked so far."""
+        being done (0 for a communicator that carried nothing); `wait`: of every step marked so far. Under the hop
+        ring: per finished step, the seconds each connection from the right neighbour took over the step's ring."""
+        if self.ring is not None:
+            out, self.hop_seconds = self.hop_seconds, []
+            return out
         out = []
         while self.comm_marks:
             start, done = self.comm_marks[0]
@@ -282,6 +308,8 @@ class _Engine:
         return out
 
     def close(self) -> None:
+        if self.ring is not None:
+            self.ring.close()
         if self._queue is not None:
             self._queue.put(None)
             self._thread.join(timeout=5)

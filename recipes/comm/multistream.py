@@ -29,7 +29,7 @@ from recipes.comm import concurrency, ncclenv
 from recipes.comm import tuner as tuning
 from recipes.comm.base import BackendDefaults
 from recipes.comm.engine import _Engine
-from recipes.comm.plan import FusionPlan, Settings, build_plan, grad_specs
+from recipes.comm.plan import FusionPlan, Settings, build_plan, describe_table, grad_specs
 from recipes.comm.stats import CommStats
 from recipes.distributed import all_gather_object, broadcast_object, collective_guard
 from recipes.errors import CommError, ConfigError, PlanMismatchError
@@ -65,6 +65,7 @@ class MultiStreamBackend(BackendDefaults):
         self._wait_seconds = 0.0
         self._bytes = 0
         self.concurrency: concurrency.Decision | None = None
+        self._hop = bool(c.balance) and c.balance_level == "hop"  # the hop-balanced ring (recipes/comm/hopring.py)
         self.graph_serial: list[str] = []
 
     @classmethod
@@ -109,13 +110,25 @@ class MultiStreamBackend(BackendDefaults):
         facts = concurrency.probe(td.get_backend())
         self.concurrency = concurrency.decide(c.concurrency, facts)
         self.graph_serial = concurrency.graph_serial_reasons(facts)  # captured NCCL collectives would not overlap
-        self._note(f"multistream concurrency: {self.concurrency.why}")
+        if self._hop:
+            if td.get_backend() != "gloo":
+                raise ConfigError(
+                    f"comm.balance_level=hop: the hop-balanced ring runs on gloo process groups (CPU hosts, the "
+                    f"network lab), not {td.get_backend()}: no GPU has run it. Use comm.balance_level=communicator"
+                )
+            self._note("multistream balance: hop level, a ring of point-to-point sends on the K communicators")
+        else:
+            self._note(f"multistream concurrency: {self.concurrency.why}")
         shares = None
-        if c.balance and self.concurrency.mode == "serialize":
+        if c.balance and not self._hop and self.concurrency.mode == "serialize":
             self._note("multistream balance: off under comm.concurrency=serialize (one collective in flight at a time)")
         elif c.balance and self._resumed_balance:
-            self.balance = balancing.BalanceState.from_state(start.streams, self._resumed_balance)
-            shares = self.balance.shares
+            hops = self.dist.world_size if self._hop else 0
+            try:
+                self.balance = balancing.BalanceState.from_state(start.streams, self._resumed_balance, hops)
+                shares = self.balance.shares
+            except ValueError as e:
+                self._note(f"{e}: the balancer starts again from equal shares")
         plan = self._verified_plan(start, shares)  # before anything else, so a mismatch fails fast
         _broadcast_states(model)
         streams = [start.streams] + ([s.streams for s in self.tuner.space] if self.tuner is not None else [])
@@ -172,9 +185,17 @@ class MultiStreamBackend(BackendDefaults):
                 f"the world size {self.dist.world_size}"
             )
 
-    def _verified_plan(self, settings: Settings, shares: tuple[int, ...] | None = None) -> FusionPlan:
+    def _plan(self, settings: Settings, shares: tuple | None = None) -> FusionPlan:
+        """The plan for `settings`: under comm.balance_level=hop every bucket goes to the ring, cut by the hop table
+        `shares` (equal shares until the first re-plan); otherwise `shares` is the communicators' (None: static)."""
+        if self._hop:
+            table = shares or balancing.even_table(self.dist.world_size, settings.streams)
+            return build_plan(self.specs, settings, self.comm_cfg.compression, hop_shares=table)
+        return build_plan(self.specs, settings, self.comm_cfg.compression, shares)
+
+    def _verified_plan(self, settings: Settings, shares: tuple | None = None) -> FusionPlan:
         """The plan for `settings`, after checking that every rank derived the same one (one all-gather)."""
-        plan = build_plan(self.specs, settings, self.comm_cfg.compression, shares)
+        plan = self._plan(settings, shares)
         mine = (plan.digest(), plan.describe())
         everyone = all_gather_object(mine, self.dist)
         differ = [r for r, (h, _) in enumerate(everyone) if h != everyone[0][0]]
@@ -195,8 +216,9 @@ class MultiStreamBackend(BackendDefaults):
             self.params,
             self.groups[: plan.streams],
             self.dist.world_size,
-            self.concurrency.mode == "serialize",
+            self.concurrency.mode == "serialize" and not self._hop,
             self.timeout_s,
+            rank=self.dist.rank,
         )
         self.settings = plan.settings
         self._note(f"multistream plan {plan.digest()[:12]}: {plan.describe()}, concurrency {self.concurrency.mode}")
@@ -213,6 +235,8 @@ class MultiStreamBackend(BackendDefaults):
             return None
         if self.tuner is not None and not self.tuner.done:
             return "the multistream tuner measures eager steps"
+        if self._hop:
+            return "comm.balance_level=hop (its ring's helper thread waits on the host)"
         if self.concurrency.mode == "serialize":
             return "comm.concurrency=serialize (its helper thread waits on the host)"
         if self.graph_serial and self.engine.plan.streams > 1:
@@ -230,7 +254,7 @@ class MultiStreamBackend(BackendDefaults):
         only, in on_step_end)."""
         if self.engine is None:
             return None
-        return (self.settings, self.engine.plan.shares)
+        return (self.settings, self.engine.plan.shares, self.engine.plan.hop_shares)
 
     @contextmanager
     def no_sync(self, model: nn.Module):
@@ -342,7 +366,9 @@ class MultiStreamBackend(BackendDefaults):
     # -- the balancer (recipes/comm/balance.py) ----------------------------------------------------------------
     def _balancing(self) -> bool:
         """Whether the balancer still measures steps (comm.balance on, after the tuner, not settled)."""
-        if not self.comm_cfg.balance or self.concurrency is None or self.concurrency.mode == "serialize":
+        if not self.comm_cfg.balance or self.concurrency is None:
+            return False
+        if self.concurrency.mode == "serialize" and not self._hop:
             return False
         return self.balance is None or not self.balance.settled
 
@@ -352,7 +378,7 @@ class MultiStreamBackend(BackendDefaults):
         if not self._balancing() or self.engine.active:
             return  # called from inside a step (a hook): the window waits for the step's end
         if self.balance is None:  # the tuner (if any) has chosen: balance its winner's K communicators
-            self.balance = balancing.BalanceState(self.settings.streams)
+            self.balance = self._new_balance()
         b, eng = self.balance, self.engine
         if not eng.measure:
             eng.measure = True  # from the next step on
@@ -360,6 +386,9 @@ class MultiStreamBackend(BackendDefaults):
         for secs in eng.read_communicators(wait=True):
             b.add(secs)
         if b.steps < self.comm_cfg.balance_window:
+            return
+        if self._hop:
+            self._balance_hops(step, log)
             return
         agreed = torch.tensor(b.window, dtype=torch.float64, device=self.dist.device) / b.steps
         with collective_guard("multistream balance: the window's figures", step, self.timeout_s):
@@ -389,18 +418,58 @@ class MultiStreamBackend(BackendDefaults):
                 log,
             )
 
-    def _install(self, shares: tuple[int, ...]) -> None:
+    def _balance_hops(self, step: int, log) -> None:
+        """The window's end under comm.balance_level=hop: each rank timed the K connections of its incoming hop (from
+        rank r+1, row r+1 of the table); one all-reduce (SUM of rows that only their owner filled: exact) gives every
+        rank the whole table, and each computes the same plan from it."""
+        b, w = self.balance, self.dist.world_size
+        k = self.settings.streams
+        table = torch.zeros(w, k, dtype=torch.float64, device=self.dist.device)
+        table[(self.dist.rank + 1) % w] = torch.tensor(b.window, dtype=torch.float64) / b.steps
+        with collective_guard("multistream balance: the window's figures", step, self.timeout_s):
+            td.all_reduce(table, op=td.ReduceOp.SUM)
+        current = b.current
+        decision = balancing.rebalance_hops(
+            [list(row) for row in current], table.tolist(), self.comm_cfg.balance_min_gain, b.shares
+        )
+        b.close(decision)
+        slow = "".join(
+            f"; host {h}'s connection {c} to host {(h - 1) % w} delivers "
+            f"{decision.rates[h][c] / statistics.median(decision.rates[h]):.2f}x the median of its hop: a slow path"
+            for h, c in decision.slow
+        )
+        if decision.shares is not None:
+            self._install(decision.shares)
+            self._note(
+                f"multistream balance: re-plan {b.replans} at step {step}: hop shares "
+                f"{describe_table(decision.shares)} (slowest hop {decision.gain:.0%} shorter predicted){slow}",
+                log,
+            )
+        elif b.settled:
+            self.engine.measure = False
+            self._note(
+                f"multistream balance: settled at step {step} after {b.replans} re-plans, hop shares "
+                f"{describe_table(b.current)}{slow}",
+                log,
+            )
+
+    def _new_balance(self) -> balancing.BalanceState:
+        return balancing.BalanceState(self.settings.streams, hops=self.dist.world_size if self._hop else 0)
+
+    def _install(self, shares: tuple) -> None:
         if self.engine.active:
             raise RuntimeError("multistream balance: a re-plan inside a step (only on_step_end may re-plan)")
-        self._start(build_plan(self.specs, self.settings, self.comm_cfg.compression, shares))
+        self._start(self._plan(self.settings, shares))
         self.engine.measure = self._balancing()
 
-    def replan(self, shares: tuple[int, ...]) -> None:
-        """Install `shares` now, as a re-plan would (tests force one with it); call it on every rank, between steps."""
+    def replan(self, shares: tuple) -> None:
+        """Install `shares` now, as a re-plan would (tests force one with it); call it on every rank, between steps.
+        Under comm.balance_level=hop, `shares` is the table: a row of K shares per sending host."""
         if self.balance is None:
-            self.balance = balancing.BalanceState(self.settings.streams)
-        self.balance.close(balancing.Decision(tuple(shares), 0.0, (), ()))
-        self._install(tuple(shares))
+            self.balance = self._new_balance()
+        shares = tuple(tuple(row) for row in shares) if self._hop else tuple(shares)
+        self.balance.close(balancing.Decision(shares, 0.0, (), ()))
+        self._install(shares)
 
     def _carried(self) -> list[float]:
         """What each communicator carries per step under the current plan, in shares (SHARE_TOTAL = every byte)."""
@@ -446,7 +515,8 @@ class MultiStreamBackend(BackendDefaults):
         }
         if self.balance is not None:
             settings["balance_replans"] = self.balance.replans
-            settings["shares"] = list(self.balance.current)
+            settings["balance_level"] = "hop" if self._hop else "communicator"
+            settings["shares"] = balancing.listed(self.balance.current)
         return CommStats(self.name, self._steps, self._sync_seconds, self._wait_seconds, self._bytes, settings)
 
     def state_dict(self) -> dict:

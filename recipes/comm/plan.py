@@ -60,6 +60,9 @@ class FusionPlan:
     # comm.balance (recipes/comm/balance.py): each communicator's share of every bucket, integers summing to
     # balance.SHARE_TOTAL; None = the static plan (S equal slices, slice j on communicator (b*S+j) mod K)
     shares: tuple[int, ...] | None = None
+    # comm.balance_level=hop (recipes/comm/hopring.py): every bucket goes whole to a ring of point-to-point sends,
+    # and row h is how host h cuts each chunk it sends over the K connections; None = collectives per slice
+    hop_shares: tuple[tuple[int, ...], ...] | None = None
 
     @property
     def streams(self) -> int:
@@ -103,6 +106,8 @@ class FusionPlan:
         }
         if self.shares is not None:
             payload["shares"] = list(self.shares)
+        if self.hop_shares is not None:
+            payload["hop_shares"] = [list(row) for row in self.hop_shares]
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
     def describe(self) -> str:
@@ -112,7 +117,13 @@ class FusionPlan:
             f"({min(sizes):.2f}-{max(sizes):.2f} MB), K={self.streams} communicators, S={self.slices} slices, "
             f"wire {self.compression}"
             + (f", shares {'/'.join(str(x) for x in self.shares)}" if self.shares is not None else "")
+            + (f", hop-balanced ring, shares {describe_table(self.hop_shares)}" if self.hop_shares is not None else "")
         )
+
+
+def describe_table(table: tuple[tuple[int, ...], ...]) -> str:
+    """A hop table in one line: each host's shares, hosts separated by spaces."""
+    return " ".join("/".join(str(x) for x in row) for row in table)
 
 
 def split_even(n: int, parts: int) -> list[tuple[int, int]]:
@@ -186,7 +197,11 @@ def _balanced_run(nbytes: list[int], target: int) -> list[list[int]]:
 
 
 def build_plan(
-    specs: list[TensorSpec], settings: Settings, compression: str = "none", shares: tuple[int, ...] | None = None
+    specs: list[TensorSpec],
+    settings: Settings,
+    compression: str = "none",
+    shares: tuple[int, ...] | None = None,
+    hop_shares: tuple[tuple[int, ...], ...] | None = None,
 ) -> FusionPlan:
     if settings.bucket_mb <= 0 or settings.streams < 1 or settings.slices < 1:
         raise ValueError(f"invalid multistream settings: {settings}")
@@ -197,4 +212,8 @@ def build_plan(
     buckets = balanced_buckets([s.nbytes for s in specs], [s.dtype for s in specs], settings.bucket_mb * 2**20)
     if shares is not None and (len(shares) != settings.streams or min(shares) < 1):
         raise ValueError(f"shares: expected {settings.streams} positive integers, got {shares}")
-    return FusionPlan(tuple(specs), tuple(tuple(b) for b in buckets), settings, compression, shares)
+    if hop_shares is not None and (
+        shares is not None or any(len(row) != settings.streams or min(row) < 1 for row in hop_shares)
+    ):
+        raise ValueError(f"hop shares: expected rows of {settings.streams} positive integers, got {hop_shares}")
+    return FusionPlan(tuple(specs), tuple(tuple(b) for b in buckets), settings, compression, shares, hop_shares)

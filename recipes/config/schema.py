@@ -374,6 +374,12 @@ class CommConfig:
         help="multistream: re-plan each communicator's share of every bucket in proportion to what it delivered "
         "(recipes/comm/balance.py), for networks whose TCP connections run at unequal rates",
     )
+    balance_level: Literal["communicator", "hop"] = _f(
+        "communicator",
+        help="balance: communicator = each communicator's share of every bucket (its collectives go at its slowest "
+        "hop); hop = a ring of point-to-point sends whose every hop cuts its chunk over its own K connections "
+        "(recipes/comm/hopring.py; gloo only), which pays at any number of hosts",
+    )
     balance_window: int = _f(4, help="balance: steps measured before each re-plan decision", domain=">0 <=10000")
     balance_min_gain: float = _f(
         0.05,

@@ -113,6 +113,27 @@ def test_balancer_ranks_agree_on_every_replan_never_inside_a_step_and_resume_kee
     assert "a slow path" in p.stdout and "multistream balance: settled at step" in p.stdout
 
 
+def test_hop_ring_is_the_exact_mean_and_every_rank_installs_the_same_hop_plan(tmp_path):
+    """comm.balance_level=hop, 3 gloo ranks (a ring with three distinct hops): exact with equal shares and after a
+    forced re-plan to a table whose every host cuts its chunks differently; the balancer on each rank's own
+    measurements re-plans, and every rank holds the same plan after every step."""
+    results, p = run_worker(tmp_path, 3, "hop")
+    exact = 1e-6
+    for r in results:
+        assert r["even"]["vs_mean"] < exact and r["even"]["table"] == [[334, 333, 333]] * 3
+        replan = r["replan/comm.streams=3"]
+        assert replan["vs_mean"] < exact and replan["replans"] == 1
+        assert replan["table"] == [[600, 50, 350], [100, 300, 600], [334, 333, 333]]
+        fp16 = r["replan/comm.compression=fp16/comm.streams=3"]
+        assert 0 < fp16["vs_mean"] <= FP16_TOL * fp16["scale"]
+        assert r["max_err"] < exact  # exact through the balancer's own re-plans
+        assert r["stats"]["balance_level"] == "hop" and len(r["stats"]["shares"]) == 3
+        assert r["resumed_same"]
+    assert results[0]["digests"] == results[1]["digests"] == results[2]["digests"]
+    assert results[0]["digests"][-1][0] >= 1  # it measured its connections and re-planned
+    assert "multistream balance: re-plan 1 at step 3: hop shares" in p.stdout  # step 1 unmeasured, 2 skipped
+
+
 def test_model_start_takes_the_link_probes_file_and_a_bad_one_stops_every_rank(tmp_path):
     """comm.network_file: the link probe's figures reach the start's log line on every rank (a CPU run has no
     calibrated compute, and says so); a file without figures stops both ranks with rank 0's one-line error."""
@@ -144,14 +165,22 @@ def test_plan_mismatch_fails_fast_with_a_clear_error(tmp_path):
         assert r["seconds"] < 10  # one all-gather, not the 60 s collective timeout
 
 
-@pytest.mark.parametrize("stall", [False, True], ids=["dead", "stalled"])
-def test_dead_or_stalled_peer_fails_within_the_timeout(tmp_path, stall):
+HOP = ("comm.balance=true", "comm.balance_level=hop")
+
+
+@pytest.mark.parametrize(
+    "stall,level",
+    [(False, ()), (True, ()), (False, HOP), (True, HOP)],
+    ids=["dead", "stalled", "dead-hop-ring", "stalled-hop-ring"],
+)
+def test_dead_or_stalled_peer_fails_within_the_timeout(tmp_path, stall, level):
     timeout_s = 4
     env = {"STALL": "1" if stall else "0", "STALL_S": "12"}  # longer than the timeout and its 5 s margin
-    results, _ = run_worker(tmp_path, 2, "dead_peer", f"dist.timeout_s={timeout_s}", env=env)
+    results, _ = run_worker(tmp_path, 2, "dead_peer", f"dist.timeout_s={timeout_s}", *level, env=env)
     r0 = results[0]
     assert r0["error"] is not None and r0["is_comm_error"], r0
-    assert "multistream: allreduce of bucket" in r0["error"] and f"dist.timeout_s={timeout_s}" in r0["error"]
+    said = "multistream hop ring: bucket" if level else "multistream: allreduce of bucket"
+    assert said in r0["error"] and f"dist.timeout_s={timeout_s}" in r0["error"]
     if stall:
         assert timeout_s - 0.5 < r0["seconds"] < timeout_s + 5  # waited for the timeout, not forever
     else:

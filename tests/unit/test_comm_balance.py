@@ -85,3 +85,36 @@ def test_plan_with_shares_cuts_every_bucket_in_proportion():
     assert split_weighted(10, (1, 1, 2)) == [(0, 2), (2, 5), (5, 10)]
     with pytest.raises(ValueError, match="shares: expected 3 positive integers"):
         build_plan(specs, Settings(0.008, 3, 2), "none", (600, 400))
+
+
+def test_hop_level_balances_each_hop_by_its_own_connections_and_waits_for_the_slowest_hop():
+    """comm.balance_level=hop: row h is host h's connections; every row is re-planned in proportion to its own rates,
+    the hysteresis judges the slowest hop (a ring goes at it), and a slow connection is named with its hop."""
+    even = [list(row) for row in bal.even_table(3, 4)]
+    rates = [[1.0, 1.0, 1.0, 1 / 3], [1.0, 1 / 3, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]]
+    secs = [[c / r for c, r in zip(cs, rs, strict=True)] for cs, rs in zip(even, rates, strict=True)]
+    d = bal.rebalance_hops(even, secs, 0.05)
+    assert d.shares == ((296, 296, 296, 112), (296, 112, 296, 296), (250, 250, 250, 250))
+    assert d.gain == pytest.approx(1 - 336 / 750, abs=0.01) and d.slow == ((0, 3), (1, 1))
+    # installed: balanced, no re-plan; a hop that is even but not the slowest never triggers one on its own
+    done = [list(row) for row in d.shares]
+    again = bal.rebalance_hops(
+        done, [[c / r for c, r in zip(cs, rs, strict=True)] for cs, rs in zip(done, rates, strict=True)], 0.05, d.shares
+    )
+    assert again.shares is None and abs(again.gain) < 0.01
+    # every rank gets the same table from the same agreed figures (the all-reduce of rows only their owner filled)
+    assert {bal.rebalance_hops(even, secs, 0.05).shares for _ in range(5)} == {d.shares}
+
+
+def test_hop_state_round_trips_and_refuses_another_world_or_level():
+    s = bal.BalanceState(2, hops=3)
+    assert s.current == ((500, 500),) * 3
+    s.close(bal.HopDecision(((600, 400), (300, 700), (500, 500)), 0.2, (), ()))
+    back = bal.BalanceState.from_state(2, s.to_state(), hops=3)
+    assert back.shares == ((600, 400), (300, 700), (500, 500)) and back.version == 1
+    with pytest.raises(ValueError, match="hop level over 3 hosts, this run balances at hop level over 4 hosts"):
+        bal.BalanceState.from_state(2, s.to_state(), hops=4)
+    with pytest.raises(ValueError, match="hop level over 3 hosts, this run balances at communicator level"):
+        bal.BalanceState.from_state(2, s.to_state())
+    with pytest.raises(ValueError, match="shares are for 2 communicators over 3 hops, not 3 over 3"):
+        bal.BalanceState.from_state(3, s.to_state(), hops=3)

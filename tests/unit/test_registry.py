@@ -118,7 +118,7 @@ def test_every_backend_is_measured_by_the_lab_and_checked_by_the_gpu_check():
     assert registry.REFERENCE_BACKEND in registry.ALLREDUCE_BACKENDS
     # What the scripts derive, pinned: their CLI and JSON are unchanged by deriving them.
     assert predict_lab.LAB_METHODS == ("per-tensor", "ddp", "ddp-flows", "multistream", "tuned", "horovod")
-    methods = ["per-tensor", "ddp", "ddp-flows", "multistream", "tuned", "tuned-model", "balanced"]
+    methods = ["per-tensor", "ddp", "ddp-flows", "multistream", "tuned", "tuned-model", "balanced", "hop-balanced"]
     assert bench_allreduce.METHODS == methods
     assert registry.compared_with_reference() == ["multistream"]
 
