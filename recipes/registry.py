@@ -137,6 +137,7 @@ class LabMethod:
     tuned: bool = False  # the backend after its tuner ran in the same process (the winner's settings are shown)
     default: bool = True  # measured unless --contenders says otherwise, and checked by scripts/predict.py --validate
     overrides: tuple[str, ...] = ()  # config overrides of this variant of its backend (e.g. comm.balance=true)
+    bucket_mb: float = 8.0  # multistream's comm.bucket_mb at full size (the lab scales it with --fraction)
 
     @property
     def model(self) -> str:
@@ -192,6 +193,7 @@ LAB_METHODS = {
             "its own connections), timed once its balancer settled",
             default=False,
             overrides=("comm.balance=true", "comm.balance_level=hop"),
+            bucket_mb=25.0,  # DDP's default: a bucket's ring takes 2(W-1) steps in sequence, so fewer, larger buckets
         ),
         LabMethod("horovod", "horovod", "real horovod.torch DistributedOptimizer, Horovod's defaults (gloo)"),
     )

@@ -50,6 +50,16 @@ METHODS = [name for name, m in LAB.items() if not m.own_launcher]
 # One rank.
 
 
+def shares_label(shares: list) -> str:
+    """The balancer's shares in a table cell: a communicator's, or the hop table (each host's row; over 4 hosts, the
+    smallest share of each host's row)."""
+    if not shares or not isinstance(shares[0], list):
+        return "/".join(str(x) for x in shares)
+    if len(shares) <= 4:
+        return " ".join("/".join(str(x) for x in row) for row in shares)
+    return f"hop table, each host's smallest share {' '.join(str(min(row)) for row in shares)}"
+
+
 def gradient_shapes(fraction: float = 1.0) -> list[tuple[str, tuple[int, ...]]]:
     """ResNet-50's parameters in registration order; with fraction < 1 each becomes a flat tensor of about
     `fraction` of its elements (at least 1), so the bucket plan at bucket size x fraction has the same cuts."""
@@ -241,7 +251,7 @@ def worker(args) -> None:
                 "run.device=cpu",
                 f"dist.timeout_s={args.timeout}",
                 "comm.tune_cache=null",
-                f"comm.bucket_mb={8 * f:g}",
+                f"comm.bucket_mb={LAB[method].bucket_mb * f:g}",
             ]
             if LAB[method].tuned:
                 buckets = ",".join(f"{b * f:g}" for b in (4, 8, 16, 32))
@@ -308,7 +318,7 @@ def worker(args) -> None:
             settings[method] = backend.settings.label().replace("bucket ", "")
             if method in balancing:
                 b = balancing[method]
-                shares = "/".join(str(x) for x in b["shares"])
+                shares = shares_label(b["shares"])
                 settings[method] += f", {b['replans']} re-plans, shares {shares}"
         else:
             raise SystemExit(f"unknown method {method}")
