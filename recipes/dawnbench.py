@@ -19,11 +19,11 @@ from pathlib import Path
 
 import torch
 
+from base import registry
+from base.errors import ConfigError
 from data.folder import distinct_files
-from recipes import registry
 from recipes.config import Config
 from recipes.environment import Environment, collect
-from recipes.errors import ConfigError
 from recipes.rundir.writer import write_atomic, write_json
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 import torch.distributed as td
 
-from recipes.errors import DeviceError, TrainingError
+from base.errors import DeviceError, TrainingError
 
 
 @dataclass

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from recipes import memory, registry
+from base import registry
+from recipes import memory
 from recipes.rundir.writer import figure_bytes, write_output
 from recipes.schedule import Schedule
 from recipes.steps import describe_graph_decisions, phase_graph_decisions

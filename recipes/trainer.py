@@ -20,17 +20,17 @@ from pathlib import Path
 
 import torch
 
+from base import registry
+from base.errors import ConfigError, Preempted
 from data import create_input
 from models import create_model
 from models.factory import compile_for_training, compile_report, compile_unavailable
-from recipes import registry
 from recipes.comm import create_allreduce
 from recipes.config import Config
 from recipes.dawnbench import check_required
 from recipes.distributed import collective_guard, setup, teardown
 from recipes.ema import create_ema, update_ema
 from recipes.epoch_clock import EpochClock
-from recipes.errors import ConfigError, Preempted
 from recipes.evaluation.accuracy import average_bn_stats, evaluate
 from recipes.logger import RunLogger, format_seconds
 from recipes.memory import accumulation, refuse_if_too_big

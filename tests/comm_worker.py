@@ -24,10 +24,10 @@ import torch.distributed as td  # noqa: E402
 from support import HOST_DECIDES  # noqa: E402
 from torch import nn  # noqa: E402
 
+from base.errors import CommError, ConfigError, PlanMismatchError  # noqa: E402
 from recipes.comm import create_allreduce  # noqa: E402
 from recipes.config import load_config  # noqa: E402
 from recipes.distributed import setup  # noqa: E402
-from recipes.errors import CommError, ConfigError, PlanMismatchError  # noqa: E402
 from recipes.timemodel import calibrated_compute  # noqa: E402
 
 

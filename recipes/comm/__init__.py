@@ -1,13 +1,13 @@
 """Gradient allreduce backends, chosen by `comm.backend` here and nowhere else.
 
 Each backend implements `recipes.comm.base.AllreduceBackend` (no-op defaults in `BackendDefaults`) and reports a
-`recipes.comm.stats.CommStats`; the names are in recipes/registry.py. The backends' modules (and torch) are
+`recipes.comm.stats.CommStats`; the names are in base/registry.py. The backends' modules (and torch) are
 imported only when one is created.
 """
 
 from __future__ import annotations
 
-from recipes import registry
+from base import registry
 from recipes.comm.stats import CommStats
 
 BACKENDS = registry.ALLREDUCE_BACKENDS  # comm.backend -> "module:Class"

@@ -1,7 +1,7 @@
 """The allreduce backend interface (`AllreduceBackend`), its no-op defaults (`BackendDefaults`), and `StepWindow`,
 the timer the backends measure their communication window with.
 
-A backend is named by `comm.backend` in recipes/registry.py and built from its own config section by
+A backend is named by `comm.backend` in base/registry.py and built from its own config section by
 `recipes.comm.create_allreduce` as `Backend(cfg.comm, dist, timeout_s=..., model_name=...)`; the trainer calls, in
 this order:
 
@@ -26,8 +26,8 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from base.errors import ConfigError
 from recipes.comm.stats import CommStats
-from recipes.errors import ConfigError
 
 
 @runtime_checkable

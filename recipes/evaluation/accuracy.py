@@ -11,9 +11,9 @@ import torch
 import torch.distributed as td
 from torch import nn
 
+from base.errors import CheckpointError, ConfigError, NonFiniteError
 from recipes.config import Config, config_from_dict
 from recipes.distributed import DistInfo, all_reduce_sum
-from recipes.errors import CheckpointError, ConfigError, NonFiniteError
 from recipes.rundir.checkpoint_files import load_checkpoint
 from recipes.rundir.payload import Checkpoint
 

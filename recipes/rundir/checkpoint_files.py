@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from recipes import reader
-from recipes.errors import CheckpointError
+from base import reader
+from base.errors import CheckpointError
 from recipes.rundir import files
 from recipes.rundir.payload import Checkpoint, check_structure
 from recipes.rundir.writer import refuse_link, temp_path, write_atomic

@@ -22,9 +22,9 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from recipes import reader
+from base import reader
+from base.errors import CheckpointError, RunDirError
 from recipes.distributed import DistInfo, all_gather_object, broadcast_object
-from recipes.errors import CheckpointError, RunDirError
 from recipes.rundir import files
 from recipes.rundir.checkpoint_files import check_writable, foreign_checkpoints
 from recipes.rundir.writer import refuse_link, remove_stale_temps, write_json

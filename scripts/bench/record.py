@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from recipes.errors import RunDirError
+from base.errors import RunDirError
 from recipes.rundir.outputs import git_commit
 from recipes.rundir.writer import check_target, to_json, write_output
 

@@ -17,7 +17,7 @@ import torch
 from support import ROOT, horovodrun, needs_horovod
 from torch import nn
 
-from recipes import registry
+from base import registry
 from recipes.comm.horovod_backend import Contiguous, broadcast_state
 from recipes.lars import LayerAdaptiveSGD
 from recipes.steps import StepRunner

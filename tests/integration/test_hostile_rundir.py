@@ -13,7 +13,7 @@ import pytest
 import torch
 from support import tiny_config
 
-from recipes.errors import DataError, RunDirError
+from base.errors import DataError, RunDirError
 from recipes.rundir import checkpoint_files as ckpt
 from recipes.rundir import directory, files, outputs
 from recipes.rundir.writer import write_atomic, write_json

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import recipes.trainer
+from base.errors import CheckpointError, CommError, ConfigError, DeviceError, PlanMismatchError, TrainingError
 from recipes.cli import run_cli
 from recipes.config import load_config
 from recipes.distributed import setup
-from recipes.errors import CheckpointError, CommError, ConfigError, DeviceError, PlanMismatchError, TrainingError
 
 
 def _args(**kw) -> argparse.Namespace:

@@ -9,7 +9,7 @@ import stat
 
 import pytest
 
-from recipes.errors import RunDirError
+from base.errors import RunDirError
 from recipes.rundir.writer import check_target, write_atomic, write_output
 
 
