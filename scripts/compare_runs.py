@@ -45,12 +45,13 @@ sys.path.insert(0, str(REPO))
 
 from base import reader, registry  # noqa: E402
 from base.errors import ConfigError, RunDirError  # noqa: E402
+from base.writer import check_target, write_output  # noqa: E402
 from recipes.comm.stats import CommStats  # noqa: E402
 from recipes.config import to_yaml  # noqa: E402
 from recipes.config.load import parse_yaml  # noqa: E402
 from recipes.config.schema import Config, not_training_keys  # noqa: E402
 from recipes.rundir import files as run_files  # noqa: E402
-from recipes.rundir.writer import check_target, figure_bytes, write_output  # noqa: E402
+from recipes.rundir.writer import figure_bytes  # noqa: E402
 
 DEFAULT_TARGET = {"top5": 93.0}
 # Keys that name a run rather than its recipe: never listed as a difference.

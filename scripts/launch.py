@@ -466,7 +466,7 @@ def network_figures(job: Job, args, run_dir: Path) -> dict | None:
     if found is None:
         print(f"launch: error: the link probe failed (exit {rc}); its logs: {log_dir}", file=sys.stderr)
         return None
-    from recipes.rundir.writer import to_json, write_atomic
+    from base.writer import to_json, write_atomic
 
     saved.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(saved, to_json(found))  # never through a planted link, never half-written

@@ -27,10 +27,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from base.errors import RunDirError  # noqa: E402
+from base.writer import check_target, to_json, write_output  # noqa: E402
 from recipes import timemodel as tm  # noqa: E402
 from recipes.argtypes import OneLineParser, bounded_float, bounded_int  # noqa: E402
 from recipes.comm.plan import Settings  # noqa: E402
-from recipes.rundir.writer import check_target, figure_bytes, to_json, write_output  # noqa: E402
+from recipes.rundir.writer import figure_bytes  # noqa: E402
 
 # --validate: the model against the network lab (re-exported: tests use predict.lab_predict, predict.LAB_FIT, ...)
 from scripts.predict_lab import (  # noqa: E402, F401

@@ -26,9 +26,9 @@ import torch
 
 from base import reader
 from base.errors import CheckpointError
+from base.writer import refuse_link, temp_path, write_atomic
 from recipes.rundir import files
 from recipes.rundir.payload import Checkpoint, check_structure
-from recipes.rundir.writer import refuse_link, temp_path, write_atomic
 
 CHECKPOINT_NAME = files.CHECKPOINT
 SHA256 = re.compile(r"[0-9a-f]{64}")

@@ -10,7 +10,7 @@ import stat
 import pytest
 
 from base.errors import RunDirError
-from recipes.rundir.writer import check_target, write_atomic, write_output
+from base.writer import check_target, write_atomic, write_output
 
 
 def _plant(kind: str, path):
