@@ -25,7 +25,7 @@ from base.errors import ConfigError, Preempted
 from data import create_input
 from models import create_model
 from models.factory import compile_for_training, compile_report, compile_unavailable
-from recipes.comm import create_allreduce
+from recipes.comm import create_allreduce, process_env
 from recipes.config import Config
 from recipes.dawnbench import check_required
 from recipes.distributed import collective_guard, setup, teardown
@@ -57,7 +57,7 @@ class Trainer:
     def __init__(self, cfg: Config, run_dir: Path | None = None, resume_from: str | None = None):
         check_required(cfg)  # before any work: the entry written at the end must be complete
         self.cfg = cfg
-        self.dist = setup(cfg)
+        self.dist = setup(cfg, env=process_env(cfg.comm))
         why = compile_unavailable(self.dist.device) if cfg.run.compile != "none" else None
         if why:  # before the run directory is touched
             teardown()

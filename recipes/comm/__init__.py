@@ -18,6 +18,12 @@ def backend_class(name: str) -> type:
     return registry.load(BACKENDS, name, "comm.backend", "backend")
 
 
+def process_env(comm) -> dict[str, str]:
+    """The environment the backend named by `comm.backend` needs before torch.distributed starts: what
+    `recipes.distributed.setup(cfg, env=...)` sets."""
+    return backend_class(comm.backend).process_env(comm)
+
+
 def create_allreduce(comm, dist, *, timeout_s: float, model_name: str, compute_start=None):
     """The backend named by `comm.backend` (`comm`: the config's comm section); `timeout_s` (`dist.timeout_s`) bounds
     every collective, `model_name` (`model.name`) keys the multistream tuning cache."""
@@ -26,4 +32,4 @@ def create_allreduce(comm, dist, *, timeout_s: float, model_name: str, compute_s
     )
 
 
-__all__ = ["BACKENDS", "CommStats", "backend_class", "create_allreduce"]
+__all__ = ["BACKENDS", "CommStats", "backend_class", "create_allreduce", "process_env"]

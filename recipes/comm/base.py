@@ -5,7 +5,7 @@ A backend is named by `comm.backend` in base/registry.py and built from its own 
 `recipes.comm.create_allreduce` as `Backend(cfg.comm, dist, timeout_s=..., model_name=...)`; the trainer calls, in
 this order:
 
-    Backend.process_env(cfg.comm)         before torch.distributed starts (recipes.distributed.setup)
+    Backend.process_env(cfg.comm)         before torch.distributed starts (recipes.distributed.setup's `env`)
     backend.load_state_dict(state)        on resume, with what state_dict() saved
     backend.prepare(model, optimizer)     -> (module to run forward/backward through, optimizer to step)
     with backend.no_sync(module): ...     around forward+backward of each accumulated micro-batch but the last

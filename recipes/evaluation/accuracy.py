@@ -182,6 +182,7 @@ def evaluate_checkpoint(
     """Top-1/top-5 of the checkpoint (its EMA weights with `ema`) on `<data_root>/val`, every image counted once
     over all ranks."""
     from data import create_input
+    from recipes.comm import process_env
     from recipes.distributed import setup, teardown
 
     if tta not in TTA:
@@ -197,7 +198,7 @@ def evaluate_checkpoint(
         rect=rect,
         val_blacklist=val_blacklist,
     )
-    dist = setup(cfg)
+    dist = setup(cfg, env=process_env(cfg.comm))
     try:
         classes = ck.require_model_info().classes  # val/ alone is enough
         pipe = create_input(

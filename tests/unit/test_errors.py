@@ -40,7 +40,7 @@ def test_cuda_without_cuda_is_a_device_error_a_user_error():
         pytest.skip("this machine has CUDA")
     cfg = load_config(None, ["run.device=cuda"])
     with pytest.raises(DeviceError, match="run.device: 'cuda' requested but no CUDA device is available"):
-        setup(cfg)
+        setup(cfg, env={})
     assert issubclass(DeviceError, ConfigError)  # exit 2, like every config mistake
 
 
