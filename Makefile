@@ -188,7 +188,7 @@ baseline-horovod: install
 		$(DATA_ARG) comm.backend=horovod
 
 # The strongest plain-DDP baseline: the same recipe on DDP with NCCL's multi-flow sockets (NCCL_PRESET=aws-ena
-# is NCCL's own choice on AWS; recipes/registry.py NCCL_PRESETS lists the others).
+# is NCCL's own choice on AWS; base/registry.py NCCL_PRESETS lists the others).
 NCCL_PRESET ?= flows-16-ch4
 baseline-ddp-flows: RUN_DIR = runs/$(call cfg_name,configs/dawnbench_158s.yaml)-ddp-flows
 baseline-ddp-flows: install

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from recipes import registry
+from base import registry
 from recipes.argtypes import OneLineParser
 from recipes.evaluation.accuracy import TTA
 from recipes.evaluation.cli import run_evaluate_cli

@@ -4,7 +4,7 @@ which input pipeline (`data.backend`) is in use.
 Every pipeline implements `data.pipeline.InputPipeline`: `num_classes`, `classes`, `num_train`, `num_val`,
 `train_batches(epoch_info, start_step=0)` (exactly `epoch_info.steps - start_step` normalized batches on the
 device for this rank), `val_batches(phase)` (this rank's disjoint share of the validation set, every image exactly
-once over all ranks) and `close()`. Each `data.backend` is a record in recipes/registry.py (`Input`): its class,
+once over all ranks) and `close()`. Each `data.backend` is a record in base/registry.py (`Input`): its class,
 the `data.*` keys it reads, whether it reads data.root's folders.
 """
 
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from base import registry
+from base.errors import DataError
 from data.folder import Split, blacklist_path, drop_blacklisted, scan_split
 from data.pipeline import BasePipeline, InputPipeline, RunContext
-from recipes import registry
-from recipes.errors import DataError
 
 
 def _val(data, classes: list[str]):

@@ -25,13 +25,13 @@ from nvidia.dali import fn, pipeline_def, types
 from nvidia.dali.math import max as math_max
 from nvidia.dali.math import min as math_min
 
+from base.errors import DataError
 from data.check import _gather_problems, check_headers, quick_problem
 from data.folder import Split
 from data.pipeline import BasePipeline
 from data.rect import image_sizes, plan_rect_batches, rank_rect_batches
 from data.sharding import train_shard
 from data.transforms import IMAGENET_MEAN, IMAGENET_STD, crop_min_area
-from recipes.errors import DataError
 
 READER = "Reader"
 # nvJPEG buffers preallocated for ImageNet-sized images (NVIDIA's ResNet-50 example), so that decoding a

@@ -34,9 +34,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from recipes import reader
-from recipes.errors import DataError
-from recipes.writer import open_new, refuse_irregular, write_output
+from base import reader
+from base.errors import DataError
+from base.writer import open_new, refuse_irregular, write_output
 
 TRAIN_TAR = "ILSVRC2012_img_train.tar"
 VAL_TAR = "ILSVRC2012_img_val.tar"

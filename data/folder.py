@@ -8,8 +8,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from recipes import reader
-from recipes.errors import DataError
+from base import reader
+from base.errors import DataError
 
 IMAGE_EXTENSIONS = (".jpeg", ".jpg", ".png")
 

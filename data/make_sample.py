@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from recipes.errors import DataError
-from recipes.writer import to_json, write_output
+from base.errors import DataError
+from base.writer import to_json, write_output
 
 # The first ImageNet synsets, so folder names look like the real thing.
 WNIDS = [

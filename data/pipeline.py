@@ -1,6 +1,6 @@
 """The input pipeline interface: what the trainer and the evaluator ask of `data.create_input`.
 
-A pipeline is named by `data.backend` in recipes/registry.py and built by `data.create_input`;
+A pipeline is named by `data.backend` in base/registry.py and built by `data.create_input`;
 `BasePipeline` holds what every pipeline shares (the dataset's classes and sizes, given to its constructor) and
 the no-op default of `close()`.
 """
@@ -48,7 +48,7 @@ class RunContext:
 
 class BasePipeline:
     """The dataset's identity, set once by the constructor, and the no-op defaults of the interface. A pipeline whose
-    record reads folders (recipes/registry.py `Input.reads_folders`) is built as Pipeline(data, dist, run, train,
+    record reads folders (base/registry.py `Input.reads_folders`) is built as Pipeline(data, dist, run, train,
     val, roots) from the scanned data.root; one that does not as Pipeline(data, dist, run)."""
 
     def __init__(

@@ -43,6 +43,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from PIL import Image  # noqa: E402
 
+from base import reader  # noqa: E402
+from base.errors import DataError  # noqa: E402
+from base.writer import (  # noqa: E402
+    check_target,
+    open_append,
+    open_new,
+    refuse_irregular,
+    to_json,
+    write_output,
+)
 from data.check import OK, inspect_file, open_image, too_many_pixels  # noqa: E402
 from data.download import (  # noqa: E402
     BLACKLIST,
@@ -56,16 +66,6 @@ from data.download import (  # noqa: E402
     write_blacklist,
 )
 from data.folder import IMAGE_EXTENSIONS, scan_split  # noqa: E402
-from recipes import reader  # noqa: E402
-from recipes.errors import DataError  # noqa: E402
-from recipes.writer import (  # noqa: E402
-    check_target,
-    open_append,
-    open_new,
-    refuse_irregular,
-    to_json,
-    write_output,
-)
 
 MANIFEST = "manifest.jsonl"
 SETTINGS = "prepare.json"

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import UnidentifiedImageError
 
+from base.errors import DataError
 from data.check import header_size
-from recipes.errors import DataError
 
 MULTIPLE = 8  # the longer side is a multiple of this (friendlier to convolution kernels)
 

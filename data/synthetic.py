@@ -21,7 +21,7 @@ class _Repeat:
 
 
 class SyntheticPipeline(BasePipeline):
-    """Built as SyntheticPipeline(data, dist, run): its record says it reads no folders (recipes/registry.py)."""
+    """Built as SyntheticPipeline(data, dist, run): its record says it reads no folders (base/registry.py)."""
 
     def __init__(self, data, dist, run):
         d = data

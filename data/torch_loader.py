@@ -9,13 +9,13 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from base.errors import DataError
 from data import transforms as T
 from data.folder import Split
 from data.pipeline import BasePipeline
 from data.rect import image_sizes, plan_rect_batches, rank_rect_batches
 from data.sharding import train_shard, val_shard
 from data.transforms import load_rgb, normalize, rect_transform, val_transform
-from recipes.errors import DataError
 
 
 class _TrainSet(Dataset):

@@ -11,8 +11,8 @@ import torch
 import torchvision.transforms.functional as TF
 from PIL import Image
 
+from base.errors import DataError
 from data.check import open_image, too_many_pixels
-from recipes.errors import DataError
 
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)

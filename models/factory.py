@@ -9,8 +9,8 @@ import timm
 import torch
 from torch import nn
 
-from recipes.errors import CheckpointError, ConfigError
-from recipes.registry import MODELS, check_name
+from base.errors import CheckpointError, ConfigError
+from base.registry import MODELS, check_name
 
 
 def create_model(cfg, num_classes: int) -> nn.Module:

@@ -6,9 +6,9 @@ import os
 import sys
 from pathlib import Path
 
+from base.errors import CheckpointError, ConfigError, DataError, Preempted, TrainingError
 from recipes.config import load_config, reference_table
 from recipes.config.inert import inert_settings, marked_yaml
-from recipes.errors import CheckpointError, ConfigError, DataError, Preempted, TrainingError
 from recipes.exit_codes import BAD_INPUT, TRAINING_STOPPED
 from recipes.preemption import EXIT_PREEMPTED, ignore_stop_signals
 from recipes.rundir import files

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import torch
 
+from base import registry
+from base.errors import ConfigError
+from base.writer import write_atomic, write_json
 from data.folder import distinct_files
-from recipes import registry
 from recipes.config import Config
 from recipes.environment import Environment, collect
-from recipes.errors import ConfigError
-from recipes.rundir.writer import write_atomic, write_json
 
 
 def missing_required(cfg: Config) -> list[str]:

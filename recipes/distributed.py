@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 import time
+from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import torch
 import torch.distributed as td
 
-from recipes.errors import DeviceError, TrainingError
+from base.errors import DeviceError, TrainingError
 
 
 @dataclass
@@ -42,11 +43,13 @@ def _env_int(name: str, default: int) -> int:
         raise RuntimeError(f"environment variable {name}={value!r}: expected an integer") from None
 
 
-def setup(cfg) -> DistInfo:
-    """Read RANK/WORLD_SIZE/LOCAL_RANK (set by torchrun), pick the device, init the process group."""
-    from recipes.comm import backend_class
+def setup(cfg, *, env: Mapping[str, str]) -> DistInfo:
+    """Read RANK/WORLD_SIZE/LOCAL_RANK (set by torchrun), pick the device, init the process group.
 
-    os.environ.update(backend_class(cfg.comm.backend).process_env(cfg.comm))  # horovod: derived from horovodrun's
+    `env`: the allreduce backend's process environment (`recipes.comm.process_env(cfg.comm)`: horovod derives torchrun's
+    variables from horovodrun's, the NCCL backends their socket settings), set before anything is read. The backends
+    sit above this module (they use its collectives), so the caller asks them and hands the answer in."""
+    os.environ.update(env)
     rank = _env_int("RANK", 0)
     world = _env_int("WORLD_SIZE", 1)
     local_rank = _env_int("LOCAL_RANK", 0)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from recipes.errors import ConfigError
+from base.errors import ConfigError
 
 GIB = 2**30
 # GPU memory in GiB; the names are recipes/timemodel/'s GPU names where it has one.

@@ -17,9 +17,9 @@ from collections import Counter
 import torch
 from torch import nn
 
-from recipes import registry
+from base import registry
+from base.errors import ConfigError
 from recipes.config.rules import trust_clip
-from recipes.errors import ConfigError
 from recipes.lars import LayerAdaptiveSGD
 
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from base.errors import ConfigError
 from data.sharding import steps_per_epoch  # the sharding rule decides the steps per epoch
 from recipes.config import OptimConfig, Phase
-from recipes.errors import ConfigError
 
 
 def _warmup_then_decay(step: float, warm: float, last: float, start: float, peak: float, end: float) -> float:

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
-from recipes import memory, registry
-from recipes.rundir.writer import figure_bytes, write_output
+from base import registry
+from base.writer import write_output
+from recipes import memory
+from recipes.rundir.writer import figure_bytes
 from recipes.schedule import Schedule
 from recipes.steps import describe_graph_decisions, phase_graph_decisions
 from recipes.timemodel import IMAGENET_TRAIN_IMAGES, predicted_estimate

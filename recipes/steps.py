@@ -22,10 +22,10 @@ from contextlib import nullcontext
 import torch
 from torch import nn
 
-from recipes import registry
+from base import registry
+from base.errors import TrainingError
 from recipes.config import Config
 from recipes.distributed import DistInfo, collective_guard, failed_ranks
-from recipes.errors import TrainingError
 from recipes.metrics import GRAD_NORM, LOSS
 
 
@@ -49,7 +49,7 @@ def amp_context(amp: str, device: torch.device):
 class StepRunner:
     """Runs training steps of `train_model` (the backend-wrapped `model`) and settles their finite checks.
 
-    `optim`: the optimizer's record (recipes/registry.py `OPTIMIZERS[optim.name]`): whether its step skips on the
+    `optim`: the optimizer's record (base/registry.py `OPTIMIZERS[optim.name]`): whether its step skips on the
     device and the skip flag's shape; `amp`: `run.amp`; `on_nonfinite`: `run.on_nonfinite`; `timeout_s`: how long
     the gradient allreduce may take (`dist.timeout_s`); `backend`: the allreduce backend's name, for the timeout's
     message; `clip_grad_norm`: `optim.clip_grad_norm` (0: off).
@@ -387,7 +387,7 @@ def graph_decision(
 ) -> tuple[bool, str]:
     """(capture the step as a CUDA graph?, why not) for one phase, from the run section, the comm section, the
     optimizer's name, the device type, the world size and the phase's micro-batches per step. Each part's record
-    (recipes/registry.py) says whether it can be captured and whether a GPU run has proven it: run.cuda_graph=true
+    (base/registry.py) says whether it can be captured and whether a GPU run has proven it: run.cuda_graph=true
     captures what can be, auto (the default) only what has been proven, false nothing."""
     if run.cuda_graph is False:
         return False, "run.cuda_graph=false"
@@ -395,7 +395,7 @@ def graph_decision(
     opt = registry.OPTIMIZERS[optim]
     back = registry.ALLREDUCE_BACKENDS.get(comm.backend)
     if back is None:  # a backend built in code without a record states nothing it could be captured with
-        return False, f"comm.backend={comm.backend} has no record in recipes/registry.py"
+        return False, f"comm.backend={comm.backend} has no record in base/registry.py"
     wraps = world_size > 1 or comm.engage_single_rank  # the backend wraps the model (recipes/comm backends' prepare)
     reasons = [
         (device_type != "cuda", f"no CUDA device ({device_type})"),

@@ -20,17 +20,17 @@ from pathlib import Path
 
 import torch
 
+from base import registry
+from base.errors import ConfigError, Preempted
 from data import create_input
 from models import create_model
 from models.factory import compile_for_training, compile_report, compile_unavailable
-from recipes import registry
-from recipes.comm import create_allreduce
+from recipes.comm import create_allreduce, process_env
 from recipes.config import Config
 from recipes.dawnbench import check_required
 from recipes.distributed import collective_guard, setup, teardown
 from recipes.ema import create_ema, update_ema
 from recipes.epoch_clock import EpochClock
-from recipes.errors import ConfigError, Preempted
 from recipes.evaluation.accuracy import average_bn_stats, evaluate
 from recipes.logger import RunLogger, format_seconds
 from recipes.memory import accumulation, refuse_if_too_big
@@ -57,7 +57,7 @@ class Trainer:
     def __init__(self, cfg: Config, run_dir: Path | None = None, resume_from: str | None = None):
         check_required(cfg)  # before any work: the entry written at the end must be complete
         self.cfg = cfg
-        self.dist = setup(cfg)
+        self.dist = setup(cfg, env=process_env(cfg.comm))
         why = compile_unavailable(self.dist.device) if cfg.run.compile != "none" else None
         if why:  # before the run directory is touched
             teardown()

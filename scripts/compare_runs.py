@@ -43,14 +43,15 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from recipes import reader, registry  # noqa: E402
+from base import reader, registry  # noqa: E402
+from base.errors import ConfigError, RunDirError  # noqa: E402
+from base.writer import check_target, write_output  # noqa: E402
 from recipes.comm.stats import CommStats  # noqa: E402
 from recipes.config import to_yaml  # noqa: E402
 from recipes.config.load import parse_yaml  # noqa: E402
 from recipes.config.schema import Config, not_training_keys  # noqa: E402
-from recipes.errors import ConfigError, RunDirError  # noqa: E402
 from recipes.rundir import files as run_files  # noqa: E402
-from recipes.rundir.writer import check_target, figure_bytes, write_output  # noqa: E402
+from recipes.rundir.writer import figure_bytes  # noqa: E402
 
 DEFAULT_TARGET = {"top5": 93.0}
 # Keys that name a run rather than its recipe: never listed as a difference.
@@ -437,7 +438,7 @@ def _cell(value: float | None, fmt: str, unit: str = "") -> str:
 
 
 def backend_label(run: Run) -> str:
-    """The backend's label (recipes/registry.py), with the TCP flows per peer when a run asked for several
+    """The backend's label (base/registry.py), with the TCP flows per peer when a run asked for several
     (ddp: comm.gloo_devices or NCCL's multi-flow settings): the strongest plain-DDP baseline reads "ddp (16 flows)"
     beside "ddp", as in the time model's rows."""
     name = run.summary.get("comm_backend") or run.config.get("comm", {}).get("backend", "?")

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Rewrite the config reference table in docs/config.md from the schema (recipes/config/schema.py), its plug-in
-tables from the records (recipes/registry.py), the metrics table of docs/metrics.md from recipes/metrics.py, and
+tables from the records (base/registry.py), the metrics table of docs/metrics.md from recipes/metrics.py, and
 the exit-code table of docs/reproduce.md from recipes/exit_codes.py.
 
 python scripts/gen_config_reference.py          # update docs/config.md, docs/metrics.md and docs/reproduce.md

@@ -176,7 +176,7 @@ def _check_numbers(args) -> None:
 
 def build_job(args) -> tuple[Job, object]:
     """Everything the launch needs, checked here before any host is contacted."""
-    from recipes import registry
+    from base import registry
     from recipes.config import load_config, parse_override, split_overrides
     from recipes.dawnbench import missing_required
 
@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_intermixed_args(argv)  # overrides may follow options, as with train.py
     args.argv_seen = [a for a in argv if a != "--dry-run"]
     sys.path.insert(0, str(REPO))
-    from recipes.errors import ConfigError, RunDirError
+    from base.errors import ConfigError, RunDirError
     from recipes.rundir import files as run_files
 
     try:
@@ -365,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"launch: {run_dir / name}")
     entry_file = run_dir / run_files.ENTRY
     if rc == 0 and entry_file.is_file():
-        from recipes import reader
+        from base import reader
         from recipes.dawnbench import qualification_line
 
         print(f"launch: {qualification_line(reader.read_json_object(entry_file, what=run_files.ENTRY))}")
@@ -376,8 +376,8 @@ def preflight(job: Job, cfg, args) -> int:
     """The checks, then the pre-flight on every host; 0, or 2 after printing every problem with its host."""
     from launcher.preflight import Expectation, assess, checkpoint_bytes, instance_env
 
+    from base import registry
     from data.folder import blacklist_path
-    from recipes import registry
 
     print(
         f"launch: checking {len(job.hosts)} host(s): working directory, python, config, data "
@@ -447,7 +447,7 @@ def network_figures(job: Job, args, run_dir: Path) -> dict | None:
     run directory (a rerun resumes with the same comm.* values its checkpoint was written with)."""
     saved = run_dir / NETWORK_FILE
     if saved.is_file() and not args.probe_network:
-        from recipes import reader
+        from base import reader
 
         figures = reader.read_json_object(saved, what="the link figures of a previous launch", error=LaunchError)
         print(f"launch: link figures of {saved} (measured {figures.get('measured', '?')}), kept for this rerun")
@@ -466,7 +466,7 @@ def network_figures(job: Job, args, run_dir: Path) -> dict | None:
     if found is None:
         print(f"launch: error: the link probe failed (exit {rc}); its logs: {log_dir}", file=sys.stderr)
         return None
-    from recipes.rundir.writer import to_json, write_atomic
+    from base.writer import to_json, write_atomic
 
     saved.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(saved, to_json(found))  # never through a planted link, never half-written

@@ -26,11 +26,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from base.errors import RunDirError  # noqa: E402
+from base.writer import check_target, to_json, write_output  # noqa: E402
 from recipes import timemodel as tm  # noqa: E402
 from recipes.argtypes import OneLineParser, bounded_float, bounded_int  # noqa: E402
 from recipes.comm.plan import Settings  # noqa: E402
-from recipes.errors import RunDirError  # noqa: E402
-from recipes.rundir.writer import check_target, figure_bytes, to_json, write_output  # noqa: E402
+from recipes.rundir.writer import figure_bytes  # noqa: E402
 
 # --validate: the model against the network lab (re-exported: tests use predict.lab_predict, predict.LAB_FIT, ...)
 from scripts.predict_lab import (  # noqa: E402, F401
@@ -223,8 +224,8 @@ def link_figures(args) -> tuple[float, float | None, float, str]:
         link = 32.0 if args.link_gbit is None else args.link_gbit
         flow = 10.0 if args.flow_gbit is None else args.flow_gbit
         return link, flow or None, 50.0 if args.latency_us is None else args.latency_us, ""
+    from base.errors import ConfigError
     from recipes.comm.stepmodel import load_link_figures
-    from recipes.errors import ConfigError
 
     given = [f for f in ("link_gbit", "flow_gbit", "latency_us") if getattr(args, f) is not None]
     if given:
@@ -363,8 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.validate:
         print("\n".join(validate(args.validate, args.fit_hosts)))
         return 0
+    from base.errors import ConfigError
     from recipes.config import load_config
-    from recipes.errors import ConfigError
 
     try:
         cfg = load_config(args.config, args.overrides)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from recipes import reader  # noqa: E402
+from base import reader  # noqa: E402
 from recipes.comm import flowrates  # noqa: E402
 
 

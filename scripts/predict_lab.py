@@ -1,7 +1,7 @@
 """The step-time model against the network lab: `scripts/predict.py --validate` (recipes/comm/stepmodel.py).
 
 The lab file is what `python -m scripts.bench.bench_allreduce --json` writes: per host count, the compute-only time
-and each contender's measured step (the lab methods of recipes/registry.py `LAB_METHODS`: under `torch` those the
+and each contender's measured step (the lab methods of base/registry.py `LAB_METHODS`: under `torch` those the
 lab's own ranks run, at the top level one with its own launcher, Horovod). `load_lab`
 merges several such files by host count; `lab_predict` is the model's step time for one contender of one record (the
 gradient list of bench_allreduce at its `fraction`, compute not overlapped, `LabFit`'s goodput and per-message
@@ -15,10 +15,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from recipes import reader, registry
+from base import reader, registry
+from base.errors import ConfigError
 from recipes.comm import stepmodel as sm
 from recipes.comm.plan import Settings, TensorSpec
-from recipes.errors import ConfigError
 
 # The methods checked against the model: those the lab measures by default.
 LAB_METHODS = tuple(name for name, m in registry.LAB_METHODS.items() if m.default)

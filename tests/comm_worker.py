@@ -24,10 +24,10 @@ import torch.distributed as td  # noqa: E402
 from support import HOST_DECIDES  # noqa: E402
 from torch import nn  # noqa: E402
 
-from recipes.comm import create_allreduce  # noqa: E402
+from base.errors import CommError, ConfigError, PlanMismatchError  # noqa: E402
+from recipes.comm import create_allreduce, process_env  # noqa: E402
 from recipes.config import load_config  # noqa: E402
 from recipes.distributed import setup  # noqa: E402
-from recipes.errors import CommError, ConfigError, PlanMismatchError  # noqa: E402
 from recipes.timemodel import calibrated_compute  # noqa: E402
 
 
@@ -99,7 +99,7 @@ def scenario_equal(out: dict, args: list[str]) -> None:
     """Every backend and setting: gradients after backward vs the exact mean, and multistream vs ddp."""
     tiny = "comm.bucket_mb=0.004"  # ~1000 floats: the test net (13 tensors) becomes several buckets
     cfg = config(*args)
-    dist = setup(cfg)
+    dist = setup(cfg, env=process_env(cfg.comm))
     torch.manual_seed(0)
     model = Net()
     mean = exact_mean(model, dist.rank, dist.world_size, step=1)
@@ -211,7 +211,8 @@ def scenario_hop(out: dict, args: list[str]) -> None:
 
 def scenario_horovod(out: dict, args: list[str]) -> None:
     cfg = config("comm.backend=horovod", *args)
-    dist = setup(cfg)  # under horovodrun: torch.distributed is bootstrapped from Horovod's environment
+    # under horovodrun: torch.distributed is bootstrapped from Horovod's environment (the backend's process env)
+    dist = setup(cfg, env=process_env(cfg.comm))
     torch.manual_seed(0)
     model = Net()
     mean = exact_mean(model, dist.rank, dist.world_size, step=1)
@@ -234,7 +235,7 @@ def scenario_accumulate(out: dict, args: list[str]) -> None:
 
     backend_name, accumulate = args[0], int(args[1])
     cfg = config(f"comm.backend={backend_name}", "comm.bucket_mb=0.004", "comm.bucket_cap_mb=0.002", *args[2:])
-    dist = setup(cfg)
+    dist = setup(cfg, env=process_env(cfg.comm))
     world, per_rank, steps = dist.world_size, 4 * accumulate, 3
     torch.manual_seed(0)
     model = Net().eval()
@@ -300,7 +301,7 @@ def scenario_tune(out: dict, args: list[str]) -> None:
         "comm.tune_windows=2",
         *args,
     )
-    dist = setup(cfg)
+    dist = setup(cfg, env=process_env(cfg.comm))
     torch.manual_seed(0)
     model = Net()
     m = copy.deepcopy(model)
@@ -343,7 +344,7 @@ def scenario_model_start(out: dict, args: list[str]) -> None:
         "comm.tune_slices=[1,3]",
         *args,
     )
-    dist = setup(cfg)
+    dist = setup(cfg, env=process_env(cfg.comm))
     backend = create_allreduce(
         cfg.comm,
         dist,
@@ -399,7 +400,7 @@ def scenario_balance(out: dict, args: list[str]) -> None:
         "comm.balance_min_gain=0.02",
         *args,
     )
-    dist = setup(cfg)
+    dist = setup(cfg, env=process_env(cfg.comm))
     calls: list = []
     _Engine.read_communicators = lambda self, wait: _fake_read_communicators(self, wait, dist.rank, calls)
     torch.manual_seed(0)
@@ -447,7 +448,7 @@ def scenario_balance(out: dict, args: list[str]) -> None:
 
 def scenario_mismatch(out: dict, args: list[str]) -> None:
     cfg = config(*args)
-    dist = setup(cfg)
+    dist = setup(cfg, env=process_env(cfg.comm))
     slices = 2 if dist.rank == 0 else 3  # rank 1 runs a different config
     model = Net()
     cfg = config("comm.backend=multistream", f"comm.slices={slices}", *args)
@@ -464,7 +465,7 @@ def scenario_mismatch(out: dict, args: list[str]) -> None:
 def scenario_dead_peer(out: dict, args: list[str]) -> None:
     """Rank 1 disappears (or stalls, with STALL=1) after the first step; the others must fail fast and clearly."""
     cfg = config("comm.backend=multistream", "comm.bucket_mb=0.004", "comm.streams=2", "comm.slices=2", *args)
-    dist = setup(cfg)
+    dist = setup(cfg, env=process_env(cfg.comm))
     model = Net()
     backend = create_allreduce(cfg.comm, dist, timeout_s=cfg.dist.timeout_s, model_name=cfg.model.name)
     tm, _ = backend.prepare(copy.deepcopy(model), None)

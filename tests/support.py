@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from recipes import registry  # noqa: E402
+from base import registry  # noqa: E402
 from recipes.config import load_config  # noqa: E402
 
 TINY_CONFIG = ROOT / "tests" / "tiny.yaml"
@@ -253,7 +253,7 @@ def drive_tuner(t, cost, outlier_every: int = 0) -> tuple[list, int]:
     return seen, steps
 
 
-# The contract of an optimizer a test builds by hand (recipes/registry.py's records are the trainer's): torch's
+# The contract of an optimizer a test builds by hand (base/registry.py's records are the trainer's): torch's
 # unfused optimizers have no found_inf, so the step decides on the host.
 HOST_DECIDES = registry.Optimizer("torch-unfused", "", (), skips_on_device=False)
 

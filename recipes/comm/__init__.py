@@ -1,13 +1,13 @@
 """Gradient allreduce backends, chosen by `comm.backend` here and nowhere else.
 
 Each backend implements `recipes.comm.base.AllreduceBackend` (no-op defaults in `BackendDefaults`) and reports a
-`recipes.comm.stats.CommStats`; the names are in recipes/registry.py. The backends' modules (and torch) are
+`recipes.comm.stats.CommStats`; the names are in base/registry.py. The backends' modules (and torch) are
 imported only when one is created.
 """
 
 from __future__ import annotations
 
-from recipes import registry
+from base import registry
 from recipes.comm.stats import CommStats
 
 BACKENDS = registry.ALLREDUCE_BACKENDS  # comm.backend -> "module:Class"
@@ -18,6 +18,12 @@ def backend_class(name: str) -> type:
     return registry.load(BACKENDS, name, "comm.backend", "backend")
 
 
+def process_env(comm) -> dict[str, str]:
+    """The environment the backend named by `comm.backend` needs before torch.distributed starts: what
+    `recipes.distributed.setup(cfg, env=...)` sets."""
+    return backend_class(comm.backend).process_env(comm)
+
+
 def create_allreduce(comm, dist, *, timeout_s: float, model_name: str, compute_start=None):
     """The backend named by `comm.backend` (`comm`: the config's comm section); `timeout_s` (`dist.timeout_s`) bounds
     every collective, `model_name` (`model.name`) keys the multistream tuning cache."""
@@ -26,4 +32,4 @@ def create_allreduce(comm, dist, *, timeout_s: float, model_name: str, compute_s
     )
 
 
-__all__ = ["BACKENDS", "CommStats", "backend_class", "create_allreduce"]
+__all__ = ["BACKENDS", "CommStats", "backend_class", "create_allreduce", "process_env"]

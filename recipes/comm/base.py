@@ -1,11 +1,11 @@
 """The allreduce backend interface (`AllreduceBackend`), its no-op defaults (`BackendDefaults`), and `StepWindow`,
 the timer the backends measure their communication window with.
 
-A backend is named by `comm.backend` in recipes/registry.py and built from its own config section by
+A backend is named by `comm.backend` in base/registry.py and built from its own config section by
 `recipes.comm.create_allreduce` as `Backend(cfg.comm, dist, timeout_s=..., model_name=...)`; the trainer calls, in
 this order:
 
-    Backend.process_env(cfg.comm)         before torch.distributed starts (recipes.distributed.setup)
+    Backend.process_env(cfg.comm)         before torch.distributed starts (recipes.distributed.setup's `env`)
     backend.load_state_dict(state)        on resume, with what state_dict() saved
     backend.prepare(model, optimizer)     -> (module to run forward/backward through, optimizer to step)
     with backend.no_sync(module): ...     around forward+backward of each accumulated micro-batch but the last
@@ -26,8 +26,8 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from base.errors import ConfigError
 from recipes.comm.stats import CommStats
-from recipes.errors import ConfigError
 
 
 @runtime_checkable

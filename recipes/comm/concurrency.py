@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from recipes.errors import ConfigError
+from base.errors import ConfigError
 
 MIN_NCCL = (2, 26, 0)  # first NCCL with NCCL_LAUNCH_ORDER_IMPLICIT
 MIN_LAUNCH_ORDER_CUDA = 12030  # below it (driver or runtime) NCCL's implicit order waits for completion: serial

@@ -36,10 +36,10 @@ import torch
 import torch.distributed as td
 from torch import nn
 
+from base.errors import CommError
 from recipes.comm.hopring import HopRing
 from recipes.comm.plan import WIRE_DTYPES, FusionPlan
 from recipes.comm.timing import Stopwatch
-from recipes.errors import CommError
 from recipes.lars import strided_view
 
 

@@ -36,8 +36,8 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import torch.distributed as td
 
+from base.errors import CommError
 from recipes.comm.plan import split_even, split_weighted
-from recipes.errors import CommError
 
 
 class HopRing:

@@ -18,9 +18,9 @@ from functools import partial
 import torch
 from torch import nn
 
+from base.errors import ConfigError
 from recipes.comm.base import BackendDefaults
 from recipes.comm.stats import CommStats
-from recipes.errors import ConfigError
 
 INSTALL_HINT = (
     "the horovod backend needs Horovod 0.28.1 built for this torch: run `make horovod` "

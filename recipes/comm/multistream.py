@@ -24,6 +24,7 @@ import torch.distributed as td
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from base.errors import CommError, ConfigError, PlanMismatchError
 from recipes.comm import balance as balancing
 from recipes.comm import concurrency, ncclenv
 from recipes.comm import tuner as tuning
@@ -32,7 +33,6 @@ from recipes.comm.engine import _Engine
 from recipes.comm.plan import FusionPlan, Settings, build_plan, describe_table, grad_specs
 from recipes.comm.stats import CommStats
 from recipes.distributed import all_gather_object, broadcast_object, collective_guard
-from recipes.errors import CommError, ConfigError, PlanMismatchError
 
 
 class MultiStreamBackend(BackendDefaults):

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import os
 
-from recipes.errors import ConfigError
-from recipes.registry import NCCL_PRESETS
+from base.errors import ConfigError
+from base.registry import NCCL_PRESETS
 
-PRESETS = NCCL_PRESETS  # names and values: recipes/registry.py
+PRESETS = NCCL_PRESETS  # names and values: base/registry.py
 KEYS = {
     "nccl_socket_nthreads": "NCCL_SOCKET_NTHREADS",
     "nccl_nsocks_perthread": "NCCL_NSOCKS_PERTHREAD",

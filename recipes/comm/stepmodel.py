@@ -29,17 +29,17 @@ import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from recipes import registry
+from base import registry
 from recipes.comm.plan import Settings, TensorSpec, build_plan
 
 WIRE_BYTES = {"none": None, "fp16": 2, "bf16": 2}
 DDP_FIRST_BUCKET_MB = 1.0  # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES
-# Every registered allreduce backend (recipes/registry.py; tests/unit/test_plugin_records.py checks each has a model
+# Every registered allreduce backend (base/registry.py; tests/unit/test_plugin_records.py checks each has a model
 # here), and "per-tensor": one allreduce per gradient, the lab's baseline.
 BACKENDS = (*registry.ALLREDUCE_BACKENDS, "per-tensor")
 # TCP flows per peer that one NCCL communicator opens by default (NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD,
 # per channel), by NIC: NCCL's src/transport/net_socket.cc picks 2 x 8 on AWS ENA and 4 x 1 on GCP gVNIC, 1 x 1
-# elsewhere. Pass one of these (or a preset's product, recipes/registry.py NCCL_PRESETS) as `flows`.
+# elsewhere. Pass one of these (or a preset's product, base/registry.py NCCL_PRESETS) as `flows`.
 NCCL_DEFAULT_FLOWS = {"generic": 1, "aws-ena": 16, "gcp-gvnic": 4}
 
 
@@ -69,9 +69,9 @@ class LinkFigures:
 
 def load_link_figures(path: str | Path) -> LinkFigures:
     """The link probe's figures from `path` (ConfigError with a one-line message naming the file and key)."""
-    from recipes import reader
+    from base import reader
+    from base.errors import ConfigError
     from recipes.config.schema import CommConfig, domain_rule, domain_text
-    from recipes.errors import ConfigError
 
     path = Path(path)
     doc = reader.read_json_object(path, what="the link probe's figures", error=ConfigError, max_bytes=1 << 20)

@@ -28,11 +28,11 @@ from pathlib import Path
 
 import numpy as np
 
-from recipes import reader
+from base import reader
+from base.errors import ConfigError
 from recipes.comm import stepmodel
 from recipes.comm.plan import Settings
 from recipes.config.schema import CommConfig, domain_rule, domain_text
-from recipes.errors import ConfigError
 
 
 @dataclass

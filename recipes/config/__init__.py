@@ -2,7 +2,7 @@
 
 Every hyperparameter is declared exactly once, in recipes/config/schema.py, with its default and its meaning (the
 `help` metadata). `load_config(path, overrides)` (recipes/config/load.py) returns a validated `Config`; any problem
-raises `recipes.errors.ConfigError` with the file, key, expected type and value named.
+raises `base.errors.ConfigError` with the file, key, expected type and value named.
 """
 
 from recipes.config.load import (

@@ -1,5 +1,5 @@
 """Keys that do not apply: the keys of a seam's section (optim.*, data.*, model.*) that the chosen part does not read,
-from its record (recipes/registry.py `SEAMS`).
+from its record (base/registry.py `SEAMS`).
 
 A value set for such a key changes nothing (sgd has no trust ratio; Lamb has Adam's betas, not optim.momentum; the
 synthetic input pipeline reads no folder, DALI no timm augmentation): the command line says so in one line per key
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from recipes import registry
+from base import registry
 from recipes.config.load import to_yaml
 from recipes.config.schema import Config
 

@@ -18,10 +18,10 @@ from typing import Any, Literal
 
 import yaml
 
-from recipes import reader, registry
+from base import reader, registry
+from base.errors import ConfigError
 from recipes.config.rules import check_all
 from recipes.config.schema import Config, _is_name, _plain, _type_name, domain_rule, domain_text
-from recipes.errors import ConfigError
 
 # ---------------------------------------------------------------------------------------------------------
 # Conversion of plain YAML data into the typed schema.

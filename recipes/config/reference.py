@@ -1,12 +1,12 @@
 """The reference table of every config key (docs/config.md, `python train.py --help-config`), and the plug-in tables
-of docs/config.md, from the records of recipes/registry.py."""
+of docs/config.md, from the records of base/registry.py."""
 
 from __future__ import annotations
 
 import dataclasses
 import typing
 
-from recipes import registry
+from base import registry
 from recipes.config.schema import Config, Phase, _plain, _type_name, domain_text
 
 
@@ -42,7 +42,7 @@ def reference_table() -> str:
 
 
 def _reads_table(section: str, what: str) -> list[str]:
-    """The records of one seam (recipes/registry.py SEAMS): which keys of the section each reads, which are inert."""
+    """The records of one seam (base/registry.py SEAMS): which keys of the section each reads, which are inert."""
     seam = registry.SEAMS[section]
     every = ", ".join(f"`{k}`" for k in seam.shared if k != seam.key)
     keys = [f.name for f in dataclasses.fields(type(getattr(Config(), section))) if f.name not in seam.shared]

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from recipes.errors import ConfigError
+from base.errors import ConfigError
 
 
 @dataclass(frozen=True)

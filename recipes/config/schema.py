@@ -12,7 +12,7 @@ import typing
 from dataclasses import dataclass
 from typing import Literal
 
-from recipes import registry
+from base import registry
 from recipes.config.fields import (  # noqa: F401 (load.py and reference.py take these from the schema)
     _COUNT,
     _FACTOR,
@@ -115,7 +115,7 @@ class RunConfig:
         "auto",
         help="on a CUDA device, the whole training step (forward, backward, allreduce, unscale, optimizer) as one "
         "CUDA graph per phase shape, captured after 3 warm-up steps. auto = only where a GPU run has proven the "
-        "optimizer and the engaged backend (recipes/registry.py); true = wherever each part can be captured; it "
+        "optimizer and the engaged backend (base/registry.py); true = wherever each part can be captured; it "
         "runs eager, with one log line per phase saying why, under accumulation, run.compile, DDP or Horovod wrapping "
         "the model, an optimizer that reads lr/momentum or decides on the host (sgd, lamb), or while the multistream "
         "tuner measures (docs/recipe.md; train.py --plan shows the decision per phase)",
@@ -146,7 +146,7 @@ class RunConfig:
 
 @dataclass
 class DataConfig:
-    backend: InputName = _f("torch", help="input pipeline (recipes/registry.py: the data.* keys each reads)")
+    backend: InputName = _f("torch", help="input pipeline (base/registry.py: the data.* keys each reads)")
     root: str = _f(
         "data/sample",
         help="dataset root with train/ and val/ in ImageNet folder layout",
@@ -214,7 +214,7 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    name: ModelName = _f("resnet18", help="model name (recipes/registry.py; built by models/factory.py)")
+    name: ModelName = _f("resnet18", help="model name (base/registry.py; built by models/factory.py)")
     bn_momentum: float = _f(0.1, help="BatchNorm momentum (PyTorch convention)", domain="[0,1]")
     bn_eps: float = _f(1e-5, help="BatchNorm epsilon", domain=">0", unbounded=_FACTOR)
     zero_init_last_bn: bool = _f(True, help="zero gamma of the last BN in each residual block")
@@ -285,12 +285,12 @@ class OptimConfig:
 
 @dataclass
 class CommConfig:
-    backend: AllreduceName = _f("ddp", help="gradient allreduce backend (recipes/registry.py; see recipes/comm)")
+    backend: AllreduceName = _f("ddp", help="gradient allreduce backend (base/registry.py; see recipes/comm)")
     bucket_cap_mb: float = _f(25.0, help="ddp: bucket size in MB", domain=">0 <=65536")
     static_graph: bool = _f(False, help="ddp: static_graph=True")
     nccl_preset: NcclPreset = _f(
         "nccl-default",
-        help="NCCL multi-flow preset (recipes/registry.py: socket threads x sockets per thread, min channels); set "
+        help="NCCL multi-flow preset (base/registry.py: socket threads x sockets per thread, min channels); set "
         "on every rank before the process group (ddp, multistream); an explicit environment variable wins",
     )
     nccl_socket_nthreads: int | None = _f(None, help="NCCL_SOCKET_NTHREADS (overrides the preset)", domain=">0 <=16")

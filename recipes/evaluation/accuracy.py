@@ -11,9 +11,9 @@ import torch
 import torch.distributed as td
 from torch import nn
 
+from base.errors import CheckpointError, ConfigError, NonFiniteError
 from recipes.config import Config, config_from_dict
 from recipes.distributed import DistInfo, all_reduce_sum
-from recipes.errors import CheckpointError, ConfigError, NonFiniteError
 from recipes.rundir.checkpoint_files import load_checkpoint
 from recipes.rundir.payload import Checkpoint
 
@@ -182,6 +182,7 @@ def evaluate_checkpoint(
     """Top-1/top-5 of the checkpoint (its EMA weights with `ema`) on `<data_root>/val`, every image counted once
     over all ranks."""
     from data import create_input
+    from recipes.comm import process_env
     from recipes.distributed import setup, teardown
 
     if tta not in TTA:
@@ -197,7 +198,7 @@ def evaluate_checkpoint(
         rect=rect,
         val_blacklist=val_blacklist,
     )
-    dist = setup(cfg)
+    dist = setup(cfg, env=process_env(cfg.comm))
     try:
         classes = ck.require_model_info().classes  # val/ alone is enough
         pipe = create_input(

@@ -8,13 +8,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from recipes.errors import CheckpointError, ConfigError, NonFiniteError
+from base.errors import CheckpointError, ConfigError, NonFiniteError
+from base.writer import refuse_irregular, to_json, write_output
 from recipes.evaluation.accuracy import eval_config, evaluate_checkpoint, load_model
 from recipes.evaluation.inference import export_onnx
 from recipes.evaluation.latency import latency_checkpoint, latency_table
 from recipes.exit_codes import BAD_INPUT, TRAINING_STOPPED
 from recipes.rundir.checkpoint_files import load_checkpoint
-from recipes.writer import refuse_irregular, to_json, write_output
 
 
 def export_checkpoint(
@@ -85,7 +85,7 @@ def check_writable(flag: str, path: str) -> None:
 
 
 def run_evaluate_cli(args) -> int:
-    from recipes.errors import DataError
+    from base.errors import DataError
 
     main = int(os.environ.get("RANK", "0")) == 0
     try:

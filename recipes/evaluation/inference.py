@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from base.errors import ConfigError
 from data.transforms import IMAGENET_MEAN, IMAGENET_STD
-from recipes.errors import ConfigError
 
 
 @dataclass(frozen=True)

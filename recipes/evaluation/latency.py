@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from base.errors import ConfigError
 from data.transforms import load_rgb, val_transform
 from recipes.config import Config
-from recipes.errors import ConfigError
 from recipes.evaluation.accuracy import check_logits, eval_config, load_model
 from recipes.evaluation.inference import Runner, build_runner, check_mode
 from recipes.rundir.checkpoint_files import load_checkpoint

@@ -1,7 +1,7 @@
 """Everything about a run's files, in one package (imports only the submodules; this file re-exports nothing).
 
 files.py             every file name in a run directory, declared once, and which names a run makes
-writer.py            the run directory's side of the one writer (recipes/writer.py): stale temps, figures as bytes
+writer.py            the run directory's side of the one writer (base/writer.py): stale temps, figures as bytes
 directory.py         the run directory: empty or a run's, the lock, the run id all ranks agree on, each directory's
                      leader, `checkpoint.resume=false` moving an old run to previous/<run id>/, stale temps removed
 payload.py           what a checkpoint holds, typed (`Checkpoint`, `State`): every reader uses it

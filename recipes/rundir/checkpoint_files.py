@@ -24,11 +24,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from recipes import reader
-from recipes.errors import CheckpointError
+from base import reader
+from base.errors import CheckpointError
+from base.writer import refuse_link, temp_path, write_atomic
 from recipes.rundir import files
 from recipes.rundir.payload import Checkpoint, check_structure
-from recipes.rundir.writer import refuse_link, temp_path, write_atomic
 
 CHECKPOINT_NAME = files.CHECKPOINT
 SHA256 = re.compile(r"[0-9a-f]{64}")

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from base.errors import CheckpointError, RunDirError
 from models.factory import check_compatible, describe_model
 from recipes.config import Config, to_dict
 from recipes.distributed import DistInfo, all_gather_object, collective_guard
-from recipes.errors import CheckpointError, RunDirError
 from recipes.optim import apply_config
 from recipes.rundir import checkpoint_files as ckpt
 from recipes.rundir.directory import RunDir

@@ -22,12 +22,13 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from recipes import reader
+from base import reader
+from base.errors import CheckpointError, RunDirError
+from base.writer import refuse_link, write_json
 from recipes.distributed import DistInfo, all_gather_object, broadcast_object
-from recipes.errors import CheckpointError, RunDirError
 from recipes.rundir import files
 from recipes.rundir.checkpoint_files import check_writable, foreign_checkpoints
-from recipes.rundir.writer import refuse_link, remove_stale_temps, write_json
+from recipes.rundir.writer import remove_stale_temps
 
 
 def _now() -> str:

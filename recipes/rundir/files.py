@@ -31,7 +31,7 @@ RESULTS = (SUMMARY, TSV, ENTRY)  # what a finished run leaves for a person to re
 STEP_CHECKPOINT = re.compile(r"^ckpt-(\d+)\.pt$")  # ckpt-<step>.pt: the newest checkpoint.keep are kept
 _NAMES = {RUN, LOCK, ARCHIVE, CONFIG, META, PROGRESS, SUMMARY, TSV, ENTRY, CHECKPOINT, TENSORBOARD, LAUNCH, NETWORK}
 # The entry's copies under the entries repository's name (recipes/dawnbench.py), and the dot files a run makes:
-# temp files of a writer (recipes/rundir/writer.py), the write probe, the ranks' share tokens
+# temp files of the writer (base/writer.py), the write probe, the ranks' share tokens
 # (recipes/rundir/directory.py), the launcher's token (scripts/launcher/job.py).
 _PATTERNS = re.compile(
     r"^ckpt-\d+\.pt$|_pytorch(\.not-qualifying)?\.(json|tsv)$|^\..+\.(tmp|link)\d+$|^\.write-probe-\d+$|^\.share-[0-9a-f]+$|^\.launch-token-[0-9-]+$"

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import torch
 
+from base.writer import write_atomic, write_json
 from recipes.config import Config, to_yaml
 from recipes.dawnbench import write_entry
 from recipes.distributed import DistInfo
 from recipes.environment import collect
 from recipes.rundir import files
 from recipes.rundir.directory import write_run_file
-from recipes.rundir.writer import write_atomic, write_json
 
 TSV_HEADER = "epoch\thours\ttop1Accuracy\ttop5Accuracy\n"
 

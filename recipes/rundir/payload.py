@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from recipes.errors import CheckpointError
+from base.errors import CheckpointError
 from recipes.rundir import files
 
 

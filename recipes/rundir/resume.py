@@ -17,11 +17,11 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from recipes import reader
+from base import reader
+from base.errors import CheckpointError, RunDirError
 from recipes.config import Config, to_dict
 from recipes.config.schema import not_training_keys
 from recipes.distributed import DistInfo, all_gather_object, broadcast_bytes
-from recipes.errors import CheckpointError, RunDirError
 from recipes.rundir import checkpoint_files as ckpt
 from recipes.rundir import files
 from recipes.rundir.directory import RunDir

@@ -1,8 +1,8 @@
-"""The run directory's side of the one writer (recipes/writer.py): what every run-directory file goes through.
+"""The run directory's side of the one writer (base/writer.py): stale temps, figures as bytes.
 
-The writer itself (temp file and rename, no link followed, a regular file or nothing, strict JSON) is
-recipes/writer.py, in the bottom layer so that the data tools use it too; this module adds what only a run
-directory needs. A writer killed between the temp file and the rename leaves `.<name>.tmp<pid>`:
+The writer itself (temp file and rename, no link followed, a regular file or nothing, strict JSON) is base/writer.py,
+below data/ so that the data tools use it too; every run-directory file goes through it, and this module adds what only
+a run directory needs. A writer killed between the temp file and the rename leaves `.<name>.tmp<pid>`:
 `remove_stale_temps` deletes them when the next training takes the directory's lock. progress.json, a hint rewritten
 at every log window, is written with durable=False (an fsync would stall the training loop for milliseconds).
 """
@@ -11,18 +11,6 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-
-from recipes.writer import (  # noqa: F401 (the run package's writer: its users import from here)
-    check_target,
-    finite,
-    refuse_irregular,
-    refuse_link,
-    temp_path,
-    to_json,
-    write_atomic,
-    write_json,
-    write_output,
-)
 
 # `.<name>.tmp<pid>` (a file being written), `.<name>.link<pid>` (checkpoint.pt's new hard link), the write probe.
 STALE_TEMP = re.compile(r"^\..+\.(tmp|link)\d+$|^\.write-probe-\d+$")

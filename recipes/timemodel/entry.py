@@ -7,8 +7,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from recipes import registry
-from recipes.errors import ConfigError
+from base import registry
+from base.errors import ConfigError
 from recipes.timemodel.estimate import Cluster, backends, estimate, schedule_phases, step_compute
 from recipes.timemodel.inputs import input_rate
 from recipes.timemodel.profile import profile_model

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from recipes import registry
+from base import registry
 from recipes.comm import stepmodel as sm
 from recipes.timemodel.imagenet import IMAGENET_TRAIN_IMAGES, VAL_IMAGES
 from recipes.timemodel.inputs import LOW_HIGH as INPUT_LOW_HIGH
@@ -98,7 +98,7 @@ def entry_phases(rows: list[tuple[int, int, int]], hosts: int, gpus_per_host: in
 
 
 def backends(cfg=None) -> list[Backend]:
-    """The time model's row of every registered allreduce backend (recipes/registry.py), one per TCP-flow count of
+    """The time model's row of every registered allreduce backend (base/registry.py), one per TCP-flow count of
     its record (ddp: 1 and 4), with the config's comm settings if given: what scripts/predict.py compares."""
     c = cfg.comm if cfg is not None else None
     out = []

@@ -8,7 +8,7 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-from recipes import reader
+from base import reader
 from recipes.timemodel.imagenet import IMAGENET_TRAIN_IMAGES
 
 DTYPES = ("fp16", "bf16")

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from recipes.errors import RunDirError
-from recipes.writer import check_target, write_output
+from base.errors import RunDirError
+from base.writer import check_target, write_output
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

@@ -3,7 +3,7 @@
 
 For 2 and 4 ranks (gloo, CPU), on loopback and inside the network lab (scripts/netlab.py: one namespace per
 rank, link cap per host, per-flow cap of 1/3 of the link), it measures per-step communication time and bus
-bandwidth, 2(n-1)/n x bytes / time, for each lab method of recipes/registry.py `LAB_METHODS` (--help lists them:
+bandwidth, 2(n-1)/n x bytes / time, for each lab method of base/registry.py `LAB_METHODS` (--help lists them:
 per-tensor, the naive baseline; ddp, at one flow and at --flows; multistream at its defaults and tuned; Horovod).
 A "step" is backward over a graph that touches every parameter, then the gradient averaging; the same step
 without any communication is timed too, and communication time = step time - that compute time.
@@ -34,8 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from recipes import registry
-from recipes.writer import write_output
+from base import registry
+from base.writer import write_output
 from scripts import netlab
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 from timm.optim import Lars
 
+from base import registry
 from models import create_model
-from recipes import registry
 from recipes.config import load_config
 from recipes.optim import create_optimizer, param_groups
 from scripts.bench.record import add_json_arg, check_json, write_json

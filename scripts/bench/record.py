@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
-from recipes.errors import RunDirError
+from base.errors import RunDirError
+from base.writer import check_target, to_json, write_output
 from recipes.rundir.outputs import git_commit
-from recipes.rundir.writer import check_target, to_json, write_output
 
 ROOT = Path(__file__).resolve().parents[2]
 

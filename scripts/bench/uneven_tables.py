@@ -14,7 +14,7 @@ import argparse
 import statistics
 import sys
 
-from recipes import reader
+from base import reader
 
 CONTENDERS = ("ddp-flows", "multistream", "balanced")
 

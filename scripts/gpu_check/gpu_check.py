@@ -49,7 +49,7 @@ def write_profile(path: Path, rates: list[dict], dtype: str) -> dict:
         "dtype": dtype,
         "rates": rates,
     }
-    from recipes.writer import write_output
+    from base.writer import write_output
 
     write_output(path, json.dumps(profile, indent=2) + "\n", "the GPU profile")
     return profile
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     }
 
     def save() -> None:
-        from recipes.writer import write_output
+        from base.writer import write_output
 
         write_output(out, json.dumps(report, indent=2) + "\n", "the gpu-check report")
 

@@ -8,7 +8,7 @@ Cases, in order; the rows are written after every case, so a run cut off keeps w
   phases      the record's step (configs/dawnbench_158s_resnet50d.yaml: its model, hybrid LARS, fp16, channels_last,
               multistream engaged on one rank), run.cuda_graph=true, per-GPU batch 64: one GraphStep captures and
               replays it at 96, 128, 224 and 288 px in one process, and the weights stay finite; capture seconds
-  optimizers  every optimizer in recipes/registry.py captured or refused as its record says (graph_decision with
+  optimizers  every optimizer in base/registry.py captured or refused as its record says (graph_decision with
               run.cuda_graph=true, and GraphStep itself); a captured one's weights after OPTIM_STEPS steps equal
               StepRunner's within OPTIM_ATOL
   wrapped     DDP and Horovod engaged on one rank (comm.engage_single_rank=true): graph_decision keeps the step eager
@@ -143,7 +143,7 @@ def small_runner(probe: Probe, cfg, *, graph: bool, comm=None, capture: bool | N
     torch = probe.torch
     from torch import nn
 
-    from recipes import registry
+    from base import registry
     from recipes.comm import create_allreduce
     from recipes.optim import create_optimizer
     from recipes.steps import GraphStep, StepRunner
@@ -251,8 +251,8 @@ def case_phases(rows: list[dict], probe: Probe) -> None:
 
 # --- b. every optimizer captured or refused as its record says ------------------------------------------------------
 def case_optimizers(rows: list[dict], probe: Probe) -> None:
-    from recipes import registry
-    from recipes.errors import TrainingError
+    from base import registry
+    from base.errors import TrainingError
 
     torch = probe.torch
     cudnn = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
@@ -310,7 +310,7 @@ def horovod_missing() -> str:
 
 
 def case_wrapped(rows: list[dict], probe: Probe) -> None:
-    from recipes import registry
+    from base import registry
     from recipes.steps import GraphStep
 
     # every backend whose record refuses capture while it wraps the model
@@ -374,7 +374,7 @@ def _memory(probe: Probe, make, x, y, steps: int) -> dict:
 
 def case_churn(rows: list[dict], probe: Probe) -> None:
     bench, torch = probe.bench, probe.torch
-    from recipes import registry
+    from base import registry
     from recipes.optim import create_optimizer
     from recipes.steps import GraphStep, StepRunner, create_criterion
 
@@ -576,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
     report["rows"] = rows
     out = Path(args.out)
     try:
-        from recipes.writer import write_output
+        from base.writer import write_output
 
         def write() -> None:
             write_output(out, json.dumps(report, indent=2) + "\n", "the capture probe's report")

@@ -284,7 +284,7 @@ def run_parts(rows: list[dict], parts: list[str], *, smoke: bool, work: Path, ou
     """Run `parts` in order, adding their rows to `rows`; `out` (JSON: rows and raw numbers) after every part."""
     import torch
 
-    from recipes.writer import write_output
+    from base.writer import write_output
 
     raw: dict = {}
     report = {"gpu": gpu, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "parts_done": []}

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from recipes import registry
+from base import registry
 from scripts.gpu_check.gpu_check_env import run_logged
 from scripts.gpu_check.gpu_check_rows import guard, judged, row
 

@@ -88,7 +88,7 @@ class Bench:
     def runner(self, *, graph: bool, multistream: bool):
         """A fresh model copy, optimizer and step runner (GraphStep with capture on CUDA, or StepRunner)."""
         torch = self.torch
-        from recipes import registry
+        from base import registry
         from recipes.comm import create_allreduce
         from recipes.optim import create_optimizer
         from recipes.steps import GraphStep, StepRunner, create_criterion
@@ -216,7 +216,7 @@ def compare(bench: Bench, variants: dict, *, size: int, batch: int, rounds: int,
 def run(out: Path, *, device: str, smoke: bool, parts: list[str]) -> dict:
     import torch
 
-    from recipes.writer import write_output
+    from base.writer import write_output
 
     bench = Bench(device, smoke)
     sizes = (8,) if smoke else SIZES

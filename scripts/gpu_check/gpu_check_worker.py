@@ -1,5 +1,5 @@
 """One rank of gpu_check.py's allreduce check, under torchrun: every allreduce backend that torchrun starts
-(recipes/registry.py: DDP, the reference, and multistream) trains the same small network from the same weights on
+(base/registry.py: DDP, the reference, and multistream) trains the same small network from the same weights on
 the same per-rank batches for N steps, on CUDA tensors, with small buckets; rank 0 writes what each moved
 (CommStats, under its name) and, per backend, how far its weights ended from DDP's (`max_diff`) and across ranks
 (`rank_spread`): each backend is held to its own record's `reference_atol`.
@@ -63,10 +63,10 @@ def train(cfg, dist, model: nn.Module, steps: int):
 def main() -> int:
     import torch.distributed as td
 
-    from recipes import registry
+    from base import registry
+    from base.writer import write_output
     from recipes.config import load_config
     from recipes.distributed import DistInfo, _env_int, teardown
-    from recipes.writer import write_output
 
     out, transport, steps = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)

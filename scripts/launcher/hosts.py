@@ -73,7 +73,7 @@ def parse_hostfile(path: str | Path) -> list[Host]:
     path = Path(path)
     if not path.is_file():
         raise HostError(f"{path}: hostfile not found")
-    from recipes import reader  # the launcher puts the repository on sys.path before it reads a hostfile
+    from base import reader  # the launcher puts the repository on sys.path before it reads a hostfile
 
     data = reader.read_bytes(path, what="hostfile", error=HostError, max_bytes=1 << 20)  # a regular file, <= 1 MiB
     try:

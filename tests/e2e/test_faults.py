@@ -16,7 +16,7 @@ import pytest
 import torch
 from support import ROOT, free_port, start_torchrun, tiny_config, wait_for_step, worker_pid
 
-from recipes.errors import CheckpointError, NonFiniteError, TrainingError
+from base.errors import CheckpointError, NonFiniteError, TrainingError
 from recipes.rundir import checkpoint_files as ckpt
 from recipes.trainer import train
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from support import ROOT, FakeCudaGraphs, _Capture
 
-from recipes import registry
+from base import registry
 from scripts.gpu_check import gpu_check
 from scripts.gpu_check import gpu_check_capture as cap
 

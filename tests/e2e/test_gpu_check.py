@@ -15,7 +15,7 @@ import pytest
 import torch
 from support import ROOT
 
-from recipes import registry
+from base import registry
 from scripts.gpu_check import gpu_check
 from scripts.gpu_check import gpu_check_env as env
 from scripts.gpu_check import gpu_check_runs as runs

@@ -17,7 +17,7 @@ import torch
 from support import ROOT, horovodrun, needs_horovod
 from torch import nn
 
-from recipes import registry
+from base import registry
 from recipes.comm.horovod_backend import Contiguous, broadcast_state
 from recipes.lars import LayerAdaptiveSGD
 from recipes.steps import StepRunner
@@ -143,11 +143,11 @@ def test_cudnn_benchmark_is_set_on_a_cuda_device_only(monkeypatch):
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(k, raising=False)
-    setup(load_config(None, ["run.device=cpu"]))
+    setup(load_config(None, ["run.device=cpu"]), env={})
     assert torch.backends.cudnn.benchmark is False
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "set_device", lambda i: None)
-    dist = setup(load_config(None, ["run.device=auto"]))
+    dist = setup(load_config(None, ["run.device=auto"]), env={})
     assert dist.device == torch.device("cuda", 0)
     assert torch.backends.cudnn.benchmark is True
 
@@ -200,13 +200,13 @@ def test_switching_the_cuda_variant_starts_a_new_venv(tmp_path, installed, wante
 _ENGAGE = """
 import json, sys, torch
 from torch import nn
-from recipes.comm import create_allreduce
+from recipes.comm import create_allreduce, process_env
 from recipes.config import load_config
 from recipes.distributed import setup
 out = {}
 for backend in ("ddp", "multistream"):
     cfg = load_config(None, ["run.device=cpu", "dist.backend=gloo", f"comm.backend={backend}", *sys.argv[1:]])
-    dist = setup(cfg)
+    dist = setup(cfg, env=process_env(cfg.comm))
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 5), nn.Linear(5, 3))
     comm = create_allreduce(cfg.comm, dist, timeout_s=cfg.dist.timeout_s, model_name=cfg.model.name)
@@ -244,12 +244,12 @@ _HVD = """
 import json, sys, torch
 from torch import nn
 sys.path.insert(0, {root!r})
-from recipes.comm import create_allreduce
+from recipes.comm import create_allreduce, process_env
 from recipes.config import load_config
 from recipes.distributed import setup
 from recipes.lars import LayerAdaptiveSGD
 cfg = load_config(None, ["run.device=cpu", "dist.backend=gloo", "comm.backend=horovod", "run.threads=1", *sys.argv[2:]])
-dist = setup(cfg)
+dist = setup(cfg, env=process_env(cfg.comm))
 torch.manual_seed(dist.rank)  # different weights per rank: the broadcast must make them rank 0's
 net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 4, 3))
 net = nn.Sequential(*net, nn.Flatten(), nn.Linear(64, 3))

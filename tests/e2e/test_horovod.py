@@ -60,10 +60,10 @@ def test_missing_horovod_says_how_to_install(tmp_path):
 
 
 def test_horovod_rejects_bf16_wire(tmp_path):
+    from base.errors import ConfigError
     from recipes.comm import create_allreduce
     from recipes.config import load_config
     from recipes.distributed import DistInfo
-    from recipes.errors import ConfigError
 
     cfg = load_config(None, ["comm.backend=horovod", "comm.compression=bf16"])
     with pytest.raises(ConfigError, match="comm.compression: horovod supports 'none' or 'fp16'"):

@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 from support import ROOT, TINY_CONFIG, TINY_OVERRIDES, horovodrun, needs_horovod, quiet_env, rank_results, torchrun
 
+from base import registry
 from data.make_sample import main as make_sample
-from recipes import registry
 from recipes.config import load_config
 from recipes.config.load import load_yaml_tree
 from recipes.config.schema import Config

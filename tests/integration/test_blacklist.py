@@ -10,8 +10,8 @@ import pytest
 from support import tiny_config
 
 import evaluate
+from base.errors import DataError
 from data.folder import Split, drop_blacklisted, scan_split
-from recipes.errors import DataError
 from recipes.trainer import train
 
 

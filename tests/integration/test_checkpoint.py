@@ -13,8 +13,8 @@ import torch
 from support import ROOT, tiny_config
 
 import evaluate
+from base.errors import NonFiniteError
 from recipes.distributed import DistInfo
-from recipes.errors import NonFiniteError
 from recipes.evaluation.accuracy import evaluate as evaluate_model
 from recipes.rundir import checkpoint_files as ckpt
 

@@ -69,7 +69,7 @@ def test_compiled_training_matches_eager_and_compiles_once_per_phase(tiny_root, 
 def test_compile_without_a_cpp_compiler_stops_before_the_run_starts(tiny_root, tmp_path, monkeypatch):
     import shutil
 
-    from recipes.errors import ConfigError
+    from base.errors import ConfigError
 
     monkeypatch.setattr(shutil, "which", lambda name: None)
     with pytest.raises(

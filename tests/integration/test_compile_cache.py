@@ -13,8 +13,8 @@ import pytest
 import torch
 from support import ROOT, tiny_config
 
+from base.errors import ConfigError
 from models.factory import compile_unavailable, use_compile_cache
-from recipes.errors import ConfigError
 
 # Two input shapes through a small network, forward and backward, under compile_for_training; prints the report.
 STEPS = """

@@ -7,10 +7,10 @@ import torch
 from support import input_args, tiny_config
 
 import data.transforms as T
+from base.errors import ConfigError
 from data import create_input
 from recipes.config import Phase
 from recipes.distributed import DistInfo
-from recipes.errors import ConfigError
 from recipes.schedule import Schedule
 
 PHASES = "phases=[{epochs: 1, image_size: 32, batch_size: 8, min_scale: 0.11, min_object_area: 0.6}]"

@@ -10,11 +10,11 @@ import pytest
 import torch
 from support import run_context, tiny_config
 
+from base.errors import DataError
 from data.dali_loader import DaliPipeline
 from data.folder import Split, scan_split
 from data.sharding import train_shard
 from recipes.distributed import DistInfo
-from recipes.errors import DataError
 from recipes.schedule import Schedule
 
 

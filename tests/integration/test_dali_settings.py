@@ -8,11 +8,11 @@ import pytest
 import torch
 from support import run_context, tiny_config
 
+from base.errors import ConfigError
 from data.dali_loader import DaliPipeline, _decoder_args
 from data.folder import scan_split
 from recipes.config import load_config
 from recipes.distributed import DistInfo
-from recipes.errors import ConfigError
 from recipes.schedule import Schedule
 
 

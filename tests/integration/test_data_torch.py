@@ -71,8 +71,8 @@ def test_unreadable_class_folder_is_a_data_error(tiny_root, monkeypatch):
 
     import pytest
 
+    from base.errors import DataError
     from data.folder import scan_split
-    from recipes.errors import DataError
 
     victim = sorted((tiny_root / "train").iterdir())[1]
     real = Path.iterdir

@@ -9,9 +9,9 @@ import os
 import pytest
 from support import ROOT, tiny_config
 
+from base.errors import ConfigError
 from recipes.config import load_config
 from recipes.dawnbench import entry
-from recipes.errors import ConfigError
 from recipes.trainer import train
 
 RECORD = [

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from support import ROOT
 
+from base.errors import ConfigError
 from recipes.comm import ncclenv
 from recipes.config import load_config
-from recipes.errors import ConfigError
 from scripts import compare_runs, netlab
 
 

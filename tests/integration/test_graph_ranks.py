@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 from support import ROOT, FakeCudaGraphs
 from torch import nn
 
-from recipes import registry
+from base import registry
 from recipes.config import load_config
 from recipes.distributed import DistInfo
 from recipes.optim import create_optimizer, set_lr_momentum

@@ -13,8 +13,8 @@ import pytest
 import torch
 from support import ROOT, quiet_env, tiny_config
 
+from base.errors import CheckpointError
 from recipes.config import to_dict
-from recipes.errors import CheckpointError
 from recipes.rundir import checkpoint_files as ckpt
 from recipes.rundir.payload import RESUME_ENTRIES, STATE_FIELDS, Checkpoint
 from recipes.rundir.resume import compare

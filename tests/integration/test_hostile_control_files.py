@@ -11,10 +11,10 @@ import tarfile
 
 import pytest
 
+from base.errors import ConfigError, DataError
 from data.download import BLACKLIST, PROGRESS, extract_train, extract_val, write_blacklist
 from data.make_sample import main as make_sample
 from data.prepare import main as prepare_main
-from recipes.errors import ConfigError, DataError
 from recipes.evaluation import cli
 
 

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from PIL import Image
 from support import input_args, run_context, tiny_config
 
+from base.errors import DataError
 from data import create_input
 from data.check import check_headers, header_size, inspect_file
 from data.dali_loader import DaliPipeline
@@ -29,7 +30,6 @@ from data.prepare import main as prepare_main
 from data.rect import image_sizes
 from data.transforms import load_rgb
 from recipes.distributed import DistInfo
-from recipes.errors import DataError
 from recipes.schedule import Schedule
 
 CPU = DistInfo(0, 1, 0, 1, torch.device("cpu"))

@@ -13,10 +13,10 @@ import pytest
 import torch
 from support import tiny_config
 
-from recipes.errors import DataError, RunDirError
+from base.errors import DataError, RunDirError
+from base.writer import write_atomic, write_json
 from recipes.rundir import checkpoint_files as ckpt
 from recipes.rundir import directory, files, outputs
-from recipes.rundir.writer import write_atomic, write_json
 from recipes.trainer import train
 
 DET = ("run.deterministic=true",)

@@ -10,9 +10,9 @@ import timm
 import torch
 
 import evaluate
+from base.errors import ConfigError
 from data.folder import scan_split
 from data.transforms import normalize
-from recipes.errors import ConfigError
 from recipes.evaluation.accuracy import config_from_checkpoint, load_model
 from recipes.evaluation.inference import MODES, Classifier, build_runner, check_mode, count_bn, fold_bn
 from recipes.evaluation.latency import load_image

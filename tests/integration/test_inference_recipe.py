@@ -11,10 +11,10 @@ from support import ROOT, input_args
 from timm.loss import JsdCrossEntropy
 
 import evaluate
+from base.errors import ConfigError
 from data import create_input
 from recipes.config import load_config
 from recipes.distributed import DistInfo
-from recipes.errors import ConfigError
 from recipes.schedule import Schedule
 from recipes.trainer import Trainer, train
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 from support import ROOT, input_args, input_from, run_context, tiny_config
 
+from base.errors import ConfigError
 from data import create_input
 from data.make_sample import main as make_sample
 from recipes.config import load_config
 from recipes.distributed import DistInfo
-from recipes.errors import ConfigError
 from recipes.schedule import Schedule
 
 CPU = DistInfo(0, 1, 0, 1, torch.device("cpu"))
@@ -152,8 +152,8 @@ def test_dali_refuses_images_above_the_pixel_limit_and_non_utf8_names(tiny_root,
     same data.max_image_pixels when it opens the file."""
     from PIL import Image
 
+    from base.errors import DataError
     from data.transforms import load_rgb
-    from recipes.errors import DataError
 
     root = tmp_path / "data"
     shutil.copytree(tiny_root, root)

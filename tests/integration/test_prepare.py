@@ -10,13 +10,13 @@ import torch
 from PIL import Image
 from support import input_args, input_from, tiny_config
 
+from base.errors import DataError
 from data import create_input
 from data.check import OK, inspect_file, quick_problem
 from data.make_sample import main as make_sample
 from data.prepare import main as prepare_main
 from data.prepare import target_size
 from recipes.distributed import DistInfo
-from recipes.errors import DataError
 from recipes.schedule import Schedule
 
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 from support import ROOT, tiny_config
 
-from recipes.errors import NonFiniteError
+from base.errors import NonFiniteError
 from recipes.trainer import train
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from base.errors import DataError
 from data.rect import MULTIPLE, batch_shape, image_sizes, plan_rect_batches, rank_rect_batches
-from recipes.errors import DataError
 
 
 def _sizes(n: int, seed: int = 0) -> np.ndarray:

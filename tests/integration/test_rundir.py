@@ -16,8 +16,8 @@ import torch
 import yaml
 from support import ROOT, tiny_config
 
+from base.errors import RunDirError
 from recipes.config import load_config
-from recipes.errors import RunDirError
 from recipes.rundir import checkpoint_files as ckpt
 from recipes.rundir.directory import read_run_id
 from recipes.rundir.resume import compare, recipe_differences

@@ -12,7 +12,7 @@ import torch
 import yaml
 from support import ROOT, tiny_config
 
-from recipes.errors import CheckpointError, DataError
+from base.errors import CheckpointError, DataError
 from recipes.rundir import checkpoint_files as ckpt
 from recipes.rundir.outputs import TSV_HEADER
 from recipes.trainer import train

@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 from support import ROOT
 
+from base.errors import ConfigError
 from recipes.config import load_config
-from recipes.errors import ConfigError
 
 TOOLS = ("python", "python3", "torchrun", "horovodrun", "make")
 ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")

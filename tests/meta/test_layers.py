@@ -1,11 +1,12 @@
 """Imports run downwards only: every module of the repository sits in one layer of `LAYERS`, and imports (at the top
-of the file or inside a function) only modules of lower layers, or of its own layer and top-level package.
+of the file or inside a function, `import x` or `from x import y`, relative imports resolved) only modules of lower
+layers, or of its own layer and top-level package. data/ and models/ share a layer, so neither imports the other.
 
-    bottom            recipes.errors, recipes.registry, recipes.rundir.files, recipes.comm.stats, recipes.environment,
-                      recipes.reader, recipes.writer, recipes.argtypes, recipes.metrics, recipes.exit_codes: no
-                      project imports (recipes.writer imports recipes.errors only)
-    data and models   data/, models/: take the config as a plain object, never import recipes.config or above
-    config            recipes.config: the schema, with the names from recipes.registry
+    base              base/: errors, the one reader and the one writer, the plug-in records; imports nothing else
+    data and models   data/, models/: take the config as a plain object, import nothing of recipes/
+    recipe bottom     recipes.rundir.files, recipes.comm.stats, recipes.environment, recipes.argtypes,
+                      recipes.metrics, recipes.exit_codes: no project imports but base
+    config            recipes.config: the schema, with the names from base.registry
     recipe parts      schedule, optimizers, allreduce backends, the run package (checkpoints, resume, outputs), ...
     evaluation        recipes.evaluation: accuracy, inference modes, latency, evaluate.py's command line
     trainer           recipes.trainer: puts the parts together
@@ -24,16 +25,16 @@ import sys
 import pytest
 from support import ROOT
 
-BOTTOM = ["recipes", "recipes.errors", "recipes.registry", "recipes.rundir.files", "recipes.comm.stats"]
-BOTTOM += ["recipes.environment", "recipes.reader", "recipes.writer", "recipes.argtypes", "recipes.metrics"]
-BOTTOM += ["recipes.exit_codes"]
+RECIPE_BOTTOM = ["recipes", "recipes.rundir.files", "recipes.comm.stats", "recipes.environment", "recipes.argtypes"]
+RECIPE_BOTTOM += ["recipes.metrics", "recipes.exit_codes"]
 RECIPE_PARTS = ["recipes.lars", "recipes.optim", "recipes.schedule", "recipes.schedule_report", "recipes.distributed"]
 RECIPE_PARTS += ["recipes.rundir", "recipes.logger", "recipes.dawnbench", "recipes.comm"]
 RECIPE_PARTS += ["recipes.steps", "recipes.epoch_clock", "recipes.preemption", "recipes.ema"]
 RECIPE_PARTS += ["recipes.report", "recipes.timemodel", "recipes.memory"]
 LAYERS: list[tuple[str, list[str]]] = [
-    ("bottom", BOTTOM),
+    ("base", ["base"]),
     ("data and models", ["data", "models"]),
+    ("recipe bottom", RECIPE_BOTTOM),
     ("config", ["recipes.config"]),
     ("recipe parts", RECIPE_PARTS),
     ("evaluation", ["recipes.evaluation"]),
@@ -41,7 +42,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("command line", ["recipes.cli"]),
     ("entry points", ["train", "evaluate", "scripts"]),
 ]
-PACKAGES = ("data", "models", "recipes", "scripts")
+PACKAGES = ("base", "data", "models", "recipes", "scripts")
 
 
 def module_name(path) -> str:
@@ -68,14 +69,26 @@ def layer_of(module: str) -> int | None:
     return best
 
 
-def imports(path, modules: dict) -> list[tuple[int, str]]:
-    """(line, module) for every import of a project module in `path`, resolved to its module name."""
+def absolute_source(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    """The module a `from ... import` in `module` names, a relative one (`from .x import y`) resolved."""
+    if node.level == 0:
+        return node.module
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    package = package[: len(package) - (node.level - 1)]
+    return ".".join(package + ([node.module] if node.module else []))
+
+
+def imports(path, modules: dict, module: str | None = None) -> list[tuple[int, str]]:
+    """(line, module) for every import of a project module in `path` (the module `module`, by default its name under
+    the root), at the top or inside a function, resolved to its module name."""
+    module = module or module_name(path)
     out = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            source = absolute_source(node, module, path.name == "__init__.py")
+            names = [source] + [f"{source}.{a.name}".lstrip(".") for a in node.names]
         else:
             continue
         for name in names:
@@ -107,16 +120,22 @@ def test_imports_only_run_downwards():
     assert not bad, "imports that run upwards:\n" + "\n".join(bad)
 
 
-@pytest.mark.parametrize("package", ["data", "models"])
-def test_data_and_models_import_nothing_of_the_recipe_but_the_bottom(package):
+# What each of the lower packages may import of the project: base nothing but itself, data and models base and
+# themselves (neither the other, nor anything of recipes/ or scripts/, at the top or inside a function).
+MAY_IMPORT = {"base": {"base"}, "data": {"base", "data"}, "models": {"base", "models"}}
+
+
+@pytest.mark.parametrize("package", sorted(MAY_IMPORT))
+def test_base_data_and_models_import_nothing_above_them(package):
     modules = project_modules()
-    allowed = set(LAYERS[0][1])
+    bad = []
     for mod, path in modules.items():
         if mod.split(".")[0] != package:
             continue
         for line, target in imports(path, modules):
-            if target.startswith("recipes"):
-                assert target in allowed, f"{path.relative_to(ROOT)}:{line}: {mod} imports {target}"
+            if target.split(".")[0] not in MAY_IMPORT[package]:
+                bad.append(f"{path.relative_to(ROOT)}:{line}: {mod} imports {target}")
+    assert not bad, f"{package}/ may import only {sorted(MAY_IMPORT[package])} of this repository:\n" + "\n".join(bad)
 
 
 def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -157,6 +176,42 @@ def test_no_import_cycles(package):
     assert not cycles, f"import cycles in {package}/: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
+def room(module: str) -> str:
+    """The room a module sits in: a subpackage of a top-level package as a whole (recipes.comm, recipes.rundir,
+    scripts.launcher, ...), else the module itself."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 2 or (ROOT / "/".join(parts[:2])).is_dir() else module
+
+
+def room_graph(modules: dict, package: str) -> dict[str, set[str]]:
+    """Room -> the other rooms of the same top-level package its modules import (at the top or inside a function)."""
+    graph: dict[str, set[str]] = {}
+    for mod, targets in package_graph(modules, package).items():
+        graph.setdefault(room(mod), set()).update(room(t) for t in targets if room(t) != room(mod))
+    return graph
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_import_cycles_between_rooms(package):
+    """A subpackage is one room, and rooms import one way only: no module of recipes/comm/ imports a module that
+    imports one of comm's, even when no single pair of modules ties both ways."""
+    cycles = import_cycles(room_graph(project_modules(), package))
+    assert not cycles, f"rooms of {package}/ that import each other: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+# Two pairs that once tied both ways, and the way each now runs. distributed imported comm for the backend's process
+# environment while comm's multistream took distributed's collectives: the caller now hands that environment to
+# `setup(cfg, env=recipes.comm.process_env(cfg.comm))`. rundir's outputs call dawnbench.write_entry while dawnbench
+# took the writer's functions from rundir's writer: it takes them from base.writer, their one import path.
+UNTIED = [("recipes.distributed", "recipes.comm"), ("recipes.dawnbench", "recipes.rundir")]
+
+
+@pytest.mark.parametrize(("lower", "upper"), UNTIED)
+def test_the_untied_pairs_import_one_way(lower, upper):
+    graph = room_graph(project_modules(), "recipes")
+    assert upper not in graph.get(lower, set()), f"{lower} imports {upper}, which imports it: hand the value in"
+
+
 def test_the_cycle_check_finds_a_cycle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert import_cycles(graph) == [["a", "b", "c", "a"]]
@@ -177,7 +232,9 @@ def test_every_script_with_a_main_can_be_run_as_a_file():
     for path in sorted((ROOT / "scripts").glob("*.py")):
         text = path.read_text()
         rel = path.relative_to(ROOT).as_posix()
-        imports_project = any(f"\nfrom {p}" in text or f"\nimport {p}" in text for p in ("scripts", "recipes", "data"))
+        imports_project = any(
+            f"\nfrom {p}" in text or f"\nimport {p}" in text for p in ("scripts", "recipes", "data", "base")
+        )
         if '__name__ == "__main__"' in text and imports_project and rel not in RUN_AS_FILES:
             missing.append(rel)
     assert not missing, f"run as files but never put the repository on sys.path: {missing}"
@@ -198,21 +255,28 @@ def test_scripts_edit_sys_path_only_where_run_as_files():
 
 
 def test_the_layer_check_catches_an_upward_import(tmp_path):
-    """The check itself: models importing recipes.config is reported with file and line."""
+    """The check itself: models importing recipes.config (inside a function), data (absolutely) and a sibling
+    (relatively) is reported with file and line; a relative import from a package's __init__ resolves to the package."""
     fake = tmp_path / "models" / "bad.py"
     fake.parent.mkdir()
-    fake.write_text("import torch\n\n\ndef f():\n    from recipes.config import ConfigError\n")
+    fake.write_text(
+        "import torch\nimport data.folder\nfrom . import factory\n\n\n"
+        "def f():\n    from recipes.config import ConfigError\n"
+    )
     modules = {**project_modules(), "models.bad": fake}
-    found = imports(fake, modules)
-    assert found == [(5, "recipes.config")]
-    assert layer_of("recipes.config") > layer_of("models.bad")
+    found = imports(fake, modules, "models.bad")
+    assert found == [(2, "data.folder"), (3, "models"), (3, "models.factory"), (7, "recipes.config")]
+    assert layer_of("recipes.config") > layer_of("models.bad") == layer_of("data.folder")
+    init = tmp_path / "models" / "__init__.py"
+    init.write_text("from .factory import create_model\nfrom ..base import errors\n")
+    assert imports(init, modules, "models") == [(1, "models.factory"), (2, "base"), (2, "base.errors")]
 
 
 def test_bottom_and_stats_load_without_torch():
     """compare_runs reads CommStats and the run-file names without importing the training stack."""
     code = (
         "import sys\n"
-        "import scripts.compare_runs, recipes.errors, recipes.registry, recipes.config\n"
+        "import scripts.compare_runs, base.errors, base.registry, recipes.config\n"
         "heavy = [m for m in ('torch', 'timm', 'nvidia.dali') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )
@@ -221,16 +285,16 @@ def test_bottom_and_stats_load_without_torch():
 
 
 def test_every_error_class_has_one_import_path():
-    """No project module re-exports an error class: `from recipes.errors import X` is the only way in."""
-    from recipes import errors
+    """No project module re-exports an error class: `from base.errors import X` is the only way in."""
+    from base import errors
 
     names = {n for n, v in vars(errors).items() if isinstance(v, type) and issubclass(v, Exception)}
     bad = []
     for path in [*project_modules().values(), *(ROOT / "tests").rglob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module != "recipes.errors" and node.level == 0:
+            if isinstance(node, ast.ImportFrom) and node.module != "base.errors" and node.level == 0:
                 bad += [f"{path.relative_to(ROOT)}:{node.lineno} {a.name}" for a in node.names if a.name in names]
-    assert not bad, "import these from recipes.errors: " + ", ".join(bad)
+    assert not bad, "import these from base.errors: " + ", ".join(bad)
 
 
 # A part's config sections: what it may read as `cfg.<section>`; anything else it needs comes as a named argument.

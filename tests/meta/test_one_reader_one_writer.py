@@ -1,8 +1,8 @@
-"""One reader, one writer, enforced: every file the project's code writes goes through recipes/writer.py, and every
-file it reads through recipes/reader.py, except the calls named in `EXCEPTIONS`, each with its reason.
+"""One reader, one writer, enforced: every file the project's code writes goes through base/writer.py, and every
+file it reads through base/reader.py, except the calls named in `EXCEPTIONS`, each with its reason.
 
-The test walks the syntax tree of train.py, evaluate.py and every module under recipes/, data/, scripts/ and models/,
-and lists each call that writes a file (`open` for writing, `os.open`, `write_text`, `write_bytes`, `savefig`,
+The test walks the syntax tree of train.py, evaluate.py and every module under base/, recipes/, data/, scripts/ and
+models/, and lists each call that writes a file (`open` for writing, `os.open`, `write_text`, `write_bytes`, `savefig`,
 `json.dump`, `torch.save`, `shutil.copy*`/`move`, `os.replace`/`rename`/`link`/`symlink`, `Path.rename`,
 `symlink_to`) or reads one (`open` for reading, `read_text`, `read_bytes`, `json.load`, `torch.load`, `np.load`,
 `tarfile.open`, `zipfile.ZipFile`, `Image.open`, `loadmat`). A call outside the guarded modules fails the test
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from support import ROOT
 
-GUARDED = {"recipes/reader.py": "the one reader", "recipes/writer.py": "the one writer"}
+GUARDED = {"base/reader.py": "the one reader", "base/writer.py": "the one writer"}
 
 _RUN_DIR = "the run directory's own writer package (no link followed, temp file and rename, checked by the lock)"
 _PROC = "reads the kernel's /proc or /sys files, never a path a user gives"
@@ -102,7 +102,7 @@ _CALLS = {"json.dump", "json.load", "torch.save", "torch.load", "np.save", "np.l
 _CALLS |= {"pickle.load", "os.open", "os.replace", "os.rename", "os.link", "os.symlink", "tarfile.open"}
 _CALLS |= {"zipfile.ZipFile", "Image.open", "scipy.io.loadmat", "loadmat"}
 _SHUTIL = {"copy", "copy2", "copyfile", "copytree", "move", "copyfileobj"}
-_GUARDED_PREFIXES = ("reader.", "recipes.reader.", "writer.", "recipes.writer.")
+_GUARDED_PREFIXES = ("reader.", "base.reader.", "writer.", "base.writer.")
 
 
 def _dotted(node) -> str:
@@ -172,7 +172,7 @@ def file_accesses(source: str, filename: str) -> list[tuple[str, int, str]]:
 
 def scanned_files(root: Path) -> list[Path]:
     files = [root / "train.py", root / "evaluate.py"]
-    for pkg in ("recipes", "data", "scripts", "models"):
+    for pkg in ("base", "recipes", "data", "scripts", "models"):
         files += sorted((root / pkg).rglob("*.py"))
     return files
 
@@ -193,7 +193,7 @@ def test_no_module_reads_or_writes_a_file_beside_the_reader_and_the_writer():
     found = unguarded(ROOT)
     beside = [f"{f}:{fn}: {', '.join(v)}" for (f, fn), v in sorted(found.items()) if (f, fn) not in EXCEPTIONS]
     assert not beside, (
-        "files read or written beside recipes/reader.py and recipes/writer.py (use them, or name the function in "
+        "files read or written beside base/reader.py and base/writer.py (use them, or name the function in "
         "EXCEPTIONS with its reason):\n  " + "\n  ".join(beside)
     )
 
@@ -213,7 +213,7 @@ def test_the_walk_finds_each_kind_of_access_in_an_offending_module(tmp_path):
     (tmp_path / "recipes" / "offender.py").write_text(
         "import json, os, shutil\n"
         "from pathlib import Path\n"
-        "from recipes import reader\n"
+        "from base import reader\n"
         "def save(p, d):\n"
         "    Path(p).write_text(d)\n"
         "    with open(p, 'a') as f:\n"

@@ -8,14 +8,14 @@ import re
 from support import ROOT
 
 PATH = re.compile(
-    r"(?<![\w./<-])((?:recipes|scripts|data|models|configs|tests|docs)/[\w./-]*\w\.(?:py|md|yaml|sh|json))"
+    r"(?<![\w./<-])((?:base|recipes|scripts|data|models|configs|tests|docs)/[\w./-]*\w\.(?:py|md|yaml|sh|json))"
 )
 
 
 def _texts():
     files = [*ROOT.glob("*.md"), *ROOT.glob("docs/*.md"), *ROOT.glob("configs/**/*.yaml"), ROOT / "Makefile"]
     files += [ROOT / "train.py", ROOT / "evaluate.py"]
-    for folder in ("recipes", "scripts", "data", "models"):
+    for folder in ("base", "recipes", "scripts", "data", "models"):
         files += sorted((ROOT / folder).rglob("*.py"))
     return files
 

@@ -1,4 +1,4 @@
-"""The plug-ins' names live in their records (recipes/registry.py): no other module keeps a list, tuple, set or
+"""The plug-ins' names live in their records (base/registry.py): no other module keeps a list, tuple, set or
 dict of two or more allreduce backend, optimizer, input pipeline or model names by hand, where a new one would have
 to be added. A list that must name them derives from the registry's tables."""
 
@@ -8,7 +8,7 @@ import ast
 
 from support import ROOT
 
-from recipes import registry
+from base import registry
 
 # Collections whose strings happen to be plug-in names but name something else, each with what it names; keyed by
 # file and the names found, so that any other list in the same file is still caught.
@@ -45,10 +45,10 @@ def test_no_hand_kept_list_of_backends_or_optimizers():
         "models": set(registry.MODELS),
     }
     bad = []
-    for pkg in ("recipes", "data", "models", "scripts"):
+    for pkg in ("base", "recipes", "data", "models", "scripts"):
         for path in sorted((ROOT / pkg).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
-            if rel == "recipes/registry.py":
+            if rel == "base/registry.py":
                 continue
             tree = ast.parse(path.read_text(), rel)
             for kind, names in kinds.items():
@@ -57,7 +57,7 @@ def test_no_hand_kept_list_of_backends_or_optimizers():
     for path in [ROOT / "train.py", ROOT / "evaluate.py"]:
         for kind, names in kinds.items():
             bad += [f"{path.name}:{ln}: {kind} {f}" for ln, f in hand_lists(ast.parse(path.read_text()), names)]
-    assert not bad, "names kept by hand outside recipes/registry.py:\n" + "\n".join(bad)
+    assert not bad, "names kept by hand outside base/registry.py:\n" + "\n".join(bad)
 
 
 def test_the_check_finds_a_hand_kept_list():

@@ -7,9 +7,9 @@ import torch
 from support import HOST_DECIDES
 from torch import nn
 
+from base.errors import ConfigError
 from recipes import memory
 from recipes.config import load_config
-from recipes.errors import ConfigError
 from recipes.rundir.payload import State
 from recipes.schedule import Schedule, micro_batches
 from recipes.steps import StepRunner
@@ -110,7 +110,7 @@ def test_a_step_of_micro_batches_equals_one_step_of_the_whole_batch(accumulate, 
 
 
 def test_a_batch_that_does_not_split_evenly_is_an_error():
-    from recipes.errors import TrainingError
+    from base.errors import TrainingError
 
     with pytest.raises(TrainingError, match="12 images cannot be cut into 5"):
         _step(5)

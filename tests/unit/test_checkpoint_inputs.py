@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from base.errors import CheckpointError
 from recipes.config import load_config
-from recipes.errors import CheckpointError
 from recipes.rundir import checkpoint_files as ckpt
 from recipes.rundir.checkpointer import position_problem
 from recipes.rundir.payload import Checkpoint, ModelInfo, State

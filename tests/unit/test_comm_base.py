@@ -8,10 +8,10 @@ import time
 import pytest
 import torch
 
+from base.errors import ConfigError
 from recipes.comm import backend_class
 from recipes.comm.base import StepWindow
 from recipes.config import load_config
-from recipes.errors import ConfigError
 
 
 def test_step_window_spans_first_begin_to_last_end_per_step():

@@ -15,13 +15,13 @@ import torch
 import torch.distributed as td
 from torch import nn
 
+from base.errors import CommError, ConfigError
 from recipes.comm import concurrency as cc
 from recipes.comm.engine import _Engine
 from recipes.comm.multistream import MultiStreamBackend
 from recipes.comm.plan import Settings, build_plan, grad_specs
 from recipes.config import load_config
 from recipes.distributed import DistInfo
-from recipes.errors import CommError, ConfigError
 
 SAFE_NCCL = cc.Facts("nccl", {cc.ORDER_ENV: "1"}, (2, 30, 7), 13000, 13000, False)
 

@@ -8,10 +8,10 @@ import json
 import pytest
 from support import ROOT, drive_tuner, tuner
 
+from base.errors import ConfigError
 from recipes.comm import tuner as tuning
 from recipes.comm.plan import Settings
 from recipes.config import load_config
-from recipes.errors import ConfigError
 
 
 def step_time(s: Settings) -> float:

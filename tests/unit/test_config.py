@@ -9,8 +9,8 @@ import pytest
 import yaml
 from support import ROOT
 
+from base.errors import ConfigError
 from recipes.config import Config, load_config, reference_table, to_yaml
-from recipes.errors import ConfigError
 
 
 def write(path, text):

@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from support import ROOT
 
 import train
+from base.errors import ConfigError
 from recipes.config import Config, load_config, reference_table
 from recipes.config.schema import field_of
-from recipes.errors import ConfigError
 
 # The allowed values of each domain, written out again here (an oracle independent of recipes/config/).
 ORACLE = {

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from base.errors import ConfigError
 from recipes.config import load_config
-from recipes.errors import ConfigError
 from recipes.schedule import Schedule
 
 PHASES = "phases=[{epochs: 2, image_size: 32, batch_size: 8}, {epochs: 2, image_size: 48, batch_size: 4}]"

@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
+from base.errors import ConfigError
 from recipes.config import Config, OptimConfig, Phase, load_config, rules
 from recipes.config.schema import field_of
-from recipes.errors import ConfigError
 from recipes.optim import create_optimizer
 
 TRUST = r"^optim.trust_clip_min: 0.5 is above optim.trust_clip_max \(0.25\)$"

@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.distributed as td
 
+from base.errors import TrainingError
 from recipes import distributed
-from recipes.errors import TrainingError
 
 TWO = distributed.DistInfo(rank=1, world_size=2, local_rank=1, local_world_size=2, device=torch.device("cpu"))
 HUNG = "[../gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 1800000ms for recv operation to complete"

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import recipes.trainer
+from base.errors import CheckpointError, CommError, ConfigError, DeviceError, PlanMismatchError, TrainingError
 from recipes.cli import run_cli
 from recipes.config import load_config
 from recipes.distributed import setup
-from recipes.errors import CheckpointError, CommError, ConfigError, DeviceError, PlanMismatchError, TrainingError
 
 
 def _args(**kw) -> argparse.Namespace:
@@ -40,7 +40,7 @@ def test_cuda_without_cuda_is_a_device_error_a_user_error():
         pytest.skip("this machine has CUDA")
     cfg = load_config(None, ["run.device=cuda"])
     with pytest.raises(DeviceError, match="run.device: 'cuda' requested but no CUDA device is available"):
-        setup(cfg)
+        setup(cfg, env={})
     assert issubclass(DeviceError, ConfigError)  # exit 2, like every config mistake
 
 

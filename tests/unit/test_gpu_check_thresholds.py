@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from recipes import registry
+from base import registry
 from recipes.evaluation import latency
 from scripts.gpu_check import gpu_check_runs as runs
 

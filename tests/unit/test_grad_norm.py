@@ -12,7 +12,7 @@ import torch
 from support import TINY_CONFIG, optim_record, trap_host_reads
 from torch import nn
 
-from recipes import registry
+from base import registry
 from recipes.config import load_config
 from recipes.config.inert import inert_keys
 from recipes.optim import create_optimizer

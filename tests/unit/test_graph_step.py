@@ -13,11 +13,11 @@ import torch.distributed as td
 from support import ROOT, FakeCudaGraphs, trap_host_reads
 from torch import nn
 
-from recipes import registry
+from base import registry
+from base.errors import TrainingError
 from recipes.comm.engine import _Engine
 from recipes.comm.plan import Settings, build_plan, grad_specs
 from recipes.config import load_config
-from recipes.errors import TrainingError
 from recipes.memory import accumulation
 from recipes.optim import create_optimizer, set_lr_momentum
 from recipes.rundir.payload import State

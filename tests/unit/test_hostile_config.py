@@ -18,11 +18,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import train
+from base.errors import ConfigError
 from data.sharding import train_shard
 from recipes.config import Config, load_config
 from recipes.config.load import MAX_VAL_RESIZE, MAX_YAML_VALUES
 from recipes.config.schema import domain_rule, field_of
-from recipes.errors import ConfigError
 from recipes.schedule import Schedule
 
 # capsys is read (and so emptied) once per example.

@@ -1,5 +1,5 @@
 """Keys that do not apply are said: a value set for an optim.* key the chosen optimizer does not read is warned in
-one line, and --print-config marks every such key, from the optimizer records (recipes/registry.py)."""
+one line, and --print-config marks every such key, from the optimizer records (base/registry.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 import yaml
 from support import ROOT
 
+from base.errors import ConfigError
 from recipes.config import load_config, to_yaml
 from recipes.config.inert import inert_keys, inert_settings, marked_yaml
-from recipes.errors import ConfigError
 
 
 def _cfg(*overrides):
@@ -112,8 +112,8 @@ def test_timm_augmentation_outside_the_torch_pipeline_is_refused_not_only_warned
 def test_model_keys_follow_the_model_record(monkeypatch):
     """Every registered network has BatchNorm residual blocks and reads every model.* key; a record that reads no BN
     key makes them inert and the factory does not hand them to timm (whose ViT takes no zero_init_last)."""
+    from base import registry
     from models import create_model
-    from recipes import registry
     from recipes.config import ModelConfig
 
     assert not [k for k in inert_keys(_cfg("model.name=resnet18")) if k.startswith("model.")]

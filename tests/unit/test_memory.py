@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from base.errors import ConfigError
 from recipes import memory
 from recipes.config import load_config
-from recipes.errors import ConfigError
 from recipes.schedule import Schedule
 
 IMAGES = 1_281_167

@@ -7,9 +7,9 @@ import timm
 import torch
 from torch import nn
 
+from base.errors import ConfigError
 from models import MODELS, create_model
 from recipes.config import ModelConfig
-from recipes.errors import ConfigError
 
 
 def _num_params(model: nn.Module) -> int:

@@ -10,9 +10,9 @@ import torch
 from support import ROOT
 from torch import nn
 
+from base.errors import ConfigError
 from models import create_model
 from recipes.config import load_config
-from recipes.errors import ConfigError
 from recipes.lars import LayerAdaptiveSGD
 from recipes.optim import OPTIMIZERS, create_optimizer, describe_groups, param_groups, set_lr_momentum
 

@@ -1,4 +1,4 @@
-"""Every registered plug-in has what the rest of the tree shows of it, derived from its record (recipes/registry.py):
+"""Every registered plug-in has what the rest of the tree shows of it, derived from its record (base/registry.py):
 each allreduce backend a step-time model, a row and a prediction in the time model, a row in scripts/predict.py's
 table and `train.py --plan --gpu`, and its label in compare_runs; each optimizer key is read by some optimizer."""
 
@@ -11,7 +11,7 @@ import pytest
 from support import ROOT
 
 import recipes.timemodel as tm
-from recipes import registry
+from base import registry
 from recipes.comm import stepmodel as sm
 from recipes.config import load_config
 from recipes.config.schema import OptimConfig

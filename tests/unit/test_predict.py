@@ -40,7 +40,7 @@ def test_json_has_every_backend_phase_and_term(tmp_path, capsys):
         "ddp (4 flows)",
         "multistream",
         "horovod",
-    ]  # the registry's backends in its order (recipes/registry.py); one host: no tuning row
+    ]  # the registry's backends in its order (base/registry.py); one host: no tuning row
     for b in doc["backends"]:
         assert b["train_s"]["low"] < b["train_s"]["mid"] < b["train_s"]["high"] <= b["wall_s"]["high"]
         assert [p["image_size"] for p in b["phases"]] == [96, 128, 224, 288]

@@ -64,7 +64,7 @@ def test_no_signal_no_stop_and_the_exit_code_is_ex_tempfail():
 EXIT_PATH = """
 import os, signal, sys
 import recipes.trainer
-from recipes.errors import Preempted
+from base.errors import Preempted
 import train
 
 def preempted(*a, **kw):

@@ -1,4 +1,4 @@
-"""recipes/reader.py: every malformed input file a user can hand the project gets one line naming the file, never a
+"""base/reader.py: every malformed input file a user can hand the project gets one line naming the file, never a
 hang, a memory blow-up or a traceback; and the readers built on it (the tuner cache) refuse the same inputs."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import os
 
 import pytest
 
-from recipes import reader
+from base import reader
+from base.errors import ConfigError
 from recipes.comm import tuner as tuning
 from recipes.comm.plan import Settings
-from recipes.errors import ConfigError
 
 KEY = tuning.cache_key("resnet50", 8, "nccl", "float32", "none", "2nodes-x4")
 

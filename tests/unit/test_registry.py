@@ -1,4 +1,4 @@
-"""recipes/registry.py: every registered name loads an implementation of its seam's interface, and the config
+"""base/registry.py: every registered name loads an implementation of its seam's interface, and the config
 schema accepts exactly the registered names."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import timm
 import torch
 from support import ROOT, input_args, input_from
 
+from base import registry
+from base.errors import ConfigError
 from data import create_input
 from data.pipeline import BasePipeline, InputPipeline
-from recipes import registry
 from recipes.comm.base import AllreduceBackend, BackendDefaults
 from recipes.config import CommConfig, DataConfig, ModelConfig, OptimConfig, load_config
 from recipes.distributed import DistInfo
-from recipes.errors import ConfigError
 
 BACKEND_METHODS = ("prepare", "on_step_end", "stats", "state_dict", "load_state_dict", "process_env")
 PIPELINE_METHODS = ("train_batches", "val_batches", "close")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from support import ROOT
 
+from base.errors import ConfigError
 from recipes.config import load_config
-from recipes.errors import ConfigError
 from recipes.schedule import Schedule, steps_per_epoch
 
 IMAGENET = 1_281_167

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from support import drive_tuner, tuner
 
+from base.errors import ConfigError
 from recipes.comm import stepmodel as sm
 from recipes.comm import tuner as tuning
 from recipes.comm.plan import Settings, TensorSpec
 from recipes.config import load_config
-from recipes.errors import ConfigError
 
 MB = 2**20
 

@@ -7,7 +7,7 @@ import torch
 from support import optim_record
 from torch import nn
 
-from recipes.errors import TrainingError
+from base.errors import TrainingError
 from recipes.rundir.payload import State
 from recipes.steps import StepRunner
 

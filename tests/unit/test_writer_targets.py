@@ -9,8 +9,8 @@ import stat
 
 import pytest
 
-from recipes.errors import RunDirError
-from recipes.rundir.writer import check_target, write_atomic, write_output
+from base.errors import RunDirError
+from base.writer import check_target, write_atomic, write_output
 
 
 def _plant(kind: str, path):

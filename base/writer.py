@@ -7,7 +7,7 @@ names it (the rename would replace the link, but a planted link means someone el
 is a directory, a FIFO, a socket or a device node (as root the rename would replace /dev/null). JSON is strict: NaN
 and infinities are written as null, never as the `NaN` that JSON readers refuse. The caller chooses the error class
 (RunDirError for a run's files and a tool's outputs, DataError for the data tools' control files), as with
-recipes/reader.py.
+base/reader.py.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import stat
 from pathlib import Path
 from typing import IO
 
-from recipes.errors import RunDirError
+from base.errors import RunDirError
 
 
 def temp_path(path: Path, kind: str = "tmp") -> Path:

@@ -31,7 +31,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-from recipes.errors import ConfigError
+from base.errors import ConfigError
 
 
 @dataclass(frozen=True)
