@@ -423,10 +423,11 @@ def pattern(backend: str) -> StepPattern:
 
 
 def wire_format(backend: str, compression: str = "none") -> str:
-    """The format `backend`'s messages carry: its record's wire dtype (registry.Allreduce.wire), else `compression`
-    for a lab-only method."""
+    """The format `backend`'s messages carry: the dtype its record fixes (registry.Allreduce.wire_dtype, e.g. a hook
+    that always sends bf16), else `compression` as the caller gives it (estimate.backends: the record's `wire` of
+    comm.compression; the published entries' fp16 gradients)."""
     rec = registry.ALLREDUCE_BACKENDS.get(backend)
-    return rec.wire(compression) if rec is not None else compression
+    return (rec.wire_dtype if rec is not None else None) or compression
 
 
 def backend_kwargs(backend: str, comm=None) -> dict:
