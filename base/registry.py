@@ -63,15 +63,18 @@ class Allreduce:
     launcher: str = "torchrun"
     bucket_key: str = "bucket_mb"  # the comm.* key of its bucket (fusion) size in MB
     autotune: bool = False  # comm.autotune tunes its settings in the first steps
-    # The message pattern recipes/comm/stepmodel.py models it by: "" = its own name (ddp, multistream, horovod each
-    # have one); a variant that issues another backend's messages (DDP with another comm hook) names that backend,
-    # so registering it is this record and its module.
+    # "module:attribute" of the recipes.comm.stepmodel.StepPattern its steps are modelled by (the messages it issues,
+    # its settings, their label): a variant that issues another backend's messages (DDP with another comm hook)
+    # points at that backend's, so registering it is this record and its module.
     step_model: str = ""
+    # The dtype its messages carry on the wire, which the time model's bytes read: None = the gradients' own (fp32
+    # here), or comm.compression's when it reads that key (`compression`); "fp16"/"bf16" = always that (a backend
+    # whose hook always sends bf16 is predicted at 2 bytes per element whatever comm.compression says).
+    wire_dtype: str | None = None
 
-    @property
-    def modelled_as(self) -> str:
-        """The stepmodel pattern of its steps."""
-        return self.step_model or self.name
+    def wire(self, compression: str = "none") -> str:
+        """The wire format of its messages under comm.compression=`compression` ("none": the gradients' dtype)."""
+        return self.wire_dtype or (compression if self.compression else "none")
 
     def row_label(self, flows: int = 1) -> str:
         """The label of its time-model row or run with `flows` TCP flows per peer ("ddp (4 flows)")."""
@@ -91,6 +94,7 @@ ALLREDUCE_BACKENDS = {
             graph_refusal="DDP's reducer runs host logic per step",
             comm_window="first bucket -> last bucket reduced",
             bucket_key="bucket_cap_mb",
+            step_model="recipes.comm.stepmodel:DDP",
         ),
         Allreduce(
             "multistream",
@@ -99,6 +103,7 @@ ALLREDUCE_BACKENDS = {
             compression=True,
             comm_window="backward + sync",
             autotune=True,
+            step_model="recipes.comm.stepmodel:MULTISTREAM",
         ),
         Allreduce(
             "horovod",
@@ -109,6 +114,7 @@ ALLREDUCE_BACKENDS = {
             comm_window="first gradient -> synchronize()",
             launcher="horovodrun",
             autotune=True,
+            step_model="recipes.comm.stepmodel:HOROVOD",
         ),
     )
 }
@@ -137,11 +143,16 @@ class LabMethod:
     tuned: bool = False  # the backend after its tuner ran in the same process (the winner's settings are shown)
     default: bool = True  # measured unless --contenders says otherwise, and checked by scripts/predict.py --validate
     overrides: tuple[str, ...] = ()  # config overrides of this variant of its backend (e.g. comm.balance=true)
-    bucket_mb: float = 8.0  # multistream's comm.bucket_mb at full size (the lab scales it with --fraction)
+    bucket_mb: float | None = None  # its backend's bucket key at full size (None: the config's default; x --fraction)
+    # A lab-only method's "module:attribute": its step model (a recipes.comm.stepmodel.StepPattern), and the lab's
+    # builder of its step, (model, params, one, world) -> (step, settings label). A backend's method is modelled
+    # by its backend's record and built through recipes.comm.create_allreduce.
+    step_model: str = ""
+    build: str = ""
 
     @property
     def model(self) -> str:
-        """Its step-time model's name in recipes/comm/stepmodel.py."""
+        """The name recipes.comm.stepmodel.predict_step models it under: its backend's, or its own (lab-only)."""
         return self.backend or self.name
 
     @property
@@ -154,7 +165,13 @@ class LabMethod:
 LAB_METHODS = {
     m.name: m
     for m in (
-        LabMethod("per-tensor", "", "one blocking allreduce per gradient after backward (the naive baseline)"),
+        LabMethod(
+            "per-tensor",
+            "",
+            "one blocking allreduce per gradient after backward (the naive baseline)",
+            step_model="recipes.comm.stepmodel:PER_TENSOR",
+            build="scripts.bench.bench_allreduce:per_tensor",
+        ),
         LabMethod(
             "ddp", "ddp", "PyTorch DistributedDataParallel, bucket_cap_mb 25 (its default), one gloo device: one flow"
         ),
@@ -178,6 +195,7 @@ LAB_METHODS = {
             "the tuner started from the step-time model's ranking for this lab, half the candidates",
             tuned=True,
             default=False,
+            overrides=("comm.tune_start=model",),
         ),
         LabMethod(
             "balanced",
@@ -364,6 +382,12 @@ def check_name(table: dict[str, Any], name: str, key: str, what: str) -> None:
     """ConfigError naming `key` and the choices when `name` is not in `table` (configs built without the loader)."""
     if name not in table:
         raise ConfigError(f"{key}: unknown {what} '{name}' (expected one of {', '.join(table)})")
+
+
+def resolve(pointer: str) -> Any:
+    """The attribute a record's "module:attribute" field points at, imported now."""
+    module, _, attr = pointer.partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 def load(table: dict[str, Any], name: str, key: str, what: str) -> Any:

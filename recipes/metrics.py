@@ -4,7 +4,8 @@ comes from and how the console shows it. Every sink takes the name from here:
     every log window (`log.every_steps`)  the console's step line, TensorBoard `train/<name>`, progress.json
     every epoch                           history rows (the checkpoint's, summary.json's `history`), TensorBoard
                                           `epoch/<name>` (training) and `val/<what evaluate() calls it>` (validation)
-    end of the run                        summary.json (`images_per_s`, and the history rows)
+    end of the run                        summary.json (each of SUMMARY, aggregated from a metric as it declares,
+                                          and the history rows) and the table the log ends with
 
 The step hands the window its device values by name (`StepRunner.__call__` returns `{"loss": ..., "grad_norm": ...}`);
 `recipes.epoch_clock.EpochClock` sums them on the device and reads them once per window, so a metric added here
@@ -101,6 +102,80 @@ EPOCH = (
 )
 
 
+# How the end-of-run summary turns a run into one value (summary.json; the table the log ends with): from the history
+# rows (each epoch's EPOCH metrics), or from the run's own State (the whole run, across resumes).
+SUMMARY_HOW = {
+    "last": "the last epoch's value (history's last row); none if it has none",
+    "at_target": "its value in the first epoch whose validation met every target set (run.target_top1/top5)",
+    "mean": "the mean over the epochs that have a value",
+    "sum": "the sum over the epochs that have a value",
+    "max": "the largest value of an epoch",
+    "run": "the run's own count or clock (its State: every epoch, every resume)",
+    "rate": "training images of all ranks / training seconds, over the whole run",
+}
+
+
+def _rows_with(rows: list[dict], name: str) -> list:
+    return [r[name] for r in rows if r.get(name) is not None]
+
+
+# SUMMARY_HOW's kind -> (the run's State, its history, the epoch at target or None, the metric's name) -> the value
+_AGGREGATE = {
+    "last": lambda st, rows, hit, name: rows[-1].get(name) if rows else None,
+    "at_target": lambda st, rows, hit, name: hit.get(name) if hit else None,
+    "mean": lambda st, rows, hit, name: sum(v) / len(v) if (v := _rows_with(rows, name)) else None,
+    "sum": lambda st, rows, hit, name: sum(v) if (v := _rows_with(rows, name)) else None,
+    "max": lambda st, rows, hit, name: max(v) if (v := _rows_with(rows, name)) else None,
+    "run": lambda st, rows, hit, name: getattr(st, name),
+    "rate": lambda st, rows, hit, name: st.images / max(st.train_seconds, 1e-9),
+}
+
+
+@dataclass(frozen=True)
+class Total:
+    """One value of the run's summary, aggregated from a metric: a new epoch metric gets its summary.json key (and
+    its row in the table, with a label) by declaring one here."""
+
+    key: str  # its key in summary.json (compare_runs reads it)
+    metric: str  # the EPOCH metric it aggregates (a history row's key), or the State's attribute for "run"
+    how: str  # a key of SUMMARY_HOW
+    label: str = ""  # its own row in the table the log ends with; "" = shown in a combined row, or summary.json only
+    fmt: str = "{}"  # the row's format of its value (a metric in seconds shows h:mm:ss)
+
+    def value(self, st, hit: dict | None):
+        """Its value for the run's State `st`; `hit`: the history row where the targets were first met, or None."""
+        return _AGGREGATE[self.how](st, st.history, hit, self.metric)
+
+    def show(self, value) -> str:
+        if value is None:
+            return "-"
+        unit = next((m.unit for m in EPOCH if m.name == self.metric), "")
+        return format_seconds(value) if unit == "s" else self.fmt.format(value)
+
+
+# The run's summary, in summary.json's order (recipes/report.py adds the run's settings and identity around them).
+SUMMARY = (
+    Total("wall_seconds", "wall_seconds", "run"),
+    Total("train_seconds", "train_seconds", "run"),
+    Total("time_to_target_seconds", "train_seconds", "at_target"),
+    Total("epoch_at_target", "epoch", "at_target"),
+    Total("final_top1", "top1", "last"),
+    Total("final_top5", "top5", "last"),
+    Total("final_ema_top1", "ema_top1", "last"),  # run.ema: the EMA weights' accuracy (None without it)
+    Total("final_ema_top5", "ema_top5", "last"),
+    Total("val_count", "val_count", "last"),  # validation images counted (data.val_blacklist excluded)
+    Total(IMAGES_PER_S.name, IMAGES_PER_S.name, "rate", "images/s (training)", "{:.1f}"),
+    Total("skipped_steps", "skipped_steps", "run", "skipped steps (inf/nan gradients)"),
+    Total("restarts", "restarts", "run"),
+    Total("redone_steps", "redone_steps", "run"),
+)
+
+
+def run_totals(st, hit: dict | None) -> dict:
+    """summary.json's values of SUMMARY for the run's State `st` (`hit`: the first history row at target, or None)."""
+    return {t.key: t.value(st, hit) for t in SUMMARY}
+
+
 def window_tag(m: Metric) -> str:
     return f"train/{m.name}"
 
@@ -154,4 +229,9 @@ def reference_table() -> str:
         for m in ms:
             tb = f"`{tag(m)}`" if tag(m) else "-"
             lines.append(f"| `{m.name}` | {when} | {m.unit or '-'} | {HOW[m.how]} | {tb} | {m.source} |")
+    units = {m.name: m.unit for m in EPOCH}
+    for t in SUMMARY:
+        source = f"the run's `{t.metric}`" if t.how in ("run", "rate") else f"`{t.metric}` of the epochs"
+        how = SUMMARY_HOW[t.how]
+        lines.append(f"| `{t.key}` | end of run | {units.get(t.metric) or '-'} | {how} | - | {source} |")
     return "\n".join(lines)

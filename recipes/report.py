@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from recipes import metrics
 from recipes.config import Config
 from recipes.dawnbench import DAWNBENCH_TOP5, qualification
-from recipes.metrics import IMAGES_PER_S, format_seconds
+from recipes.metrics import format_seconds
 
 
 def targets_reached(cfg: Config, row: dict) -> bool:
@@ -33,7 +34,7 @@ def summarize(
     """The summary of a run from its State `st`; `comm_stats` is the backend's recipes.comm.stats.CommStats;
     `planned_epochs` and `planned_steps` are the plan's whole length (the run may have stopped before)."""
     hit = next((r for r in st.history if targets_reached(cfg, r)), None)
-    last = st.history[-1] if st.history else {"top1": None, "top5": None}  # no epoch validated: no accuracy
+    totals = metrics.run_totals(st, hit)
     s = {
         "epochs": st.epoch,
         "steps": st.step,
@@ -43,26 +44,14 @@ def summarize(
         # its time and images/s cover only the epochs it ran, so compare_runs marks it.
         "partial": st.epoch < planned_epochs and not (cfg.run.stop_at_target and hit is not None),
         "world_size": world_size,
-        "wall_seconds": st.wall_seconds,
-        "train_seconds": st.train_seconds,
         "target_top1": cfg.run.target_top1,
         "target_top5": cfg.run.target_top5,
-        "time_to_target_seconds": hit["train_seconds"] if hit else None,
-        "epoch_at_target": hit["epoch"] if hit else None,
-        "final_top1": last["top1"],
-        "final_top5": last["top5"],
-        "final_ema_top1": last.get("ema_top1"),  # run.ema: the EMA weights' accuracy (None without it)
-        "final_ema_top5": last.get("ema_top5"),
-        "val_count": last.get("val_count"),  # validation images counted (data.val_blacklist excluded)
+        **totals,  # the metrics' values for the run, each aggregated as recipes/metrics.py SUMMARY declares
         "val_excluded": val_excluded,  # blacklisted and undecodable (skipped) validation images, not counted
         "val_skipped": val_skipped,
         "train_skipped": train_skipped,
         "val_blacklist": cfg.data.val_blacklist,
         "num_classes": num_classes,
-        IMAGES_PER_S.name: st.images / max(st.train_seconds, 1e-9),
-        "skipped_steps": st.skipped_steps,
-        "restarts": st.restarts,
-        "redone_steps": st.redone_steps,
         "run_id": run_id,
         "resume_forced": st.forced,
         "run_dir": str(run_dir),
@@ -101,8 +90,7 @@ def summary_table(s: dict) -> str:
             else []
         ),
         ("validation images counted", _counted(s)),
-        ("images/s (training)", f"{s[IMAGES_PER_S.name]:.1f}"),
-        ("skipped steps (inf/nan gradients)", str(s.get("skipped_steps", 0))),
+        *((t.label, t.show(s.get(t.key))) for t in metrics.SUMMARY if t.label),  # a metric's own row, as it declares
         ("DAWNBench result", _qualifies(s)),
     ]
     width = max(len(k) for k, _ in rows)

@@ -39,6 +39,9 @@ from launcher.netprobe import MARK as NETPROBE_MARK  # noqa: E402
 from launcher.netprobe import network_overrides  # noqa: E402
 from launcher.transports import DEFAULT_SSH, TRANSPORTS, create_transport  # noqa: E402
 
+# --engine -> the launcher it is (registry.Allreduce.launcher: what starts a backend's ranks)
+ENGINE_LAUNCHERS = {"torchrun": "torchrun", "horovod": "horovodrun"}
+
 NETWORK_FILE = "network.json"  # the link probe's figures, in the run directory
 
 
@@ -73,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     ap.add_argument(
         "--engine",
-        choices=("torchrun", "horovod"),
+        choices=ENGINE_LAUNCHERS,
         default="torchrun",
         help="torchrun: one agent per host (c10d); horovod: horovodrun --gloo on the first host",
     )
@@ -184,14 +187,20 @@ def build_job(args) -> tuple[Job, object]:
     hosts, default_transport = resolve_hosts(args)
     overrides = list(args.overrides) + split_overrides(args.overrides_text)
     cfg = load_config(args.config, overrides)  # the same loader and checks as train.py on every host
-    if args.engine == "horovod" and cfg.comm.backend != "horovod":
+    # The backend's record names what starts its ranks; --engine horovod alone picks the backend horovodrun runs.
+    launcher = registry.ALLREDUCE_BACKENDS[cfg.comm.backend].launcher
+    if launcher != ENGINE_LAUNCHERS[args.engine]:
+        theirs = [n for n, r in registry.ALLREDUCE_BACKENDS.items() if r.launcher == ENGINE_LAUNCHERS[args.engine]]
+        if args.engine == "torchrun" or len(theirs) != 1:
+            engine = next(e for e, name in ENGINE_LAUNCHERS.items() if name == launcher)
+            raise LaunchError(f"comm.backend={cfg.comm.backend} runs under {launcher}: add --engine {engine}")
         if "comm.backend" in [parse_override(o)[0] for o in overrides]:
             given = cfg.comm.backend
-            raise LaunchError(f"--engine horovod runs comm.backend=horovod, but comm.backend={given} was given")
-        overrides.append("comm.backend=horovod")
+            raise LaunchError(
+                f"--engine {args.engine} runs comm.backend={theirs[0]}, but comm.backend={given} was given"
+            )
+        overrides.append(f"comm.backend={theirs[0]}")
         cfg = load_config(args.config, overrides)
-    if args.engine == "torchrun" and cfg.comm.backend == "horovod":
-        raise LaunchError("comm.backend=horovod runs under horovodrun: add --engine horovod")
     missing = missing_required(cfg)
     if missing and not args.probe_network:
         fix = " ".join(f"dawnbench.{k}=..." for k in missing)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from base import reader, registry
 from base.errors import ConfigError
 from recipes.comm import stepmodel as sm
-from recipes.comm.plan import Settings, TensorSpec
+from recipes.comm.plan import TensorSpec
 
 # The methods checked against the model: those the lab measures by default.
 LAB_METHODS = tuple(name for name, m in registry.LAB_METHODS.items() if m.default)
@@ -42,12 +42,6 @@ def lab_specs(fraction: float) -> list[TensorSpec]:
     return [TensorSpec(n, s, "float32") for n, s in named]
 
 
-def _settings(label: str) -> Settings:
-    """'1 MB, K=4, S=2' -> Settings."""
-    mb, k, s = (p.strip() for p in label.split(","))
-    return Settings(float(mb.split()[0]), int(k.split("=")[1]), int(s.split("=")[1]))
-
-
 def entry(rec: dict, method: str) -> dict | None:
     """The measurement of `method` in one lab record (None when it was not measured there)."""
     r = rec.get(method) if registry.LAB_METHODS[method].own_launcher else rec["torch"].get(method)
@@ -67,15 +61,13 @@ def lab_predict(rec: dict, method: str, fit: LabFit, specs: list[TensorSpec] | N
     )
     comp = sm.no_overlap(specs, torch_res["compute_s"])
     lab = registry.LAB_METHODS[method]
-    if lab.model == "multistream":  # at its defaults or the tuner's winner: the settings it ran with
-        return sm.predict_step(lab.model, specs, comp, net, settings=_settings(r["settings"])).step_s
-    if lab.model == "ddp":  # 'bucket_cap_mb 1.25, 4 flows' with --flows: DDP on a gloo group of 4 devices
-        flows = int(r["settings"].rsplit(",", 1)[1].split()[0]) if lab.flows else None
-        return sm.predict_step(lab.model, specs, comp, net, bucket_cap_mb=25 * f, flows=flows).step_s
-    if lab.model == "horovod":
-        hv = sm.Horovod(fusion_mb=128 * f, negotiation_s_per_rank=fit.negotiation_s_per_rank)
-        return sm.predict_step(lab.model, specs, comp, net, horovod=hv).step_s
-    return sm.predict_step(lab.model, specs, comp, net).step_s
+    model = sm.pattern(lab.model)
+    # The settings it ran with, read back from its label (the tuner's winner for a tuned one), and Horovod's fitted
+    # negotiation cost; what the label does not say is the config's default at the lab's fraction.
+    keys = {"bucket_cap_mb": 25 * f, "bucket_mb": 8 * f, "fusion_mb": 128 * f}
+    keys |= model.parse(r["settings"]) | {"negotiation_s_per_rank": fit.negotiation_s_per_rank}
+    flows = int(r["settings"].rsplit(",", 1)[1].split()[0]) if lab.flows else None  # 'bucket_cap_mb 1.25, 4 flows'
+    return sm.predict_step(lab.model, specs, comp, net, flows=flows, **model.settings(keys)).step_s
 
 
 def measured(rec: dict, method: str) -> float | None:
@@ -101,11 +93,11 @@ def fit_lab(records: list[dict]) -> LabFit:
         return sum(e) / max(len(e), 1)
 
     # Goodput and latency from the methods without a negotiation cost, then Horovod's cost per rank on top.
-    horovod = [m for m in LAB_METHODS if registry.LAB_METHODS[m].model == "horovod"]
-    torch_methods = [m for m in LAB_METHODS if m not in horovod]
-    eff, loglat = _refine(lambda e, g: err(LabFit(e, 10**g, 0.0), torch_methods), (0.7, 1.3), (-6.0, -2.0))
+    negotiating = [m for m in LAB_METHODS if sm.pattern(registry.LAB_METHODS[m].model).negotiates]
+    others = [m for m in LAB_METHODS if m not in negotiating]
+    eff, loglat = _refine(lambda e, g: err(LabFit(e, 10**g, 0.0), others), (0.7, 1.3), (-6.0, -2.0))
     lat = 10**loglat
-    neg = 10 ** _refine(lambda _, g: err(LabFit(eff, lat, 10**g), horovod), (eff, eff), (-7.0, -2.0))[1]
+    neg = 10 ** _refine(lambda _, g: err(LabFit(eff, lat, 10**g), negotiating), (eff, eff), (-7.0, -2.0))[1]
     return LabFit(eff, lat, neg)
 
 

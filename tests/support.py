@@ -253,6 +253,11 @@ def drive_tuner(t, cost, outlier_every: int = 0) -> tuple[list, int]:
     return seen, steps
 
 
+# The plug-ins a test runs every one of, from their records: the backends torchrun starts (Horovod's horovodrun has
+# its own tests), and the input pipelines over data.root's folders (synthetic makes its own batches).
+TORCHRUN_BACKENDS = [n for n, r in registry.ALLREDUCE_BACKENDS.items() if r.launcher == "torchrun"]
+FOLDER_PIPELINES = [n for n, r in registry.INPUT_PIPELINES.items() if r.reads_folders]
+
 # The contract of an optimizer a test builds by hand (base/registry.py's records are the trainer's): torch's
 # unfused optimizers have no found_inf, so the step decides on the host.
 HOST_DECIDES = registry.Optimizer("torch-unfused", "", (), skips_on_device=False)

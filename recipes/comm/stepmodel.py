@@ -26,6 +26,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -34,9 +36,9 @@ from recipes.comm.plan import Settings, TensorSpec, build_plan
 
 WIRE_BYTES = {"none": None, "fp16": 2, "bf16": 2}
 DDP_FIRST_BUCKET_MB = 1.0  # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES
-# Every registered allreduce backend (base/registry.py; tests/unit/test_plugin_records.py checks each has a model
-# here), and "per-tensor": one allreduce per gradient, the lab's baseline.
-BACKENDS = (*registry.ALLREDUCE_BACKENDS, "per-tensor")
+# What predict_step models: every registered allreduce backend (base/registry.py; its record's `step_model` points
+# at its StepPattern below) and the lab-only methods (per-tensor: one allreduce per gradient, the lab's baseline).
+BACKENDS = (*registry.ALLREDUCE_BACKENDS, *(n for n, m in registry.LAB_METHODS.items() if not m.backend))
 # TCP flows per peer that one NCCL communicator opens by default (NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD,
 # per channel), by NIC: NCCL's src/transport/net_socket.cc picks 2 x 8 on AWS ENA and 4 x 1 on GCP gVNIC, 1 x 1
 # elsewhere. Pass one of these (or a preset's product, base/registry.py NCCL_PRESETS) as `flows`.
@@ -173,6 +175,132 @@ def ddp_buckets(specs: list[TensorSpec], bucket_cap_mb: float) -> list[list[int]
     return buckets
 
 
+def _per_tensor(specs, compute, ready, compression, **_) -> list[Message]:
+    """One blocking allreduce per gradient after backward (the lab's naive baseline)."""
+    return [Message(compute.backward_s, _wire(s, compression), 0) for s in specs]
+
+
+def _ddp(specs, compute, ready, compression, *, bucket_cap_mb, **_) -> list[Message]:
+    """DDP's buckets, each reduced once its last gradient is ready, on one communicator."""
+    return [
+        Message(max(ready[i] for i in b), sum(_wire(specs[i], compression) for i in b), 0)
+        for b in ddp_buckets(specs, bucket_cap_mb)
+    ]
+
+
+def _multistream(specs, compute, ready, compression, *, settings, **_) -> list[Message]:
+    """The fusion plan's buckets, launched in order, each cut in S slices over K communicators."""
+    plan = build_plan(specs, settings or Settings(8.0, 4, 2), compression)
+    out, launched = [], 0.0
+    size = WIRE_BYTES.get(compression)
+    for b, idx in enumerate(plan.buckets):
+        launched = max(launched, max(ready[i] for i in idx))  # buckets launch in order
+        for j, (lo, hi) in enumerate(plan.slice_bounds(b)):
+            elem = plan.bucket_bytes(b) // max(plan.bucket_numel(b), 1) if size is None else size
+            out.append(Message(launched, (hi - lo) * elem, plan.communicator(b, j)))
+    return out
+
+
+def _horovod(specs, compute, ready, compression, *, horovod, ranks, **_) -> list[Message]:
+    """Horovod's negotiation cycles: tensors ready within a cycle fused up to the threshold, after a coordination
+    round through rank 0, on one communicator."""
+    out, cur, cur_bytes, cur_cycle = [], 0.0, 0, None
+    limit = horovod.fusion_mb * 2**20
+    negotiation = horovod.negotiation_s_per_rank * max(ranks - 1, 0)
+    for i, s in enumerate(specs):
+        cycle = math.floor(ready[i] / horovod.cycle_s) + 1  # picked up at the end of its cycle
+        w = _wire(s, compression)
+        if cur_cycle is not None and (cycle != cur_cycle or cur_bytes + w > limit):
+            out.append(Message(cur, cur_bytes, 0))
+            cur_bytes = 0
+        if cur_bytes == 0:
+            cur_cycle, cur = cycle, cycle * horovod.cycle_s + negotiation
+        cur_bytes += w
+    if cur_bytes:
+        out.append(Message(cur, cur_bytes, 0))
+    return out
+
+
+def _number(label: str, pattern: str) -> float | None:
+    m = re.search(pattern, label)
+    return float(m.group(1)) if m else None
+
+
+@dataclass(frozen=True)
+class StepPattern:
+    """How a family of backends turns a step's gradients into messages: what a registry record's `step_model`
+    points at (registry.Allreduce, and a lab-only registry.LabMethod). Its functions take the settings by the comm.*
+    keys a config or a backend's CommStats.settings names them with, so no caller asks which backend it has."""
+
+    issue: Callable[..., list[Message]]  # (specs, compute, ready, compression, **predict_step's settings)
+    # predict_step's settings from a mapping of comm.* keys (a config's comm section as a dict, a backend's
+    # CommStats.settings, or what `parse` read); a key it lacks takes the config's default
+    settings: Callable[[Mapping], dict]
+    label: Callable[[int, dict], str]  # (gradients, predict_step's settings) -> "bucket_cap_mb 25"
+    parse: Callable[[str], dict] = lambda label: {}  # the comm.* keys of a label (the lab's JSON) it wrote
+    # Its messages wait for a coordination round through rank 0 whose cost grows with the ranks (Horovod): the lab's
+    # fit finds that cost apart, from these backends only (scripts/predict_lab.py).
+    negotiates: bool = False
+
+
+def _keys(**found) -> dict:
+    """The comm.* keys a label gave (those it did not are left to the defaults)."""
+    return {k: v for k, v in found.items() if v is not None}
+
+
+def _per_tensor_label(n: int, kw: dict) -> str:
+    return f"{n} allreduces"
+
+
+def _ddp_settings(c: Mapping) -> dict:
+    return {"bucket_cap_mb": float(c.get("bucket_cap_mb", 25.0))}
+
+
+def _ddp_label(n: int, kw: dict) -> str:
+    return f"bucket_cap_mb {kw.get('bucket_cap_mb', 25.0):g}"
+
+
+def _ddp_parse(label: str) -> dict:
+    """'bucket_cap_mb 1.25' (the lab's DDP, with ', 4 flows' on a gloo group of 4 devices) -> its comm.* keys."""
+    return _keys(bucket_cap_mb=_number(label, r"bucket_cap_mb ([\d.e+-]+)"))
+
+
+def _ms_settings(c: Mapping) -> dict:
+    return {"settings": Settings(float(c.get("bucket_mb", 8.0)), int(c.get("streams", 4)), int(c.get("slices", 2)))}
+
+
+def _ms_label(n: int, kw: dict) -> str:
+    return (kw.get("settings") or Settings(8.0, 4, 2)).label().replace("bucket ", "")
+
+
+def _ms_parse(label: str) -> dict:
+    """'1 MB, K=4, S=2' (Settings.label without 'bucket') -> its comm.* keys."""
+    mb, k, s = _number(label, r"([\d.e+-]+) MB"), _number(label, r"K=(\d+)"), _number(label, r"S=(\d+)")
+    return {} if None in (mb, k, s) else {"bucket_mb": mb, "streams": int(k), "slices": int(s)}
+
+
+def _hvd_settings(c: Mapping) -> dict:
+    """Horovod at its defaults (its 128 MB fusion threshold) but for what the mapping gives: `fusion_mb` (the lab's)
+    and `negotiation_s_per_rank` (the lab's fit)."""
+    return {"horovod": Horovod(**{k: float(c[k]) for k in ("fusion_mb", "negotiation_s_per_rank") if k in c})}
+
+
+def _hvd_label(n: int, kw: dict) -> str:
+    h = kw.get("horovod") or Horovod()
+    return f"fusion {h.fusion_mb:g} MB, cycle {h.cycle_s * 1000:g} ms"
+
+
+def _hvd_parse(label: str) -> dict:
+    """'fusion 16 MB' (the lab's JSON) -> its fusion threshold."""
+    return _keys(fusion_mb=_number(label, r"fusion ([\d.e+-]+) MB"))
+
+
+PER_TENSOR = StepPattern(_per_tensor, lambda c: {}, _per_tensor_label)
+DDP = StepPattern(_ddp, _ddp_settings, _ddp_label, _ddp_parse)
+MULTISTREAM = StepPattern(_multistream, _ms_settings, _ms_label, _ms_parse)
+HOROVOD = StepPattern(_horovod, _hvd_settings, _hvd_label, _hvd_parse, negotiates=True)
+
+
 def messages(
     backend: str,
     specs: list[TensorSpec],
@@ -184,43 +312,18 @@ def messages(
     horovod: Horovod = Horovod(),
     ranks: int = 1,
 ) -> list[Message]:
-    """The allreduces one step issues under `backend`, in issue order."""
-    backend = pattern(backend)
+    """The allreduces one step issues under `backend` (its record's step model), in issue order."""
     ready = _ready_times(compute, len(specs))
-    if backend == "per-tensor":
-        return [Message(compute.backward_s, _wire(s, compression), 0) for s in specs]
-    if backend == "ddp":
-        return [
-            Message(max(ready[i] for i in b), sum(_wire(specs[i], compression) for i in b), 0)
-            for b in ddp_buckets(specs, bucket_cap_mb)
-        ]
-    if backend == "multistream":
-        plan = build_plan(specs, settings or Settings(8.0, 4, 2), compression)
-        out, launched = [], 0.0
-        size = WIRE_BYTES.get(compression)
-        for b, idx in enumerate(plan.buckets):
-            launched = max(launched, max(ready[i] for i in idx))  # buckets launch in order
-            for j, (lo, hi) in enumerate(plan.slice_bounds(b)):
-                elem = plan.bucket_bytes(b) // max(plan.bucket_numel(b), 1) if size is None else size
-                out.append(Message(launched, (hi - lo) * elem, plan.communicator(b, j)))
-        return out
-    if backend == "horovod":
-        out, cur, cur_bytes, cur_cycle = [], 0.0, 0, None
-        limit = horovod.fusion_mb * 2**20
-        negotiation = horovod.negotiation_s_per_rank * max(ranks - 1, 0)
-        for i, s in enumerate(specs):
-            cycle = math.floor(ready[i] / horovod.cycle_s) + 1  # picked up at the end of its cycle
-            w = _wire(s, compression)
-            if cur_cycle is not None and (cycle != cur_cycle or cur_bytes + w > limit):
-                out.append(Message(cur, cur_bytes, 0))
-                cur_bytes = 0
-            if cur_bytes == 0:
-                cur_cycle, cur = cycle, cycle * horovod.cycle_s + negotiation
-            cur_bytes += w
-        if cur_bytes:
-            out.append(Message(cur, cur_bytes, 0))
-        return out
-    raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
+    return pattern(backend).issue(
+        specs,
+        compute,
+        ready,
+        wire_format(backend, compression),
+        settings=settings,
+        bucket_cap_mb=bucket_cap_mb,
+        horovod=horovod,
+        ranks=ranks,
+    )
 
 
 @functools.lru_cache(maxsize=1024)
@@ -306,34 +409,35 @@ def simulate(msgs: list[Message], net: Network) -> tuple[float, float, list[tupl
     return t, busy, spans
 
 
-def pattern(backend: str) -> str:
-    """The message pattern `backend` is modelled by: its record's `modelled_as` (registry.Allreduce.step_model), or
-    the name itself (per-tensor, or a pattern named directly)."""
+def pattern(backend: str) -> StepPattern:
+    """The step model of `backend`: a registered backend's record's `step_model`, or a lab-only method's
+    (registry.LabMethod, e.g. per-tensor)."""
     rec = registry.ALLREDUCE_BACKENDS.get(backend)
-    return rec.modelled_as if rec is not None else backend
+    lab = registry.LAB_METHODS.get(backend)
+    pointer = rec.step_model if rec is not None else lab.step_model if lab is not None and not lab.backend else ""
+    if rec is None and (lab is None or lab.backend):
+        raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
+    if not pointer:
+        raise ValueError(f"{backend}: its record (base/registry.py) names no step_model")
+    return registry.resolve(pointer)
+
+
+def wire_format(backend: str, compression: str = "none") -> str:
+    """The format `backend`'s messages carry: the dtype its record fixes (registry.Allreduce.wire_dtype, e.g. a hook
+    that always sends bf16), else `compression` as the caller gives it (estimate.backends: the record's `wire` of
+    comm.compression; the published entries' fp16 gradients)."""
+    rec = registry.ALLREDUCE_BACKENDS.get(backend)
+    return (rec.wire_dtype if rec is not None else None) or compression
 
 
 def backend_kwargs(backend: str, comm=None) -> dict:
     """predict_step's settings of `backend` from a config's comm section (None: the defaults), wire format aside."""
-    backend = pattern(backend)
-    if backend == "ddp":
-        return {"bucket_cap_mb": comm.bucket_cap_mb if comm is not None else 25.0}
-    if backend == "multistream":
-        return {"settings": Settings(float(comm.bucket_mb), comm.streams, comm.slices) if comm else Settings(8.0, 4, 2)}
-    if backend == "horovod":  # Horovod's defaults (its fusion threshold, 128 MB)
-        return {"horovod": Horovod()}
-    raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
+    return pattern(backend).settings(vars(comm) if comm is not None else {})
 
 
-def _settings_label(backend: str, n: int, settings: Settings | None, bucket_cap_mb: float, horovod: Horovod) -> str:
-    backend = pattern(backend)
-    if backend == "ddp":
-        return f"bucket_cap_mb {bucket_cap_mb:g}"
-    if backend == "horovod":
-        return f"fusion {horovod.fusion_mb:g} MB, cycle {horovod.cycle_s * 1000:g} ms"
-    if backend == "multistream":
-        return (settings or Settings(8.0, 4, 2)).label().replace("bucket ", "")
-    return f"{n} allreduces"
+def settings_label(backend: str, n: int, kwargs: dict) -> str:
+    """How `backend` at predict_step's settings `kwargs` is described in tables and the lab's JSON, for n gradients."""
+    return pattern(backend).label(n, kwargs)
 
 
 def predict_step(
@@ -369,9 +473,12 @@ def predict_step(
     )
     end, busy, spans = simulate(msgs, net)
     hidden = sum(max(0.0, min(e, compute.backward_s) - s) for s, e in _union(spans))
-    label = _settings_label(backend, len(specs), settings, bucket_cap_mb, horovod)
-    if compression != "none":
-        label += f", wire {compression}"
+    label = settings_label(
+        backend, len(specs), {"settings": settings, "bucket_cap_mb": bucket_cap_mb, "horovod": horovod}
+    )
+    wire = wire_format(backend, compression)
+    if wire != "none":
+        label += f", wire {wire}"
     if net.flows_per_comm != 1:
         label += f", {net.flows_per_comm} flows per communicator"
     return StepPrediction(

@@ -44,6 +44,8 @@ MODULE = "scripts.bench.bench_allreduce"  # ranks and the Horovod rendezvous run
 LAB = registry.LAB_METHODS
 # The methods the lab's own ranks run (--worker), in the tables' order; one with its own launcher (Horovod) runs apart.
 METHODS = [name for name, m in LAB.items() if not m.own_launcher]
+# The method its backend's own launcher runs (Horovod's horovodrun: --hvd-worker), a top-level entry of the JSON.
+(APART,) = [name for name, m in LAB.items() if m.own_launcher]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -182,13 +184,78 @@ def _groups_of(method: str, flows: _FlowPins | None):
     flows.pin(method, groups)
 
 
+def per_tensor(model, params, one, world):
+    """The lab-only baseline (registry.LAB_METHODS per-tensor): one blocking allreduce per gradient after backward;
+    (step, its settings label)."""
+    import torch.distributed as td
+
+    def step():
+        _zero(params)
+        model(one).backward()
+        for p in params[::-1]:  # gradient-ready order
+            td.all_reduce(p.grad)
+            p.grad.div_(world)
+
+    return step, f"{len(params)} allreduces"
+
+
+def _zero(params) -> None:
+    for p in params:
+        p.grad = None
+
+
+# The tuner's search space in the lab (tuned methods), bucket sizes at the lab's fraction.
+TUNE_BUCKETS_MB = (4, 8, 16, 32)
+
+
+def lab_overrides(method: str, args) -> list[str]:
+    """The config of `method`'s backend in the lab: its record's backend at the config's bucket size x --fraction,
+    on --flows gloo devices for a flows method, tuned in the same process for a tuned one, and its own overrides."""
+    from recipes.config.schema import CommConfig
+
+    lab, f = LAB[method], args.fraction
+    rec = registry.ALLREDUCE_BACKENDS[lab.backend]
+    bucket = lab.bucket_mb if lab.bucket_mb is not None else CommConfig.__dataclass_fields__[rec.bucket_key].default
+    over = [
+        "run.device=cpu",
+        f"dist.timeout_s={args.timeout}",
+        f"comm.backend={rec.name}",
+        "comm.tune_cache=null",
+        f"comm.{rec.bucket_key}={bucket * f:g}",
+    ]
+    if lab.flows:
+        over.append(f"comm.gloo_devices={args.flows}")
+    if lab.tuned:
+        over += [
+            "comm.autotune=true",
+            f"comm.tune_max_candidates={args.candidates}",
+            f"comm.tune_bucket_mb=[{','.join(f'{b * f:g}' for b in TUNE_BUCKETS_MB)}]",
+            "comm.tune_streams=[1,2,3,4]",
+            "comm.tune_slices=[1,2,4]",
+            "comm.tune_warmup_steps=1",
+            "comm.tune_steps_per_window=1",
+            "comm.tune_windows=2",
+            *args.tune_over,
+        ]
+    over += lab.overrides
+    if any(o.startswith("comm.balance=") and not o.endswith("=false") for o in lab.overrides):
+        over.append(f"comm.balance_window={args.balance_window}")
+    if "comm.tune_start=model" in lab.overrides:  # the model's ranking for this lab, and half the candidates
+        over += [
+            f"comm.link_gbit={args.link_mbit / 1000}",
+            f"comm.flow_gbit={args.flow_mbit / 1000}",
+            f"comm.latency_us={args.latency_us}",
+            f"comm.tune_max_candidates={max(1, args.candidates // 2)}",
+        ]
+    return over
+
+
 def worker(args) -> None:
     import torch
     import torch.distributed as td
-    from torch.nn.parallel import DistributedDataParallel
 
-    from recipes.comm.ddp import gloo_group
-    from recipes.comm.multistream import MultiStreamBackend
+    from recipes.comm import create_allreduce
+    from recipes.comm import stepmodel as sm
     from recipes.config import load_config
     from recipes.distributed import DistInfo, teardown
 
@@ -204,124 +271,70 @@ def worker(args) -> None:
         m = _model(f)
         return m, list(m.parameters())
 
-    def zero(params):
-        for p in params:
-            p.grad = None
-
     model, params = fresh()
     out["bytes"], out["tensors"] = sum(p.numel() * p.element_size() for p in params), len(params)
-    ready_order = params[::-1]
 
     def compute():
-        zero(params)
+        _zero(params)
         model(one).backward()
 
-    def per_tensor():
-        compute()
-        for p in ready_order:
-            td.all_reduce(p.grad)
-            p.grad.div_(world)
-
     contenders, settings, tuning, balancing = {"compute": compute}, {"compute": "no communication"}, {}, {}
+    backends = {}
     for method in args.methods:
-        if method == "per-tensor":
-            contenders[method], settings[method] = per_tensor, f"{len(params)} allreduces"
-        elif method == "ddp":
-            m, ps = fresh()
-            ddp = DistributedDataParallel(m, bucket_cap_mb=25 * f, broadcast_buffers=False)
+        lab = LAB[method]
+        if not lab.backend:  # lab-only: its own builder
+            contenders[method], settings[method] = registry.resolve(lab.build)(model, params, one, world)
+            continue
+        cfg = load_config(None, lab_overrides(method, args))
+        backend = create_allreduce(
+            cfg.comm,
+            DistInfo(rank, world, 0, 1, torch.device("cpu")),
+            timeout_s=cfg.dist.timeout_s,
+            model_name=cfg.model.name,
+        )
+        m, ps = fresh()
+        with _groups_of(method, flows):
+            tm, _ = backend.prepare(m, None)
 
-            def step(ddp=ddp, ps=ps):
-                zero(ps)
-                ddp(one).backward()
+        def step(tm=tm, ps=ps, backend=backend):
+            _zero(ps)
+            tm(one).backward()
+            backend.on_step_end(0)
 
-            contenders[method], settings[method] = step, f"bucket_cap_mb {25 * f:g}"
-        elif method == "ddp-flows":
-            m, ps = fresh()
-            with _groups_of(method, flows):
-                group = gloo_group(args.flows, args.timeout)
-            ddp_n = DistributedDataParallel(m, bucket_cap_mb=25 * f, broadcast_buffers=False, process_group=group)
-
-            def step(ddp=ddp_n, ps=ps):
-                zero(ps)
-                ddp(one).backward()
-
-            contenders[method], settings[method] = step, f"bucket_cap_mb {25 * f:g}, {args.flows} flows"
-        elif LAB[method].model == "multistream":
-            over = [
-                "run.device=cpu",
-                f"dist.timeout_s={args.timeout}",
-                "comm.tune_cache=null",
-                f"comm.bucket_mb={LAB[method].bucket_mb * f:g}",
-            ]
-            if LAB[method].tuned:
-                buckets = ",".join(f"{b * f:g}" for b in (4, 8, 16, 32))
-                over += [
-                    "comm.autotune=true",
-                    f"comm.tune_max_candidates={args.candidates}",
-                    f"comm.tune_bucket_mb=[{buckets}]",
-                    "comm.tune_streams=[1,2,3,4]",
-                    "comm.tune_slices=[1,2,4]",
-                    "comm.tune_warmup_steps=1",
-                    "comm.tune_steps_per_window=1",
-                    "comm.tune_windows=2",
-                ]
-            over += list(LAB[method].overrides)
-            if "comm.balance=true" in over:
-                over.append(f"comm.balance_window={args.balance_window}")
-            if method == "tuned-model":  # the model's ranking for this lab, and half the candidates
-                over += [
-                    "comm.tune_start=model",
-                    f"comm.link_gbit={args.link_mbit / 1000}",
-                    f"comm.flow_gbit={args.flow_mbit / 1000}",
-                    f"comm.latency_us={args.latency_us}",
-                    f"comm.tune_max_candidates={max(1, args.candidates // 2)}",
-                ]
-            cfg = load_config(None, over)
-            backend = MultiStreamBackend(
-                cfg.comm,
-                DistInfo(rank, world, 0, 1, torch.device("cpu")),
-                timeout_s=cfg.dist.timeout_s,
-                model_name=cfg.model.name,
-            )
-            m, ps = fresh()
-            with _groups_of(method, flows):
-                tm, _ = backend.prepare(m, None)
-
-            def step(tm=tm, ps=ps, backend=backend):
-                zero(ps)
-                tm(one).backward()
-                backend.on_step_end(0)
-
-            t_tune = time.perf_counter()
-            while backend.tuner is not None and not backend.tuner.done:
-                step()
-            t_balance, balance_steps = time.perf_counter(), 0
-            while backend._balancing() and balance_steps < 60:
-                step()
-                balance_steps += 1
-            if backend.balance is not None:
-                b = backend.balance
-                balancing[method] = {
-                    "seconds": time.perf_counter() - t_balance,
-                    "steps": balance_steps,
-                    "replans": b.replans,
-                    "settled": b.settled,
-                    "shares": list(b.current),
-                }
-            if backend.tuner is not None:
-                tuning[method] = {
-                    "seconds": time.perf_counter() - t_tune,
-                    "candidates": backend.tuner.table(),
-                    "start": backend.tuner.summary(),
-                }
-            contenders[method] = step
-            settings[method] = backend.settings.label().replace("bucket ", "")
-            if method in balancing:
-                b = balancing[method]
-                shares = shares_label(b["shares"])
-                settings[method] += f", {b['replans']} re-plans, shares {shares}"
-        else:
-            raise SystemExit(f"unknown method {method}")
+        # A backend that tunes or balances itself (multistream) is timed once it settled.
+        tuner = getattr(backend, "tuner", None)
+        t_tune = time.perf_counter()
+        while tuner is not None and not tuner.done:
+            step()
+        t_balance, balance_steps = time.perf_counter(), 0
+        while getattr(backend, "balance", None) is not None and backend._balancing() and balance_steps < 60:
+            step()
+            balance_steps += 1
+        if getattr(backend, "balance", None) is not None:
+            b = backend.balance
+            balancing[method] = {
+                "seconds": time.perf_counter() - t_balance,
+                "steps": balance_steps,
+                "replans": b.replans,
+                "settled": b.settled,
+                "shares": list(b.current),
+            }
+        if tuner is not None:
+            tuning[method] = {
+                "seconds": time.perf_counter() - t_tune,
+                "candidates": tuner.table(),
+                "start": tuner.summary(),
+            }
+        contenders[method], backends[method] = step, backend
+        # Its settings as it runs them (the tuner's winner), described by its step model: predict_lab reads them back.
+        live = backend.stats().settings
+        settings[method] = sm.settings_label(lab.backend, len(ps), sm.pattern(lab.backend).settings(live))
+        if lab.flows:
+            settings[method] += f", {args.flows} flows"
+        if method in balancing:
+            b = balancing[method]
+            shares = shares_label(b["shares"])
+            settings[method] += f", {b['replans']} re-plans, shares {shares}"
     res = _rounds(contenders, args, td.barrier)
     if flows is not None:
         out["pins"] = flows.pins
@@ -368,7 +381,7 @@ def hvd_worker(args) -> None:
         model(one).backward()
         opt.synchronize()  # the averaged gradients are in .grad now (optimizer.step() would do this first)
 
-    res = _rounds({"horovod": step}, args, barrier)["horovod"]
+    res = _rounds({APART: step}, args, barrier)[APART]
     cpu = hvd.allgather_object(statistics.median(res["cpu"]))
     fusion = int(os.environ.get("HOROVOD_FUSION_THRESHOLD", 128 * 2**20)) / 2**20
     out = {
@@ -582,7 +595,7 @@ def _table(title: str, n: int, res: dict, hvd, link_mbit: float | None) -> list[
         "| vs ddp (N flows) | CPU ms/step (busiest rank) | CPU load |",
         "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    entries = [(m, res[m]) for m in METHODS if m in res] + [("horovod", hvd)]
+    entries = [(m, res[m]) for m in METHODS if m in res] + [(APART, hvd)]
     comm, ref = {}, float("nan")
     for m, r in entries:
         if isinstance(r, dict):
@@ -706,7 +719,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             for n in worlds:
                 res = _run_torch(n, None, args, tmp)
-                hvd = _run_horovod(n, None, args, tmp) if "horovod" in args.contenders else "not run"
+                hvd = _run_horovod(n, None, args, tmp) if APART in args.contenders else "not run"
                 lines += _table("Loopback", n, res, hvd, None)
                 print("\n".join(lines), file=sys.stderr, flush=True)
         reason = None if args.no_lab else netlab.available()
@@ -730,7 +743,7 @@ def main(argv: list[str] | None = None) -> int:
                             + ", ".join(f"{r.leaf} {r.ceil_mbit:.1f} {r.mbit:.1f}" for r in checked)
                         )
                     res = _run_torch(n, lab, args, tmp)
-                    hvd = _run_horovod(n, lab, args, tmp) if "horovod" in args.contenders else "not run"
+                    hvd = _run_horovod(n, lab, args, tmp) if APART in args.contenders else "not run"
                 record.append(
                     {
                         "hosts": n,
@@ -743,7 +756,7 @@ def main(argv: list[str] | None = None) -> int:
                         "measured_flows": [[r.leaf, r.ceil_mbit, r.mbit] for r in checked],
                         "cpus": os.cpu_count(),
                         "torch": res,
-                        "horovod": hvd,
+                        APART: hvd,
                     }
                 )
                 if args.json:

@@ -28,7 +28,6 @@ them all). CPU timings and the allocator's counters say nothing about a GPU: in 
 from __future__ import annotations
 
 import argparse
-import copy
 import gc
 import importlib.util
 import json
@@ -219,7 +218,7 @@ def case_phases(rows: list[dict], probe: Probe) -> None:
         rows += [row(n, NEED_CUDA) for n in names]
         return
     ok, why = probe.decision(bench.cfg)
-    runner = probe.track(bench.runner(graph=True, multistream=True))
+    runner = probe.track(bench.runner(graph=True))
     st = State()
     for size, name in zip(sizes, names, strict=True):
         with guard(rows, name):
@@ -373,33 +372,13 @@ def _memory(probe: Probe, make, x, y, steps: int) -> dict:
 
 
 def case_churn(rows: list[dict], probe: Probe) -> None:
-    bench, torch = probe.bench, probe.torch
-    from base import registry
-    from recipes.optim import create_optimizer
-    from recipes.steps import GraphStep, StepRunner, create_criterion
-
+    bench = probe.bench
     steps = 3 if probe.smoke else CHURN_STEPS
     size, batch = (8, 2) if probe.smoke else (PHASE_SIZES[0], PHASE_BATCH)
     x, y = bench.batch(size, batch)
-    cfg = bench.cfg
 
     def make(graph: bool):
-        def build():
-            model = copy.deepcopy(bench.base)
-            kw = dict(
-                model=model,
-                train_model=model,
-                optimizer=create_optimizer(cfg.optim, model),
-                optim=registry.OPTIMIZERS[cfg.optim.name],
-                scaler=torch.amp.GradScaler(probe.device.type, enabled=bench.amp == "fp16"),
-                comm=_Blocked() if graph else _NoComm(),
-                criterion=create_criterion(cfg),
-                device=probe.device,
-                amp=bench.amp,
-            )
-            return probe.track(GraphStep(capture=probe.capture, **kw) if graph else StepRunner(**kw))
-
-        return build
+        return lambda: probe.track(bench.runner(graph=graph, comm=_Blocked() if graph else _NoComm()))
 
     base = _memory(probe, make(False), x, y, steps)
     new = _memory(probe, make(True), x, y, steps)
@@ -507,8 +486,8 @@ def case_speedup(rows: list[dict], probe: Probe) -> None:
             continue
         with guard(rows, speed):
             variants = {
-                "eager": lambda: probe.track(bench.runner(graph=False, multistream=True)),
-                "graphed": lambda: probe.track(bench.runner(graph=True, multistream=True)),
+                "eager": lambda: probe.track(bench.runner(graph=False)),
+                "graphed": lambda: probe.track(bench.runner(graph=True)),
             }
             res = compare(bench, variants, size=size, batch=batch, rounds=rounds, steps=steps, warmup=4)["variants"]
             errors = "; ".join(f"{k}: {v['error']}" for k, v in res.items() if "error" in v)

@@ -85,8 +85,10 @@ class Bench:
             model = create_model(self.cfg.model, 1000)
         return model.to(self.device).to(memory_format=torch.channels_last)
 
-    def runner(self, *, graph: bool, multistream: bool):
-        """A fresh model copy, optimizer and step runner (GraphStep with capture on CUDA, or StepRunner)."""
+    def runner(self, *, graph: bool, bare: bool = False, comm=None):
+        """A fresh model copy, optimizer and step runner (GraphStep with capture on CUDA, or StepRunner): the config's
+        backend engaged on the one-rank group, or with `bare` no allreduce wrapper (load_ddp), or `comm`, a stand-in
+        backend object (gpu_check_capture's)."""
         torch = self.torch
         from base import registry
         from recipes.comm import create_allreduce
@@ -96,8 +98,11 @@ class Bench:
         cfg = self.cfg
         model = copy.deepcopy(self.base)
         opt = create_optimizer(cfg.optim, model)
-        comm_cfg = cfg.comm if multistream else load_ddp(cfg)
-        comm = create_allreduce(comm_cfg, self.dist, timeout_s=cfg.dist.timeout_s, model_name=cfg.model.name)
+        named = {}  # a stand-in is no registered backend: StepRunner's messages keep their default name
+        if comm is None:
+            comm_cfg = load_ddp(cfg) if bare else cfg.comm
+            comm = create_allreduce(comm_cfg, self.dist, timeout_s=cfg.dist.timeout_s, model_name=cfg.model.name)
+            named["backend"] = comm_cfg.backend
         train_model, opt = comm.prepare(model, opt)
         kw = dict(
             model=model,
@@ -109,7 +114,7 @@ class Bench:
             criterion=create_criterion(cfg),
             device=self.device,
             amp=self.amp,
-            backend=comm_cfg.backend,
+            **named,
         )
         if graph:
             return GraphStep(capture=self.capture, **kw)
@@ -248,8 +253,8 @@ def run(out: Path, *, device: str, smoke: bool, parts: list[str]) -> dict:
         write()
         print(f"speed: part {name} done in {time.perf_counter() - t:.0f} s", file=sys.stderr)
 
-    eager = lambda: bench.runner(graph=False, multistream=True)  # noqa: E731
-    graphed = lambda: bench.runner(graph=True, multistream=True)  # noqa: E731
+    eager = lambda: bench.runner(graph=False)  # noqa: E731
+    graphed = lambda: bench.runner(graph=True)  # noqa: E731
     if "graph" in parts:
         part(
             "graph",
@@ -267,7 +272,7 @@ def run(out: Path, *, device: str, smoke: bool, parts: list[str]) -> dict:
             },
         )
     if "multistream" in parts:
-        bare = lambda: bench.runner(graph=False, multistream=False)  # noqa: E731
+        bare = lambda: bench.runner(graph=False, bare=True)  # noqa: E731
         part(
             "multistream",
             lambda: compare(

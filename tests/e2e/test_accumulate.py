@@ -4,7 +4,7 @@ weights of one batch of A x the size, with the allreduce once per optimizer step
 from __future__ import annotations
 
 import pytest
-from support import ROOT, horovodrun, needs_horovod, rank_results, torchrun
+from support import ROOT, TORCHRUN_BACKENDS, horovodrun, needs_horovod, rank_results, torchrun
 
 WORKER = str(ROOT / "tests" / "comm_worker.py")
 EXACT = 1e-5  # float32: the same sums in another order, over 3 SGD steps with momentum
@@ -21,7 +21,7 @@ def _check(results: list[dict], bytes_counted: bool = True) -> None:
             assert r["comm_bytes"] == 3 * r["param_bytes"]
 
 
-@pytest.mark.parametrize("backend", ["ddp", "multistream"])
+@pytest.mark.parametrize("backend", TORCHRUN_BACKENDS)
 def test_accumulated_micro_batches_match_one_large_batch(tmp_path, backend):
     out = tmp_path / backend
     out.mkdir()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support import ROOT, horovodrun, torchrun
+from support import ROOT, TORCHRUN_BACKENDS, horovodrun, torchrun
 
 from models.factory import compile_unavailable
 from recipes.rundir import checkpoint_files as ckpt
@@ -52,7 +52,7 @@ def eager_run(tiny_root, tmp_path_factory) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["ddp", "multistream"])  # Horovod's hooks are multistream's kind; CI time
+@pytest.mark.parametrize("backend", TORCHRUN_BACKENDS)  # Horovod's hooks are multistream's kind; CI time
 def test_compiled_training_averages_gradients_on_every_backend(tiny_root, tmp_path, backend, eager_run):
     why = compile_unavailable(torch.device("cpu"))
     if why:

@@ -55,7 +55,6 @@ def test_every_case_runs_under_the_stand_in_and_is_written_after_each(probe, tmp
     for name, rec in registry.OPTIMIZERS.items():
         says = "captured" if rec.capturable else "refused"
         assert got[f"capture optimizers: optim.name={name} {says} as its record says"] == "pass", rows
-    assert {n for n, rec in registry.OPTIMIZERS.items() if rec.capturable} == {"lars", "hybrid"}
     assert got["capture wrapped: comm.backend=ddp engaged at world 1 stays eager"] == "pass"
     hvd = got["capture wrapped: comm.backend=horovod engaged at world 1 stays eager"]
     assert hvd == ("pass" if not cap.horovod_missing() else f"skip: {cap.horovod_missing()}")

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from support import ROOT, horovodrun, needs_horovod
+from support import ROOT, TORCHRUN_BACKENDS, horovodrun, needs_horovod
 from torch import nn
 
 from base import registry
@@ -204,8 +204,8 @@ from recipes.comm import create_allreduce, process_env
 from recipes.config import load_config
 from recipes.distributed import setup
 out = {}
-for backend in ("ddp", "multistream"):
-    cfg = load_config(None, ["run.device=cpu", "dist.backend=gloo", f"comm.backend={backend}", *sys.argv[1:]])
+for backend in sys.argv[1].split(","):
+    cfg = load_config(None, ["run.device=cpu", "dist.backend=gloo", f"comm.backend={backend}", *sys.argv[2:]])
     dist = setup(cfg, env=process_env(cfg.comm))
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 5), nn.Linear(5, 3))
@@ -227,12 +227,17 @@ def test_one_process_engages_the_backends_when_asked(engage):
     args = ["comm.engage_single_rank=true"] if engage else []
     env = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
     p = subprocess.run(
-        [sys.executable, "-c", _ENGAGE, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", _ENGAGE, ",".join(TORCHRUN_BACKENDS), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
     params = (6 * 5 + 5 + 5 * 3 + 3) * 4
-    for backend in ("ddp", "multistream"):
+    for backend in TORCHRUN_BACKENDS:
         if engage:  # hooks, buckets and collectives ran over a one-rank gloo group
             assert out[backend]["wrapped"] == (backend == "ddp"), out
             assert out[backend]["steps"] == 3 and out[backend]["bytes"] == 3 * params, out

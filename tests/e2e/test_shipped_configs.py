@@ -226,7 +226,9 @@ class Combination:
     @property
     def name(self) -> str:
         s = self.settings
-        optim = s["optim.name"] + (f"/{s['optim.lars_momentum']}" if s["optim.name"] in ("lars", "hybrid") else "")
+        optim = s["optim.name"] + (
+            f"/{s['optim.lars_momentum']}" if "lars_momentum" in registry.OPTIMIZERS[s["optim.name"]].reads else ""
+        )
         parts = [s["comm.backend"], optim, f"amp={s['run.amp']}", s["data.backend"]]
         flags = {
             "channels_last": s["run.channels_last"],

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support import tiny_config
+from support import FOLDER_PIPELINES, tiny_config
 
 import recipes.trainer
 from recipes.rundir import checkpoint_files as ckpt
@@ -44,7 +44,7 @@ def _criterion_failing_at(call: int):
     return create
 
 
-@pytest.mark.parametrize("backend", ["torch", "dali"])
+@pytest.mark.parametrize("backend", FOLDER_PIPELINES)
 def test_a_run_interrupted_mid_accumulation_resumes_exactly(tiny_root, tmp_path, monkeypatch, backend):
     over = (*ACC, f"data.backend={backend}")
     full = train(tiny_config(tiny_root, tmp_path / "a", *over))

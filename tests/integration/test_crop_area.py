@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support import input_args, tiny_config
+from support import FOLDER_PIPELINES, input_args, tiny_config
 
 import data.transforms as T
 from base.errors import ConfigError
@@ -22,7 +22,7 @@ def test_lower_bound_is_the_larger_of_min_scale_and_min_object_area():
     assert T.crop_min_area(Phase(epochs=1, image_size=96, batch_size=8, min_scale=0.35)) == 0.35  # default 0: no bound
 
 
-@pytest.mark.parametrize("backend", ["torch", "dali"])
+@pytest.mark.parametrize("backend", FOLDER_PIPELINES)
 def test_both_backends_crop_with_the_bound(backend, tiny_root, tmp_path, monkeypatch):
     seen = []
     if backend == "torch":

@@ -10,6 +10,7 @@ import shutil
 
 import pytest
 import torch
+from support import FOLDER_PIPELINES
 
 import evaluate
 from recipes.evaluation import cli
@@ -98,7 +99,7 @@ def test_a_dataset_of_val_alone_is_enough(tiny_checkpoint, tiny_root, tmp_path, 
     only = _copy_val_only(tiny_root, tmp_path / "only")
     assert full == 0
     for data in (only, only / "val"):
-        for backend in ("torch", "dali"):
+        for backend in FOLDER_PIPELINES:  # evaluate.py --backend
             out = tmp_path / f"{backend}.json"
             assert (
                 evaluate.main([str(tiny_checkpoint), "--data", str(data), "--backend", backend, "--out", str(out)]) == 0

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 import torch
-from support import ROOT, input_args, input_from, run_context, tiny_config
+from support import FOLDER_PIPELINES, ROOT, input_args, input_from, run_context, tiny_config
 
 from base.errors import ConfigError
 from data import create_input
@@ -63,7 +63,7 @@ def test_batch_shape_dtype_and_layout(tiny_root, tmp_path, backend, overrides, d
 def test_dali_and_torch_agree_on_classes_labels_and_validation_pixels(tiny_root, tmp_path, rect):
     phases = f"phases=[{{epochs: 1, image_size: 48, batch_size: 6, rect_val: {str(rect).lower()}}}]"
     out = {}
-    for backend in ("dali", "torch"):
+    for backend in FOLDER_PIPELINES:
         cfg = tiny_config(tiny_root, tmp_path, f"data.backend={backend}", "data.val_batch_size=7", phases)
         pipe = create_input(cfg.data, CPU, **input_args(cfg))
         batches = [(x.clone(), y.clone()) for x, y in pipe.val_batches(cfg.phases[0])]
@@ -93,7 +93,7 @@ def test_odd_files_decode_as_the_same_rgb_in_every_backend(odd_val_root, tmp_pat
     assert odd == ["cmyk.JPEG", "gray.JPEG", "png.JPEG"]
     phases = "phases=[{epochs: 1, image_size: 32, batch_size: 3, rect_val: true, val_image_size: 40}]"
     out = {}
-    for backend in ("dali", "torch"):
+    for backend in FOLDER_PIPELINES:
         cfg = tiny_config(odd_val_root, tmp_path, f"data.backend={backend}", "data.val_batch_size=1", phases)
         pipe = create_input(cfg.data, CPU, **input_args(cfg))
         out[backend] = [x for x, _ in pipe.val_batches(cfg.phases[0])]

@@ -8,6 +8,7 @@ import pytest
 import torch
 from support import ROOT, input_args, tiny_config, torchrun
 
+from base import registry
 from data import create_input
 from recipes.config import load_config
 from recipes.distributed import DistInfo
@@ -42,7 +43,7 @@ def test_record_schedule_reads_as_data_and_gives_its_1159_iterations(tmp_path):
     assert plan.image_size(plan.epochs[13].first_step) == 128 and plan.image_size(plan.epochs[13].first_step - 1) == 96
 
 
-@pytest.mark.parametrize("backend", ["dali", "torch", "synthetic"])
+@pytest.mark.parametrize("backend", list(registry.INPUT_PIPELINES))
 def test_every_backend_gives_the_plans_steps_at_each_phases_size(tiny_root, tmp_path, backend):
     world = 5  # 48 images: shards of 10 and 9, so a rank's last batch wraps around
     phases = (

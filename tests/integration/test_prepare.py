@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 from PIL import Image
-from support import input_args, input_from, tiny_config
+from support import FOLDER_PIPELINES, input_args, input_from, tiny_config
 
 from base.errors import DataError
 from data import create_input
@@ -145,7 +145,7 @@ def test_prepare_reports_undecodable_sources(odd_src, tmp_path, capsys):
     assert settings["undecodable"] == 3 and settings["complete"] is False
 
 
-@pytest.mark.parametrize("backend", ["dali", "torch"])
+@pytest.mark.parametrize("backend", FOLDER_PIPELINES)
 def test_a_phase_reads_the_prepared_copy(odd_src, tmp_path, backend):
     dst = tmp_path / "p96"
     assert prepare_main(["--src", str(odd_src), "--dst", str(dst), "--short-side", "96", "--workers", "1"]) == 0

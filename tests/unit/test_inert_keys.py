@@ -3,6 +3,7 @@ one line, and --print-config marks every such key, from the optimizer records (b
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -10,6 +11,7 @@ import pytest
 import yaml
 from support import ROOT
 
+from base import registry
 from base.errors import ConfigError
 from recipes.config import load_config, to_yaml
 from recipes.config.inert import inert_keys, inert_settings, marked_yaml
@@ -19,21 +21,19 @@ def _cfg(*overrides):
     return load_config(ROOT / "configs" / "base.yaml", list(overrides))
 
 
-@pytest.mark.parametrize(
-    ("name", "inert"),
-    [
-        ("sgd", ["eta", "trust_clip_min", "trust_clip_max", "lars_momentum", "adapt_bn_bias"]),
-        ("lars", ["trust_clip_min", "trust_clip_max"]),
-        ("hybrid", []),
-        ("lamb", ["momentum", "momentum_end", "momentum_schedule", "nesterov", "eta", "trust_clip_min"]),
-    ],
-)
-def test_inert_keys_per_optimizer(name, inert):
-    keys = [k for k in inert_keys(_cfg(f"optim.name={name}")) if k.startswith("optim.")]
-    if name == "lamb":
-        assert keys == [f"optim.{k}" for k in (*inert, "trust_clip_max", "lars_momentum")]
-    else:
-        assert keys == [f"optim.{k}" for k in inert]
+# Every record of every seam (base/registry.py SEAMS: optim.name, data.backend, model.name).
+SEAM_RECORDS = [(section, name) for section, seam in registry.SEAMS.items() for name in seam.records]
+
+
+@pytest.mark.parametrize(("section", "name"), SEAM_RECORDS, ids=lambda v: v)
+def test_the_inert_keys_are_those_its_record_does_not_read(section, name):
+    """The section's keys, in the schema's order, less those every part reads and those the record reads."""
+    seam = registry.SEAMS[section]
+    cfg = _cfg(f"{section}.{seam.key}={name}")
+    keys = [f.name for f in dataclasses.fields(getattr(cfg, section))]
+    want = [f"{section}.{k}" for k in keys if k not in seam.shared and k not in seam.records[name].reads]
+    assert [k for k in inert_keys(cfg) if k.startswith(f"{section}.")] == want
+    assert set(seam.records[name].reads) <= set(keys), f"{name} reads a key {section} lacks"
 
 
 def test_a_set_inert_key_is_one_line_and_a_default_is_silent():

@@ -71,7 +71,10 @@ def test_compare_runs_labels_every_backend(rec):
 def test_compression_reaches_only_the_backends_that_read_it(record_cfg):
     cfg = dataclasses.replace(record_cfg, comm=dataclasses.replace(record_cfg.comm, compression="fp16"))
     wire = {b.label: b.kwargs["compression"] for b in tm.backends(cfg)}
-    assert wire == {"ddp": "none", "ddp (4 flows)": "none", "horovod": "fp16", "multistream": "fp16"}
+    for rec in BACKENDS:
+        want = rec.wire_dtype or ("fp16" if rec.compression else "none")  # a fixed wire dtype whatever the config
+        assert all(wire[rec.row_label(f)] == want for f in rec.time_flows), rec.name
+    assert {wire["ddp"], wire["multistream"]} == {"none", "fp16"}  # DDP's hook sends the gradients' own dtype
 
 
 def test_every_optimizer_key_is_read_by_some_optimizer():
@@ -85,7 +88,7 @@ def test_a_backend_variant_is_one_record(monkeypatch, record_cfg):
     """A DDP variant with fp16 compression (another comm hook) registered as a record only: the step model, the time
     model's row, --plan's prediction and compare_runs' label follow from it, with no other list to edit."""
     variant = registry.Allreduce("ddp_fp16", "recipes.comm.ddp:DDPBackend", "ddp fp16", compression=True)
-    variant = dataclasses.replace(variant, step_model="ddp")
+    variant = dataclasses.replace(variant, step_model=registry.ALLREDUCE_BACKENDS["ddp"].step_model)
     monkeypatch.setitem(registry.ALLREDUCE_BACKENDS, "ddp_fp16", variant)
     specs = [sm.TensorSpec(f"g{i}", (1 << 20,), "float32") for i in range(8)]
     comp, net = sm.no_overlap(specs, 0.1), sm.Network(4, 8, 32.0, 10.0, 50e-6)
@@ -100,3 +103,22 @@ def test_a_backend_variant_is_one_record(monkeypatch, record_cfg):
     assert seconds is not None and ", ddp fp16, " in what
     summary = {"comm_backend": "ddp_fp16", "world_size": 2, "comm": {"backend": "ddp_fp16", "settings": {}}}
     assert compare_runs.backend_label(compare_runs.Run(Path("r"), summary, {}, [])) == "ddp fp16"
+
+
+def test_a_backend_that_always_sends_bf16_is_predicted_at_two_bytes(monkeypatch, record_cfg):
+    """A record's wire dtype is what the time model's bytes read: a DDP variant whose hook always sends bf16 (it
+    does not read comm.compression) is predicted at 2 bytes per element, in predict_step and in the time model's row."""
+    ddp = registry.ALLREDUCE_BACKENDS["ddp"]
+    bf16 = dataclasses.replace(ddp, name="ddp_bf16", label="ddp bf16", time_flows=(1,), wire_dtype="bf16")
+    monkeypatch.setitem(registry.ALLREDUCE_BACKENDS, "ddp_bf16", bf16)
+    specs = [sm.TensorSpec(f"g{i}", (1 << 20,), "float32") for i in range(8)]
+    comp, net = sm.no_overlap(specs, 0.1), sm.Network(4, 8, 32.0, 10.0, 50e-6)
+    half = sm.messages("ddp_bf16", specs, comp, **sm.backend_kwargs("ddp_bf16"))
+    full = sm.messages("ddp", specs, comp, **sm.backend_kwargs("ddp"))
+    assert [2 * m.nbytes for m in half] == [m.nbytes for m in full]
+    step = sm.predict_step("ddp_bf16", specs, comp, net, **sm.backend_kwargs("ddp_bf16"))
+    assert step.step_s < sm.predict_step("ddp", specs, comp, net, **sm.backend_kwargs("ddp")).step_s
+    assert step.settings.endswith(", wire bf16")
+    for compression in ("none", "fp16"):  # comm.compression does not reach it
+        cfg = dataclasses.replace(record_cfg, comm=dataclasses.replace(record_cfg.comm, compression=compression))
+        assert {b.label: b for b in tm.backends(cfg)}["ddp bf16"].kwargs["compression"] == "bf16"

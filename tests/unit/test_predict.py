@@ -8,6 +8,7 @@ import json
 import pytest
 from support import ROOT
 
+from base import registry
 from scripts import netlab, predict
 from scripts.bench import bench_allreduce
 
@@ -35,12 +36,8 @@ def test_json_has_every_backend_phase_and_term(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "Calibration (fitted, not predicted)" in text and "residual" in text
     doc = json.loads(out.read_text())
-    assert [b["backend"] for b in doc["backends"]] == [
-        "ddp",
-        "ddp (4 flows)",
-        "multistream",
-        "horovod",
-    ]  # the registry's backends in its order (base/registry.py); one host: no tuning row
+    rows = [r.row_label(f) for r in registry.ALLREDUCE_BACKENDS.values() for f in r.time_flows]
+    assert [b["backend"] for b in doc["backends"]] == rows  # the registry's order; one host: no tuning row
     for b in doc["backends"]:
         assert b["train_s"]["low"] < b["train_s"]["mid"] < b["train_s"]["high"] <= b["wall_s"]["high"]
         assert [p["image_size"] for p in b["phases"]] == [96, 128, 224, 288]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from recipes import metrics
 from recipes.comm.stats import CommStats
 from recipes.config import load_config
 from recipes.report import summarize, summary_table
@@ -107,3 +108,28 @@ def test_a_resumed_runs_table_shows_the_restart():
     assert "restarts" not in _rows(summary_table(_summary()))
     s = _summary(restarts=1, redone_steps=7)
     assert _rows(summary_table(s))["restarts"] == "1 (resumed from a checkpoint after a failure; 7 step(s) redone)"
+
+
+def test_a_metric_declared_for_the_summary_gets_its_key_and_row(monkeypatch):
+    """A host-measured epoch metric (the input pipeline's wait) gets its summary.json key and its row in the table
+    by declaring how it aggregates, here the sum over the epochs, with no code in the report."""
+    wait = metrics.Total("data_wait_seconds", "data_wait", "sum", "data wait (s)", "{:.1f}")
+    worst = metrics.Total("data_wait_worst", "data_wait", "max")
+    monkeypatch.setattr(metrics, "SUMMARY", (*metrics.SUMMARY, wait, worst))
+    rows = [
+        {"epoch": 1, "train_seconds": 1800.0, "top1": 50.0, "top5": 80.0, "val_count": 100, "data_wait": 3.5},
+        {"epoch": 2, "train_seconds": 3725.0, "top1": 76.0, "top5": 93.5, "val_count": 100, "data_wait": 4.25},
+    ]
+    s = _summary(history=rows)
+    assert (s["data_wait_seconds"], s["data_wait_worst"]) == (7.75, 4.25)
+    table = _rows(summary_table(s))
+    assert table["data wait (s)"] == "7.8" and "data_wait_worst" not in table
+    assert list(table)[-2:] == ["data wait (s)", "DAWNBench result"]
+    assert _summary()["data_wait_seconds"] is None  # no epoch: nothing to sum
+
+
+def test_every_summary_value_declares_a_known_kind_and_metric():
+    epoch = {m.name for m in metrics.EPOCH}
+    for t in metrics.SUMMARY:
+        assert t.how in metrics.SUMMARY_HOW, t
+        assert t.metric in epoch or t.how in ("run", "rate"), t  # a State attribute only for the run's own kinds

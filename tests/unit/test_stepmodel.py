@@ -26,7 +26,7 @@ def seconds(nbytes: float, gbit: float) -> float:
     return nbytes * 8 / (gbit * 1e9)
 
 
-@pytest.mark.parametrize("backend", ["ddp", "multistream", "horovod", "per-tensor"])
+@pytest.mark.parametrize("backend", sm.BACKENDS)
 @pytest.mark.parametrize("hosts", [2, 4, 16])
 def test_single_bucket_is_a_ring_allreduce(backend, hosts):
     """One 100 MB tensor, ready when backward ends: 2(H-1)/H x bytes over the link, plus 2(H-1) latencies."""
