@@ -18,6 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from base import reader  # noqa: E402
+from base.registry import LAB_METHODS  # noqa: E402
 from recipes.comm import flowrates  # noqa: E402
 
 
@@ -40,6 +41,54 @@ def lab_rows(paths: list[str], flows: int) -> list[str]:
     return lines
 
 
+def fit_rows(paths: list[str], flows: int, strategies: dict[str, str]) -> tuple[list[str], dict[str, float]]:
+    """The model against the lab's uneven runs, fitted on the even ones only: per contender and host count, the
+    fraction of the model's rate it reached under `even` (one figure); then each uneven run's communication time
+    predicted from its profile and seed, beside the measured one. Returns the rows and the worst error per contender."""
+    recs = [rec for path in paths for rec in reader.read_json(path, what="lab JSON", error=SystemExit)]
+
+    def measured(rec, m):
+        t = rec["torch"]
+        return max(t[m]["step_s"] - t["compute_s"], 1e-6)
+
+    def rates(rec):
+        return flowrates.ring_rates(rec["profile"], rec["seed"], rec["hosts"], flows, rec["flow_mbit"])
+
+    eff = {}
+    for rec in recs:
+        if rec["profile"] != "even":
+            continue
+        for m, strategy in strategies.items():
+            if m in rec["torch"]:
+                model = flowrates.allreduce_seconds(
+                    rec["torch"]["bytes"], rec["hosts"], flowrates.ring_mbit(rates(rec), rec["link_mbit"], strategy)
+                )
+                eff[(m, rec["hosts"], rec["link_mbit"])] = model / measured(rec, m)
+    lines = [
+        "| hosts | link Mbit/s | profile | seed | method | fitted on even | model ms | measured ms | error |",
+        "|---:|---:|---|---:|---|---:|---:|---:|---:|",
+    ]
+    worst: dict[str, float] = {}
+    for rec in recs:
+        if rec["profile"] == "even":
+            continue
+        for m, strategy in strategies.items():
+            e = eff.get((m, rec["hosts"], rec["link_mbit"]))
+            if m not in rec["torch"] or e is None:
+                continue
+            model = flowrates.fitted_seconds(
+                rec["torch"]["bytes"], rec["hosts"], rates(rec), rec["link_mbit"], strategy, e
+            )
+            got = measured(rec, m)
+            err = model / got - 1
+            worst[m] = max(worst.get(m, 0.0), abs(err))
+            lines.append(
+                f"| {rec['hosts']} | {rec['link_mbit']:g} | {rec['profile']} | {rec['seed']} | {m} | {e:.2f} | "
+                f"{model * 1000:.0f} | {got * 1000:.0f} | {100 * err:+.0f}% |"
+            )
+    return lines, worst
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hosts", type=int, nargs="+", default=[2, 4, 8, 16, 32, 64, 128])
@@ -49,6 +98,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--flow-ratio", type=float, default=3.0, help="per-flow cap = link / this")
     ap.add_argument("--seeds", type=int, default=200, help="draws of the profile (seeds 0..N-1)")
     ap.add_argument("--lab", nargs="*", default=[], help="bench_allreduce --profile JSON files: model beside them")
+    ap.add_argument(
+        "--fit",
+        nargs="*",
+        default=[],
+        help="bench_allreduce --profile JSON files with an even run per host count: the model fitted on the even runs, "
+        "against every uneven run",
+    )
     args = ap.parse_args(argv)
     table = flowrates.prediction_table(
         tuple(args.hosts),
@@ -62,6 +118,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.lab:
         print()
         print("\n".join(lab_rows(args.lab, args.flows)))
+    if args.fit:
+        strategies = {
+            name: flowrates.strategy_of(m.overrides) for name, m in LAB_METHODS.items() if m.flows or m.overrides
+        }
+        rows, worst = fit_rows(args.fit, args.flows, strategies)
+        print()
+        print("\n".join(rows))
+        print()
+        print("worst error: " + ", ".join(f"{m} {100 * w:.0f}%" for m, w in worst.items()))
     return 0
 
 

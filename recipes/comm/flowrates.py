@@ -137,3 +137,19 @@ def prediction_table(hosts=(2, 4, 8, 16, 32, 64, 128), profiles=("one-slow", "ra
                 f"| {x.hop:.2f}x ({x.hop_worst:.2f}x) |"
             )
     return lines
+
+
+def strategy_of(overrides) -> str:
+    """Which of STRATEGIES a lab method's config overrides run: the hop ring under comm.balance_level=hop,
+    communicator-level balancing under comm.balance=true, else even striping (DDP over K devices, a static plan)."""
+    over = dict(o.split("=", 1) for o in overrides)
+    if over.get("comm.balance", "false") == "false":
+        return "even"
+    return "hop" if over.get("comm.balance_level") == "hop" else "comm"
+
+
+def fitted_seconds(nbytes: float, hosts: int, rates: list[list[float]], link_mbit: float, strategy: str, eff: float):
+    """The allreduce's data time on this network for `strategy`, at the fraction `eff` of the model's rate that the
+    same contender reached on the `even` network (the one figure fitted: it holds what the model leaves out, CPU,
+    TCP and the lab's shaping, and is fitted where every connection is equal)."""
+    return allreduce_seconds(nbytes, hosts, ring_mbit(rates, link_mbit, strategy) * eff)

@@ -16,7 +16,7 @@ import sys
 
 from base import reader
 
-CONTENDERS = ("ddp-flows", "multistream", "balanced")
+CONTENDERS = ("ddp-flows", "multistream", "balanced", "hop-balanced")
 
 
 def load(paths: list[str]) -> list[dict]:
@@ -71,11 +71,43 @@ def summary_rows(recs: list[dict]) -> list[str]:
     return lines
 
 
+def link_pct(rec: dict, comm: float) -> float:
+    """The allreduce's ring rate as a % of the link cap (2(H-1)/H of the bytes cross each host's link)."""
+    n = rec["hosts"]
+    return 200 * (n - 1) / n * rec["torch"]["bytes"] * 8 / comm / 1e6 / rec["link_mbit"]
+
+
+def balancing_rows(recs: list[dict], methods=("balanced", "hop-balanced")) -> list[str]:
+    """Per host count, link and profile: each balancing method against DDP on as many flows (median and worst over
+    the seeds) and its share of the link cap (median)."""
+    head = " | ".join(f"{m} vs ddp-flows (median, worst) | {m}, % of link cap (median)" for m in methods)
+    lines = [f"| hosts | link Mbit/s | profile | runs | {head} |", "|---:|---:|---|---:|" + "---:|---:|" * len(methods)]
+    groups: dict[tuple[int, float, str], list[dict]] = {}
+    for rec in recs:
+        groups.setdefault((rec["hosts"], rec["link_mbit"], rec["profile"]), []).append(rec)
+    for (n, link, profile), rs in sorted(groups.items()):
+        cells = []
+        for m in methods:
+            got = [(r, comm_s(r)) for r in rs if m in r["torch"]]
+            if not got:
+                cells.append("| ")
+                continue
+            vs = [c["ddp-flows"] / c[m] for _, c in got]
+            pct = [link_pct(r, c[m]) for r, c in got]
+            cells.append(
+                f"{statistics.median(vs):.2f}x ({min(vs):.2f}x) | {statistics.median(pct):.0f}%"
+                + ("" if len(got) == len(rs) else f" ({len(got)} runs)")
+            )
+        lines.append(f"| {n} | {link:g} | {profile} | {len(rs)} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="+", help="bench_allreduce --profile JSON files")
     recs = load(ap.parse_args(argv).files)
-    print("\n".join(summary_rows(recs)))
+    with_static = all("multistream" in r["torch"] for r in recs)
+    print("\n".join(summary_rows(recs) if with_static else balancing_rows(recs)))
     print()
     print("\n".join(run_rows(recs)))
     return 0

@@ -69,3 +69,19 @@ def test_pins_follow_groups_and_peers():
     lines = nf.pin_commands(pins, "eth0", 40.0)
     assert sum(x.startswith("class change") for x in lines) == 4 and sum(x.startswith("filter") for x in lines) == 8
     assert "match ip sport 5000 0xffff match ip dst 10.250.0.2/32 flowid 1:40a" in lines[4]
+
+
+def test_a_lab_methods_strategy_follows_its_balance_keys():
+    assert fr.strategy_of(()) == "even"
+    assert fr.strategy_of(("comm.balance=false", "comm.balance_level=hop")) == "even"
+    assert fr.strategy_of(("comm.balance=true",)) == "comm"
+    assert fr.strategy_of(("comm.balance=true", "comm.balance_level=hop")) == "hop"
+
+
+def test_the_fitted_time_scales_the_models_rate_by_the_even_fit():
+    """One slow connection (a third of 13.3) on every hop of 4 hosts, 5 MB: even striping goes at 4 x 4.44 = 17.8
+    Mbit/s, the hop ring at the 40 Mbit/s link; at 95% of the model's rate each takes 1/0.95 of its time."""
+    rates = [[40 / 3, 40 / 3, 40 / 3, 40 / 9]] * 4
+    even = fr.fitted_seconds(5e6, 4, rates, 40.0, "even", 1.0)
+    assert even == pytest.approx(1.5 * 5e6 * 8 / (4 * 40 / 9 * 1e6))
+    assert fr.fitted_seconds(5e6, 4, rates, 40.0, "hop", 0.95) == pytest.approx(1.5 * 5e6 * 8 / 40e6 / 0.95)
