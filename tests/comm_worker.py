@@ -168,7 +168,7 @@ def scenario_hop(out: dict, args: list[str]) -> None:
     from recipes.comm.balance import listed
 
     cfg = config(*args)
-    dist = setup(cfg)
+    dist = setup(cfg, env=process_env(cfg.comm))
     torch.manual_seed(0)
     model = Net()
     mean = exact_mean(model, dist.rank, dist.world_size, step=1)

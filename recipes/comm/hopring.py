@@ -19,9 +19,11 @@ receiver cuts the same pieces with no message. The table of shares (one row per 
 balancer (recipes/comm/balance.py, `rebalance_hops`) and installed between steps on every rank.
 
 Buckets run on one helper thread, one at a time, in launch order (the same on every rank), while backward goes on.
-While measuring, each receive is waited for on a thread of its own (gloo's point-to-point work has no future and
-reports completion only from `wait()`), so each connection's time is its own: the seconds from posting the step's
-receives to that piece arriving, summed over the step's ring steps. Gloo only: NCCL's point-to-point sends would need
+While measuring, each piece travels as a head and a tail, each receive is waited for on a thread of its own
+(gloo's point-to-point work has no future and reports completion only from `wait()`), and a connection's figure is
+the seconds between its head and its tail arriving, summed over the step's ring steps: the tail's transfer on that
+connection alone, whatever the sender's lateness (a ring's ranks wait for each other, and at 16 hosts that lateness
+is larger than the differences between connections). Gloo only: NCCL's point-to-point sends would need
 their own stream ordering, and no GPU has run this.
 """
 
@@ -38,6 +40,8 @@ import torch.distributed as td
 
 from base.errors import CommError
 from recipes.comm.plan import split_even, split_weighted
+
+WHOLE, HEAD, TAIL = 0, 1, 2  # point-to-point tags: a piece sent whole, or while measuring as a head and a tail
 
 
 class HopRing:
@@ -118,27 +122,30 @@ class HopRing:
 
     def _exchange(self, b: int, phase: str, s: int, send: torch.Tensor, recv: torch.Tensor) -> None:
         """One ring step: `send` to the left cut by this host's shares, `recv` from the right cut by the right
-        neighbour's shares, one piece per connection."""
-        t0 = time.perf_counter()
-        recvs = []
-        for k, (lo, hi) in enumerate(split_weighted(recv.numel(), self.table[self.right])):
-            if hi > lo:
-                recvs.append((k, td.irecv(recv[lo:hi], src=self.right, group=self.groups[k])))
+        neighbour's shares, one piece per connection. While measuring, each piece travels as a head (its first
+        quarter, tag 1) and a tail (tag 2), and a connection's figure is the time between the two arriving: the
+        tail's transfer alone. The time from posting would also hold how late the sender started, which in a ring
+        of many hosts (each waiting for its own neighbour) swamps the differences between connections."""
+        timed = self.measure
+        recvs = []  # (k, tag, work)
+        for k, part in self._pieces(recv, self.table[self.right], timed):
+            recvs.append((k, part[1], td.irecv(part[0], src=self.right, group=self.groups[k], tag=part[1])))
         sends = []
-        for k, (lo, hi) in enumerate(split_weighted(send.numel(), self.table[self.rank])):
-            if hi > lo:
-                sends.append((k, td.isend(send[lo:hi], dst=self.left, group=self.groups[k])))
+        for k, part in self._pieces(send, self.table[self.rank], timed):
+            sends.append(td.isend(part[0], dst=self.left, group=self.groups[k], tag=part[1]))
         try:
-            if self.measure and recvs:
+            if timed and recvs:
                 if self._pool is None:
-                    self._pool = ThreadPoolExecutor(len(self.groups), thread_name_prefix="multistream-hop-wait")
-                done = [(k, self._pool.submit(_arrival, work, self.timeout)) for k, work in recvs]
-                for k, fut in done:
-                    self.seconds[k] += fut.result() - t0
+                    self._pool = ThreadPoolExecutor(2 * len(self.groups), thread_name_prefix="multistream-hop-wait")
+                done = [(k, tag, self._pool.submit(_arrival, work, self.timeout)) for k, tag, work in recvs]
+                heads = {k: fut.result() for k, tag, fut in done if tag == HEAD}
+                for k, tag, fut in done:
+                    if tag == TAIL:
+                        self.seconds[k] += max(fut.result() - heads[k], 0.0)
             else:
-                for _, work in recvs:
+                for _, _, work in recvs:
                     work.wait(self.timeout)
-            for _, work in sends:
+            for work in sends:
                 work.wait(self.timeout)
         except Exception as e:
             raise CommError(
@@ -146,6 +153,21 @@ class HopRing:
                 f"{self.left} and {self.right} failed: {e}. A peer died or stalled; point-to-point sends give up "
                 f"after dist.timeout_s={self.timeout_s:g} s"
             ) from e
+
+    @staticmethod
+    def _pieces(flat: torch.Tensor, shares: tuple[int, ...], timed: bool):
+        """(connection, (tensor, tag)) for every non-empty piece of `flat` under `shares`; while timed, a piece of
+        4 elements or more as its head and its tail (sender and receiver cut the same: the bounds and the flag are
+        the same on both)."""
+        for k, (lo, hi) in enumerate(split_weighted(flat.numel(), shares)):
+            if hi <= lo:
+                continue
+            if timed and hi - lo >= 4:
+                mid = lo + (hi - lo) // 4
+                yield k, (flat[lo:mid], HEAD)
+                yield k, (flat[mid:hi], TAIL)
+            else:
+                yield k, (flat[lo:hi], WHOLE)
 
 
 def _arrival(work, timeout: datetime.timedelta) -> float:

@@ -55,7 +55,7 @@ METHODS = [name for name, m in LAB.items() if not m.own_launcher]
 def shares_label(shares: list) -> str:
     """The balancer's shares in a table cell: a communicator's, or the hop table (each host's row; over 4 hosts, the
     smallest share of each host's row)."""
-    if not shares or not isinstance(shares[0], list):
+    if not shares or not isinstance(shares[0], (list, tuple)):
         return "/".join(str(x) for x in shares)
     if len(shares) <= 4:
         return " ".join("/".join(str(x) for x in row) for row in shares)
