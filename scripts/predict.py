@@ -217,21 +217,76 @@ def report(
     return lines, ests
 
 
-def link_figures(args) -> tuple[float, float | None, float, str]:
-    """(link Gbit/s, per-flow cap or None, latency us, where they came from): --network's probe file, or the flags
-    (a flag given next to --network is an error: the file is the measurement)."""
+def link_figures(args):
+    """The link as a stepmodel.LinkFigures: --network's probe file, or the flags (source ""; a flag given next to
+    --network is an error: the file is the measurement)."""
+    from recipes.comm.stepmodel import LinkFigures, load_link_figures
+
     if not args.network:
         link = 32.0 if args.link_gbit is None else args.link_gbit
         flow = 10.0 if args.flow_gbit is None else args.flow_gbit
-        return link, flow or None, 50.0 if args.latency_us is None else args.latency_us, ""
+        return LinkFigures(link, flow or None, 50.0 if args.latency_us is None else args.latency_us, "")
     from base.errors import ConfigError
-    from recipes.comm.stepmodel import load_link_figures
 
-    given = [f for f in ("link_gbit", "flow_gbit", "latency_us") if getattr(args, f) is not None]
+    given = [f for f in ("link_gbit", "flow_gbit", "latency_us", "flow_spread") if getattr(args, f) is not None]
     if given:
         raise ConfigError(f"the probe file gives the link figures; drop --{given[0].replace('_', '-')}")
-    f = load_link_figures(args.network)
-    return f.link_gbit, f.flow_gbit, f.latency_us, f.source
+    return load_link_figures(args.network)
+
+
+STRATEGY_ROWS = (  # flowrates.STRATEGIES: how each is asked for
+    ("even", "even striping (as NCCL and DDP do)", "comm.balance=false"),
+    ("comm", "communicator-level balancing", "comm.balance=true"),
+    ("hop", "hop-level balancing", "comm.balance=true comm.balance_level=hop"),
+)
+
+
+def balance_lines(cfg, cluster: tm.Cluster, figures, flow_spread: float | None, grad_bytes: int) -> list[str]:
+    """Even striping against balancing on this network: a table when its connections are uneven (the probe's spread
+    below flowrates.UNEVEN) or --flow-spread asks; one line for a probe that found them even; nothing otherwise."""
+    from recipes.comm import flowrates
+
+    if flow_spread is not None:
+        k = cfg.comm.streams
+        flow = cluster.flow_gbit or cluster.link_gbit / k
+        hops = [flowrates.spread_hop(flow_spread, k, flow)]
+        where = f"--flow-spread {flow_spread:g}: one of comm.streams={k} connections per hop at that share of {flow:g}"
+    elif figures.connections_gbit:
+        hops = [list(r) for r in figures.connections_gbit]
+        where = f"measured by the link probe on {len(hops)} hops: each pair, each direction"
+    else:
+        return []
+    spread = min(flowrates.spread(r) for r in hops)
+    if flow_spread is None and spread >= flowrates.UNEVEN:
+        return [
+            "",
+            f"connections: even (slowest / median connection {spread:.2f} at the worst measured hop): even striping "
+            "(NCCL, DDP) loses nothing to comm.balance here",
+        ]
+    if cluster.hosts < 2:
+        return []
+    rates = flowrates.strategy_rates(hops, cluster.link_gbit, hosts=cluster.hosts)
+    wire = grad_bytes // 2 if cfg.comm.compression in ("fp16", "bf16") else grad_bytes
+    lines = [
+        "",
+        f"Uneven connections: the slowest at {spread:.2f} of the median ({where}); a ring allreduce of "
+        f"{wire / 1e6:.1f} MB (the gradients, comm.compression={cfg.comm.compression}) over {cluster.hosts} hosts, "
+        f"link {cluster.link_gbit:g} Gbit/s (recipes/comm/flowrates.py; data time, no latency or goodput).",
+        "",
+        "| strategy | config | ring Gbit/s | allreduce ms | vs even |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for key, name, how in STRATEGY_ROWS:
+        ms = 1e3 * flowrates.allreduce_seconds(wire, cluster.hosts, rates[key] * 1e3)
+        lines.append(f"| {name} | `{how}` | {rates[key]:.1f} | {ms:.1f} | {rates[key] / rates['even']:.2f}x |")
+    # hop-level costs more launches: communicator-level is chosen unless hop-level is clearly faster
+    best = "hop" if rates["hop"] > 1.05 * rates["comm"] else "comm"
+    if rates[best] < 1.05 * rates["even"]:
+        lines.append("use: even striping; balancing gains under 5% on this network")
+    else:
+        how = dict((k, h) for k, _, h in STRATEGY_ROWS)[best]
+        lines.append(f"use: {how} ({rates[best] / rates['even']:.2f}x even striping's rate)")
+    return lines
 
 
 STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ((0, (5, 1, 1, 1)), "v"), ((0, (1, 3)), "x")]
@@ -317,6 +372,12 @@ def parser() -> OneLineParser:
         help="per-flow cap (Gbit/s; 0 = none; 10)",
     )
     ap.add_argument(
+        "--flow-spread",
+        type=bounded_float(0.01, 1),
+        default=None,
+        help="one connection per hop at this fraction of the others' rate: even striping against balancing (no file)",
+    )
+    ap.add_argument(
         "--network", default="", help="the link probe's figures (<run dir>/network.json of launch.py --probe-network)"
     )
     ap.add_argument(
@@ -387,17 +448,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"{chosen}; rates: {rates_label(gpu, dtype, args.gpu_profile)}\n")
     try:
-        link, flow, latency_us, link_source = link_figures(args)
+        figures = link_figures(args)
     except ConfigError as e:
         print(f"error: --network: {e}", file=sys.stderr)
         return 2
     cluster = tm.Cluster(
         args.hosts or cfg.run.nodes,
         args.gpus_per_host or cfg.run.procs_per_node,
-        link,
-        flow,
+        figures.link_gbit,
+        figures.flow_gbit,
         args.flows_per_comm,
-        latency_us * 1e-6,
+        figures.latency_us * 1e-6,
         args.intra_gbyte,
         args.efficiency,
     )
@@ -410,7 +471,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     prof = tm.profile_model(cfg.model.name, args.profile_size)
-    lines, ests = report(cfg, cluster, rates, prof, args.record_s or None, link_source)
+    lines, ests = report(cfg, cluster, rates, prof, args.record_s or None, figures.source)
+    lines += balance_lines(cfg, cluster, figures, args.flow_spread, sum(s.nbytes for s in prof.specs))
     if args.out_of_sample:
         lines += [
             "",
@@ -425,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
             write_output(args.png, plot(cfg, cluster, rates, prof, args.max_hosts), "--png")
             lines.append(f"\nplot: {args.png}")
         if args.json:
-            doc = {"config": args.config, "link_figures": link_source, "backends": [e.to_json() for e in ests]}
+            doc = {"config": args.config, "link_figures": figures.source, "backends": [e.to_json() for e in ests]}
             write_output(args.json, to_json(doc), "--json")
             lines.append(f"\njson: {args.json}")
     except RunDirError as e:

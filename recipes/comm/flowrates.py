@@ -153,3 +153,36 @@ def fitted_seconds(nbytes: float, hosts: int, rates: list[list[float]], link_mbi
     same contender reached on the `even` network (the one figure fitted: it holds what the model leaves out, CPU,
     TCP and the lab's shaping, and is fitted where every connection is equal)."""
     return allreduce_seconds(nbytes, hosts, ring_mbit(rates, link_mbit, strategy) * eff)
+
+
+# The user's network (scripts/launcher/netprobe.py measures every connection; scripts/predict.py shows the three
+# strategies on it): below this spread, balancing pays enough to name.
+UNEVEN = 0.9
+
+
+def spread(rates: list[float]) -> float:
+    """The slowest connection's rate as a fraction of the median connection's (1.0: even)."""
+    med = statistics.median(rates)
+    return min(rates) / med if med > 0 else 1.0
+
+
+def spread_hop(flow_spread: float, flows: int, flow: float) -> list[float]:
+    """A hop of `flows` connections with one at `flow_spread` x the others' `flow` (the one-slow profile's shape)."""
+    return [flow] * (flows - 1) + [flow * flow_spread]
+
+
+def strategy_rates(hops: list[list[float]], link: float, *, hosts: int, seeds=range(200)) -> dict[str, float]:
+    """The ring's rate under each of STRATEGIES (units of the inputs) over a ring of `hosts` hosts.
+
+    `hops` with one list per host is the ring itself (hops[h][k]: host h's k-th connection to host h-1). Otherwise
+    they are patterns (the hops a probe measured, or one from `spread_hop`): every hop is one of them drawn at random,
+    its connections in an order of their own, as ECMP hashes each connection independently; communicator-level
+    balancing depends on where each hop's slow connection falls, so every figure is the median over `seeds` draws."""
+    if len(hops) == hosts:
+        return {s: ring_mbit(hops, link, s) for s in STRATEGIES}
+    rows = []
+    for seed in seeds:
+        rng = random.Random(f"strategy/{seed}")
+        ring = [rng.sample(r, len(r)) for r in (rng.choice(hops) for _ in range(hosts))]
+        rows.append([ring_mbit(ring, link, s) for s in STRATEGIES])
+    return {s: statistics.median(c) for s, c in zip(STRATEGIES, zip(*rows, strict=True), strict=True)}

@@ -67,6 +67,8 @@ class LinkFigures:
     flow_gbit: float | None  # one flow's rate when it is well below N flows' (a per-flow cap); None: no cap seen
     latency_us: float  # median one-way latency of a small message
     source: str  # the file, its hosts and when it was measured
+    # every measured hop's connections (a pair's each direction, Gbit/s of each connection); () from older probes
+    connections_gbit: tuple[tuple[float, ...], ...] = ()
 
 
 def load_link_figures(path: str | Path) -> LinkFigures:
@@ -96,7 +98,29 @@ def load_link_figures(path: str | Path) -> LinkFigures:
     link, flow, lat = number("link_gbit", 0.0), number("flow_gbit", 0.0, True), number("latency_us", -1e-9)
     hosts = doc.get("hosts")
     where = f"{len(hosts)} hosts, " if isinstance(hosts, list) else ""
-    return LinkFigures(link, flow, lat, f"link probe {path} ({where}measured {doc.get('measured', '?')})")
+    source = f"link probe {path} ({where}measured {doc.get('measured', '?')})"
+    return LinkFigures(link, flow, lat, source, _probe_connections(doc, path))
+
+
+def _probe_connections(doc: dict, path: Path) -> tuple[tuple[float, ...], ...]:
+    """Each pair's per-connection rates, both directions (netprobe's `connections_gbit`), where the probe wrote them."""
+    from base.errors import ConfigError
+
+    out = []
+    for p in doc.get("pairs") or []:
+        got = p.get("connections_gbit") if isinstance(p, dict) else None
+        if got is None:
+            continue
+        for way in ("a_to_b", "b_to_a"):
+            r = got.get(way) if isinstance(got, dict) else None
+            ok = isinstance(r, list) and r and all(type(x) in (int, float) and 0 < x < 1e6 for x in r)
+            if not ok:
+                raise ConfigError(
+                    f"{path}: connections_gbit.{way}: expected a list of Gbit/s above 0 "
+                    f"(scripts/launch.py --probe-network), got {r!r}"
+                )
+            out.append(tuple(float(x) for x in r))
+    return tuple(out)
 
 
 @dataclass(frozen=True)

@@ -23,12 +23,15 @@ from pathlib import Path
 
 MARK = "netprobe-json:"
 SLOW = 0.8  # a pair below this fraction of the median pair is flagged
+UNEVEN = 0.5  # a pair whose slowest connection is below this fraction of its median connection is flagged
 
 
-def _transfer(dist, groups, me: int, peer: int, nbytes: int, sender: int) -> float | None:
-    """`sender` sends `nbytes` to the other rank of the pair, split over len(groups) flows; the receiver returns the
-    seconds until it has everything (the sender None). One direction at a time: the other direction's
-    acknowledgements then never queue behind data."""
+def _transfer(dist, groups, me: int, peer: int, nbytes: int, sender: int) -> list[float] | None:
+    """`sender` sends `nbytes` to the other rank of the pair, split over len(groups) flows; the receiver returns,
+    per flow, the seconds until that flow's part has arrived (the sender None). One direction at a time: the other
+    direction's acknowledgements then never queue behind data."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import torch
 
     k = len(groups)
@@ -36,41 +39,52 @@ def _transfer(dist, groups, me: int, peer: int, nbytes: int, sender: int) -> flo
     _latency(dist, groups[0], me, peer, first=me < peer, rounds=1)  # start together (within one latency)
     t0 = time.perf_counter()
     if me == sender:
-        works = [dist.isend(b, dst=peer, group=g) for b, g in zip(bufs, groups, strict=True)]
-    else:
-        works = [dist.irecv(b, src=peer, group=g) for b, g in zip(bufs, groups, strict=True)]
-    for w in works:
+        for w in [dist.isend(b, dst=peer, group=g) for b, g in zip(bufs, groups, strict=True)]:
+            w.wait()
+        return None
+    works = [dist.irecv(b, src=peer, group=g) for b, g in zip(bufs, groups, strict=True)]
+
+    # A gloo receive has no future and is_completed() stays false until wait(): one waiter per flow, so each flow's
+    # time is its own and not the time of the flows waited for before it.
+    def arrived(w) -> float:
         w.wait()
-    return None if me == sender else time.perf_counter() - t0
+        return time.perf_counter() - t0
+
+    with ThreadPoolExecutor(max_workers=k, thread_name_prefix="netprobe-wait") as pool:
+        return list(pool.map(arrived, works))
 
 
-def _share(dist, group, me: int, peer: int, value: float | None, src: int) -> float:
-    """`src`'s value on both ranks of the pair."""
+def _share(dist, group, me: int, peer: int, *, values: list[float] | None, n: int, src: int) -> list[float]:
+    """`src`'s `n` values on both ranks of the pair."""
     import torch
 
-    buf = torch.tensor([value if me == src else 0.0], dtype=torch.float64)
+    buf = torch.tensor(values if me == src else [0.0] * n, dtype=torch.float64)
     if me == src:
         dist.send(buf, dst=peer, group=group)
     else:
         dist.recv(buf, src=peer, group=group)
-    return float(buf.item())
+    return buf.tolist()
 
 
 def _direction(dist, groups, me: int, peer: int, sender: int, seconds: float) -> dict:
-    """Gbit/s from `sender` to the other rank with one flow and with len(groups) flows, known to both ranks."""
+    """Gbit/s from `sender` to the other rank with one flow and with len(groups) flows (in all and each flow's own),
+    known to both ranks."""
     receiver = peer if me == sender else me
 
-    def rate(flows, nbytes: int) -> float:  # bytes/s seen by the receiver
+    def rate(flows, nbytes: int) -> tuple[float, list[float]]:  # bytes/s seen by the receiver: in all, per flow
         t = _transfer(dist, flows, me, peer, nbytes, sender)
-        return _share(dist, groups[0], me, peer, None if t is None else nbytes / max(t, 1e-9), receiver)
+        part = max(1, nbytes // len(flows))  # each flow's bytes
+        mine = None if t is None else [nbytes / max(max(t), 1e-9)] + [part / max(x, 1e-9) for x in t]
+        got = _share(dist, groups[0], me, peer, values=mine, n=1 + len(flows), src=receiver)
+        return got[0], got[1:]
 
     def size(bytes_per_s: float) -> int:  # about `seconds` of traffic, 1 MiB to 4 GiB
         return int(min(max(bytes_per_s * seconds, 1 << 20), 4 << 30))
 
-    first = rate(groups[:1], 4 << 20)  # a short transfer sizes the measured ones
-    one = rate(groups[:1], size(first))
-    many = rate(groups, size(max(first, one)))
-    return {"one_flow_gbit": one * 8 / 1e9, "n_flows_gbit": many * 8 / 1e9}
+    first, _ = rate(groups[:1], 4 << 20)  # a short transfer sizes the measured ones
+    one, _ = rate(groups[:1], size(first))
+    many, each = rate(groups, size(max(first, one)))
+    return {"one_flow_gbit": one * 8 / 1e9, "n_flows_gbit": many * 8 / 1e9, "each_gbit": [x * 8 / 1e9 for x in each]}
 
 
 def _latency(dist, group, me: int, peer: int, first: bool, rounds: int = 20) -> float:
@@ -123,6 +137,7 @@ def measure(seconds: float, flows: int) -> dict | None:
                 b_to_a={k: round(got["b_to_a"][k], 4) for k in keys},
                 **{k: round(min(got["a_to_b"][k], got["b_to_a"][k]), 4) for k in keys},
                 latency_us=round(got["latency_us"], 1),
+                connections_gbit={d: [round(x, 4) for x in got[d]["each_gbit"]] for d in ("a_to_b", "b_to_a")},
             )
             pairs.append(row)
     dist.barrier()
@@ -138,6 +153,9 @@ def summarize(hosts: list[str], pairs: list[dict], flows: int, seconds: float) -
     for p, b in zip(pairs, best, strict=True):
         p["gbit"] = round(b, 4)
         p["slow"] = len(pairs) > 1 and b < SLOW * median
+        if p.get("connections_gbit"):  # the worse direction's spread: a ring uses one direction of every pair
+            p["flow_spread"] = round(min(spread(x) for x in p["connections_gbit"].values()), 4)
+            p["uneven"] = p["flow_spread"] < UNEVEN
     out = {
         "hosts": hosts,
         "flows": flows,
@@ -146,6 +164,9 @@ def summarize(hosts: list[str], pairs: list[dict], flows: int, seconds: float) -
         "pairs": pairs,
         "slow_pairs": [[p["a"], p["b"]] for p in pairs if p["slow"]],
     }
+    spreads = [p["flow_spread"] for p in pairs if "flow_spread" in p]
+    if spreads:
+        out.update(flow_spread=min(spreads), uneven_pairs=[[p["a"], p["b"]] for p in pairs if p.get("uneven")])
     if pairs:
         slowest = min(pairs, key=lambda p: p["gbit"])
         link = slowest["gbit"]
@@ -160,6 +181,13 @@ def summarize(hosts: list[str], pairs: list[dict], flows: int, seconds: float) -
             slowest=[slowest["a"], slowest["b"]],
         )
     return out
+
+
+def spread(rates: list[float]) -> float:
+    """The slowest connection's rate over the median one's (recipes/comm/flowrates.py's spread; this file runs on
+    every host as a script, without the repository on its path)."""
+    med = statistics.median(rates)
+    return min(rates) / med if med > 0 else 1.0
 
 
 def _fmt(gbit: float) -> str:
@@ -182,11 +210,32 @@ def matrix(figures: dict) -> list[str]:
     for a, b in figures["slow_pairs"]:
         p = next(p for p in figures["pairs"] if (p["a"], p["b"]) == (a, b))
         lines.append(f"slow pair: {a} <-> {b}: {_fmt(p['gbit'])}bit/s, below {SLOW:.0%} of the median pair")
+    lines += connection_lines(figures)
     if "link_gbit" in figures:
         flow = figures["flow_gbit"]
         lines.append(
             f"for the step-time model: comm.link_gbit={figures['link_gbit']:g} comm.flow_gbit="
             f"{'null' if flow is None else f'{flow:g}'} comm.latency_us={figures['latency_us']:g}"
+        )
+    return lines
+
+
+def connection_lines(figures: dict) -> list[str]:
+    """One line per pair measured connection by connection: each connection's rate per direction, the spread, and
+    the pair flagged when its slowest connection is below UNEVEN of its median one."""
+    lines = []
+    for p in figures["pairs"]:
+        if "flow_spread" not in p:
+            continue
+        a, b = p["a"], p["b"]
+        ways = [(f"{a} -> {b}", p["connections_gbit"]["a_to_b"]), (f"{b} -> {a}", p["connections_gbit"]["b_to_a"])]
+        text = "; ".join(f"{w}: {' '.join(_fmt(x) for x in r)} (spread {spread(r):.2f})" for w, r in ways)
+        flag = f"  uneven: balancing pays ({a} <-> {b})" if p["uneven"] else ""
+        lines.append(f"connections {text}{flag}")
+    if lines:
+        lines.append(
+            f"(bit/s of each of the {figures['flows']} connections while all ran; spread = slowest / median "
+            f"connection; below {UNEVEN:g}, balancing pays: scripts/predict.py --network <this file> shows how much)"
         )
     return lines
 

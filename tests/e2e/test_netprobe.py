@@ -15,6 +15,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from launcher.netprobe import matrix, network_overrides, summarize  # noqa: E402
 
+from recipes.comm.stepmodel import load_link_figures  # noqa: E402
+
 
 def _pair(a, b, ranks, one, many, lat=60.0):
     return {"a": a, "b": b, "ranks": ranks, "one_flow_gbit": one, "n_flows_gbit": many, "latency_us": lat}
@@ -36,6 +38,37 @@ def test_summary_flags_the_slow_pair_and_gives_the_model_its_figures():
     flat = summarize(["a", "b"], [_pair("a", "b", [0, 1], 0.95, 1.0)], flows=4, seconds=1.0)
     assert flat["flow_gbit"] is None and flat["slow_pairs"] == []
     assert "comm.flow_gbit=null" in network_overrides(flat)
+
+
+def test_each_connections_rate_gives_the_spread_and_names_the_uneven_pair(tmp_path):
+    even, slow = [10.0, 10.0, 10.0, 10.0], [13.3, 13.3, 13.3, 4.4]
+    pairs = [_pair("n1", "n2", [0, 1], 10.0, 40.0), _pair("n1", "n3", [0, 2], 10.0, 34.0)]
+    pairs[0]["connections_gbit"] = {"a_to_b": even, "b_to_a": [10.0, 9.0, 10.0, 8.0]}
+    pairs[1]["connections_gbit"] = {"a_to_b": slow, "b_to_a": even}
+    f = summarize(["n1", "n2", "n3"], pairs, flows=4, seconds=1.0)
+    assert (pairs[0]["flow_spread"], pairs[0]["uneven"]) == (0.8421, False)  # the worse direction's
+    assert (pairs[1]["flow_spread"], pairs[1]["uneven"]) == (0.3308, True)
+    assert f["flow_spread"] == 0.3308 and f["uneven_pairs"] == [["n1", "n3"]]
+    assert f["link_gbit"] == 34.0 and f["flow_gbit"] == 10.0  # the fields older readers use, as before
+    lines = matrix(f)
+    assert (
+        "connections n1 -> n3: 13.30G 13.30G 13.30G 4.40G (spread 0.33); n3 -> n1: 10.00G 10.00G 10.00G 10.00G "
+        "(spread 1.00)  uneven: balancing pays (n1 <-> n3)"
+    ) in lines
+    line = next(x for x in lines if x.startswith("connections n1 -> n2: "))
+    assert "(spread 0.84)" in line and "uneven" not in line
+    # the reader hands every measured direction to the time model; a probe without them gives none
+    (tmp_path / "n.json").write_text(json.dumps(f))
+    assert load_link_figures(tmp_path / "n.json").connections_gbit == (
+        tuple(even),
+        (10.0, 9.0, 10.0, 8.0),
+        tuple(slow),
+        tuple(even),
+    )
+    old = summarize(["a", "b"], [_pair("a", "b", [0, 1], 1.0, 3.0)], flows=4, seconds=1.0)
+    assert "flow_spread" not in old and not [x for x in matrix(old) if x.startswith("connections")]
+    (tmp_path / "o.json").write_text(json.dumps(old))
+    assert load_link_figures(tmp_path / "o.json").connections_gbit == ()
 
 
 def _netlab_missing() -> str | None:
@@ -85,3 +118,6 @@ def test_probe_finds_the_slow_pair_in_the_network_lab(tmp_path):
         assert x["one_flow_gbit"] * 1000 < 170 and x["n_flows_gbit"] > 1.5 * x["one_flow_gbit"], x
     assert f["link_gbit"] == slow["gbit"] and 0.12 < f["flow_gbit"] < 0.17  # the per-flow cap of 150 Mbit/s
     assert "slow pair:" in p.stdout and "link figures written to" in p.stdout
+    for x in f["pairs"]:  # every connection timed on its own, both directions
+        assert all(len(r) == 4 and min(r) > 0 for r in x["connections_gbit"].values()), x
+    assert 0 < f["flow_spread"] <= 1 and "connections " in p.stdout

@@ -85,3 +85,18 @@ def test_the_fitted_time_scales_the_models_rate_by_the_even_fit():
     even = fr.fitted_seconds(5e6, 4, rates, 40.0, "even", 1.0)
     assert even == pytest.approx(1.5 * 5e6 * 8 / (4 * 40 / 9 * 1e6))
     assert fr.fitted_seconds(5e6, 4, rates, 40.0, "hop", 0.95) == pytest.approx(1.5 * 5e6 * 8 / 40e6 / 0.95)
+
+
+def test_strategy_rates_of_one_measured_hop():
+    hop = [13.3, 13.3, 13.3, 4.4]  # one slow connection at a third
+    assert fr.spread(hop) == pytest.approx(0.3308, abs=1e-4) and fr.spread([5.0, 5.0]) == 1.0
+    two = fr.strategy_rates([hop], 40.0, hosts=2)
+    assert two["even"] == pytest.approx(17.6)  # 4 x the slowest
+    assert two["hop"] == 40.0  # the sum, 44.3, held to the link
+    # two hops whose slow connections fall apart (3 draws in 4): two communicators go at 4.4
+    assert two["comm"] == pytest.approx(35.4)
+    sixteen = fr.strategy_rates([hop], 40.0, hosts=16)
+    assert (sixteen["even"], sixteen["comm"], sixteen["hop"]) == pytest.approx((17.6, 17.6, 40.0))
+    # a whole ring is taken as it is: both hops slow on connection 3, so communicator 3 alone is slow
+    assert fr.strategy_rates([hop, hop], 40.0, hosts=2)["comm"] == 40.0
+    assert fr.spread_hop(0.25, 4, 12.0) == [12.0, 12.0, 12.0, 3.0]

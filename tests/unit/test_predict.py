@@ -126,6 +126,11 @@ def test_network_file_gives_the_link_figures(tmp_path, capsys):
         (json.dumps({"hosts": ["h0"], "pairs": []}), [], "no host pair"),
         (json.dumps({"link_gbit": 0, "flow_gbit": None, "latency_us": 5}), [], "link_gbit"),
         (json.dumps({"link_gbit": 3, "flow_gbit": None, "latency_us": 5}), ["--link-gbit", "3"], "drop --link-gbit"),
+        (
+            json.dumps({"link_gbit": 3, "flow_gbit": None, "latency_us": 5, "pairs": [{"connections_gbit": {}}]}),
+            [],
+            "connections_gbit.a_to_b",
+        ),
     ],
 )
 def test_bad_network_file_is_one_line_exit_2(tmp_path, capsys, text, extra, key):
@@ -179,3 +184,39 @@ def test_the_plot_marks_the_cluster_keeps_every_line_visible_and_labels_each_axi
     fig.canvas.draw()
     assert all(t.get_text() == "" for t in ax.yaxis.get_minorticklabels())
     assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "3", "4", "8", "16"]
+
+
+def _probe_file(tmp_path, a_to_b, b_to_a):
+    """A 2-host network.json as the probe writes it, with each connection's rate per direction."""
+    from scripts.launcher.netprobe import summarize
+
+    pair = {"a": "h0", "b": "h1", "ranks": [0, 1], "one_flow_gbit": 10.0, "n_flows_gbit": 32.0, "latency_us": 80.0}
+    pair["connections_gbit"] = {"a_to_b": a_to_b, "b_to_a": b_to_a}
+    f = tmp_path / "network.json"
+    f.write_text(json.dumps(summarize(["h0", "h1"], [pair], 4, 1.0)))
+    return f
+
+
+def test_uneven_connections_show_even_striping_against_balancing(tmp_path, capsys):
+    argv = ["--hosts", "2", "--gpus-per-host", "8", "--gpu", "v100", "--record-s", "0"]
+    slow = _probe_file(tmp_path, [10.0, 10.0, 10.0, 3.3], [10.0, 10.0, 3.3, 10.0])
+    assert predict.main([*argv, "--network", str(slow)]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "Uneven connections: the slowest at 0.33 of the median (measured by the link probe on 2 hops: each pair" in out
+    )
+    assert "| even striping (as NCCL and DDP do) | `comm.balance=false` | 13.2 | 62.0 | 1.00x |" in out
+    assert "| communicator-level balancing | `comm.balance=true` | 26.6 | 30.7 | 2.02x |" in out
+    assert "| hop-level balancing | `comm.balance=true comm.balance_level=hop` | 32.0 | 25.6 | 2.42x |" in out
+    assert "use: comm.balance=true comm.balance_level=hop (2.42x even striping's rate)" in out
+    even = _probe_file(tmp_path, [8.0, 8.2, 8.0, 7.9], [8.0] * 4)
+    assert predict.main([*argv, "--network", str(even)]) == 0
+    out = capsys.readouterr().out
+    assert "| strategy |" not in out and "connections: even (slowest / median connection 0.99" in out
+    # no file: --flow-spread asks for the table; a flag next to the file is refused
+    assert predict.main([*argv, "--flow-spread", "0.33"]) == 0
+    out = capsys.readouterr().out
+    assert "--flow-spread 0.33: one of comm.streams=4 connections per hop at that share of 10" in out
+    assert "| hop-level balancing | `comm.balance=true comm.balance_level=hop` | 32.0 |" in out
+    assert predict.main([*argv, "--network", str(slow), "--flow-spread", "0.5"]) == 2
+    assert "drop --flow-spread" in capsys.readouterr().err
