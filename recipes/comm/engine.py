@@ -227,7 +227,7 @@ class _Engine:
             if self.ring is not None:
                 self.ring.join()
                 if self.ring.measure:
-                    self.hop_seconds.append(list(self.ring.seconds))
+                    self.hop_seconds.append(self.ring.step_seconds())
             elif self.serialize:
                 self._queue.join()
                 if self._error is not None:

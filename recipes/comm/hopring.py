@@ -21,9 +21,11 @@ balancer (recipes/comm/balance.py, `rebalance_hops`) and installed between steps
 Buckets run on one helper thread, one at a time, in launch order (the same on every rank), while backward goes on.
 While measuring, each piece travels as a head and a tail, each receive is waited for on a thread of its own
 (gloo's point-to-point work has no future and reports completion only from `wait()`), and a connection's figure is
-the seconds between its head and its tail arriving, summed over the step's ring steps: the tail's transfer on that
-connection alone, whatever the sender's lateness (a ring's ranks wait for each other, and at 16 hosts that lateness
-is larger than the differences between connections). Gloo only: NCCL's point-to-point sends would need
+the seconds between its head and its tail arriving: the tail's transfer on that connection alone, whatever the
+sender's lateness (a ring's ranks wait for each other, and at 16 hosts that lateness is larger than the differences
+between connections). Every receive of a bucket is posted before its first send, so a receiver is always waiting
+when its data comes and both arrivals are live. The step's figure per connection is its median seconds per element
+times the elements it carried. Gloo only: NCCL's point-to-point sends would need
 their own stream ordering, and no GPU has run this.
 """
 
@@ -55,7 +57,8 @@ class HopRing:
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.timeout_s = timeout_s
         self.measure = False
-        self.seconds = [0.0] * len(groups)  # this step: per connection of the incoming hop (from the right)
+        self.samples: list[list[float]] = [[] for _ in groups]  # this step: per incoming connection, s per element
+        self.carried = [0] * len(groups)  # this step: elements per connection (sent and received alike)
         self._error: BaseException | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._queue: queue.Queue = queue.Queue()
@@ -66,7 +69,8 @@ class HopRing:
     def begin_step(self, measure: bool) -> None:
         """Before the step's first bucket: whether to time its connections; the step's figures start at zero."""
         self.measure = measure
-        self.seconds = [0.0] * len(self.groups)
+        self.samples = [[] for _ in self.groups]
+        self.carried = [0] * len(self.groups)
 
     def submit(self, b: int, flat: torch.Tensor) -> None:
         """Reduce `flat` (bucket b, already divided by the world size) to the sum over ranks, in place, after every
@@ -101,7 +105,13 @@ class HopRing:
                 self._queue.task_done()
 
     def allreduce(self, b: int, flat: torch.Tensor) -> None:
-        """The ring itself, on the calling thread (the helper's loop, or a test)."""
+        """The ring itself, on the calling thread (the helper's loop, or a test).
+
+        Every receive of the bucket's 2(W-1) ring steps is posted first (reduce-scatter's into a scratch buffer of
+        its own per step, all-gather's in place), so a receiver is always waiting before its data can come; then
+        each step posts its sends, waits for its receives and (reduce-scatter) adds. No received data can land on
+        a range still being read or added: a chunk's all-gather copy exists only once this rank's contribution to
+        it was delivered."""
         w, r = self.world, self.rank
         if w == 1:
             return
@@ -109,65 +119,90 @@ class HopRing:
         while len(chunks) < w:
             chunks.append((flat.numel(), flat.numel()))  # fewer elements than ranks: the last chunks are empty
         longest = max(hi - lo for lo, hi in chunks)
-        tmp = torch.empty(longest, dtype=flat.dtype, device=flat.device)
-        for s in range(w - 1):  # reduce-scatter
+        tmp = torch.empty((w - 1, longest), dtype=flat.dtype, device=flat.device)
+        steps = []  # (phase, s, send view, receive view, chunk to add the received into or None)
+        for s in range(w - 1):
             slo, shi = chunks[(r + s) % w]
             rlo, rhi = chunks[(r + s + 1) % w]
-            self._exchange(b, "reduce-scatter", s, flat[slo:shi], tmp[: rhi - rlo])
-            flat[rlo:rhi] += tmp[: rhi - rlo]
-        for s in range(w - 1):  # all-gather
+            steps.append(("reduce-scatter", s, flat[slo:shi], tmp[s, : rhi - rlo], flat[rlo:rhi]))
+        for s in range(w - 1):
             slo, shi = chunks[(r - 1 + s) % w]
             rlo, rhi = chunks[(r + s) % w]
-            self._exchange(b, "all-gather", s, flat[slo:shi], flat[rlo:rhi])
-
-    def _exchange(self, b: int, phase: str, s: int, send: torch.Tensor, recv: torch.Tensor) -> None:
-        """One ring step: `send` to the left cut by this host's shares, `recv` from the right cut by the right
-        neighbour's shares, one piece per connection. While measuring, each piece travels as a head (its first
-        quarter, tag 1) and a tail (tag 2), and a connection's figure is the time between the two arriving: the
-        tail's transfer alone. The time from posting would also hold how late the sender started, which in a ring
-        of many hosts (each waiting for its own neighbour) swamps the differences between connections."""
+            steps.append(("all-gather", s, flat[slo:shi], flat[rlo:rhi], None))
         timed = self.measure
-        recvs = []  # (k, tag, work)
-        for k, part in self._pieces(recv, self.table[self.right], timed):
-            recvs.append((k, part[1], td.irecv(part[0], src=self.right, group=self.groups[k], tag=part[1])))
-        sends = []
-        for k, part in self._pieces(send, self.table[self.rank], timed):
-            sends.append(td.isend(part[0], dst=self.left, group=self.groups[k], tag=part[1]))
+        where = "posting the receives"
         try:
-            if timed and recvs:
-                if self._pool is None:
-                    self._pool = ThreadPoolExecutor(2 * len(self.groups), thread_name_prefix="multistream-hop-wait")
-                done = [(k, tag, self._pool.submit(_arrival, work, self.timeout)) for k, tag, work in recvs]
-                heads = {k: fut.result() for k, tag, fut in done if tag == HEAD}
-                for k, tag, fut in done:
-                    if tag == TAIL:
-                        self.seconds[k] += max(fut.result() - heads[k], 0.0)
-            else:
-                for _, _, work in recvs:
+            posted = [
+                [
+                    (k, kind, numel, td.irecv(t, src=self.right, group=self.groups[k], tag=_tag(i, kind)))
+                    for k, kind, t, numel in self._pieces(recv, self.table[self.right], timed, count=True)
+                ]
+                for i, (_, _, _, recv, _) in enumerate(steps)
+            ]
+            for i, (phase, s, send, _, into) in enumerate(steps):
+                where = f"{phase} step {s}"
+                sends = [
+                    td.isend(t, dst=self.left, group=self.groups[k], tag=_tag(i, kind))
+                    for k, kind, t, _ in self._pieces(send, self.table[self.rank], timed, count=False)
+                ]
+                if timed and posted[i]:
+                    self._timed_wait(posted[i])
+                else:
+                    for _, _, _, work in posted[i]:
+                        work.wait(self.timeout)
+                if into is not None:
+                    into += steps[i][3]
+                for work in sends:
                     work.wait(self.timeout)
-            for work in sends:
-                work.wait(self.timeout)
         except Exception as e:
             raise CommError(
-                f"multistream hop ring: bucket {b}, {phase} step {s}, between rank {self.rank} and its neighbours "
+                f"multistream hop ring: bucket {b}, {where}, between rank {self.rank} and its neighbours "
                 f"{self.left} and {self.right} failed: {e}. A peer died or stalled; point-to-point sends give up "
                 f"after dist.timeout_s={self.timeout_s:g} s"
             ) from e
 
-    @staticmethod
-    def _pieces(flat: torch.Tensor, shares: tuple[int, ...], timed: bool):
-        """(connection, (tensor, tag)) for every non-empty piece of `flat` under `shares`; while timed, a piece of
-        4 elements or more as its head and its tail (sender and receiver cut the same: the bounds and the flag are
-        the same on both)."""
+    def _timed_wait(self, posted: list) -> None:
+        """Wait for one step's receives, each on a waiter thread, and add each connection's tail time per element
+        to its samples (the receiver was waiting before the sender could send, so the head's and the tail's
+        arrivals are both live)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(2 * len(self.groups), thread_name_prefix="multistream-hop-wait")
+        done = [(k, kind, numel, self._pool.submit(_arrival, work, self.timeout)) for k, kind, numel, work in posted]
+        heads = {k: fut.result() for k, kind, _, fut in done if kind == HEAD}
+        for k, kind, numel, fut in done:
+            if kind == TAIL:
+                self.samples[k].append(max(fut.result() - heads[k], 0.0) / numel)
+
+    def step_seconds(self) -> list[float]:
+        """The step's figure per incoming connection: its median seconds per element (over the step's ring steps)
+        times the elements it carried in the step; 0 for a connection that carried nothing measurable. A median,
+        because a waiter thread that gets the CPU late makes one sample wrong, not the step's."""
+        out = []
+        for k in range(len(self.groups)):
+            xs = sorted(self.samples[k])
+            out.append(xs[len(xs) // 2] * self.carried[k] if xs else 0.0)
+        return out
+
+    def _pieces(self, flat: torch.Tensor, shares: tuple[int, ...], timed: bool, *, count: bool):
+        """(connection, tag kind, tensor, elements) for every non-empty piece of `flat` under `shares`; while timed,
+        a piece of 4 elements or more as its head (a quarter) and its tail (sender and receiver cut the same: the
+        bounds and the flag are the same on both). `count`: a receive, counted into what its connection carried."""
         for k, (lo, hi) in enumerate(split_weighted(flat.numel(), shares)):
             if hi <= lo:
                 continue
+            if count:
+                self.carried[k] += hi - lo
             if timed and hi - lo >= 4:
                 mid = lo + (hi - lo) // 4
-                yield k, (flat[lo:mid], HEAD)
-                yield k, (flat[mid:hi], TAIL)
+                yield k, HEAD, flat[lo:mid], mid - lo
+                yield k, TAIL, flat[mid:hi], hi - mid
             else:
-                yield k, (flat[lo:hi], WHOLE)
+                yield k, WHOLE, flat[lo:hi], hi - lo
+
+
+def _tag(step: int, kind: int) -> int:
+    """The point-to-point tag of one piece: its ring step within the bucket and its kind (whole, head, tail)."""
+    return 3 * step + kind
 
 
 def _arrival(work, timeout: datetime.timedelta) -> float:

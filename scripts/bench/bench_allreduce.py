@@ -307,7 +307,8 @@ def worker(args) -> None:
         while tuner is not None and not tuner.done:
             step()
         t_balance, balance_steps = time.perf_counter(), 0
-        while getattr(backend, "balance", None) is not None and backend._balancing() and balance_steps < 60:
+        balancing_now = getattr(backend, "_balancing", None)  # a backend with a balancer: until it settles
+        while balancing_now is not None and balancing_now() and balance_steps < 60:
             step()
             balance_steps += 1
         if getattr(backend, "balance", None) is not None:
