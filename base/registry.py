@@ -154,6 +154,12 @@ class Input:
     # the launcher checks on every host and evaluate.py --backend may choose it. False: it makes its own batches.
     reads_folders: bool = True
     requires: str = ""  # the package it imports beyond requirements.txt's core (tests skip it where missing)
+    # What the tools ask of a pipeline, never its name:
+    # the recipes.environment.Environment field that holds the version of `requires` (None where it is not
+    # installed): the launcher's preflight refuses a GPU host that lacks it
+    env_version: str = ""
+    streams_epochs: bool = False  # built once per phase, then streams epoch after epoch (not restarted per epoch)
+    gpu_decode: bool = False  # decodes JPEGs on the GPU (nvJPEG): the time model's input term has its measured rate
 
 
 # Every pipeline reads these: which one, and the validation batch.
@@ -176,6 +182,9 @@ INPUT_PIPELINES = {
             "NVIDIA DALI",
             (*_FOLDERS, "dali_dtype", "dali_prefetch", "dali_hw_decoder_load"),
             requires="nvidia.dali",
+            env_version="dali",
+            streams_epochs=True,
+            gpu_decode=True,
         ),
         Input(
             "synthetic",

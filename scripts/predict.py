@@ -26,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from base import registry  # noqa: E402
 from base.errors import RunDirError  # noqa: E402
 from base.writer import check_target, to_json, write_output  # noqa: E402
 from recipes import timemodel as tm  # noqa: E402
@@ -104,29 +105,40 @@ def rates_label(gpu: str, dtype: str, profile: str = "") -> str:
     return "published (AMP fp16 figures)"
 
 
-def recommend_settings(cfg, phases, cluster, rates, prof) -> Settings:
-    """The tuner's search space scored over the whole schedule with the calibrated compute (training clock)."""
+def recommend_settings(cfg, phases, cluster, rates, prof, row: tm.Backend) -> Settings:
+    """The tuner's search space scored over the whole schedule with the calibrated compute (training clock), for
+    the time model's `row` of a backend the tuner tunes."""
     from recipes.comm.tuner import search_space
 
     c = cfg.comm
     best = None
     for s in search_space(c.tune_bucket_mb, c.tune_streams, c.tune_slices):
-        be = tm.Backend("multistream", "multistream", {"settings": s, "compression": c.compression})
+        be = tm.Backend(row.label, row.name, {**row.kwargs, "settings": s})
         t = tm.estimate(phases, cluster, rates, backend=be, prof=prof).total("train")
         if best is None or t < best[1] - 1e-9:
             best = (s, t)
     return best[0]
 
 
+def tuned_rows(rows: list[tm.Backend]) -> list[tm.Backend]:
+    """The rows the tuner's search space (recipes/comm/tuner.py: bucket, streams, slices) applies to: a backend
+    comm.autotune tunes (its record's `autotune`) whose settings are a fusion plan's."""
+    return [
+        r
+        for r in rows
+        if registry.ALLREDUCE_BACKENDS[r.name].autotune and isinstance(r.kwargs.get("settings"), Settings)
+    ]
+
+
 def estimates(cfg, cluster, rates, prof) -> list[tm.Estimate]:
     phases = tm.schedule_phases(cfg, cluster.world)
     bes = tm.backends(cfg)
     if cluster.hosts > 1:
-        rec = recommend_settings(cfg, phases, cluster, rates, prof)
-        ms = next(b for b in bes if b.name == "multistream")  # the recommendation is multistream's settings
-        bes.append(
-            tm.Backend(f"multistream (recommended: {rec.label()})", "multistream", {**ms.kwargs, "settings": rec})
-        )
+        for row in tuned_rows(bes):
+            rec = recommend_settings(cfg, phases, cluster, rates, prof, row)
+            bes.append(
+                tm.Backend(f"{row.label} (recommended: {rec.label()})", row.name, {**row.kwargs, "settings": rec})
+            )
     inputs = tm.input_rate(cfg)
     return [tm.estimate(phases, cluster, rates, backend=be, prof=prof, inputs=inputs) for be in bes]
 

@@ -130,3 +130,16 @@ def test_a_prediction_for_a_network_the_rates_were_not_measured_on_says_so():
     small = load_config(ROOT / "configs" / "dawnbench_158s.yaml", ["model.name=resnet18"])
     seconds, what = tm.predicted_seconds(small, 128, "v100-32gb")
     assert seconds is not None and what.endswith("; per-image rates measured on ResNet-50, not resnet18")
+
+
+def test_the_input_term_is_asked_of_the_pipelines_record(monkeypatch):
+    """The time model's input term follows the pipeline's record (`Input.gpu_decode`), not its name."""
+    import recipes.timemodel as tm
+
+    record = load_config(ROOT / "configs" / "dawnbench_158s.yaml", [])
+    assert registry.INPUT_PIPELINES[record.data.backend].gpu_decode and tm.input_rate(record) is not None
+    torch_input = load_config(ROOT / "configs" / "dawnbench_158s.yaml", ["data.backend=torch"])
+    assert tm.input_rate(torch_input) is None
+    cpu_decode = dataclasses.replace(registry.INPUT_PIPELINES[record.data.backend], gpu_decode=False)
+    monkeypatch.setitem(registry.INPUT_PIPELINES, record.data.backend, cpu_decode)
+    assert tm.input_rate(record) is None
