@@ -5,7 +5,6 @@ lives, and what the rest of the tree shows or checks of it.
                 whether comm.compression applies to it, whether the step can be captured in a CUDA graph while it
                 wraps the model (and where a GPU proved it), its tolerance against DDP, what starts its ranks, its
                 bucket key, whether comm.autotune tunes it
-    LabMethod   a way of averaging gradients the network lab measures: a backend at some settings, or lab-only
     Input       data.backend (the input pipeline): the class, the data.* keys it reads, whether it reads data.root's
                 folders
     Model       model.name: the timm architecture, the model.* keys it reads, whether the time model's rates were
@@ -18,7 +17,7 @@ A key of a seam's section that the chosen record does not read is inert (`SEAMS`
 is a `ConfigError` (with "did you mean") when the config loads; the factories (`recipes.comm.create_allreduce`,
 `data.create_input`, `recipes.optim.create_optimizer`, `models.create_model`) take the implementation from here when it
 is asked for; the time model, `train.py --plan --gpu`, scripts/predict.py and compare_runs list the backends from
-`ALLREDUCE_BACKENDS`, the network lab's bench and `scripts/predict.py --validate` their methods from `LAB_METHODS`, the
+`ALLREDUCE_BACKENDS` (the network lab measures those of them its own `scripts/bench/lab_methods.py` lists), the
 GPU check its equality and end-to-end runs from the backends' launchers. A new backend, input pipeline, model or
 optimizer is one record here plus its module and tests (a backend: also its step-time model in
 recipes/comm/stepmodel.py). The records are plain data, and nothing of this repository is imported at import time: the
@@ -130,93 +129,6 @@ def compared_with_reference() -> list[str]:
     return [n for n, r in ALLREDUCE_BACKENDS.items() if r.launcher == "torchrun" and n != REFERENCE_BACKEND]
 
 
-@dataclass(frozen=True)
-class LabMethod:
-    """A way of averaging gradients that the network lab measures (scripts/bench/bench_allreduce.py) and the
-    step-time model predicts (scripts/predict_lab.py): a registered backend at some settings, or a lab-only
-    baseline. Its name is its key in the lab's JSON (`torch.<name>`, or `<name>` for one with its own launcher)."""
-
-    name: str
-    backend: str  # the ALLREDUCE_BACKENDS record it measures; "" = lab-only (modelled by stepmodel under `name`)
-    what: str  # what it runs, for the bench's --help
-    flows: bool = False  # DDP on a gloo group of --flows devices: its settings end in "N flows"
-    tuned: bool = False  # the backend after its tuner ran in the same process (the winner's settings are shown)
-    default: bool = True  # measured unless --contenders says otherwise, and checked by scripts/predict.py --validate
-    overrides: tuple[str, ...] = ()  # config overrides of this variant of its backend (e.g. comm.balance=true)
-    bucket_mb: float | None = None  # its backend's bucket key at full size (None: the config's default; x --fraction)
-    # A lab-only method's "module:attribute": its step model (a recipes.comm.stepmodel.StepPattern), and the lab's
-    # builder of its step, (model, params, one, world) -> (step, settings label). A backend's method is modelled
-    # by its backend's record and built through recipes.comm.create_allreduce.
-    step_model: str = ""
-    build: str = ""
-
-    @property
-    def model(self) -> str:
-        """The name recipes.comm.stepmodel.predict_step models it under: its backend's, or its own (lab-only)."""
-        return self.backend or self.name
-
-    @property
-    def own_launcher(self) -> bool:
-        """Runs under its backend's own launcher (a separate process group and JSON entry), not the lab's ranks."""
-        return bool(self.backend) and ALLREDUCE_BACKENDS[self.backend].launcher != "torchrun"
-
-
-# The network lab's methods, in its tables' order.
-LAB_METHODS = {
-    m.name: m
-    for m in (
-        LabMethod(
-            "per-tensor",
-            "",
-            "one blocking allreduce per gradient after backward (the naive baseline)",
-            step_model="recipes.comm.stepmodel:PER_TENSOR",
-            build="scripts.bench.bench_allreduce:per_tensor",
-        ),
-        LabMethod(
-            "ddp", "ddp", "PyTorch DistributedDataParallel, bucket_cap_mb 25 (its default), one gloo device: one flow"
-        ),
-        LabMethod(
-            "ddp-flows",
-            "ddp",
-            "the same DDP on a gloo group of --flows devices (comm.gloo_devices): its buckets spread over --flows TCP "
-            "connections per peer, as many flows as multistream's K communicators",
-            flows=True,
-        ),
-        LabMethod("multistream", "multistream", "our backend at the config defaults (comm.bucket_mb/streams/slices)"),
-        LabMethod(
-            "tuned",
-            "multistream",
-            "our backend after its auto-tuner ran in the same process (the winner's settings are shown)",
-            tuned=True,
-        ),
-        LabMethod(
-            "tuned-model",
-            "multistream",
-            "the tuner started from the step-time model's ranking for this lab, half the candidates",
-            tuned=True,
-            default=False,
-            overrides=("comm.tune_start=model",),
-        ),
-        LabMethod(
-            "balanced",
-            "multistream",
-            "our backend with comm.balance, timed once its balancer settled",
-            default=False,
-            overrides=("comm.balance=true",),
-        ),
-        LabMethod(
-            "hop-balanced",
-            "multistream",
-            "our backend with comm.balance at hop level (a ring of point-to-point sends, each hop's chunk cut over "
-            "its own connections), timed once its balancer settled",
-            default=False,
-            overrides=("comm.balance=true", "comm.balance_level=hop"),
-            bucket_mb=25.0,  # DDP's default: a bucket's ring takes 2(W-1) steps in sequence, so fewer, larger buckets
-        ),
-        LabMethod("horovod", "horovod", "real horovod.torch DistributedOptimizer, Horovod's defaults (gloo)"),
-    )
-}
-
 # comm.nccl_preset -> (NCCL_SOCKET_NTHREADS, NCCL_NSOCKS_PERTHREAD, NCCL_MIN_NCHANNELS); None leaves NCCL's
 # default. Threads x sockets = TCP flows per channel connection (recipes/comm/ncclenv.py).
 NCCL_PRESETS: dict[str, tuple[int | None, int | None, int | None]] = {
@@ -242,6 +154,12 @@ class Input:
     # the launcher checks on every host and evaluate.py --backend may choose it. False: it makes its own batches.
     reads_folders: bool = True
     requires: str = ""  # the package it imports beyond requirements.txt's core (tests skip it where missing)
+    # What the tools ask of a pipeline, never its name:
+    # the recipes.environment.Environment field that holds the version of `requires` (None where it is not
+    # installed): the launcher's preflight refuses a GPU host that lacks it
+    env_version: str = ""
+    streams_epochs: bool = False  # built once per phase, then streams epoch after epoch (not restarted per epoch)
+    gpu_decode: bool = False  # decodes JPEGs on the GPU (nvJPEG): the time model's input term has its measured rate
 
 
 # Every pipeline reads these: which one, and the validation batch.
@@ -264,6 +182,9 @@ INPUT_PIPELINES = {
             "NVIDIA DALI",
             (*_FOLDERS, "dali_dtype", "dali_prefetch", "dali_hw_decoder_load"),
             requires="nvidia.dali",
+            env_version="dali",
+            streams_epochs=True,
+            gpu_decode=True,
         ),
         Input(
             "synthetic",

@@ -5,7 +5,6 @@
     python scripts/predict.py --hosts 2 --gpus-per-host 8 --gpu a100 --link-gbit 100 --json a100.json
     python scripts/predict.py --gpu-profile gpu_check.json                   # measured rates replace published ones
     python scripts/predict.py --network runs/x/network.json                  # the link probe's figures (launch.py)
-    python scripts/predict.py --out-of-sample tests/data/dawnbench_entries/out_of_sample.json
     python scripts/predict.py --validate lab.json --fit-hosts 2 4            # the comm model against the lab
 
 Compute comes per image size from a rate table (published PyTorch figures per GPU, the H200 measured here and the
@@ -14,7 +13,8 @@ set on the host, found in the rate table: the "floor ms" column is the part of a
 intra-host share, the exposed inter-host communication (recipes/comm/stepmodel.py), a per-step
 synchronisation cost, pipeline rebuilds and autotuning at phase changes are training-clock terms; validation, the
 BN-statistics allreduce and start-up are wall-clock terms. Every run prints the calibration on the two published
-Alibaba runs (fitted, with residuals); a prediction is a range with the term of the widest uncertainty named.
+Alibaba runs (fitted, with residuals: docs/data/timemodel-evidence.json, which scripts/timemodel_evidence.py writes
+with the out-of-sample evidence); a prediction is a range with the term of the widest uncertainty named.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from base import registry  # noqa: E402
 from base.errors import RunDirError  # noqa: E402
 from base.writer import check_target, to_json, write_output  # noqa: E402
 from recipes import timemodel as tm  # noqa: E402
@@ -104,29 +105,40 @@ def rates_label(gpu: str, dtype: str, profile: str = "") -> str:
     return "published (AMP fp16 figures)"
 
 
-def recommend_settings(cfg, phases, cluster, rates, prof) -> Settings:
-    """The tuner's search space scored over the whole schedule with the calibrated compute (training clock)."""
+def recommend_settings(cfg, phases, cluster, rates, prof, row: tm.Backend) -> Settings:
+    """The tuner's search space scored over the whole schedule with the calibrated compute (training clock), for
+    the time model's `row` of a backend the tuner tunes."""
     from recipes.comm.tuner import search_space
 
     c = cfg.comm
     best = None
     for s in search_space(c.tune_bucket_mb, c.tune_streams, c.tune_slices):
-        be = tm.Backend("multistream", "multistream", {"settings": s, "compression": c.compression})
+        be = tm.Backend(row.label, row.name, {**row.kwargs, "settings": s})
         t = tm.estimate(phases, cluster, rates, backend=be, prof=prof).total("train")
         if best is None or t < best[1] - 1e-9:
             best = (s, t)
     return best[0]
 
 
+def tuned_rows(rows: list[tm.Backend]) -> list[tm.Backend]:
+    """The rows the tuner's search space (recipes/comm/tuner.py: bucket, streams, slices) applies to: a backend
+    comm.autotune tunes (its record's `autotune`) whose settings are a fusion plan's."""
+    return [
+        r
+        for r in rows
+        if registry.ALLREDUCE_BACKENDS[r.name].autotune and isinstance(r.kwargs.get("settings"), Settings)
+    ]
+
+
 def estimates(cfg, cluster, rates, prof) -> list[tm.Estimate]:
     phases = tm.schedule_phases(cfg, cluster.world)
     bes = tm.backends(cfg)
     if cluster.hosts > 1:
-        rec = recommend_settings(cfg, phases, cluster, rates, prof)
-        ms = next(b for b in bes if b.name == "multistream")  # the recommendation is multistream's settings
-        bes.append(
-            tm.Backend(f"multistream (recommended: {rec.label()})", "multistream", {**ms.kwargs, "settings": rec})
-        )
+        for row in tuned_rows(bes):
+            rec = recommend_settings(cfg, phases, cluster, rates, prof, row)
+            bes.append(
+                tm.Backend(f"{row.label} (recommended: {rec.label()})", row.name, {**row.kwargs, "settings": rec})
+            )
     inputs = tm.input_rate(cfg)
     return [tm.estimate(phases, cluster, rates, backend=be, prof=prof, inputs=inputs) for be in bes]
 
@@ -213,7 +225,7 @@ def report(
             f"(+-{width / 2:.0f} s) |{cmp}"
         )
     lines += ["", "Calibration (fitted, not predicted): the model on the published Alibaba runs, GPU v100-tf-xla.", ""]
-    lines += tm.calibration_lines(prof)
+    lines += tm.calibration_lines()
     return lines, ests
 
 
@@ -408,7 +420,6 @@ def parser() -> OneLineParser:
         "--record-s", type=bounded_float(0, 10_000_000), default=RECORD_S, help="the record's training clock (0 = none)"
     )
     ap.add_argument("--json", default="", help="write per-backend, per-phase, per-term numbers to this file")
-    ap.add_argument("--out-of-sample", default="", help="also hold the model against these published entries")
     ap.add_argument("--png", default="", help="plot the predicted training clock against hosts to this PNG")
     ap.add_argument("--max-hosts", type=bounded_int(1, 4096), default=64)
     ap.add_argument(
@@ -473,15 +484,6 @@ def main(argv: list[str] | None = None) -> int:
     prof = tm.profile_model(cfg.model.name, args.profile_size)
     lines, ests = report(cfg, cluster, rates, prof, args.record_s or None, figures.source)
     lines += balance_lines(cfg, cluster, figures, args.flow_spread, sum(s.nbytes for s in prof.specs))
-    if args.out_of_sample:
-        lines += [
-            "",
-            "Out of sample (not fitted): published entries on other V100 clusters, each with the software it ran.",
-            "",
-        ]
-        lines += tm.out_of_sample_lines(args.out_of_sample, prof)
-        lines += ["", "Out of sample, the model's step by term:", ""]
-        lines += tm.out_of_sample_step_lines(args.out_of_sample, prof)
     try:
         if args.png:
             write_output(args.png, plot(cfg, cluster, rates, prof, args.max_hosts), "--png")

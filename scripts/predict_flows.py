@@ -18,8 +18,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from base import reader  # noqa: E402
-from base.registry import LAB_METHODS  # noqa: E402
 from recipes.comm import flowrates  # noqa: E402
+from scripts.bench.lab_methods import LAB_METHODS  # noqa: E402
 
 
 def lab_rows(paths: list[str], flows: int) -> list[str]:

@@ -1,7 +1,7 @@
 """The step-time model against the network lab: `scripts/predict.py --validate` (recipes/comm/stepmodel.py).
 
 The lab file is what `python -m scripts.bench.bench_allreduce --json` writes: per host count, the compute-only time
-and each contender's measured step (the lab methods of base/registry.py `LAB_METHODS`: under `torch` those the
+and each contender's measured step (the methods of scripts/bench/lab_methods.py: under `torch` those the
 lab's own ranks run, at the top level one with its own launcher, Horovod). `load_lab`
 merges several such files by host count; `lab_predict` is the model's step time for one contender of one record (the
 gradient list of bench_allreduce at its `fraction`, compute not overlapped, `LabFit`'s goodput and per-message
@@ -15,13 +15,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from base import reader, registry
+from base import reader
 from base.errors import ConfigError
 from recipes.comm import stepmodel as sm
 from recipes.comm.plan import TensorSpec
+from scripts.bench import lab_methods
 
 # The methods checked against the model: those the lab measures by default.
-LAB_METHODS = tuple(name for name, m in registry.LAB_METHODS.items() if m.default)
+LAB_METHODS = tuple(name for name, m in lab_methods.LAB_METHODS.items() if m.default)
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ def lab_specs(fraction: float) -> list[TensorSpec]:
 
 def entry(rec: dict, method: str) -> dict | None:
     """The measurement of `method` in one lab record (None when it was not measured there)."""
-    r = rec.get(method) if registry.LAB_METHODS[method].own_launcher else rec["torch"].get(method)
+    r = rec.get(method) if lab_methods.LAB_METHODS[method].own_launcher else rec["torch"].get(method)
     return r if isinstance(r, dict) else None
 
 
@@ -60,7 +61,7 @@ def lab_predict(rec: dict, method: str, fit: LabFit, specs: list[TensorSpec] | N
         rec["hosts"], 1, rec["link_mbit"] / 1000, rec["flow_mbit"] / 1000, fit.latency_s, efficiency=fit.efficiency
     )
     comp = sm.no_overlap(specs, torch_res["compute_s"])
-    lab = registry.LAB_METHODS[method]
+    lab = lab_methods.LAB_METHODS[method]
     model = sm.pattern(lab.model)
     # The settings it ran with, read back from its label (the tuner's winner for a tuned one), and Horovod's fitted
     # negotiation cost; what the label does not say is the config's default at the lab's fraction.
@@ -93,7 +94,7 @@ def fit_lab(records: list[dict]) -> LabFit:
         return sum(e) / max(len(e), 1)
 
     # Goodput and latency from the methods without a negotiation cost, then Horovod's cost per rank on top.
-    negotiating = [m for m in LAB_METHODS if sm.pattern(registry.LAB_METHODS[m].model).negotiates]
+    negotiating = [m for m in LAB_METHODS if sm.pattern(lab_methods.LAB_METHODS[m].model).negotiates]
     others = [m for m in LAB_METHODS if m not in negotiating]
     eff, loglat = _refine(lambda e, g: err(LabFit(e, 10**g, 0.0), others), (0.7, 1.3), (-6.0, -2.0))
     lat = 10**loglat
@@ -114,7 +115,7 @@ def load_lab(paths: list[str]) -> list[dict]:
             for k, v in rec["torch"].items():
                 if isinstance(v, dict):
                     have["torch"].setdefault(k, v)
-            for name, m in registry.LAB_METHODS.items():  # Horovod's, from its own launcher's run
+            for name, m in lab_methods.LAB_METHODS.items():  # Horovod's, from its own launcher's run
                 if m.own_launcher and isinstance(rec.get(name), dict):
                     have[name] = rec[name]
     return [merged[h] for h in sorted(merged)]

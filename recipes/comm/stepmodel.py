@@ -37,8 +37,10 @@ from recipes.comm.plan import Settings, TensorSpec, build_plan
 WIRE_BYTES = {"none": None, "fp16": 2, "bf16": 2}
 DDP_FIRST_BUCKET_MB = 1.0  # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES
 # What predict_step models: every registered allreduce backend (base/registry.py; its record's `step_model` points
-# at its StepPattern below) and the lab-only methods (per-tensor: one allreduce per gradient, the lab's baseline).
-BACKENDS = (*registry.ALLREDUCE_BACKENDS, *(n for n, m in registry.LAB_METHODS.items() if not m.backend))
+# at its StepPattern below) and the baselines no backend runs (BASELINES: per-tensor, one allreduce per gradient,
+# which the network lab measures, scripts/bench/lab_methods.py).
+BASELINE_NAMES = ("per-tensor",)
+BACKENDS = (*registry.ALLREDUCE_BACKENDS, *BASELINE_NAMES)
 # TCP flows per peer that one NCCL communicator opens by default (NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD,
 # per channel), by NIC: NCCL's src/transport/net_socket.cc picks 2 x 8 on AWS ENA and 4 x 1 on GCP gVNIC, 1 x 1
 # elsewhere. Pass one of these (or a preset's product, base/registry.py NCCL_PRESETS) as `flows`.
@@ -253,7 +255,7 @@ def _number(label: str, pattern: str) -> float | None:
 @dataclass(frozen=True)
 class StepPattern:
     """How a family of backends turns a step's gradients into messages: what a registry record's `step_model`
-    points at (registry.Allreduce, and a lab-only registry.LabMethod). Its functions take the settings by the comm.*
+    points at (registry.Allreduce; BASELINES for the lab's per-tensor). Its functions take the settings by the comm.*
     keys a config or a backend's CommStats.settings names them with, so no caller asks which backend it has."""
 
     issue: Callable[..., list[Message]]  # (specs, compute, ready, compression, **predict_step's settings)
@@ -323,6 +325,7 @@ PER_TENSOR = StepPattern(_per_tensor, lambda c: {}, _per_tensor_label)
 DDP = StepPattern(_ddp, _ddp_settings, _ddp_label, _ddp_parse)
 MULTISTREAM = StepPattern(_multistream, _ms_settings, _ms_label, _ms_parse)
 HOROVOD = StepPattern(_horovod, _hvd_settings, _hvd_label, _hvd_parse, negotiates=True)
+BASELINES = dict(zip(BASELINE_NAMES, (PER_TENSOR,), strict=True))
 
 
 def messages(
@@ -434,16 +437,15 @@ def simulate(msgs: list[Message], net: Network) -> tuple[float, float, list[tupl
 
 
 def pattern(backend: str) -> StepPattern:
-    """The step model of `backend`: a registered backend's record's `step_model`, or a lab-only method's
-    (registry.LabMethod, e.g. per-tensor)."""
+    """The step model of `backend`: a registered backend's record's `step_model`, or a baseline's (BASELINES)."""
+    if backend in BASELINES:
+        return BASELINES[backend]
     rec = registry.ALLREDUCE_BACKENDS.get(backend)
-    lab = registry.LAB_METHODS.get(backend)
-    pointer = rec.step_model if rec is not None else lab.step_model if lab is not None and not lab.backend else ""
-    if rec is None and (lab is None or lab.backend):
+    if rec is None:
         raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
-    if not pointer:
+    if not rec.step_model:
         raise ValueError(f"{backend}: its record (base/registry.py) names no step_model")
-    return registry.resolve(pointer)
+    return registry.resolve(rec.step_model)
 
 
 def wire_format(backend: str, compression: str = "none") -> str:

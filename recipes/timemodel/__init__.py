@@ -26,7 +26,8 @@ The package, one job per module:
     profile     when each gradient is ready during backward (the model's FLOPs on the meta device)
     terms       sync, validation, BN allreduce, start-up, the comm model's range: value, range and source each
     estimate    Cluster, Phase, Backend and `estimate`: a schedule's terms on a cluster
-    evidence    the published runs it is calibrated on and those it was not fitted on (out of sample)
+    calibration the fit's residuals on the published runs, as scripts/timemodel_evidence.py wrote them to
+                docs/data/timemodel-evidence.json (read when asked; the evidence is research, not product)
     entry       `predict`, `predicted_seconds` and `predicted_estimate` for other tools, `calibrated_compute` for
                 the autotuner's start
     imagenet    ImageNet-1k's sizes
@@ -35,6 +36,7 @@ The package, one job per module:
 
 from __future__ import annotations
 
+from recipes.timemodel.calibration import calibration_lines, calibration_rows
 from recipes.timemodel.entry import (
     calibrated_compute,
     cluster_shape,
@@ -55,21 +57,6 @@ from recipes.timemodel.estimate import (
     exposed_comm_s,
     schedule_phases,
     step_compute,
-)
-from recipes.timemodel.evidence import (
-    ALIBABA_1X8,
-    ALIBABA_16X8,
-    CALIBRATION_BACKEND,
-    CALIBRATION_RUNS,
-    ENTRY_SOFTWARE,
-    EntrySoftware,
-    PublishedRun,
-    calibration,
-    calibration_lines,
-    out_of_sample,
-    out_of_sample_lines,
-    out_of_sample_step_lines,
-    run_estimate,
 )
 from recipes.timemodel.imagenet import (
     IMAGENET_TRAIN_IMAGES,
@@ -121,20 +108,14 @@ __all__ = [
     "InputRate",
     "input_rate",
     "predicted_seconds",
-    "ALIBABA_16X8",
-    "ALIBABA_1X8",
     "ALIBABA_1X8_BATCH",
     "ALIBABA_1X8_EPOCH_S",
     "Backend",
     "BnAllreduce",
-    "CALIBRATION_BACKEND",
-    "CALIBRATION_RUNS",
     "Cluster",
     "CommUncertainty",
     "DATA",
     "DTYPES",
-    "ENTRY_SOFTWARE",
-    "EntrySoftware",
     "Estimate",
     "FASTAI_1X8_EPOCH_S",
     "FLOOR_WHY",
@@ -154,7 +135,6 @@ __all__ = [
     "Phase",
     "PhaseEstimate",
     "ProfileError",
-    "PublishedRun",
     "Rate",
     "StartUp",
     "Sync",
@@ -163,8 +143,8 @@ __all__ = [
     "Validation",
     "backends",
     "calibrated_compute",
-    "calibration",
     "calibration_lines",
+    "calibration_rows",
     "entry_phases",
     "estimate",
     "exposed_comm_s",
@@ -172,13 +152,9 @@ __all__ = [
     "gpu_names",
     "load_gpu_profile",
     "measured",
-    "out_of_sample",
-    "out_of_sample_lines",
-    "out_of_sample_step_lines",
     "predict",
     "profile_model",
     "published",
-    "run_estimate",
     "schedule_phases",
     "split_floor",
     "step_compute",

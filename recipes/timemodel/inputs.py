@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from base import registry
+
 # make gpu-check on an H200, 2026-12-04 (docs/gpu.md, "DALI mixed decode + random-resized-crop"): img/s by image size
 H200_DALI_MIXED = {96: 18729.0, 128: 18782.0, 224: 15361.0, 288: 16813.0}
 H200_THREADS = 8  # DALI CPU threads of that measurement (the record config's data.workers)
@@ -44,8 +46,9 @@ class InputRate:
 
 
 def input_rate(cfg) -> InputRate | None:
-    """The config's input pipeline rate (DALI: data.workers threads per GPU), or None where none was measured."""
-    if cfg.data.backend != "dali" or cfg.data.workers < 1:
+    """The config's input pipeline rate (one that decodes on the GPU, DALI: data.workers threads per GPU), or None
+    where none was measured."""
+    if not registry.INPUT_PIPELINES[cfg.data.backend].gpu_decode or cfg.data.workers < 1:
         return None
     return InputRate(cfg.data.workers)
 

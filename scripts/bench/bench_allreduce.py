@@ -3,7 +3,7 @@
 
 For 2 and 4 ranks (gloo, CPU), on loopback and inside the network lab (scripts/netlab.py: one namespace per
 rank, link cap per host, per-flow cap of 1/3 of the link), it measures per-step communication time and bus
-bandwidth, 2(n-1)/n x bytes / time, for each lab method of base/registry.py `LAB_METHODS` (--help lists them:
+bandwidth, 2(n-1)/n x bytes / time, for each lab method of scripts/bench/lab_methods.py (--help lists them:
 per-tensor, the naive baseline; ddp, at one flow and at --flows; multistream at its defaults and tuned; Horovod).
 A "step" is backward over a graph that touches every parameter, then the gradient averaging; the same step
 without any communication is timed too, and communication time = step time - that compute time.
@@ -37,11 +37,12 @@ from pathlib import Path
 from base import registry
 from base.writer import write_output
 from scripts import netlab
+from scripts.bench.lab_methods import LAB_METHODS
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULE = "scripts.bench.bench_allreduce"  # ranks and the Horovod rendezvous run it again, from ROOT
 
-LAB = registry.LAB_METHODS
+LAB = LAB_METHODS
 # The methods the lab's own ranks run (--worker), in the tables' order; one with its own launcher (Horovod) runs apart.
 METHODS = [name for name, m in LAB.items() if not m.own_launcher]
 # The method its backend's own launcher runs (Horovod's horovodrun: --hvd-worker), a top-level entry of the JSON.
@@ -185,7 +186,7 @@ def _groups_of(method: str, flows: _FlowPins | None):
 
 
 def per_tensor(model, params, one, world):
-    """The lab-only baseline (registry.LAB_METHODS per-tensor): one blocking allreduce per gradient after backward;
+    """The lab-only baseline (lab_methods.LAB_METHODS per-tensor): one blocking allreduce per gradient after backward;
     (step, its settings label)."""
     import torch.distributed as td
 

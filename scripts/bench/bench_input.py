@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from base import registry
 from data import create_input
 from data.check import check_headers
 from data.folder import scan_split
@@ -129,8 +130,8 @@ def pipeline_run(backend: str, size: int, args, device: torch.device, copy: Path
     ] + ([f"data.roots={{small: {copy}}}"] if copy else [])
     cfg, pipe = standalone_input(overrides, device)
     info = EpochInfo(0, 0, cfg.phases[0], 0, math.ceil(pipe.num_train / BATCH))  # every image once
-    if backend == "dali":
-        # The trainer builds a DALI pipeline once per phase and then streams epoch after epoch: measure an epoch
+    if registry.INPUT_PIPELINES[backend].streams_epochs:
+        # The trainer builds such a pipeline (DALI) once per phase and then streams epoch after epoch: measure an epoch
         # of a running pipeline (its prefetch queue is full at both ends). The torch backend starts a new
         # DataLoader every epoch, so its measured epoch includes starting the workers, as in training.
         for i, _ in enumerate(pipe.train_batches(info)):

@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from scripts.gpu_check.gpu_check_rows import guard, judged, markdown_table, row
+from scripts.gpu_check.gpu_check_timing import median_ms, time_calls
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTS = ["kernels", "compile", "dali_loop"]
@@ -88,15 +89,9 @@ def _sync(device: str) -> None:
 
 
 def timed_step(step, device: str, steps: int) -> float:
-    """Milliseconds per step over `steps` steps after 3 warm-up steps (host clock after a device sync)."""
-    for _ in range(3):
-        step()
-    _sync(device)
-    t = time.perf_counter()
-    for _ in range(steps):
-        step()
-    _sync(device)
-    return (time.perf_counter() - t) * 1e3 / steps
+    """Milliseconds per step over `steps` steps after 3 warm-up steps (gpu_check_timing: CUDA events around them,
+    the host clock on the CPU)."""
+    return median_ms(time_calls(step, steps, device=device, warmup=3))
 
 
 def kernel_profile(step, device: str, steps: int = 2) -> dict:

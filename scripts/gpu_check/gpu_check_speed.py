@@ -28,6 +28,8 @@ import time
 import traceback
 from pathlib import Path
 
+from scripts.gpu_check.gpu_check_timing import median_ms, seconds_per_call
+
 SIZES = (96, 128, 224, 288)
 BATCH = {96: 256, 128: 256, 224: 256, 288: 128}  # the record's global batch over its 128 GPUs
 ROUNDS, STEPS = 3, 12  # paired rounds per comparison, timed steps per round
@@ -133,16 +135,15 @@ class Bench:
             self.torch.cuda.synchronize()
 
     def steps(self, runner, st, x, y, n: int) -> float:
-        """Seconds per step over n steps, synchronised before and after only (the trainer's lr/momentum set too)."""
+        """Seconds per step over n steps, the trainer's lr/momentum set too (gpu_check_timing: CUDA events around
+        them, the host clock on the CPU)."""
         from recipes.optim import set_lr_momentum
 
-        self._sync()
-        t = time.perf_counter()
-        for _ in range(n):
+        def step():
             set_lr_momentum(runner.optimizer, 0.1, 0.9)
             runner(x, y, st)
-        self._sync()
-        dt = (time.perf_counter() - t) / n
+
+        dt = seconds_per_call(step, n, device=self.device)
         runner.settle(st, _Quiet())
         return dt
 
@@ -201,7 +202,7 @@ def compare(bench: Bench, variants: dict, *, size: int, batch: int, rounds: int,
         for name in order:
             walls[name].append(bench.steps(runners[name], states[name], x, y, steps))
     for name in live:
-        wall = statistics.median(walls[name]) * 1000
+        wall = median_ms(walls[name])
         kernel_ms, launched = bench.kernels(runners[name], states[name], x, y)
         out["variants"][name] = {
             "wall_ms": wall,

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from scripts.gpu_check.gpu_check_env import REFERENCE_FRACTION, native_bf16, rn50_reference
 from scripts.gpu_check.gpu_check_rows import guard, judged, row
+from scripts.gpu_check.gpu_check_timing import seconds_per_call
 
 SIZES = (96, 128, 224, 288)
 # Per-GPU batch of each size: the 158 s record's global batch over its 128 GPUs (32768, and 16384 at 288 px).
@@ -48,7 +49,8 @@ def step_config(model: str, optim: str, amp: str, *, size: int, batch: int, step
 
 
 def _synced(fn) -> float:
-    """Seconds `fn()` took on the GPU: synchronize before and after, nowhere inside."""
+    """Seconds `fn()` took with the GPU: synchronize before and after, nowhere inside (an input pipeline's epoch:
+    DALI works on streams of its own, which the step timer's events on the current stream would not see)."""
     import torch
 
     torch.cuda.synchronize()
@@ -62,21 +64,20 @@ def bare_loop(model, optimizer, criterion, x, y, *, steps: int, amp_dtype, scale
     """Images/s of a plain autocast forward/backward/step loop on one prebuilt device batch."""
     import torch
 
-    def run():
-        for _ in range(steps):
-            with torch.autocast("cuda", dtype=amp_dtype):
-                loss = criterion(model(x), y)
-            optimizer.zero_grad(set_to_none=True)
-            if scaler is not None:
-                scaler.scale(loss).backward()
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                loss.backward()
-                optimizer.step()
+    def step():
+        with torch.autocast("cuda", dtype=amp_dtype):
+            loss = criterion(model(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            loss.backward()
+            optimizer.step()
 
     model.train()
-    return steps * x.shape[0] / _synced(run)
+    return x.shape[0] / seconds_per_call(step, steps, device=x.device)
 
 
 ROUNDS = 5  # alternating (bare loop, trainer) rounds per size: at launch-bound sizes one round varies by several %
@@ -164,7 +165,8 @@ def measure_step(
     timing = StepTiming([], [])
     for r in range(rounds):
         timing.bare.append(bare(steps=steps))
-        timing.ours.append(steps * batch / _synced(functools.partial(trainer.train_one_epoch, r + 1)))
+        epoch = functools.partial(trainer.train_one_epoch, r + 1)  # `steps` steps on the prebuilt batch
+        timing.ours.append(steps * batch / seconds_per_call(epoch, device=dev))
     timing.kernel_ms = kernel_ms_per_step(lambda n: bare(steps=n))
     trainer.close()
     del trainer, bare_model, bare_opt

@@ -117,6 +117,7 @@ def _expected_images(d: str, classes: int, exp: Expectation) -> int | None:
 
 def assess(reports: dict[str, dict], exp: Expectation) -> Assessment:
     """Compare every host's report with the expectation and with the other hosts."""
+    from base import registry
     from recipes.environment import VERSION_LABELS, Environment, driver_problem
 
     problems: list[str] = []
@@ -136,8 +137,10 @@ def assess(reports: dict[str, dict], exp: Expectation) -> Assessment:
             why = driver_problem(env)
             if why:
                 mine.append(why)
-            if exp.input_backend == "dali" and not env.dali:
-                mine.append("data.backend=dali, but nvidia-dali is not installed (make install)")
+            pipeline = registry.INPUT_PIPELINES[exp.input_backend]
+            if pipeline.env_version and getattr(env, pipeline.env_version) is None:
+                missing = f"its package {pipeline.requires} is not installed (make install)"
+                mine.append(f"data.backend={exp.input_backend}, but {missing}")
         for d in exp.data_dirs:
             got = r["data"].get(d)
             if got is None:

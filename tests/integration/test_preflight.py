@@ -63,6 +63,21 @@ def _exp(**kw):
     return Expectation(**{"procs_per_host": 8, "input_backend": "dali", "data_dirs": DIRS, "need_bytes": 2 << 30, **kw})
 
 
+def test_a_pipeline_needs_the_package_its_record_names(monkeypatch):
+    """The host's missing package is asked of the pipeline's record (base/registry.py `Input.env_version`), not of
+    its name: the torch pipeline needs no DALI, and a record that names none is not refused for it."""
+    from base import registry
+
+    no_dali = {"a": _report(env={"dali": None})}
+    assert assess(no_dali, _exp(input_backend="torch")).problems == []
+    assert assess(no_dali, _exp()).problems == [
+        "host a: data.backend=dali, but its package nvidia.dali is not installed (make install)"
+    ]
+    dali = dataclasses.replace(registry.INPUT_PIPELINES["dali"], env_version="")
+    monkeypatch.setitem(registry.INPUT_PIPELINES, "dali", dali)
+    assert assess(no_dali, _exp()).problems == []
+
+
 def test_good_hosts_give_one_line_each_and_a_summary():
     v = assess({"node01": _report(), "node02": _report()}, _exp())
     assert v.problems == []
@@ -100,7 +115,7 @@ def test_old_driver_missing_dali_wrong_data_and_no_disk_are_named():
     v = assess(reports, _exp())
     assert v.problems == [
         "host a: driver 560.35.03 is older than 580.65.6, the minimum for CUDA 13.0 (torch 2.14.1)",
-        "host a: data.backend=dali, but nvidia-dali is not installed (make install)",
+        "host a: data.backend=dali, but its package nvidia.dali is not installed (make install)",
         "host b: data folder /data/imagenet/train has 1281000 images in 1000 classes, expected 1281167",
         "host b: data folder /data/imagenet/val cannot be read",
         "host b: the validation blacklist (data.val_blacklist) cannot be read: data/prepare.py writes it",

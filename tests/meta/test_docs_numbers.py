@@ -8,17 +8,35 @@ import json
 import pytest
 from support import ROOT
 
-from recipes import timemodel as tm
-
 
 def _flat(path: str) -> str:
     return " ".join((ROOT / path).read_text().split())
 
 
 @pytest.fixture(scope="module")
-def out_of_sample() -> list[dict]:
-    entries = ROOT / "tests" / "data" / "dawnbench_entries" / "out_of_sample.json"
-    return tm.out_of_sample(entries, tm.profile_model("resnet50"))
+def evidence() -> tuple[dict, dict]:
+    """docs/data/timemodel-evidence.json and the model's rows as scripts/timemodel_evidence.py computes them now."""
+    from scripts import timemodel_evidence
+
+    doc = timemodel_evidence.load()
+    return doc, timemodel_evidence.model_rows(doc)
+
+
+@pytest.fixture(scope="module")
+def out_of_sample(evidence) -> list[dict]:
+    return evidence[1]["out_of_sample"]
+
+
+def test_the_time_models_evidence_tables_are_the_scripts(evidence):
+    """docs/scaling.md's calibration, out-of-sample and step-by-term tables are every table row that
+    `python scripts/timemodel_evidence.py` prints, as it prints them."""
+    from scripts import timemodel_evidence
+
+    rows = [line for line in timemodel_evidence.tables(*evidence) if line.startswith("|")]
+    assert len(rows) >= 45
+    scaling = (ROOT / "docs" / "scaling.md").read_text().splitlines()
+    for row in rows:
+        assert row in scaling, row
 
 
 def test_out_of_sample_errors_quoted_in_readme_and_scaling(out_of_sample):

@@ -222,7 +222,7 @@ def test_the_cycle_check_finds_a_cycle():
 # there. Everything else in scripts/ is imported as a package or run with `python -m scripts.<package>.<module>`.
 RUN_AS_FILES = {"scripts/launch.py", "scripts/launcher/preflight.py", "scripts/predict.py"}
 RUN_AS_FILES |= {"scripts/compare_runs.py", "scripts/gen_config_reference.py", "scripts/gen_presets.py"}
-RUN_AS_FILES |= {"scripts/netlab.py", "scripts/predict_flows.py"}
+RUN_AS_FILES |= {"scripts/netlab.py", "scripts/predict_flows.py", "scripts/timemodel_evidence.py"}
 
 
 def test_every_script_with_a_main_can_be_run_as_a_file():

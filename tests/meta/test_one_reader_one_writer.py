@@ -53,7 +53,6 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ("recipes/distributed.py", "_thread_states"): _PROC,
     ("recipes/environment.py", "_driver"): _PROC,
     ("recipes/evaluation/latency.py", "describe_hardware"): _PROC,
-    ("recipes/timemodel/evidence.py", "out_of_sample"): "reads this repository's tests/data entries, not a user's",
     ("data/check.py", "open_image"): _ARCHIVE,
     ("data/check.py", "quick_problem"): _ARCHIVE,
     ("data/check.py", "inspect_file"): _ARCHIVE,

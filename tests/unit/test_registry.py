@@ -100,32 +100,16 @@ def test_optimizers_and_models_load():
         registry.load(registry.ALLREDUCE_BACKENDS, "nope", "comm.backend", "backend")
 
 
-def test_every_backend_is_measured_by_the_lab_and_checked_by_the_gpu_check():
-    """The lab methods, the bench's contenders, predict.py --validate's methods and the GPU check's equality runs
-    come from the records: every backend is measured at its defaults and modelled; the lab-only ones are too."""
+def test_every_backend_is_modelled_and_checked_by_the_gpu_check():
+    """Every backend has a launcher, a bucket key of the schema and a step model; the GPU check's equality runs come
+    from the records. (The network lab's methods are the lab's own: tests/unit/test_lab_methods.py.)"""
     from recipes.comm import stepmodel
-    from scripts import predict_lab
-    from scripts.bench import bench_allreduce
 
     comm_keys = {f.name for f in dataclasses.fields(CommConfig)}
     for name, r in registry.ALLREDUCE_BACKENDS.items():
-        plain = [
-            m for m in registry.LAB_METHODS.values() if m.backend == name and not (m.flows or m.tuned or m.overrides)
-        ]
-        assert [m.name for m in plain] == [name] and plain[0].default, name
         assert r.launcher in ("torchrun", "horovodrun") and r.bucket_key in comm_keys, name
-    assert all(m.model in stepmodel.BACKENDS for m in registry.LAB_METHODS.values())
-    for m in registry.LAB_METHODS.values():  # a lab-only method brings its step model and the bench's builder
-        assert bool(m.backend) != bool(m.step_model and m.build), m.name
-        if not m.backend:
-            assert callable(registry.resolve(m.build)) and isinstance(stepmodel.pattern(m.name), stepmodel.StepPattern)
+        assert name in stepmodel.BACKENDS and isinstance(stepmodel.pattern(name), stepmodel.StepPattern), name
     assert registry.REFERENCE_BACKEND in registry.ALLREDUCE_BACKENDS
-    # What the scripts derive: predict.py --validate checks the default methods, the lab's ranks run those without a
-    # launcher of their own (in the registry's order) and the own-launcher one runs apart.
-    assert list(predict_lab.LAB_METHODS) == [n for n, m in registry.LAB_METHODS.items() if m.default]
-    assert bench_allreduce.METHODS + [bench_allreduce.APART] == sorted(
-        registry.LAB_METHODS, key=lambda n: registry.LAB_METHODS[n].own_launcher
-    )
     torchrun = [n for n, r in registry.ALLREDUCE_BACKENDS.items() if r.launcher == "torchrun"]
     assert registry.compared_with_reference() == [n for n in torchrun if n != registry.REFERENCE_BACKEND]
 
@@ -148,12 +132,14 @@ def test_a_prediction_for_a_network_the_rates_were_not_measured_on_says_so():
     assert seconds is not None and what.endswith("; per-image rates measured on ResNet-50, not resnet18")
 
 
-def test_the_bench_help_lists_every_lab_method(capsys):
-    from scripts.bench import bench_allreduce
+def test_the_input_term_is_asked_of_the_pipelines_record(monkeypatch):
+    """The time model's input term follows the pipeline's record (`Input.gpu_decode`), not its name."""
+    import recipes.timemodel as tm
 
-    with pytest.raises(SystemExit):
-        bench_allreduce.main(["--help"])
-    text = capsys.readouterr().out
-    for name, m in registry.LAB_METHODS.items():
-        assert f"  {name:<12} {m.what}\n" in text
-    assert "  ddp-flows    the same DDP on a gloo group of --flows devices (comm.gloo_devices)" in text
+    record = load_config(ROOT / "configs" / "dawnbench_158s.yaml", [])
+    assert registry.INPUT_PIPELINES[record.data.backend].gpu_decode and tm.input_rate(record) is not None
+    torch_input = load_config(ROOT / "configs" / "dawnbench_158s.yaml", ["data.backend=torch"])
+    assert tm.input_rate(torch_input) is None
+    cpu_decode = dataclasses.replace(registry.INPUT_PIPELINES[record.data.backend], gpu_decode=False)
+    monkeypatch.setitem(registry.INPUT_PIPELINES, record.data.backend, cpu_decode)
+    assert tm.input_rate(record) is None

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from support import ROOT
 
-from base import registry
 from recipes.comm import stepmodel as sm
 from recipes.comm.plan import Settings, TensorSpec
 from scripts import predict_lab
+from scripts.bench import lab_methods
 
 SPECS = [TensorSpec(f"t{i}", (250_000,), "float32") for i in range(40)]  # 40 MB
 
@@ -57,7 +57,7 @@ def test_the_lab_multi_flow_runs_are_predicted_from_the_2_and_4_host_fit():
     fit = predict_lab.fit_lab([r for r in records if r["hosts"] in (2, 4)])
     errors = {}
     for rec in records:
-        for method in [m for m in predict_lab.LAB_METHODS if registry.LAB_METHODS[m].backend]:  # not lab-only
+        for method in [m for m in predict_lab.LAB_METHODS if lab_methods.LAB_METHODS[m].backend]:  # not lab-only
             p, y = predict_lab.lab_predict(rec, method, fit), predict_lab.measured(rec, method)
             if rec["hosts"] in (8, 16) and p is not None and y is not None:
                 errors[rec["hosts"], method] = round(100 * (p / y - 1))

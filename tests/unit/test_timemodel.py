@@ -1,64 +1,19 @@
-"""recipes/timemodel/: calibration on the two published Alibaba runs within 3% per phase (fitted), the published
-constants equal the TSVs, a GPU profile file replaces the published rates, bad profile files give one-line errors,
-and the model against three fast.ai entries it was not fitted on."""
+"""recipes/timemodel/: a GPU profile file replaces the published rates, bad profile files give one-line errors, the
+step floor, the input term and the predict API. (The published evidence, calibration and out of sample:
+tests/unit/test_timemodel_evidence.py.)"""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from support import ROOT
 
 from recipes import timemodel as tm
-
-ENTRIES = ROOT / "tests" / "data" / "dawnbench_entries"
 
 
 @pytest.fixture(scope="module")
 def prof():
     return tm.profile_model("resnet50")
-
-
-def tsv_phase_seconds(name: str, epochs: list[int]) -> list[float]:
-    """Training clock per phase of a DAWNBench TSV: hours at each phase's last row, differenced."""
-    hours = [float(line.split("\t")[1]) for line in (ENTRIES / name).read_text().strip().splitlines()[1:]]
-    ends, total = [], 0
-    for n in epochs:
-        total += n
-        ends.append(hours[total - 1] * 3600)
-    return [b - a for a, b in zip([0.0, *ends[:-1]], ends, strict=True)]
-
-
-@pytest.mark.parametrize("run", tm.CALIBRATION_RUNS, ids=lambda r: r.source)
-def test_calibration_constants_are_the_published_tsv(run):
-    published = tsv_phase_seconds(run.source, [r[2] for r in run.rows])
-    assert run.phase_s == pytest.approx(published, abs=0.01)
-
-
-def test_record_is_158_s_on_the_training_clock():
-    assert sum(tm.ALIBABA_16X8.phase_s) == pytest.approx(157.55, abs=0.01)  # the TSV's hours, 0.043763889 h
-
-
-@pytest.mark.parametrize("run", tm.CALIBRATION_RUNS, ids=lambda r: r.source)
-def test_calibration_within_3_percent_per_phase(prof, run):
-    """docs/scaling.md's residuals are 0.1-2.1% per phase and 0.1-0.3% in total: a band near them, so that a term
-    dropped or a sigma doubled fails here, not only out of sample."""
-    est = tm.run_estimate(run, prof)
-    for p, pub in zip(est.phases, run.phase_s, strict=True):
-        assert abs(p.total("train") / pub - 1) < 0.03, (p.phase, p.total("train"), pub)
-    assert abs(est.total("train") / sum(run.phase_s) - 1) < 0.01
-    lo, mid, hi = est.range("train")
-    assert lo < mid < hi
-
-
-def test_multi_host_terms_appear_only_with_hosts(prof):
-    one, sixteen = (tm.run_estimate(r, prof) for r in tm.CALIBRATION_RUNS)
-    assert all(p.step_ms["exposed comm"] == 0 and p.step_ms["sync"] == 0 for p in one.phases)
-    assert all(p.step_ms["exposed comm"] > 10 and p.step_ms["sync"] > 0 for p in sixteen.phases)
-    names = {t.name for t in sixteen.phases[1].terms}
-    assert {"compute", "intra-host", "exposed comm", "sync", "pipeline rebuild", "autotune", "validation"} <= names
-    assert sixteen.total("wall") > sixteen.total("train")  # validation, BN allreduce, start-up
-    assert sixteen.widest("wall")[0] in names | {"start-up"}
 
 
 def test_compute_is_per_resolution_not_per_pixel():
@@ -173,52 +128,6 @@ def test_predict_api_ddp_is_the_one_flow_row():
     assert 240 < one < 280 and 140 < four < 165
     with pytest.raises(ValueError, match="'ddp \\(4 flows\\)'.*got 'nccl'"):
         tm.predict(16, 8, "v100-32gb", "fp16", backend="nccl")
-
-
-def test_out_of_sample_entries(prof):
-    """Four published V100-cluster entries never fitted on, each with the software its JSON and code name: the
-    errors docs/scaling.md reports (fast.ai 4, 8, 16 x 8 on PyTorch 0.4 DDP: +20%, +14%, -9%; Huawei 16 x 8 on
-    TensorFlow + XLA + Horovod over InfiniBand: +5%)."""
-    rows = tm.out_of_sample(ENTRIES / "out_of_sample.json", prof)
-    errors = {r["source"].split(".json")[0]: r["mid"] / r["published_s"] - 1 for r in rows}
-    assert errors == pytest.approx(
-        {
-            "fastai_resnet50_p3_16_machine_pytorch": -0.09,
-            "fastai_resnet50_p3_8_machine_pytorch": 0.14,
-            "fastai_resnet50_p3_4_machine_pytorch": 0.20,
-            "huaweicloud_resnet50_modelarts_16_machine_tensorflow18": 0.05,
-        },
-        abs=0.03,
-    )
-    for r in rows:
-        assert r["low"] < r["mid"] < r["high"]
-        assert r["low"] < r["published_s"] < r["high"]  # every total inside its range
-
-
-def test_out_of_sample_entries_name_their_software_and_sizes():
-    """Each entry names software the model knows and one published time per image size of its schedule, in order."""
-    doc = json.loads((ENTRIES / "out_of_sample.json").read_text())
-    for e in doc["entries"]:
-        assert e["software"] in tm.ENTRY_SOFTWARE
-        assert [int(s) for s in e["size_s"]] == list(dict.fromkeys(r[0] for r in e["rows"]))
-
-
-def test_old_pytorch_ddp_is_modelled_as_its_code_runs(prof):
-    """PyTorch 0.4's DDP on NCCL reduces every gradient after backward and imagenet18's loop runs 3 small ring
-    passes a step: on 16 x 8 both terms are there, and dropping them loses the 16-host entry by a third."""
-    sw = tm.ENTRY_SOFTWARE["pytorch-0.4-ddp"]
-    assert sw.backend.overlap is False and sw.backend.small_ring_passes == 3
-    cluster = tm.Cluster(16, 8, 25.0, 10.0)
-    assert sw.backend.small_collectives_s(cluster) == pytest.approx(3 * (127 - 7) * 50e-6)
-    phases = tm.entry_phases([(128, 8192, 6)], 16, 8)
-    rates = tm.PUBLISHED[sw.gpu]
-    old = tm.Backend("ddp, overlapped", "ddp", {"bucket_cap_mb": 25.0, "compression": "fp16"})
-    now = tm.estimate(phases, cluster, rates, backend=sw.backend, prof=prof).phases[0].step_ms
-    was = tm.estimate(phases, cluster, rates, backend=old, prof=prof).phases[0].step_ms
-    assert now["exposed comm"] > was["exposed comm"] + 15  # nothing hidden behind a 64-image backward
-    assert now["small collectives"] == pytest.approx(18.0)
-    est = tm.estimate(phases, cluster, rates, backend=sw.backend, prof=prof, startup_in_clock=sw.startup_in_clock)
-    assert next(t for t in est.phases[0].terms if t.name == "start-up").clock == "train"  # imagenet18's start_time
 
 
 def test_h200_profile_has_a_step_floor_set_on_the_host():

@@ -1,0 +1,49 @@
+"""scripts/bench/lab_methods.py: the network lab's methods point at registered backends or bring their own step
+model and builder, and the lab's bench and `scripts/predict.py --validate` take their methods from them."""
+
+from __future__ import annotations
+
+import pytest
+
+from base import registry
+from recipes.comm import stepmodel
+from scripts import predict_lab
+from scripts.bench import bench_allreduce
+from scripts.bench.lab_methods import LAB_METHODS
+
+
+def test_every_lab_method_is_a_registered_backend_or_brings_its_model_and_builder():
+    for m in LAB_METHODS.values():
+        assert bool(m.backend) != bool(m.step_model and m.build), m.name
+        if m.backend:
+            assert m.backend in registry.ALLREDUCE_BACKENDS, m.name
+        else:  # a lab-only baseline: the step model predict_step knows it by, and the bench's builder
+            assert registry.resolve(m.step_model) is stepmodel.pattern(m.name), m.name
+            assert callable(registry.resolve(m.build)), m.name
+        assert m.model in stepmodel.BACKENDS
+
+
+def test_a_backends_plain_method_is_measured_by_default():
+    """A backend the lab measures has one method at its defaults (no flows, tuner or overrides), measured by default;
+    a backend without a method is simply not in the lab's tables."""
+    for name in {m.backend for m in LAB_METHODS.values() if m.backend}:
+        plain = [m for m in LAB_METHODS.values() if m.backend == name and not (m.flows or m.tuned or m.overrides)]
+        assert [m.name for m in plain] == [name] and plain[0].default, name
+
+
+def test_the_bench_and_validate_take_their_methods_from_the_lab():
+    """predict.py --validate checks the default methods, the lab's ranks run those without a launcher of their own
+    (in the table's order) and the own-launcher one runs apart."""
+    assert list(predict_lab.LAB_METHODS) == [n for n, m in LAB_METHODS.items() if m.default]
+    assert bench_allreduce.METHODS + [bench_allreduce.APART] == sorted(
+        LAB_METHODS, key=lambda n: LAB_METHODS[n].own_launcher
+    )
+
+
+def test_the_bench_help_lists_every_lab_method(capsys):
+    with pytest.raises(SystemExit):
+        bench_allreduce.main(["--help"])
+    text = capsys.readouterr().out
+    for name, m in LAB_METHODS.items():
+        assert f"  {name:<12} {m.what}\n" in text
+    assert "  ddp-flows    the same DDP on a gloo group of --flows devices (comm.gloo_devices)" in text
