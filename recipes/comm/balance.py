@@ -105,16 +105,19 @@ def rebalance_hops(
     min_gain: float,
     current: tuple[tuple[int, ...], ...] | None = None,
 ) -> HopDecision:
-    """`comm.balance_level: hop`: every hop's connections get shares in proportion to what they delivered; the plan
-    changes only if the slowest hop (a ring goes at it) is predicted to get more than `min_gain` shorter (pure, as
-    `rebalance`: row h is host h's connections to host h-1)."""
+    """`comm.balance_level: hop`: every hop's connections get shares in proportion to their rates (what each carried
+    over the seconds it took: row h is host h's connections to host h-1); the plan changes only if the slowest hop
+    under the installed table `current` (None: the one that carried `carried`) is predicted to get more than
+    `min_gain` shorter, as a ring goes at its slowest hop. Pure, as `rebalance`."""
     rows, rates_all, slow, now, after = [], [], [], 0.0, 0.0
     for h, (c, s) in enumerate(zip(carried, seconds, strict=True)):
-        rates, new, row_now, row_after = _proportional_step(c, s)
+        rates, new, _, row_after = _proportional_step(c, s)
+        plan = current[h] if current is not None else c
         rows.append(new)
         rates_all.append(tuple(rates))
         slow += [(h, k) for k in _slow(rates)]
-        now, after = max(now, row_now), max(after, row_after)
+        now = max(now, max(p / r for p, r in zip(plan, rates, strict=True)))
+        after = max(after, row_after)
     table = tuple(rows)
     gain = 1 - after / now
     keep = gain <= min_gain or table == current

@@ -16,17 +16,16 @@ gloo's ring, so hop h is host h's connections to host h-1):
   place.
 Every piece's bounds follow from the chunk's length and the sending hop's shares alone (exact integer cuts), so the
 receiver cuts the same pieces with no message. The table of shares (one row per sending host) is agreed by the
-balancer (recipes/comm/balance.py, `rebalance_hops`) and installed between steps on every rank.
+balancer (recipes/comm/balance.py, `rebalance_hops`) and installed between steps on every rank. Buckets run on one
+helper thread, one at a time, in launch order (the same on every rank), while backward goes on.
 
-Buckets run on one helper thread, one at a time, in launch order (the same on every rank), while backward goes on.
-While measuring, each piece travels as a head and a tail, each receive is waited for on a thread of its own
-(gloo's point-to-point work has no future and reports completion only from `wait()`), and a connection's figure is
-the seconds between its head and its tail arriving: the tail's transfer on that connection alone, whatever the
-sender's lateness (a ring's ranks wait for each other, and at 16 hosts that lateness is larger than the differences
-between connections). Every receive of a bucket is posted before its first send, so a receiver is always waiting
-when its data comes and both arrivals are live. The step's figure per connection is its median seconds per element
-times the elements it carried. Gloo only: NCCL's point-to-point sends would need
-their own stream ordering, and no GPU has run this.
+Measuring (`probe`, between steps, at the end of each balancer window, on every rank at the same step): every rank
+sends the same number of elements on each of its K connections to its left neighbour at once, and times each
+connection from its right neighbour on its own (a waiter thread per receive: gloo's point-to-point work has no
+future and reports completion only from `wait()`). Equal messages sent together make the figures comparable; timing
+the ring's own pieces instead measured, in a 16-host lab on two cores, mostly how late each sender and each waiter
+thread got the CPU (the pieces are milliseconds long, and their sizes follow the plan being judged).
+Gloo only: NCCL's point-to-point sends would need their own stream ordering, and no GPU has run this.
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ import torch.distributed as td
 from base.errors import CommError
 from recipes.comm.plan import split_even, split_weighted
 
-WHOLE, HEAD, TAIL = 0, 1, 2  # point-to-point tags: a piece sent whole, or while measuring as a head and a tail
+PROBE_TAG = 1 << 20  # above every ring step's tag
 
 
 class HopRing:
@@ -56,9 +55,6 @@ class HopRing:
         self.left, self.right = (rank - 1) % world, (rank + 1) % world
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.timeout_s = timeout_s
-        self.measure = False
-        self.samples: list[list[float]] = [[] for _ in groups]  # this step: per incoming connection, s per element
-        self.carried = [0] * len(groups)  # this step: elements per connection (sent and received alike)
         self._error: BaseException | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._queue: queue.Queue = queue.Queue()
@@ -66,12 +62,6 @@ class HopRing:
         self._thread.start()
 
     # -- the training thread -----------------------------------------------------------------------------
-    def begin_step(self, measure: bool) -> None:
-        """Before the step's first bucket: whether to time its connections; the step's figures start at zero."""
-        self.measure = measure
-        self.samples = [[] for _ in self.groups]
-        self.carried = [0] * len(self.groups)
-
     def submit(self, b: int, flat: torch.Tensor) -> None:
         """Reduce `flat` (bucket b, already divided by the world size) to the sum over ranks, in place, after every
         bucket submitted before it."""
@@ -89,6 +79,31 @@ class HopRing:
         self._thread.join(timeout=5)
         if self._pool is not None:
             self._pool.shutdown(wait=False)
+
+    def probe(self, numel: int, dtype: torch.dtype) -> list[float]:
+        """Seconds each connection from the right neighbour took to deliver `numel` elements, all K sent at once
+        (between steps, with no bucket in flight; every rank calls it at the same step)."""
+        k = len(self.groups)
+        out = [torch.empty(numel, dtype=dtype) for _ in range(k)]
+        data = torch.zeros(numel, dtype=dtype)
+        try:
+            recvs = [td.irecv(t, src=self.right, group=g, tag=PROBE_TAG) for t, g in zip(out, self.groups, strict=True)]
+            td.barrier()  # every receive is posted before any probe leaves: the times start together
+            t0 = time.perf_counter()
+            sends = [td.isend(data, dst=self.left, group=g, tag=PROBE_TAG) for g in self.groups]
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(k, thread_name_prefix="multistream-hop-probe")
+            arrived = [self._pool.submit(_arrival, w, self.timeout) for w in recvs]
+            seconds = [f.result() - t0 for f in arrived]
+            for w in sends:
+                w.wait(self.timeout)
+        except Exception as e:
+            raise CommError(
+                f"multistream hop ring: the connection probe between rank {self.rank} and its neighbours {self.left} "
+                f"and {self.right} failed: {e}. A peer died or stalled; point-to-point sends give up after "
+                f"dist.timeout_s={self.timeout_s:g} s"
+            ) from e
+        return seconds
 
     # -- the helper thread -------------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -108,10 +123,10 @@ class HopRing:
         """The ring itself, on the calling thread (the helper's loop, or a test).
 
         Every receive of the bucket's 2(W-1) ring steps is posted first (reduce-scatter's into a scratch buffer of
-        its own per step, all-gather's in place), so a receiver is always waiting before its data can come; then
-        each step posts its sends, waits for its receives and (reduce-scatter) adds. No received data can land on
-        a range still being read or added: a chunk's all-gather copy exists only once this rank's contribution to
-        it was delivered."""
+        its own per step, all-gather's in place), so a sender never waits for its receiver to post; then each step
+        posts its sends, waits for its receives and (reduce-scatter) adds. No received data can land on a range
+        still being read or added: a chunk's all-gather copy exists only once this rank's contribution to it was
+        delivered."""
         w, r = self.world, self.rank
         if w == 1:
             return
@@ -120,38 +135,36 @@ class HopRing:
             chunks.append((flat.numel(), flat.numel()))  # fewer elements than ranks: the last chunks are empty
         longest = max(hi - lo for lo, hi in chunks)
         tmp = torch.empty((w - 1, longest), dtype=flat.dtype, device=flat.device)
-        steps = []  # (phase, s, send view, receive view, chunk to add the received into or None)
+        steps = []  # (where, send view, receive view, the range the received is added into, or None)
         for s in range(w - 1):
             slo, shi = chunks[(r + s) % w]
             rlo, rhi = chunks[(r + s + 1) % w]
-            steps.append(("reduce-scatter", s, flat[slo:shi], tmp[s, : rhi - rlo], flat[rlo:rhi]))
+            steps.append((f"reduce-scatter step {s}", flat[slo:shi], tmp[s, : rhi - rlo], flat[rlo:rhi]))
         for s in range(w - 1):
             slo, shi = chunks[(r - 1 + s) % w]
             rlo, rhi = chunks[(r + s) % w]
-            steps.append(("all-gather", s, flat[slo:shi], flat[rlo:rhi], None))
-        timed = self.measure
+            steps.append((f"all-gather step {s}", flat[slo:shi], flat[rlo:rhi], None))
         where = "posting the receives"
         try:
             posted = [
                 [
-                    (k, kind, numel, td.irecv(t, src=self.right, group=self.groups[k], tag=_tag(i, kind)))
-                    for k, kind, t, numel in self._pieces(recv, self.table[self.right], timed, count=True)
+                    td.irecv(recv[lo:hi], src=self.right, group=self.groups[k], tag=i)
+                    for k, (lo, hi) in enumerate(split_weighted(recv.numel(), self.table[self.right]))
+                    if hi > lo
                 ]
-                for i, (_, _, _, recv, _) in enumerate(steps)
+                for i, (_, _, recv, _) in enumerate(steps)
             ]
-            for i, (phase, s, send, _, into) in enumerate(steps):
-                where = f"{phase} step {s}"
+            for i, (step, send, recv, into) in enumerate(steps):
+                where = step  # named in the error if this step fails
                 sends = [
-                    td.isend(t, dst=self.left, group=self.groups[k], tag=_tag(i, kind))
-                    for k, kind, t, _ in self._pieces(send, self.table[self.rank], timed, count=False)
+                    td.isend(send[lo:hi], dst=self.left, group=self.groups[k], tag=i)
+                    for k, (lo, hi) in enumerate(split_weighted(send.numel(), self.table[self.rank]))
+                    if hi > lo
                 ]
-                if timed and posted[i]:
-                    self._timed_wait(posted[i])
-                else:
-                    for _, _, _, work in posted[i]:
-                        work.wait(self.timeout)
+                for work in posted[i]:
+                    work.wait(self.timeout)
                 if into is not None:
-                    into += steps[i][3]
+                    into += recv
                 for work in sends:
                     work.wait(self.timeout)
         except Exception as e:
@@ -160,49 +173,6 @@ class HopRing:
                 f"{self.left} and {self.right} failed: {e}. A peer died or stalled; point-to-point sends give up "
                 f"after dist.timeout_s={self.timeout_s:g} s"
             ) from e
-
-    def _timed_wait(self, posted: list) -> None:
-        """Wait for one step's receives, each on a waiter thread, and add each connection's tail time per element
-        to its samples (the receiver was waiting before the sender could send, so the head's and the tail's
-        arrivals are both live)."""
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(2 * len(self.groups), thread_name_prefix="multistream-hop-wait")
-        done = [(k, kind, numel, self._pool.submit(_arrival, work, self.timeout)) for k, kind, numel, work in posted]
-        heads = {k: fut.result() for k, kind, _, fut in done if kind == HEAD}
-        for k, kind, numel, fut in done:
-            if kind == TAIL:
-                self.samples[k].append(max(fut.result() - heads[k], 0.0) / numel)
-
-    def step_seconds(self) -> list[float]:
-        """The step's figure per incoming connection: its median seconds per element (over the step's ring steps)
-        times the elements it carried in the step; 0 for a connection that carried nothing measurable. A median,
-        because a waiter thread that gets the CPU late makes one sample wrong, not the step's."""
-        out = []
-        for k in range(len(self.groups)):
-            xs = sorted(self.samples[k])
-            out.append(xs[len(xs) // 2] * self.carried[k] if xs else 0.0)
-        return out
-
-    def _pieces(self, flat: torch.Tensor, shares: tuple[int, ...], timed: bool, *, count: bool):
-        """(connection, tag kind, tensor, elements) for every non-empty piece of `flat` under `shares`; while timed,
-        a piece of 4 elements or more as its head (a quarter) and its tail (sender and receiver cut the same: the
-        bounds and the flag are the same on both). `count`: a receive, counted into what its connection carried."""
-        for k, (lo, hi) in enumerate(split_weighted(flat.numel(), shares)):
-            if hi <= lo:
-                continue
-            if count:
-                self.carried[k] += hi - lo
-            if timed and hi - lo >= 4:
-                mid = lo + (hi - lo) // 4
-                yield k, HEAD, flat[lo:mid], mid - lo
-                yield k, TAIL, flat[mid:hi], hi - mid
-            else:
-                yield k, WHOLE, flat[lo:hi], hi - lo
-
-
-def _tag(step: int, kind: int) -> int:
-    """The point-to-point tag of one piece: its ring step within the bucket and its kind (whole, head, tail)."""
-    return 3 * step + kind
 
 
 def _arrival(work, timeout: datetime.timedelta) -> float:
