@@ -107,8 +107,9 @@ class _Engine:
         # serialize on a GPU: the helper thread's stream (never backward's, so backward keeps running)
         self._side = torch.cuda.Stream(self.device) if serialize and self.device.type == "cuda" else None
         # comm.balance_level=hop: every bucket goes whole to the hop-balanced ring (recipes/comm/hopring.py), whose
-        # own thread runs the buckets in launch order (the balancer times its connections between steps: `probe`)
+        # own thread runs the buckets in launch order; it times each incoming connection while measuring
         self.ring = HopRing(groups, rank, world, plan.hop_shares, timeout_s) if plan.hop_shares is not None else None
+        self.hop_seconds: list[list[float]] = []  # steps not yet read: seconds per incoming connection
         if serialize and self.ring is None:
             self._queue = queue.Queue()
             self._thread = threading.Thread(target=self._serial_loop, name="multistream-serial", daemon=True)
@@ -124,6 +125,8 @@ class _Engine:
             self.works = []
             self._done_at = [None] * len(self.groups)  # measure, host clocks: the last slice's completion
             self._children = []
+            if self.ring is not None:
+                self.ring.begin_step(self.measure and self.timing)
             torch.autograd.Variable._execution_engine.queue_callback(self.finalize)
         b = self.bucket_of[i]
         self.pending[b] -= 1
@@ -223,6 +226,8 @@ class _Engine:
             t_wait = self.clock.mark() if self.timing else None
             if self.ring is not None:
                 self.ring.join()
+                if self.ring.measure:
+                    self.hop_seconds.append(list(self.ring.seconds))
             elif self.serialize:
                 self._queue.join()
                 if self._error is not None:
@@ -275,7 +280,11 @@ class _Engine:
 
     def read_communicators(self, wait: bool) -> list[list[float]]:
         """Per finished step (oldest first), the seconds from its first gradient to each communicator's last slice
-        being done (0 for a communicator that carried nothing); `wait`: of every step marked so far."""
+        being done (0 for a communicator that carried nothing); `wait`: of every step marked so far. Under the hop
+        ring: per finished step, the seconds each connection from the right neighbour took over the step's ring."""
+        if self.ring is not None:
+            out, self.hop_seconds = self.hop_seconds, []
+            return out
         out = []
         while self.comm_marks:
             start, done = self.comm_marks[0]

@@ -16,16 +16,13 @@ gloo's ring, so hop h is host h's connections to host h-1):
   place.
 Every piece's bounds follow from the chunk's length and the sending hop's shares alone (exact integer cuts), so the
 receiver cuts the same pieces with no message. The table of shares (one row per sending host) is agreed by the
-balancer (recipes/comm/balance.py, `rebalance_hops`) and installed between steps on every rank. Buckets run on one
-helper thread, one at a time, in launch order (the same on every rank), while backward goes on.
+balancer (recipes/comm/balance.py, `rebalance_hops`) and installed between steps on every rank.
 
-Measuring (`probe`, between steps, at the end of each balancer window, on every rank at the same step): every rank
-sends the same number of elements on each of its K connections to its left neighbour at once, and times each
-connection from its right neighbour on its own (a waiter thread per receive: gloo's point-to-point work has no
-future and reports completion only from `wait()`). Equal messages sent together make the figures comparable; timing
-the ring's own pieces instead measured, in a 16-host lab on two cores, mostly how late each sender and each waiter
-thread got the CPU (the pieces are milliseconds long, and their sizes follow the plan being judged).
-Gloo only: NCCL's point-to-point sends would need their own stream ordering, and no GPU has run this.
+Buckets run on one helper thread, one at a time, in launch order (the same on every rank), while backward goes on.
+While measuring, each receive is waited for on a thread of its own (gloo's point-to-point work has no future and
+reports completion only from `wait()`), so each connection's time is its own: the seconds from posting the step's
+receives to that piece arriving, summed over the step's ring steps. Gloo only: NCCL's point-to-point sends would need
+their own stream ordering, and no GPU has run this.
 """
 
 from __future__ import annotations
@@ -42,8 +39,6 @@ import torch.distributed as td
 from base.errors import CommError
 from recipes.comm.plan import split_even, split_weighted
 
-PROBE_TAG = 1 << 20  # above every ring step's tag
-
 
 class HopRing:
     """The hop-balanced ring over `groups` (K process groups spanning every rank, the same order everywhere)."""
@@ -55,6 +50,8 @@ class HopRing:
         self.left, self.right = (rank - 1) % world, (rank + 1) % world
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.timeout_s = timeout_s
+        self.measure = False
+        self.seconds = [0.0] * len(groups)  # this step: per connection of the incoming hop (from the right)
         self._error: BaseException | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._queue: queue.Queue = queue.Queue()
@@ -62,6 +59,11 @@ class HopRing:
         self._thread.start()
 
     # -- the training thread -----------------------------------------------------------------------------
+    def begin_step(self, measure: bool) -> None:
+        """Before the step's first bucket: whether to time its connections; the step's figures start at zero."""
+        self.measure = measure
+        self.seconds = [0.0] * len(self.groups)
+
     def submit(self, b: int, flat: torch.Tensor) -> None:
         """Reduce `flat` (bucket b, already divided by the world size) to the sum over ranks, in place, after every
         bucket submitted before it."""
@@ -80,31 +82,6 @@ class HopRing:
         if self._pool is not None:
             self._pool.shutdown(wait=False)
 
-    def probe(self, numel: int, dtype: torch.dtype) -> list[float]:
-        """Seconds each connection from the right neighbour took to deliver `numel` elements, all K sent at once
-        (between steps, with no bucket in flight; every rank calls it at the same step)."""
-        k = len(self.groups)
-        out = [torch.empty(numel, dtype=dtype) for _ in range(k)]
-        data = torch.zeros(numel, dtype=dtype)
-        try:
-            recvs = [td.irecv(t, src=self.right, group=g, tag=PROBE_TAG) for t, g in zip(out, self.groups, strict=True)]
-            td.barrier()  # every receive is posted before any probe leaves: the times start together
-            t0 = time.perf_counter()
-            sends = [td.isend(data, dst=self.left, group=g, tag=PROBE_TAG) for g in self.groups]
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(k, thread_name_prefix="multistream-hop-probe")
-            arrived = [self._pool.submit(_arrival, w, self.timeout) for w in recvs]
-            seconds = [f.result() - t0 for f in arrived]
-            for w in sends:
-                w.wait(self.timeout)
-        except Exception as e:
-            raise CommError(
-                f"multistream hop ring: the connection probe between rank {self.rank} and its neighbours {self.left} "
-                f"and {self.right} failed: {e}. A peer died or stalled; point-to-point sends give up after "
-                f"dist.timeout_s={self.timeout_s:g} s"
-            ) from e
-        return seconds
-
     # -- the helper thread -------------------------------------------------------------------------------
     def _loop(self) -> None:
         while True:
@@ -120,13 +97,7 @@ class HopRing:
                 self._queue.task_done()
 
     def allreduce(self, b: int, flat: torch.Tensor) -> None:
-        """The ring itself, on the calling thread (the helper's loop, or a test).
-
-        Every receive of the bucket's 2(W-1) ring steps is posted first (reduce-scatter's into a scratch buffer of
-        its own per step, all-gather's in place), so a sender never waits for its receiver to post; then each step
-        posts its sends, waits for its receives and (reduce-scatter) adds. No received data can land on a range
-        still being read or added: a chunk's all-gather copy exists only once this rank's contribution to it was
-        delivered."""
+        """The ring itself, on the calling thread (the helper's loop, or a test)."""
         w, r = self.world, self.rank
         if w == 1:
             return
@@ -134,42 +105,44 @@ class HopRing:
         while len(chunks) < w:
             chunks.append((flat.numel(), flat.numel()))  # fewer elements than ranks: the last chunks are empty
         longest = max(hi - lo for lo, hi in chunks)
-        tmp = torch.empty((w - 1, longest), dtype=flat.dtype, device=flat.device)
-        steps = []  # (where, send view, receive view, the range the received is added into, or None)
-        for s in range(w - 1):
+        tmp = torch.empty(longest, dtype=flat.dtype, device=flat.device)
+        for s in range(w - 1):  # reduce-scatter
             slo, shi = chunks[(r + s) % w]
             rlo, rhi = chunks[(r + s + 1) % w]
-            steps.append((f"reduce-scatter step {s}", flat[slo:shi], tmp[s, : rhi - rlo], flat[rlo:rhi]))
-        for s in range(w - 1):
+            self._exchange(b, "reduce-scatter", s, flat[slo:shi], tmp[: rhi - rlo])
+            flat[rlo:rhi] += tmp[: rhi - rlo]
+        for s in range(w - 1):  # all-gather
             slo, shi = chunks[(r - 1 + s) % w]
             rlo, rhi = chunks[(r + s) % w]
-            steps.append((f"all-gather step {s}", flat[slo:shi], flat[rlo:rhi], None))
-        where = "posting the receives"
+            self._exchange(b, "all-gather", s, flat[slo:shi], flat[rlo:rhi])
+
+    def _exchange(self, b: int, phase: str, s: int, send: torch.Tensor, recv: torch.Tensor) -> None:
+        """One ring step: `send` to the left cut by this host's shares, `recv` from the right cut by the right
+        neighbour's shares, one piece per connection."""
+        t0 = time.perf_counter()
+        recvs = []
+        for k, (lo, hi) in enumerate(split_weighted(recv.numel(), self.table[self.right])):
+            if hi > lo:
+                recvs.append((k, td.irecv(recv[lo:hi], src=self.right, group=self.groups[k])))
+        sends = []
+        for k, (lo, hi) in enumerate(split_weighted(send.numel(), self.table[self.rank])):
+            if hi > lo:
+                sends.append((k, td.isend(send[lo:hi], dst=self.left, group=self.groups[k])))
         try:
-            posted = [
-                [
-                    td.irecv(recv[lo:hi], src=self.right, group=self.groups[k], tag=i)
-                    for k, (lo, hi) in enumerate(split_weighted(recv.numel(), self.table[self.right]))
-                    if hi > lo
-                ]
-                for i, (_, _, recv, _) in enumerate(steps)
-            ]
-            for i, (step, send, recv, into) in enumerate(steps):
-                where = step  # named in the error if this step fails
-                sends = [
-                    td.isend(send[lo:hi], dst=self.left, group=self.groups[k], tag=i)
-                    for k, (lo, hi) in enumerate(split_weighted(send.numel(), self.table[self.rank]))
-                    if hi > lo
-                ]
-                for work in posted[i]:
+            if self.measure and recvs:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(len(self.groups), thread_name_prefix="multistream-hop-wait")
+                done = [(k, self._pool.submit(_arrival, work, self.timeout)) for k, work in recvs]
+                for k, fut in done:
+                    self.seconds[k] += fut.result() - t0
+            else:
+                for _, work in recvs:
                     work.wait(self.timeout)
-                if into is not None:
-                    into += recv
-                for work in sends:
-                    work.wait(self.timeout)
+            for _, work in sends:
+                work.wait(self.timeout)
         except Exception as e:
             raise CommError(
-                f"multistream hop ring: bucket {b}, {where}, between rank {self.rank} and its neighbours "
+                f"multistream hop ring: bucket {b}, {phase} step {s}, between rank {self.rank} and its neighbours "
                 f"{self.left} and {self.right} failed: {e}. A peer died or stalled; point-to-point sends give up "
                 f"after dist.timeout_s={self.timeout_s:g} s"
             ) from e

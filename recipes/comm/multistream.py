@@ -34,8 +34,6 @@ from recipes.comm.plan import FusionPlan, Settings, build_plan, describe_table, 
 from recipes.comm.stats import CommStats
 from recipes.distributed import all_gather_object, broadcast_object, collective_guard
 
-PROBE_MIN_NUMEL = 4096  # comm.balance_level=hop: the connection probe's smallest message, in elements
-
 
 class MultiStreamBackend(BackendDefaults):
     name = "multistream"
@@ -382,17 +380,15 @@ class MultiStreamBackend(BackendDefaults):
         if self.balance is None:  # the tuner (if any) has chosen: balance its winner's K communicators
             self.balance = self._new_balance()
         b, eng = self.balance, self.engine
-        if self._hop:
-            b.steps += 1
-            if b.steps >= self.comm_cfg.balance_window:
-                self._balance_hops(step, log)
-            return
         if not eng.measure:
             eng.measure = True  # from the next step on
             return
         for secs in eng.read_communicators(wait=True):
             b.add(secs)
         if b.steps < self.comm_cfg.balance_window:
+            return
+        if self._hop:
+            self._balance_hops(step, log)
             return
         agreed = torch.tensor(b.window, dtype=torch.float64, device=self.dist.device) / b.steps
         with collective_guard("multistream balance: the window's figures", step, self.timeout_s):
@@ -423,22 +419,18 @@ class MultiStreamBackend(BackendDefaults):
             )
 
     def _balance_hops(self, step: int, log) -> None:
-        """The window's end under comm.balance_level=hop: every rank probes the K connections of its incoming hop
-        (from rank r+1, row r+1 of the table) with equal messages sent at once; one all-reduce (SUM of rows that only
-        their owner filled: exact) gives every rank the whole table, and each computes the same plan from it."""
+        """The window's end under comm.balance_level=hop: each rank timed the K connections of its incoming hop (from
+        rank r+1, row r+1 of the table); one all-reduce (SUM of rows that only their owner filled: exact) gives every
+        rank the whole table, and each computes the same plan from it."""
         b, w = self.balance, self.dist.world_size
         k = self.settings.streams
-        wire = self.engine.wire
-        numel = max(PROBE_MIN_NUMEL, sum(t.numel() for t in wire) // (w * k))  # a ring step's piece, one bucket
-        with collective_guard("multistream balance: the connection probe", step, self.timeout_s):
-            seconds = self.engine.ring.probe(numel, wire[0].dtype)
         table = torch.zeros(w, k, dtype=torch.float64, device=self.dist.device)
-        table[(self.dist.rank + 1) % w] = torch.tensor(seconds, dtype=torch.float64)
+        table[(self.dist.rank + 1) % w] = torch.tensor(b.window, dtype=torch.float64) / b.steps
         with collective_guard("multistream balance: the window's figures", step, self.timeout_s):
             td.all_reduce(table, op=td.ReduceOp.SUM)
-        even = balancing.even_shares(k)  # the probe's messages are equal: each carried the same share
+        current = b.current
         decision = balancing.rebalance_hops(
-            [list(even) for _ in range(w)], table.tolist(), self.comm_cfg.balance_min_gain, b.shares
+            [list(row) for row in current], table.tolist(), self.comm_cfg.balance_min_gain, b.shares
         )
         b.close(decision)
         slow = "".join(
