@@ -432,7 +432,7 @@ def wire_format(backend: str, compression: str = "none") -> str:
 
 def backend_kwargs(backend: str, comm=None) -> dict:
     """predict_step's settings of `backend` from a config's comm section (None: the defaults), wire format aside."""
-    return pattern(backend).settings(vars(comm) if comm is not None else {})
+    return pattern(backend).settings(comm.flat() if comm is not None else {})
 
 
 def settings_label(backend: str, n: int, kwargs: dict) -> str:
