@@ -334,6 +334,9 @@ OPTIMIZERS = {
         Optimizer("hybrid", "recipes.optim:build_hybrid", _OPTIM + "HybridConfig", tensor_hparams=True),
         # timm's Lamb has no found_inf: the step decides on the host
         Optimizer("lamb", "recipes.optim:build_lamb", _OPTIM + "LambConfig", skips_on_device=False),
+        # torch's AdamW reads lr on the host (a float); its fused step takes a 0-dim found_inf only, and the unfused one
+        # is given the same skip (recipes/optim.py)
+        Optimizer("adamw", "recipes.optim:build_adamw", _OPTIM + "AdamWConfig", skip_flag_shape=()),
     )
 }
 

@@ -87,6 +87,23 @@ class LambConfig(AdaptBnBias):
 
 
 @dataclass
+class AdamWConfig:
+    """optim.name=adamw: torch's AdamW (decoupled weight decay), fused or not."""
+
+    betas: list[float] = _f(
+        help="adamw: (beta1, beta2), the decay rates of the gradient's running mean and of its square",
+        factory=lambda: [0.9, 0.999],
+        domain="nonempty [0,1)",
+    )
+    eps: float = _f(1e-8, help="adamw: added to the root of the second moment", domain=">0", unbounded=_FACTOR)
+    fused: bool | Literal["auto"] = _f(
+        "auto",
+        help="adamw: torch's fused kernel (CUDA only) or the per-parameter loop; auto = fused on CUDA. Either skips "
+        "a non-finite step on the device",
+    )
+
+
+@dataclass
 class NcclFlows:
     """NCCL's multi-flow settings, set in each rank's environment by the backends that run on NCCL themselves."""
 
