@@ -123,6 +123,22 @@ ALLREDUCE_BACKENDS = {
             bucket_key="bucket_cap_mb",
             step_model="recipes.comm.stepmodel:DDP",
         ),
+        # DDP with torch's bf16 compression hook: DDP's buckets at 2 bytes per element. Each average is rounded to bf16
+        # (2^-8 relative) before the sum, so its weights after the GPU check's 10 SGD steps (lr 0.05, momentum 0.9,
+        # weights ~1) differ from DDP's by more than summation order: 1.4e-4 on 2 CPU ranks (gpu_check_worker cpu 10,
+        # 2026-12-05). 2e-3 leaves room for 8 ranks' sums in bf16 and is far below a wrong mean's ~1e-1.
+        Allreduce(
+            "ddp_bf16",
+            "recipes.comm.ddp:DDPBf16Backend",
+            "ddp bf16",
+            "recipes.config.plugins:DDPConfig",
+            graph_refusal="DDP's reducer runs host logic per step",
+            reference_atol=2e-3,
+            comm_window="first bucket -> last bucket reduced",
+            bucket_key="bucket_cap_mb",
+            step_model="recipes.comm.stepmodel:DDP",
+            wire_dtype="bf16",
+        ),
         Allreduce(
             "multistream",
             "recipes.comm.multistream:MultiStreamBackend",
@@ -206,6 +222,9 @@ LAB_METHODS = {
             "the same DDP on a gloo group of --flows devices (comm.gloo_devices): its buckets spread over --flows TCP "
             "connections per peer, as many flows as multistream's K communicators",
             flows=True,
+        ),
+        LabMethod(
+            "ddp_bf16", "ddp_bf16", "DDP with torch's bf16 compression hook (bf16_compress_hook): half DDP's bytes"
         ),
         LabMethod("multistream", "multistream", "our backend at the config defaults (comm.bucket_mb/streams/slices)"),
         LabMethod(
