@@ -2,30 +2,32 @@
 lives, and what the rest of the tree shows or checks of it.
 
     Allreduce   comm.backend (the allreduce backend): the class, its label in tables, its rows in the time model,
-                whether comm.compression applies to it, whether the step can be captured in a CUDA graph while it
-                wraps the model (and where a GPU proved it), its tolerance against DDP, what starts its ranks, its
-                bucket key, whether comm.autotune tunes it
-    Input       data.backend (the input pipeline): the class, the data.* keys it reads, whether it reads data.root's
-                folders
-    Model       model.name: the timm architecture, the model.* keys it reads, whether the time model's rates were
-                measured on it
-    Optimizer   optim.name: the builder, the optim.* keys it reads, how its step skips a non-finite step (the skip
-                flag's shape) and whether a CUDA graph can capture it
+                whether the step can be captured in a CUDA graph while it wraps the model (and where a GPU proved
+                it), its tolerance against DDP, its wire dtype, what starts its ranks, its bucket key
+    Input       data.backend (the input pipeline): the class, whether it reads data.root's folders
+    Model       model.name: the timm architecture, whether the time model's rates were measured on it
+    Optimizer   optim.name: the builder, how its step skips a non-finite step (the skip flag's shape) and whether
+                a CUDA graph can capture it
 
-A key of a seam's section that the chosen record does not read is inert (`SEAMS`): said when set, marked by
---print-config (recipes/config/inert.py). The config schema takes its `Literal` types from these tables, so a wrong name
-is a `ConfigError` (with "did you mean") when the config loads; the factories (`recipes.comm.create_allreduce`,
-`data.create_input`, `recipes.optim.create_optimizer`, `models.create_model`) take the implementation from here when it
-is asked for; the time model, `train.py --plan --gpu`, scripts/predict.py and compare_runs list the backends from
-`ALLREDUCE_BACKENDS` (the network lab measures those of them its own `scripts/bench/lab_methods.py` lists), the
-GPU check its equality and end-to-end runs from the backends' launchers. A new backend, input pipeline, model or
-optimizer is one record here plus its module and tests (a backend: also its step-time model in
-recipes/comm/stepmodel.py). The records are plain data, and nothing of this repository is imported at import time: the
-schema and the torch-free tools read them.
+Every record points at its own typed config (`config`, recipes/config/plugins.py): the keys of its seam's section
+(`SEAMS`) that it alone, or with some others, reads. What it reads (`reads`) is that class's fields; the section keeps
+the keys every part of the seam reads, so another part's keys are not in the chosen part's config (set, they are
+inert: said, and marked by --print-config; recipes/config/inert.py). The config schema takes its `Literal` types
+from these tables, so a wrong name is a `ConfigError` (with "did you mean") when the config loads; the factories
+(`recipes.comm.create_allreduce`, `data.create_input`, `recipes.optim.create_optimizer`, `models.create_model`) take
+the implementation from here when it is asked for; the time model, `train.py --plan --gpu`, scripts/predict.py and
+compare_runs list the backends from `ALLREDUCE_BACKENDS` (the network lab measures those of them its own
+`scripts/bench/lab_methods.py` lists), the GPU check its equality and end-to-end runs from the backends' launchers.
+A new backend, input pipeline, model or optimizer is one record here plus its module, its config class if it has
+knobs of its own, and tests (a backend: a step-time model in recipes/comm/stepmodel.py, unless it issues another
+backend's messages). The records are plain data, and nothing of this repository is imported at import time: the schema and
+the torch-free tools read them.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import importlib
 from dataclasses import dataclass
 from typing import Any
@@ -33,14 +35,30 @@ from typing import Any
 from base.errors import ConfigError
 
 
+@functools.cache
+def _fields(pointer: str) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(resolve(pointer))) if pointer else ()
+
+
+class _Plugin:
+    """A record with its own config: `config` is "module:Class" of its knobs' dataclass ("" = none)."""
+
+    config: str
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """The keys of its section it reads besides those every part of the seam reads: its config's fields."""
+        return _fields(self.config)
+
+
 @dataclass(frozen=True)
-class Allreduce:
+class Allreduce(_Plugin):
     """A gradient allreduce backend (comm.backend)."""
 
     name: str
     impl: str  # "module:Class" implementing recipes.comm.base.AllreduceBackend
     label: str  # in tables: predict.py, train.py --plan --gpu, compare_runs
-    compression: bool  # reads comm.compression (the gradients' wire format)
+    config: str  # "module:Class" of its comm.* keys (recipes/config/plugins.py)
     # The time model's rows (recipes/timemodel/estimate.py::backends): TCP flows per communicator of each, modelled
     # by recipes/comm/stepmodel.py under `name`. ddp has two: NCCL's one flow, and 4 (comm.nccl_preset flows-4),
     # the strongest plain-DDP baseline.
@@ -61,7 +79,6 @@ class Allreduce:
     # What starts its ranks: torchrun, or horovodrun (Horovod's own rendezvous; scripts/launch.py --engine horovod).
     launcher: str = "torchrun"
     bucket_key: str = "bucket_mb"  # the comm.* key of its bucket (fusion) size in MB
-    autotune: bool = False  # comm.autotune tunes its settings in the first steps
     # "module:attribute" of the recipes.comm.stepmodel.StepPattern its steps are modelled by (the messages it issues,
     # its settings, their label): a variant that issues another backend's messages (DDP with another comm hook)
     # points at that backend's, so registering it is this record and its module.
@@ -70,6 +87,16 @@ class Allreduce:
     # here), or comm.compression's when it reads that key (`compression`); "fp16"/"bf16" = always that (a backend
     # whose hook always sends bf16 is predicted at 2 bytes per element whatever comm.compression says).
     wire_dtype: str | None = None
+
+    @property
+    def compression(self) -> bool:
+        """It reads comm.compression (the gradients' wire format)."""
+        return "compression" in self.reads
+
+    @property
+    def autotune(self) -> bool:
+        """comm.autotune tunes its settings in the first steps."""
+        return "autotune" in self.reads
 
     def wire(self, compression: str = "none") -> str:
         """The wire format of its messages under comm.compression=`compression` ("none": the gradients' dtype)."""
@@ -88,31 +115,45 @@ ALLREDUCE_BACKENDS = {
             "ddp",
             "recipes.comm.ddp:DDPBackend",
             "ddp",
-            compression=False,
+            "recipes.config.plugins:DDPConfig",
             time_flows=(1, 4),
             graph_refusal="DDP's reducer runs host logic per step",
             comm_window="first bucket -> last bucket reduced",
             bucket_key="bucket_cap_mb",
             step_model="recipes.comm.stepmodel:DDP",
         ),
+        # DDP with torch's bf16 compression hook: DDP's buckets at 2 bytes per element. Each average is rounded to bf16
+        # (2^-8 relative) before the sum, so its weights after the GPU check's 10 SGD steps (lr 0.05, momentum 0.9,
+        # weights ~1) differ from DDP's by more than summation order: 1.4e-4 on 2 CPU ranks (gpu_check_worker cpu 10,
+        # 2026-12-05). 2e-3 leaves room for 8 ranks' sums in bf16 and is far below a wrong mean's ~1e-1.
+        Allreduce(
+            "ddp_bf16",
+            "recipes.comm.ddp:DDPBf16Backend",
+            "ddp bf16",
+            "recipes.config.plugins:DDPConfig",
+            graph_refusal="DDP's reducer runs host logic per step",
+            reference_atol=2e-3,
+            comm_window="first bucket -> last bucket reduced",
+            bucket_key="bucket_cap_mb",
+            step_model="recipes.comm.stepmodel:DDP",
+            wire_dtype="bf16",
+        ),
         Allreduce(
             "multistream",
             "recipes.comm.multistream:MultiStreamBackend",
             "multistream",
-            compression=True,
+            "recipes.config.plugins:MultistreamConfig",
             comm_window="backward + sync",
-            autotune=True,
             step_model="recipes.comm.stepmodel:MULTISTREAM",
         ),
         Allreduce(
             "horovod",
             "recipes.comm.horovod_backend:HorovodBackend",
             "horovod",
-            compression=True,
+            "recipes.config.plugins:HorovodConfig",
             graph_refusal="Horovod's allreduce runs on its own thread",
             comm_window="first gradient -> synchronize()",
             launcher="horovodrun",
-            autotune=True,
             step_model="recipes.comm.stepmodel:HOROVOD",
         ),
     )
@@ -143,13 +184,13 @@ NCCL_PRESETS: dict[str, tuple[int | None, int | None, int | None]] = {
 
 
 @dataclass(frozen=True)
-class Input:
-    """An input pipeline (data.backend): its class and the data.* keys it reads."""
+class Input(_Plugin):
+    """An input pipeline (data.backend): its class and its config."""
 
     name: str
     impl: str  # "module:Class" implementing data.pipeline.InputPipeline
     label: str  # in tables (docs/config.md)
-    reads: tuple[str, ...]  # data.* keys it reads, besides those of every pipeline (DATA_SHARED_KEYS)
+    config: str  # "module:Class" of its data.* keys (recipes/config/plugins.py)
     # Reads data.root's ImageNet folders: built from the scanned splits (data.create_input), its folders are what
     # the launcher checks on every host and evaluate.py --backend may choose it. False: it makes its own batches.
     reads_folders: bool = True
@@ -162,25 +203,19 @@ class Input:
     gpu_decode: bool = False  # decodes JPEGs on the GPU (nvJPEG): the time model's input term has its measured rate
 
 
-# Every pipeline reads these: which one, and the validation batch.
-DATA_SHARED_KEYS = ("backend", "val_batch_size")
-# A pipeline over data.root's folders reads these: where the images are, how many decode at once, how validation
-# crops, and which files it refuses or leaves out.
-_FOLDERS = ("root", "roots", "workers", "val_crop_ratio", "skip_corrupt", "max_image_pixels", "val_blacklist")
-
 # data.backend -> its record
 INPUT_PIPELINES = {
     r.name: r
     for r in (
         # timm's PIL augmentations (auto_augment, AugMix's splits) exist in this pipeline only.
         Input(
-            "torch", "data.torch_loader:TorchPipeline", "torchvision + PIL", (*_FOLDERS, "auto_augment", "aug_splits")
+            "torch", "data.torch_loader:TorchPipeline", "torchvision + PIL", "recipes.config.plugins:TorchInputConfig"
         ),
         Input(
             "dali",
             "data.dali_loader:DaliPipeline",
             "NVIDIA DALI",
-            (*_FOLDERS, "dali_dtype", "dali_prefetch", "dali_hw_decoder_load"),
+            "recipes.config.plugins:DaliConfig",
             requires="nvidia.dali",
             env_version="dali",
             streams_epochs=True,
@@ -190,7 +225,7 @@ INPUT_PIPELINES = {
             "synthetic",
             "data.synthetic:SyntheticPipeline",
             "random batches on the device",
-            ("synthetic_size", "synthetic_classes"),
+            "recipes.config.plugins:SyntheticConfig",
             reads_folders=False,
         ),
     )
@@ -198,14 +233,14 @@ INPUT_PIPELINES = {
 
 
 @dataclass(frozen=True)
-class Optimizer:
-    """An optimizer (optim.name): its builder, the optim.* keys it reads, and the contract its step keeps with the
-    training step (recipes/steps.py): how a step with non-finite gradients is skipped, and whether it can be
-    captured in a CUDA graph."""
+class Optimizer(_Plugin):
+    """An optimizer (optim.name): its builder, its config, and the contract its step keeps with the training step
+    (recipes/steps.py): how a step with non-finite gradients is skipped, and whether it can be captured in a CUDA
+    graph."""
 
     name: str
     impl: str  # "module:function" (optim_cfg, param_groups) -> torch.optim.Optimizer
-    reads: tuple[str, ...]  # optim.* keys its update reads, besides those of every optimizer (OPTIM_SHARED_KEYS)
+    config: str  # "module:Class" of its optim.* keys (recipes/config/plugins.py)
     # Its step() honours a `found_inf` tensor attribute (GradScaler's protocol): 1.0 skips the step on the device,
     # with no host read. False: the training step decides on the host whether to call step().
     skips_on_device: bool = True
@@ -223,47 +258,40 @@ class Optimizer:
         return self.skips_on_device and self.tensor_hparams
 
 
-# Every optimizer reads these: the LR schedule, the decay and its groups, the loss's smoothing.
-OPTIM_SHARED_KEYS = ("name", "lr", "lr_scaling", "warmup_epochs", "warmup_start_lr", "final_lr", "weight_decay")
-OPTIM_SHARED_KEYS += ("no_bn_decay", "label_smoothing", "clip_grad_norm")
-_MOMENTUM = ("momentum", "momentum_end", "momentum_schedule", "nesterov")  # SGD's heavy ball (Lamb has Adam's betas)
-_LAYER_ADAPTIVE = (*_MOMENTUM, "eta", "lars_momentum", "adapt_bn_bias")
+_OPTIM = "recipes.config.plugins:"
 
 # optim.name -> its record
 OPTIMIZERS = {
     r.name: r
     for r in (
-        Optimizer("sgd", "recipes.optim:build_sgd", _MOMENTUM),  # torch's fused SGD: momentum read on the host
-        Optimizer("lars", "recipes.optim:build_lars", _LAYER_ADAPTIVE, tensor_hparams=True),
         Optimizer(
-            "hybrid",
-            "recipes.optim:build_hybrid",
-            (*_LAYER_ADAPTIVE, "trust_clip_min", "trust_clip_max"),
-            tensor_hparams=True,
-        ),
+            "sgd", "recipes.optim:build_sgd", _OPTIM + "SGDConfig"
+        ),  # torch's fused SGD: momentum read on the host
+        Optimizer("lars", "recipes.optim:build_lars", _OPTIM + "LarsConfig", tensor_hparams=True),
+        Optimizer("hybrid", "recipes.optim:build_hybrid", _OPTIM + "HybridConfig", tensor_hparams=True),
         # timm's Lamb has no found_inf: the step decides on the host
-        Optimizer("lamb", "recipes.optim:build_lamb", ("adapt_bn_bias",), skips_on_device=False),
+        Optimizer("lamb", "recipes.optim:build_lamb", _OPTIM + "LambConfig", skips_on_device=False),
+        # torch's AdamW reads lr on the host (a float); its fused step takes a 0-dim found_inf only, and the unfused one
+        # is given the same skip (recipes/optim.py)
+        Optimizer("adamw", "recipes.optim:build_adamw", _OPTIM + "AdamWConfig", skip_flag_shape=()),
     )
 }
 
 
 @dataclass(frozen=True)
-class Model:
-    """A network (model.name): its timm architecture and the model.* keys it reads."""
+class Model(_Plugin):
+    """A network (model.name): its timm architecture and its config."""
 
     name: str
     arch: str  # timm.create_model's name (models/factory.py)
     label: str  # in tables (docs/config.md)
-    # model.* keys it reads besides MODEL_SHARED_KEYS: the BN settings (momentum, eps, zero-init of each residual
-    # branch's last gamma: timm's `zero_init_last`) apply to a network with BatchNorm residual blocks only.
-    reads: tuple[str, ...] = ("bn_momentum", "bn_eps", "zero_init_last_bn")
+    # Its model.* keys: the BN settings apply to a network with BatchNorm residual blocks only.
+    config: str = "recipes.config.plugins:BatchNormConfig"
     # The time model's per-image rates (recipes/timemodel/rates.py) were measured on this network: ResNet-50 (the
     # published TensorFlow runs) and ResNet-50-D (this trainer's GPU profiles). Another network's prediction
     # (`train.py --plan --gpu`) still uses them, and says so.
     time_rates: bool = False
 
-
-MODEL_SHARED_KEYS = ("name", "drop_rate")
 
 # model.name -> its record. `resnet50_tweaked` is ResNet-D (deep stem, average-pool downsampling in the shortcut) =
 # timm's resnet50d; the BN tweaks (zero-init last gamma, BN momentum/eps, no BN decay) are applied from the config on
@@ -283,19 +311,25 @@ MODELS = {
 
 @dataclass(frozen=True)
 class Seam:
-    """A config section whose keys belong to the part one of its keys chooses: the keys the chosen record does not
-    read (besides `shared`) are inert (recipes/config/inert.py)."""
+    """A config section whose keys belong to the part one of its keys chooses: the section's own fields are read by
+    every part (`shared`, the choosing key among them), the rest by the parts whose config declares them."""
 
     key: str  # the choosing key in the section ("name" of optim.name)
-    records: dict[str, Any]  # name -> record with `reads`
-    shared: tuple[str, ...]  # keys every part of the section reads
+    records: dict[str, Any]  # name -> record with `config`
+    section: str  # "module:Class" of the section (recipes/config/schema.py)
+
+    @property
+    def shared(self) -> tuple[str, ...]:
+        """The keys every part of the seam reads: the section's fields."""
+        return tuple(k for k in _fields(self.section) if k != "own")
 
 
 # section -> its seam
 SEAMS = {
-    "data": Seam("backend", INPUT_PIPELINES, DATA_SHARED_KEYS),
-    "model": Seam("name", MODELS, MODEL_SHARED_KEYS),
-    "optim": Seam("name", OPTIMIZERS, OPTIM_SHARED_KEYS),
+    "data": Seam("backend", INPUT_PIPELINES, "recipes.config.schema:DataConfig"),
+    "model": Seam("name", MODELS, "recipes.config.schema:ModelConfig"),
+    "optim": Seam("name", OPTIMIZERS, "recipes.config.schema:OptimConfig"),
+    "comm": Seam("backend", ALLREDUCE_BACKENDS, "recipes.config.schema:CommConfig"),
 }
 
 

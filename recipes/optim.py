@@ -5,6 +5,7 @@
     hybrid  the record's "LARS with rectified adaptive LR": the same trust ratio clipped to
             [optim.trust_clip_min, optim.trust_clip_max] on Nesterov SGD                  (recipes/lars.py)
     lamb    timm's Lamb (Adam moments, layer trust ratio), betas (0.9, 0.999), no global grad clipping
+    adamw   torch.optim.AdamW, fused on CUDA (optim.fused), optim.betas and optim.eps
 
 BN parameters and biases form their own group: no weight decay when `optim.no_bn_decay`, and plain SGD (no
 trust ratio) in lars/hybrid/lamb unless `optim.adapt_bn_bias`.
@@ -120,6 +121,56 @@ def build_lamb(cfg, groups):
             )
         g["always_adapt"] = g["adapt"]
     return Lamb(groups, lr=cfg.lr, weight_decay=cfg.weight_decay, max_grad_norm=None, foreach=True)
+
+
+class _SkippingAdamW(torch.optim.AdamW):
+    """torch's unfused AdamW, skipping a step on the device as its fused kernel does: with `found_inf` (0-dim, 1.0)
+    set, each parameter and its state keep their values from before the step (no host read). GradScaler hands it the
+    flag, and the scale when its gradients are still scaled, as it does a fused optimizer."""
+
+    _step_supports_amp_scaling = True
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        found, scale = getattr(self, "found_inf", None), getattr(self, "grad_scale", None)
+        if found is None:
+            return super().step(closure)
+        if scale is not None:
+            torch._foreach_div_([p.grad for g in self.param_groups for p in g["params"] if p.grad is not None], scale)
+        tensors = []
+        for g in self.param_groups:
+            for p in g["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:  # AdamW's own first state, made now so that a skipped first step leaves it as it was
+                    step = torch.zeros((), dtype=torch.float32, device=p.device if g["capturable"] else "cpu")
+                    state.update(step=step, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+                tensors += [p, *(v for v in state.values() if isinstance(v, torch.Tensor))]
+        before = [t.clone() for t in tensors]
+        self.found_inf = self.grad_scale = None  # torch's own unfused step refuses them (its fused kernel reads them)
+        try:
+            loss = super().step(closure)
+        finally:
+            self.found_inf, self.grad_scale = found, scale
+        for t, old in zip(tensors, before, strict=True):
+            t.copy_(torch.where(found.to(t.device).reshape(()) > 0, old, t))
+        return loss
+
+
+def build_adamw(cfg, groups):
+    """torch's AdamW; fused (CUDA only) as optim.fused says, auto = fused on CUDA."""
+    if len(cfg.betas) != 2:
+        raise ConfigError(f"optim.betas: expected two numbers (beta1, beta2), got {cfg.betas}")
+    cuda = all(p.is_cuda for g in groups for p in g["params"])
+    fused = cuda if cfg.fused == "auto" else cfg.fused
+    if fused and not cuda:
+        raise ConfigError("optim.fused=true: torch's fused AdamW runs on CUDA here; set optim.fused to auto or false")
+    kw = {"lr": cfg.lr, "betas": tuple(cfg.betas), "eps": cfg.eps, "weight_decay": cfg.weight_decay}
+    if fused:
+        return torch.optim.AdamW(groups, fused=True, **kw)
+    # capturable on CUDA: its step count lives on the device, so the skip above reads no flag on the host
+    return _SkippingAdamW(groups, foreach=False, capturable=cuda, **kw)
 
 
 def build_lars(cfg, groups):

@@ -161,6 +161,23 @@ def scenario_equal(out: dict, args: list[str]) -> None:
     out["unused"] = {"vs_mean": max_err(g, mean), "grad_is_zero": all(float(t.abs().max()) == 0 for t in g[-2:])}
 
 
+def scenario_records(out: dict, args: list[str]) -> None:
+    """Every backend torchrun starts (base/registry.py), at its defaults with small buckets: gradients after backward
+    vs the exact mean, with its record's wire format."""
+    from base import registry
+
+    cfg = config(*args)
+    dist = setup(cfg, env=process_env(cfg.comm))
+    torch.manual_seed(0)
+    model = Net()
+    mean = exact_mean(model, dist.rank, dist.world_size, step=1)
+    out["scale"] = max(float(t.abs().max()) for t in mean)
+    for name, rec in registry.ALLREDUCE_BACKENDS.items():
+        if rec.launcher == "torchrun":
+            g, _ = run_backend(config(f"comm.backend={name}", f"comm.{rec.bucket_key}=0.004", *args), dist, model)
+            out[name] = {"vs_mean": max_err(g, mean), "wire": rec.wire(), "digest": float(sum(t.sum() for t in g))}
+
+
 def scenario_hop(out: dict, args: list[str]) -> None:
     """comm.balance_level=hop on real gloo ranks: the exact mean with equal shares and after a forced re-plan to a
     table whose every host cuts differently (fp32, fp16); the balancer on each rank's own loopback measurements, the

@@ -9,6 +9,10 @@ variables on every rank before the process group exists (recipes/comm/ncclenv.py
 N > 1 gives DDP a process group of its own with N TCP devices on the same interface (GLOO_SOCKET_IFNAME listed N
 times): ProcessGroupGloo then runs successive collectives on successive devices, each with its own connections,
 so DDP's buckets travel on N flows.
+
+`comm.backend: ddp_bf16` is the same DDP with torch's bf16 compression hook: each bucket is divided by the world size,
+cast to bf16, allreduced and cast back, so it sends half DDP's bytes and each average keeps 8 bits of mantissa (its
+record states the wire dtype and the tolerance against DDP that this costs).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
+from base import registry
 from recipes.comm import ncclenv
 from recipes.comm.base import BackendDefaults, StepWindow
 from recipes.comm.stats import CommStats
@@ -29,6 +34,7 @@ from recipes.comm.stats import CommStats
 
 class DDPBackend(BackendDefaults):
     name = "ddp"
+    hook = staticmethod(default_hooks.allreduce_hook)  # DDP's default: divide by the world size, allreduce
 
     def __init__(self, comm, dist, **named):
         super().__init__(comm, dist, **named)
@@ -67,11 +73,12 @@ class DDPBackend(BackendDefaults):
         return model.no_sync() if isinstance(model, DistributedDataParallel) else super().no_sync(model)
 
     def _allreduce(self, state, bucket):  # no annotations: DDP checks them against its own types
-        """DDP's default hook (divide by the world size, allreduce), timed."""
+        """The backend's comm hook (`hook`), timed; the bytes counted in its record's wire dtype."""
         self.window.begin()
         buf = bucket.buffer()
-        self._bytes += buf.numel() * buf.element_size()
-        return default_hooks.allreduce_hook(state, bucket).then(self._reduced)
+        wire = registry.ALLREDUCE_BACKENDS[self.name].wire()
+        self._bytes += buf.numel() * (2 if wire in ("fp16", "bf16") else buf.element_size())
+        return self.hook(state, bucket).then(self._reduced)
 
     def _reduced(self, fut):
         self.window.end()
@@ -90,6 +97,11 @@ class DDPBackend(BackendDefaults):
         if self.dist.world_size > 1 and td.is_initialized() and td.get_backend() == "gloo":
             return self.comm_cfg.gloo_devices
         return ncclenv.flows_per_connection(self.comm_cfg)
+
+
+class DDPBf16Backend(DDPBackend):
+    name = "ddp_bf16"
+    hook = staticmethod(default_hooks.bf16_compress_hook)
 
 
 def gloo_group(devices: int, timeout_s: float):

@@ -23,7 +23,6 @@ the rest hidden.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import re
@@ -77,13 +76,13 @@ def load_link_figures(path: str | Path) -> LinkFigures:
     """The link probe's figures from `path` (ConfigError with a one-line message naming the file and key)."""
     from base import reader
     from base.errors import ConfigError
-    from recipes.config.schema import CommConfig, domain_rule, domain_text
+    from recipes.config.schema import CommConfig, domain_rule, domain_text, section_fields
 
     path = Path(path)
     doc = reader.read_json_object(path, what="the link probe's figures", error=ConfigError, max_bytes=1 << 20)
     if "link_gbit" not in doc and isinstance(doc.get("pairs"), list) and not doc["pairs"]:
         raise ConfigError(f"{path}: the probe measured no host pair (one host): no link figures")
-    domains = {f.name: f.metadata["domain"] for f in dataclasses.fields(CommConfig)}
+    domains = {k: f.metadata["domain"] for k, (f, _) in section_fields(CommConfig).items()}
 
     def number(key: str, low: float, optional: bool = False) -> float | None:
         """The figure `key`, inside the domain of the comm key of the same name (a link of 1e308 spins the model)."""
@@ -458,7 +457,7 @@ def wire_format(backend: str, compression: str = "none") -> str:
 
 def backend_kwargs(backend: str, comm=None) -> dict:
     """predict_step's settings of `backend` from a config's comm section (None: the defaults), wire format aside."""
-    return pattern(backend).settings(vars(comm) if comm is not None else {})
+    return pattern(backend).settings(comm.flat() if comm is not None else {})
 
 
 def settings_label(backend: str, n: int, kwargs: dict) -> str:

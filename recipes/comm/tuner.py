@@ -15,7 +15,6 @@ by model, world size, process-group backend, dtypes and network, so that the nex
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
 import math
@@ -32,7 +31,7 @@ from base import reader
 from base.errors import ConfigError
 from recipes.comm import stepmodel
 from recipes.comm.plan import Settings
-from recipes.config.schema import CommConfig, domain_rule, domain_text
+from recipes.config.schema import CommConfig, domain_rule, domain_text, section_fields
 
 
 @dataclass
@@ -269,7 +268,7 @@ def cache_entry_problem(entry) -> str | None:
     """Why a cache entry is not a usable (bucket_mb, streams, slices), judged by comm's own domains (None: it is)."""
     if not isinstance(entry, dict):
         return f"an entry must be an object, got {type(entry).__name__}"
-    fields = {f.name: f for f in dataclasses.fields(CommConfig)}
+    fields = {k: f for k, (f, _) in section_fields(CommConfig).items()}  # multistream's keys among them
     for name, kind in (("bucket_mb", float), ("streams", int), ("slices", int)):
         v = entry.get(name)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not isinstance(v, int)):

@@ -1,36 +1,26 @@
-"""Keys that do not apply: the keys of a seam's section (optim.*, data.*, model.*) that the chosen part does not read,
-from its record (base/registry.py `SEAMS`).
+"""Keys that do not apply: keys of another part given to a seam's section (optim.*, comm.*, data.*, model.*), which the
+chosen part's config does not hold (recipes/config/schema.py `PluginSection.unread`; each part's keys are its config
+class, recipes/config/plugins.py).
 
 A value set for such a key changes nothing (sgd has no trust ratio; Lamb has Adam's betas, not optim.momentum; the
-synthetic input pipeline reads no folder, DALI no timm augmentation): the command line says so in one line per key
-(`inert_settings`), and `--print-config` marks every inert key (`marked_yaml`).
+synthetic input pipeline reads no folder, DDP no comm.streams): the command line says so in one line per key whose
+value is not its default (`inert_settings`), and `--print-config` marks every one (`marked_yaml`).
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 from base import registry
 from recipes.config.load import to_yaml
-from recipes.config.schema import Config
+from recipes.config.schema import Config, PluginSection, default_of, knob_fields
 
 
-def _chosen(cfg: Config, section: str):
-    """(the section's config, the choosing key's dotted name and value, the chosen record)."""
-    seam = registry.SEAMS[section]
-    part = getattr(cfg, section)
-    name = getattr(part, seam.key)
-    return part, f"{section}.{seam.key}={name}", seam.records[name]
+def _sections(cfg: Config) -> dict[str, PluginSection]:
+    return {name: getattr(cfg, name) for name in registry.SEAMS}
 
 
 def inert_keys(cfg: Config) -> list[str]:
-    """The dotted keys of every seam's section that its chosen part does not read, in schema order."""
-    out = []
-    for section, seam in registry.SEAMS.items():
-        part, _, record = _chosen(cfg, section)
-        read = set(seam.shared) | set(record.reads)
-        out += [f"{section}.{f.name}" for f in dataclasses.fields(part) if f.name not in read]
-    return out
+    """The dotted keys given to every seam's section that its chosen part does not read, in the order given."""
+    return [f"{name}.{k}" for name, part in _sections(cfg).items() for k in part.unread]
 
 
 def _readers(section: str, name: str) -> list[str]:
@@ -38,15 +28,15 @@ def _readers(section: str, name: str) -> list[str]:
 
 
 def inert_settings(cfg: Config) -> list[str]:
-    """One line per inert key whose value is not the default: set, but not read."""
+    """One line per inert key whose value is not its default: set, but not read."""
     out = []
-    for key in inert_keys(cfg):
-        section, name = key.split(".", 1)
-        part, chosen, _ = _chosen(cfg, section)
-        value = getattr(part, name)
-        if value != getattr(type(part)(), name):
-            readers = ", ".join(_readers(section, name)) or "none"
-            out.append(f"{key}={value!r} is not read by {chosen} (read by {readers}): it changes nothing")
+    for section, part in _sections(cfg).items():
+        for name, value in part.unread.items():
+            if value != default_of(knob_fields(section)[name][0]):
+                readers = ", ".join(_readers(section, name)) or "none"
+                out.append(
+                    f"{section}.{name}={value!r} is not read by {part.choice} (read by {readers}): it changes nothing"
+                )
     return out
 
 
@@ -60,6 +50,6 @@ def marked_yaml(cfg: Config) -> str:
         elif line.startswith("  ") and not line.startswith("   ") and ":" in line:
             key = f"{section}.{line.strip().split(':', 1)[0]}"
             if key in inert:
-                line += f"  # inert: not read by {_chosen(cfg, section)[1]}"
+                line += f"  # inert: not read by {getattr(cfg, section).choice}"
         lines.append(line)
     return "\n".join(lines) + "\n"

@@ -21,7 +21,16 @@ import yaml
 from base import reader, registry
 from base.errors import ConfigError
 from recipes.config.rules import check_all
-from recipes.config.schema import Config, _is_name, _plain, _type_name, domain_rule, domain_text
+from recipes.config.schema import (
+    Config,
+    PluginSection,
+    _is_name,
+    _plain,
+    _type_name,
+    domain_rule,
+    domain_text,
+    section_fields,
+)
 
 # ---------------------------------------------------------------------------------------------------------
 # Conversion of plain YAML data into the typed schema.
@@ -127,8 +136,10 @@ def _check_domain(value: Any, tp: Any, domain: str, path: str) -> None:
 
 
 def _build(cls: type, data: dict, path: str) -> Any:
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    """An instance of schema class `cls` from a YAML mapping (a seam's section: its parts' own keys flat in it)."""
+    known = section_fields(cls)
+    hints = {k: tp for k, (_, tp) in known.items()}
+    fields = {k: f for k, (f, _) in known.items()}
     kwargs = {}
     for key, value in data.items():
         full = f"{path}.{key}" if path else str(key)
@@ -349,10 +360,10 @@ def _set_dotted(tree: dict, dotted: str, raw: str) -> None:
         if not isinstance(node, dict):
             raise ConfigError(f"{above}: expected {_type_name(_plain(schema))}, got {show(node)}")
         if dataclasses.is_dataclass(schema):
-            names = [f.name for f in dataclasses.fields(schema)]
-            if key not in names:
-                raise ConfigError(f"unknown key '{here}'{_closest(here, names)}")
-            schema = typing.get_type_hints(schema)[key]
+            known = section_fields(schema)
+            if key not in known:
+                raise ConfigError(f"unknown key '{here}'{_closest(here, list(known))}")
+            schema = known[key][1]
             if _plain(schema) is str and last and not isinstance(value, str) and value is not None:
                 value = raw  # data.root=123 means the folder "123"
         elif typing.get_origin(_plain(schema)) is dict:
@@ -435,7 +446,12 @@ def config_from_dict(data: dict, source: str = "") -> Config:
 
 
 def to_dict(cfg: Config) -> dict:
-    return dataclasses.asdict(cfg)
+    """The config as plain data, each seam's section flat (as the YAML writes it: `PluginSection.flat`)."""
+    out = dataclasses.asdict(cfg)
+    for f in dataclasses.fields(cfg):
+        if isinstance(getattr(cfg, f.name), PluginSection):
+            out[f.name] = getattr(cfg, f.name).flat()
+    return out
 
 
 def to_yaml(cfg: Config) -> str:

@@ -7,11 +7,35 @@ import dataclasses
 import typing
 
 from base import registry
-from recipes.config.schema import Config, Phase, _plain, _type_name, domain_text
+from recipes.config.schema import Config, Phase, PluginSection, _plain, _type_name, default_of, domain_text, own_class
+
+
+def _row(key: str, f: dataclasses.Field, tp, default) -> str:
+    allowed = domain_text(f.metadata.get("domain", "")) or "any"
+    if _plain(tp) is float or typing.get_origin(_plain(tp)) is list and typing.get_args(_plain(tp))[0] is float:
+        allowed = "finite" + (f", {allowed}" if allowed != "any" else "")
+    return f"| `{key}` | {_type_name(tp)} | {allowed} | `{default!r}` | {f.metadata['help']} |"
+
+
+def _plugin_rows(section: str) -> list[str]:
+    """Each part's own keys under it (a key several parts share, under the first that reads it)."""
+    seam, shown, rows = registry.SEAMS[section], set(), []
+    for r in seam.records.values():
+        cls = own_class(r)
+        hints = typing.get_type_hints(cls)
+        new = [f for f in dataclasses.fields(cls) if f.name not in shown]
+        said = [f"{len(new)} below"] if new else []
+        said += [", ".join(f"`{k}`" for k in r.reads if k in shown) + " (above)"] if len(new) < len(r.reads) else []
+        rows.append(f"| **`{section}.{seam.key}={r.name}`** | | | | its own keys: {'; '.join(said) or 'none'} |")
+        for f in new:
+            rows.append(_row(f"{section}.{f.name}", f, hints[f.name], default_of(f)))
+            shown.add(f.name)
+    return rows
 
 
 def reference_table() -> str:
-    """Markdown table of every key, its type, default and meaning (docs/config.md)."""
+    """Markdown table of every key, its type, default and meaning (docs/config.md); a seam's section lists the keys
+    every part reads, then each part's own keys under it."""
     rows = ["| key | type | allowed | default | meaning |", "|---|---|---|---|---|"]
 
     def walk(cls: type, prefix: str) -> None:
@@ -20,6 +44,9 @@ def reference_table() -> str:
         for f in dataclasses.fields(cls):
             key = f"{prefix}{f.name}"
             tp = hints[f.name]
+            if f.name == "own" and isinstance(defaults, PluginSection):
+                rows.extend(_plugin_rows(cls.SEAM))
+                continue
             if dataclasses.is_dataclass(tp):
                 walk(tp, key + ".")
                 continue
@@ -32,34 +59,30 @@ def reference_table() -> str:
                 default = getattr(defaults, f.name)
             else:
                 default = "required" if f.default is dataclasses.MISSING else f.default
-            allowed = domain_text(f.metadata.get("domain", "")) or "any"
-            if _plain(tp) is float or typing.get_origin(_plain(tp)) is list and typing.get_args(_plain(tp))[0] is float:
-                allowed = "finite" + (f", {allowed}" if allowed != "any" else "")
-            rows.append(f"| `{key}` | {_type_name(tp)} | {allowed} | `{default!r}` | {f.metadata['help']} |")
+            rows.append(_row(key, f, tp, default))
 
     walk(Config, "")
     return "\n".join(rows)
 
 
 def _reads_table(section: str, what: str) -> list[str]:
-    """The records of one seam (base/registry.py SEAMS): which keys of the section each reads, which are inert."""
+    """The records of one seam (base/registry.py SEAMS): its config class and the keys of the section it reads."""
     seam = registry.SEAMS[section]
     every = ", ".join(f"`{k}`" for k in seam.shared if k != seam.key)
-    keys = [f.name for f in dataclasses.fields(type(getattr(Config(), section))) if f.name not in seam.shared]
     rows = [
         "",
-        f"Every {what} reads {every}; the other `{section}.*` keys only where listed (elsewhere they are inert: a set "
-        "value is warned about, `--print-config` marks them).",
+        f"Every {what} reads {every}; the other `{section}.*` keys are its own config's (recipes/config/plugins.py), "
+        "set in the same section: another one's key given to it is inert (a set value is warned about, "
+        "`--print-config` marks it).",
         "",
-        f"| `{section}.{seam.key}` | implementation | also reads | inert |",
+        f"| `{section}.{seam.key}` | implementation | config | its own keys |",
         "|---|---|---|---|",
     ]
     for r in seam.records.values():
-        reads = ", ".join(f"`{k}`" for k in keys if k in r.reads) or "-"
-        inert = ", ".join(f"`{k}`" for k in keys if k not in r.reads) or "-"
+        reads = ", ".join(f"`{k}`" for k in r.reads) or "-"
         shown = f"`{r.impl}`" if hasattr(r, "impl") else f"timm `{r.arch}`"
         shown += f" ({r.label})" if hasattr(r, "label") else ""
-        rows.append(f"| `{r.name}` | {shown} | {reads} | {inert} |")
+        rows.append(f"| `{r.name}` | {shown} | `{r.config.rpartition(':')[2] or '-'}` | {reads} |")
     return rows
 
 
@@ -67,12 +90,14 @@ def plugin_tables() -> str:
     """Markdown tables of the registered allreduce backends, optimizers, input pipelines and models, from their
     records."""
     rows = [
-        "| `comm.backend` | implementation | rows in the time model (scripts/predict.py) | reads `comm.compression` |",
+        "| `comm.backend` | implementation | rows in the time model (scripts/predict.py) | wire format |",
         "|---|---|---|---|",
     ]
     for r in registry.ALLREDUCE_BACKENDS.values():
         shown = ", ".join(f'"{r.row_label(f)}"' for f in r.time_flows) or "none"
-        rows.append(f"| `{r.name}` | `{r.impl}` | {shown} | {'yes' if r.compression else 'no'} |")
+        wire = r.wire_dtype or ("`comm.compression`" if r.compression else "the gradients' dtype")
+        rows.append(f"| `{r.name}` | `{r.impl}` | {shown} | {wire} |")
+    rows += _reads_table("comm", "allreduce backend")
     rows += _reads_table("optim", "optimizer")
     rows += _reads_table("data", "input pipeline")
     rows += _reads_table("model", "model")

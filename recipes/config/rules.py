@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from base import registry
 from base.errors import ConfigError
 
 
@@ -54,21 +55,26 @@ WARMUP = Rule("optim.warmup_epochs <= the schedule's epochs", warmup_within_sche
 
 
 def declared(cls: type) -> list[Rule]:
-    """Every rule declared on the fields of schema class `cls` and its sections, once each, in field order."""
+    """Every rule declared on the fields of schema class `cls` and its sections (a seam's section: its parts' own
+    configs too, base/registry.py), once each, in field order."""
     import dataclasses
     import typing
 
+    classes = [cls]
+    if getattr(cls, "SEAM", ""):  # recipes.config.schema.PluginSection
+        classes += [registry.resolve(r.config) for r in registry.SEAMS[cls.SEAM].records.values() if r.config]
     out: list[Rule] = []
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        rule = f.metadata.get("cross")
-        if isinstance(rule, Rule) and rule not in out:
-            out.append(rule)
-        tp = hints[f.name]
-        if typing.get_origin(tp) is list:
-            tp = typing.get_args(tp)[0]
-        if dataclasses.is_dataclass(tp):
-            out += [r for r in declared(tp) if r not in out]
+    for c in classes:
+        hints = typing.get_type_hints(c)
+        for f in dataclasses.fields(c):
+            rule = f.metadata.get("cross")
+            if isinstance(rule, Rule) and rule not in out:
+                out.append(rule)
+            tp = hints[f.name]
+            if typing.get_origin(tp) is list:
+                tp = typing.get_args(tp)[0]
+            if dataclasses.is_dataclass(tp):
+                out += [r for r in declared(tp) if r not in out]
     return out
 
 

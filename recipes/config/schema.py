@@ -3,14 +3,20 @@
 
 How a field is declared (`_f`: its domain, and `unbounded` / `cross`, which the tests read) is recipes/config/fields.py;
 loading YAML into it is recipes/config/load.py; the reference table of docs/config.md is recipes/config/reference.py.
+
+A plug-in seam's section (optim, comm, data, model: base/registry.py `SEAMS`) declares here only the keys every part of
+the seam reads; each part's own keys are its config class (recipes/config/plugins.py, named by its record), written
+flat in the section and held in `own` (`PluginSection`).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import typing
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 from base import registry
 from recipes.config.fields import (  # noqa: F401 (load.py and reference.py take these from the schema)
@@ -25,14 +31,134 @@ from recipes.config.fields import (  # noqa: F401 (load.py and reference.py take
     domain_rule,
     domain_text,
 )
-from recipes.config.rules import BY_SIZE, TRUST_CLIP, WARMUP
+from recipes.config.rules import BY_SIZE, WARMUP
 
 # The names each plug-in seam accepts, from its registry: a wrong name fails when the config loads.
 AllreduceName = Literal[tuple(registry.ALLREDUCE_BACKENDS)]
 InputName = Literal[tuple(registry.INPUT_PIPELINES)]
 ModelName = Literal[tuple(registry.MODELS)]
 OptimizerName = Literal[tuple(registry.OPTIMIZERS)]
-NcclPreset = Literal[tuple(registry.NCCL_PRESETS)]
+
+
+@dataclass
+class NoKnobs:
+    """The config of a part with no keys of its own (a record whose `config` is "")."""
+
+
+def own_class(record) -> type:
+    """The config class of a plug-in's record (its `config`)."""
+    return registry.resolve(record.config) if record.config else NoKnobs
+
+
+@functools.cache
+def knob_fields(seam: str) -> dict[str, tuple[dataclasses.Field, Any]]:
+    """Every part's own key of a seam ("optim"): name -> (its field, its type), in the records' order."""
+    out: dict[str, tuple[dataclasses.Field, Any]] = {}
+    for record in registry.SEAMS[seam].records.values():
+        cls = own_class(record)
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            out.setdefault(f.name, (f, hints[f.name]))
+    return out
+
+
+def default_of(f: dataclasses.Field) -> Any:
+    """A field's default value (a fresh one from its factory)."""
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
+def section_fields(cls: type) -> dict[str, tuple[dataclasses.Field, Any]]:
+    """The keys a YAML mapping of schema class `cls` may hold: name -> (field, type). A seam's section: its own
+    fields, then every part's own keys (`knob_fields`)."""
+    hints = typing.get_type_hints(cls)
+    out = {f.name: (f, hints[f.name]) for f in dataclasses.fields(cls) if f.name != "own"}
+    if issubclass(cls, PluginSection):
+        out.update(knob_fields(cls.SEAM))
+    return out
+
+
+class PluginSection:
+    """A seam's section: its fields are the keys every part of the seam reads; `own` is the chosen part's config (an
+    instance of its record's `config` class), written and read flat: `CommConfig(backend="multistream", streams=8)`
+    holds `own=MultistreamConfig(streams=8, ...)`, and `.streams` reads it. Another part's keys given to it are kept in
+    `unread` (inert: said, and marked by --print-config, recipes/config/inert.py). Code outside the chosen part that
+    reads another part's key (the schedule's momentum under lamb, the time model's multistream row under ddp) gets the
+    value given, or that key's default."""
+
+    SEAM: ClassVar[str] = ""  # its name in base/registry.py SEAMS
+    own: Any
+    unread: dict[str, Any]
+
+    def _choose(self, knobs: dict[str, Any]) -> None:
+        """Build `own` for the part the choosing key names: the keys it shares with the current `own`, then `knobs`."""
+        seam = registry.SEAMS[self.SEAM]
+        key = seam.key
+        record = seam.records.get(getattr(self, key))  # an unknown name (built in code): its factory says so
+        cls = own_class(record) if record is not None else NoKnobs
+        old, mine = self.__dict__.get("own"), {f.name for f in dataclasses.fields(cls)}
+        keep = {k: getattr(old, k) for k in mine if old is not None and hasattr(old, k)}
+        wrong = [k for k in knobs if k not in knob_fields(self.SEAM)]
+        if wrong:
+            raise TypeError(f"{type(self).__name__}: unexpected keys {', '.join(wrong)}")
+        object.__setattr__(self, "own", cls(**{**keep, **{k: v for k, v in knobs.items() if k in mine}}))
+        object.__setattr__(self, "unread", {k: v for k, v in knobs.items() if k not in mine})
+
+    def __getattr__(self, name: str) -> Any:
+        d = self.__dict__
+        if name.startswith("__") or "own" not in d:
+            raise AttributeError(name)
+        if name in {f.name for f in dataclasses.fields(d["own"])}:
+            return getattr(d["own"], name)
+        if name in d.get("unread", {}):
+            return d["unread"][name]
+        if name in knob_fields(self.SEAM):
+            return default_of(knob_fields(self.SEAM)[name][0])
+        raise AttributeError(f"'{type(self).__name__}' has no key {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        d = self.__dict__
+        if name in self.__dataclass_fields__ or "own" not in d:
+            object.__setattr__(self, name, value)
+            if name == registry.SEAMS[self.SEAM].key and "own" in d:
+                self._choose({})  # another part: its config, keeping the keys the two share
+        elif name in {f.name for f in dataclasses.fields(d["own"])}:
+            setattr(d["own"], name, value)
+        else:
+            raise AttributeError(f"{self.SEAM}.{name}: not a key of the chosen part ({self.choice})")
+
+    @property
+    def choice(self) -> str:
+        """The choosing key and its value ("optim.name=sgd")."""
+        key = registry.SEAMS[self.SEAM].key
+        return f"{self.SEAM}.{key}={getattr(self, key)}"
+
+    def flat(self) -> dict[str, Any]:
+        """Every key of the section as the YAML writes it: the shared keys, the chosen part's, then those of another
+        part given to it."""
+        shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "own"}
+        return copy.deepcopy({**shared, **dataclasses.asdict(self.own), **self.unread})
+
+
+def _section(seam: str):
+    """@dataclass for a seam's section (`PluginSection`), whose constructor also takes the parts' own keys, flat."""
+
+    def wrap(cls: type) -> type:
+        cls = dataclass(cls)
+        cls.SEAM = seam
+        init, names = cls.__init__, {f.name for f in dataclasses.fields(cls)}
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            knobs = {k: kwargs.pop(k) for k in list(kwargs) if k not in names}
+            init(self, *args, **kwargs)
+            self._choose(knobs)
+
+        cls.__init__ = __init__
+        return cls
+
+    return wrap
+
+
+_OWN = _f(None, help="the chosen part's own keys (recipes/config/plugins.py), written flat in the section")
 
 
 @dataclass
@@ -144,86 +270,23 @@ class RunConfig:
     )
 
 
-@dataclass
-class DataConfig:
+@_section("data")
+class DataConfig(PluginSection):
     backend: InputName = _f("torch", help="input pipeline (base/registry.py: the data.* keys each reads)")
-    root: str = _f(
-        "data/sample",
-        help="dataset root with train/ and val/ in ImageNet folder layout",
-        domain="nonempty",
-        trains=False,
-    )
-    roots: dict[str, str] = _f(
-        help="named dataset copies (e.g. pre-resized '160'); 'full' defaults to data.root", factory=dict, trains=False
-    )
-    workers: int = _f(
-        1, help="decoding workers (threads for DALI, processes for torch) per rank", domain=">=0 <=256", trains=False
-    )
-    val_crop_ratio: float = _f(
-        0.875, help="validation: resize shorter side to size/ratio, center crop", domain="(0,1] >=0.05"
-    )
     val_batch_size: int = _f(64, help="per-rank validation batch size", domain=">0 <=4096", trains=False)
-    skip_corrupt: bool = _f(False, help="skip undecodable files (and report them) instead of failing")
-    synthetic_size: int = _f(
-        1281167, help="synthetic input pipeline: training images per epoch", domain=">0 <=1000000000"
-    )
-    synthetic_classes: int = _f(1000, help="synthetic input pipeline: number of classes", domain=">0 <=100000")
-    dali_dtype: Literal["auto", "float32", "float16"] = _f(
-        "auto", help="dali: output dtype; auto = float16 on CUDA with run.amp=fp16, else float32"
-    )
-    max_image_pixels: int = _f(
-        89_478_485,
-        help="refuse an image with more pixels (a decompression bomb) in every input pipeline; default: PIL's limit",
-        domain=">0 <=2147483647",
-    )
-    # DALI's GPU settings as NVIDIA's MLPerf Training ResNet-50 on DGX H100 sets them (DALI_PREFETCH_QUEUE=5,
-    # DALI_HW_DECODER_LOAD=0.99 in mlcommons/training_results_v3.1, NVIDIA/benchmarks/resnet/implementations/mxnet/
-    # config_DGXH100.sh); DALI's own defaults are 2 and 0.65.
-    dali_prefetch: int = _f(
-        5,
-        help="dali: batches prepared ahead of the training loop on DALI's own threads (prefetch_queue_depth); 5 as "
-        "NVIDIA's MLPerf ResNet-50 config for DGX H100",
-        domain=">0 <=64",
-        trains=False,
-    )
-    dali_hw_decoder_load: float = _f(
-        0.99,
-        help="dali on a GPU: share of the JPEG data given to the GPU's hardware JPEG decoder (A100, H100, H200), the "
-        "rest to nvJPEG's CUDA decoder; 0.99 as NVIDIA's MLPerf ResNet-50 config for DGX H100 (DALI's default: "
-        "0.65). Ignored, with a note, when DALI decodes on the CPU",
-        domain="[0,1]",
-        trains=False,
-    )
-    val_blacklist: str = _f(
-        "",
-        help="devkit's ILSVRC2012_validation_blacklist.txt (1-based indices into the sorted val file names), "
-        "relative to data.root unless absolute: those images are not counted; '' = count every image",
-    )
-    auto_augment: str = _f(
-        "",
-        help="torch input pipeline: timm augmentation after the crop, e.g. 'rand-m9-mstd0.5-inc1' (RandAugment) or "
-        "'augmix-m3-w1'; '' = none",
-    )
-    aug_splits: int = _f(
-        0,
-        help="torch input pipeline: AugMix splits (timm AugMixDataset: one clean view + aug_splits-1 augmented views) "
-        "trained with timm's JsdCrossEntropy; 0 = off, else >= 2",
-        domain=">=0 <=16",
-    )
+    own: Any = _OWN
 
 
-@dataclass
-class ModelConfig:
+@_section("model")
+class ModelConfig(PluginSection):
     name: ModelName = _f("resnet18", help="model name (base/registry.py; built by models/factory.py)")
-    bn_momentum: float = _f(0.1, help="BatchNorm momentum (PyTorch convention)", domain="[0,1]")
-    bn_eps: float = _f(1e-5, help="BatchNorm epsilon", domain=">0", unbounded=_FACTOR)
-    zero_init_last_bn: bool = _f(True, help="zero gamma of the last BN in each residual block")
     drop_rate: float = _f(0.0, help="dropout before the classifier", domain="[0,1)")
+    own: Any = _OWN
 
 
-@dataclass
-class OptimConfig:
-    name: OptimizerName = _f("sgd", help="optimizer: sgd, lars, hybrid (LARS with clipped trust ratio), lamb")
+@_section("optim")
+class OptimConfig(PluginSection):
+    name: OptimizerName = _f("sgd", help="optimizer (base/registry.py; built by recipes/optim.py)")
     lr: float = _f(0.1, help="peak learning rate (after warm-up)", domain=">=0", unbounded=_FACTOR)
     lr_scaling: Literal["none", "linear"] = _f(
         "none", help="linear: the LR values are per 256 images, times global_batch / 256 of the current phase"
@@ -239,41 +302,9 @@ class OptimConfig:
     final_lr: float = _f(
         0.0, help="learning rate at the last iteration (linear decay)", domain=">=0", unbounded=_FACTOR
     )
-    momentum: float = _f(0.9, help="momentum (start value when momentum_schedule is not constant)", domain="[0,1)")
-    momentum_end: float | None = _f(
-        None, help="linear: momentum at the last iteration; cyclic: at the end of warm-up", domain="[0,1)"
-    )
-    momentum_schedule: Literal["constant", "linear", "cyclic"] = _f("constant", help="momentum shape")
-    nesterov: bool = _f(True, help="Nesterov momentum")
     weight_decay: float = _f(1e-4, help="L2 weight decay", domain=">=0", unbounded=_FACTOR)
     no_bn_decay: bool = _f(True, help="no weight decay on BatchNorm parameters and biases")
     label_smoothing: float = _f(0.1, help="label smoothing of the cross-entropy loss", domain="[0,1)")
-    eta: float = _f(
-        1e-3,
-        help="lars/hybrid: layer trust ratio = eta * norm(w) / (norm(g) + weight_decay * norm(w))",
-        domain=">0",
-        unbounded=_FACTOR,
-    )
-    trust_clip_min: float = _f(
-        1e-5,
-        help="hybrid: lower clip of the layer trust ratio",
-        domain=">0",
-        unbounded=_FACTOR,
-        cross=TRUST_CLIP,
-    )
-    trust_clip_max: float = _f(
-        1.0,
-        help="hybrid: upper clip of the layer trust ratio",
-        domain=">0",
-        unbounded=_FACTOR,
-        cross=TRUST_CLIP,
-    )
-    lars_momentum: Literal["torch", "tf"] = _f(
-        "torch",
-        help="lars/hybrid momentum: torch = trust ratio inside the buffer (timm, apex); tf = buffer of raw "
-        "gradients, lr x trust ratio applied to the whole buffer (TensorFlow's LARSOptimizer, the record's)",
-    )
-    adapt_bn_bias: bool = _f(False, help="lars/hybrid/lamb: also adapt BN and bias parameters (else plain SGD)")
     clip_grad_norm: float = _f(
         0.0,
         help="clip the gradients' total L2 norm (after the allreduce and fp16 unscaling, before the optimizer step) "
@@ -281,127 +312,24 @@ class OptimConfig:
         domain=">=0",
         unbounded=_FACTOR,
     )
+    own: Any = _OWN
 
 
-@dataclass
-class CommConfig:
+@_section("comm")
+class CommConfig(PluginSection):
     backend: AllreduceName = _f("ddp", help="gradient allreduce backend (base/registry.py; see recipes/comm)")
-    bucket_cap_mb: float = _f(25.0, help="ddp: bucket size in MB", domain=">0 <=65536")
-    static_graph: bool = _f(False, help="ddp: static_graph=True")
-    nccl_preset: NcclPreset = _f(
-        "nccl-default",
-        help="NCCL multi-flow preset (base/registry.py: socket threads x sockets per thread, min channels); set "
-        "on every rank before the process group (ddp, multistream); an explicit environment variable wins",
-    )
-    nccl_socket_nthreads: int | None = _f(None, help="NCCL_SOCKET_NTHREADS (overrides the preset)", domain=">0 <=16")
-    nccl_nsocks_perthread: int | None = _f(None, help="NCCL_NSOCKS_PERTHREAD (overrides the preset)", domain=">0 <=16")
-    nccl_min_nchannels: int | None = _f(None, help="NCCL_MIN_NCHANNELS (overrides the preset)", domain=">0 <=64")
-    gloo_devices: int = _f(
-        1,
-        help="ddp on gloo: TCP devices of DDP's process group (its collectives are spread over them: N flows)",
-        domain=">0 <=64",
-    )
-    bucket_mb: float = _f(
-        8.0,
-        help="multistream: target bucket size in MB (buckets are balanced around it); horovod: fusion threshold",
-        domain=">0 <=65536",
-    )
-    streams: int = _f(
-        4, help="multistream: communicators K (process groups; NCCL streams / gloo TCP connections)", domain=">0 <=64"
-    )
-    slices: int = _f(
-        2,
-        help="multistream: slices S per bucket; slice j of bucket b goes to communicator (b*S+j) mod K",
-        domain=">0 <=64",
-    )
-    compression: Literal["none", "fp16", "bf16"] = _f(
-        "none", help="multistream/horovod: gradient wire format (averaged in fp32 before the cast)"
-    )
-    concurrency: Literal["auto", "overlap", "serialize"] = _f(
-        "auto",
-        help="multistream: overlap = communicators run at once (refused where unsafe, recipes/comm/concurrency.py); "
-        "serialize = one collective in flight; auto = overlap where its rule holds, else serialize, saying why",
-    )
-    autotune: bool = _f(
-        False, help="multistream: tune (bucket_mb, streams, slices) in the first steps; horovod: HOROVOD_AUTOTUNE"
-    )
-    tune_method: Literal["bayes", "grid"] = _f("bayes", help="autotune search: Gaussian-process EI or a grid")
-    tune_bucket_mb: list[float] = _f(
-        help="autotune: bucket sizes to search (MB)",
-        factory=lambda: [2.0, 4.0, 8.0, 16.0, 32.0],
-        domain="nonempty >0 <=65536",
-    )
-    tune_streams: list[int] = _f(
-        help="autotune: communicator counts to search", factory=lambda: [1, 2, 3, 4], domain="nonempty >0 <=64"
-    )
-    tune_slices: list[int] = _f(
-        help="autotune: slice counts to search", factory=lambda: [1, 2, 4], domain="nonempty >0 <=64"
-    )
-    tune_start: Literal["config", "model"] = _f(
-        "config",
-        help="autotune: first candidate; config = bucket_mb/streams/slices; model = the step-time model's best for "
-        "this cluster (hosts x GPUs from the launcher, link_gbit/flow_gbit/latency_us), then in predicted order",
-    )
-    link_gbit: float | None = _f(
-        None, help="tune_start model: network link per host and direction (Gbit/s)", domain=">=0.001 <=100000"
-    )
-    flow_gbit: float | None = _f(
-        None,
-        help="tune_start model: one TCP flow's ceiling (Gbit/s); null = no per-flow cap",
-        domain=">=0.001 <=100000",
-    )
-    latency_us: float = _f(
-        50.0, help="tune_start model: per-message latency of one ring step (microseconds)", domain=">=0 <=1000000"
-    )
-    network_file: str = _f(
-        "",
-        help="tune_start model: the link probe's figures (<run dir>/network.json of scripts/launch.py "
-        "--probe-network) instead of link_gbit/flow_gbit/latency_us; '' = those keys",
-        trains=False,
-    )
     gpu_profile: str = _f(
         "",
         help="tune_start model: the GPU's measured rates (make gpu-check) for the step's compute; '' = the published "
         "rates of the run's GPU (recipes/timemodel/)",
         trains=False,
     )
-    tune_max_candidates: int = _f(10, help="autotune: candidates measured before the best is kept", domain=">0 <=1000")
-    tune_warmup_steps: int = _f(3, help="autotune: steps discarded before the first measurement", domain=">=0 <=10000")
-    tune_steps_per_window: int = _f(2, help="autotune: steps averaged into one window", domain=">0 <=1000")
-    tune_windows: int = _f(3, help="autotune: windows per candidate; its score is their median", domain=">0 <=1000")
-    balance: bool = _f(
-        False,
-        help="multistream: re-plan each communicator's share of every bucket in proportion to what it delivered "
-        "(recipes/comm/balance.py), for networks whose TCP connections run at unequal rates",
-    )
-    balance_level: Literal["communicator", "hop"] = _f(
-        "communicator",
-        help="balance: communicator = each communicator's share of every bucket (its collectives go at its slowest "
-        "hop); hop = a ring of point-to-point sends whose every hop cuts its chunk over its own K connections "
-        "(recipes/comm/hopring.py; gloo only), which pays at any number of hosts",
-    )
-    balance_window: int = _f(4, help="balance: steps measured before each re-plan decision", domain=">0 <=10000")
-    balance_min_gain: float = _f(
-        0.05,
-        help="balance: re-plan only when the slowest communicator's time is predicted to fall by more than this "
-        "fraction (hysteresis)",
-        domain=">=0 <=1",
-    )
-    tune_cache: str | None = _f(
-        "",
-        help="autotune: JSON file of winners ('' = ~/.cache/dawnbench/allreduce_tuning.json, null = no cache)",
-        trains=False,
-    )
-    network: str = _f(
-        "auto",
-        help="autotune: network description in the cache key (auto: nodes, procs, socket interface)",
-        domain="nonempty",
-    )
     engage_single_rank: bool = _f(
         False,
         help="with one process, still make a process group and run the backend's hooks and collectives (a one-rank "
         "NCCL communicator launches the same kernels, streams and events; scripts/gpu_check/ on one GPU)",
     )
+    own: Any = _OWN
 
 
 @dataclass
@@ -489,13 +417,12 @@ class Config:
 def not_training_keys(cls: type = Config, prefix: str = "") -> tuple[str, ...]:
     """Dotted keys (a section as `name.`) whose value does not change what is trained: `_f(trains=False)`."""
     out: list[str] = []
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        key = prefix + f.name
+    for name, (f, tp) in section_fields(cls).items():
+        key = prefix + name
         if not f.metadata.get("trains", True):
-            out.append(key + "." if dataclasses.is_dataclass(hints[f.name]) else key)
-        elif dataclasses.is_dataclass(hints[f.name]):
-            out += not_training_keys(hints[f.name], key + ".")
+            out.append(key + "." if dataclasses.is_dataclass(tp) else key)
+        elif dataclasses.is_dataclass(tp):
+            out += not_training_keys(tp, key + ".")
     return tuple(out)
 
 
@@ -508,4 +435,4 @@ def field_of(key: str) -> dataclasses.Field:
             continue
         tp = typing.get_type_hints(cls)[part]
         cls = typing.get_args(tp)[0] if typing.get_origin(tp) is list else tp
-    return {f.name: f for f in dataclasses.fields(cls)}[name]
+    return section_fields(cls)[name][0]

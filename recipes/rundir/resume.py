@@ -17,10 +17,10 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from base import reader
+from base import reader, registry
 from base.errors import CheckpointError, RunDirError
 from recipes.config import Config, to_dict
-from recipes.config.schema import not_training_keys
+from recipes.config.schema import default_of, knob_fields, not_training_keys
 from recipes.distributed import DistInfo, all_gather_object, broadcast_bytes
 from recipes.rundir import checkpoint_files as ckpt
 from recipes.rundir import files
@@ -47,12 +47,23 @@ def _flatten(value, prefix: str = "") -> dict:
     return {prefix[:-1]: value}
 
 
+def _inert_default(key: str, value) -> bool:
+    """A plug-in's own key (recipes/config/plugins.py) at its default: a config written before each plug-in owned its
+    keys holds every plug-in's, and one the chosen part does not read changes nothing."""
+    section, _, name = key.partition(".")
+    known = knob_fields(section) if section in registry.SEAMS else {}
+    return name in known and value == default_of(known[name][0])
+
+
 def recipe_differences(old: dict, new: dict) -> list[str]:
-    """`key: old -> new` for every training-changing key that differs (missing keys count as different)."""
+    """`key: old -> new` for every training-changing key that differs (missing keys count as different, but for a
+    plug-in's own key at its default)."""
     a, b = _flatten(old), _flatten(new)
     out = []
     for key in sorted(set(a) | set(b)):
         if key.startswith(NOT_TRAINING) or a.get(key, "<absent>") == b.get(key, "<absent>"):
+            continue
+        if (key not in a or key not in b) and _inert_default(key, a.get(key, b.get(key))):
             continue
         out.append(f"{key}: {a.get(key, '<absent>')!r} -> {b.get(key, '<absent>')!r}")
     return out

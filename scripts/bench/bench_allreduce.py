@@ -216,7 +216,7 @@ def lab_overrides(method: str, args) -> list[str]:
 
     lab, f = LAB[method], args.fraction
     rec = registry.ALLREDUCE_BACKENDS[lab.backend]
-    bucket = lab.bucket_mb if lab.bucket_mb is not None else CommConfig.__dataclass_fields__[rec.bucket_key].default
+    bucket = lab.bucket_mb if lab.bucket_mb is not None else getattr(CommConfig(backend=rec.name), rec.bucket_key)
     over = [
         "run.device=cpu",
         f"dist.timeout_s={args.timeout}",

@@ -65,6 +65,9 @@ LAB_METHODS = {
             "connections per peer, as many flows as multistream's K communicators",
             flows=True,
         ),
+        LabMethod(
+            "ddp_bf16", "ddp_bf16", "DDP with torch's bf16 compression hook (bf16_compress_hook): half DDP's bytes"
+        ),
         LabMethod("multistream", "multistream", "our backend at the config defaults (comm.bucket_mb/streams/slices)"),
         LabMethod(
             "tuned",

@@ -60,6 +60,23 @@ def test_every_backend_leaves_every_rank_with_the_mean(tmp_path, nproc):
         assert len({r["multistream"][name]["digest"] for r in results}) == 1
 
 
+def test_every_registered_backend_gives_the_mean_within_its_wire_formats_rounding(tmp_path):
+    """Each backend torchrun starts (base/registry.py), on 2 gloo ranks: the exact mean where it sends the gradients'
+    own dtype, within the wire format's rounding where its record says it sends bf16 or fp16 (ddp_bf16's hook), and
+    the same gradients on every rank."""
+    from base import registry
+
+    results, _ = run_worker(tmp_path, 2, "records")
+    tol = {"none": 1e-6, "fp16": FP16_TOL * results[0]["scale"], "bf16": BF16_TOL * results[0]["scale"]}
+    names = [n for n, r in registry.ALLREDUCE_BACKENDS.items() if r.launcher == "torchrun"]
+    for name in names:
+        for r in results:
+            wire = r[name]["wire"]
+            assert r[name]["vs_mean"] <= tol[wire], (name, wire, r[name]["vs_mean"])
+            assert wire == "none" or r[name]["vs_mean"] > tol["none"], name  # a lossy wire format does round
+        assert len({r[name]["digest"] for r in results}) == 1, name
+
+
 def test_tuner_decisions_are_identical_on_all_ranks_and_cached(tmp_path):
     cache = tmp_path / "tune.json"
     results, p = run_worker(tmp_path, 2, "tune", f"comm.tune_cache={cache}", "comm.balance=true")

@@ -480,17 +480,15 @@ def test_shipped_one_gpu_combination(combo, single_runs):
 
 def _schema_keys() -> set[str]:
     import dataclasses
-    import typing
 
-    from recipes.config.schema import Phase
+    from recipes.config.schema import Phase, section_fields
 
     def walk(cls, prefix):
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            if dataclasses.is_dataclass(hints[f.name]):
-                yield from walk(hints[f.name], f"{prefix}{f.name}.")
+        for name, (_, tp) in section_fields(cls).items():  # a seam's section: every part's own keys too
+            if dataclasses.is_dataclass(tp):
+                yield from walk(tp, f"{prefix}{name}.")
             else:
-                yield prefix + f.name
+                yield prefix + name
 
     return {k for k in walk(Config, "") if k != "phases"} | {f"phases.*.{f.name}" for f in dataclasses.fields(Phase)}
 

@@ -102,6 +102,16 @@ def test_recipe_differences_ignore_logging_and_output():
     assert recipe_differences(a, b) == ["phases.1.epochs: '<absent>' -> 1", "phases.length: 1 -> 2", "run.seed: 0 -> 1"]
 
 
+def test_a_config_written_with_every_plugins_keys_is_the_same_recipe():
+    """A checkpoint's config from before each plug-in owned its keys holds every optimizer's: another one's key at its
+    default is the same recipe, set to another value it is a difference."""
+    a = {"optim": {"name": "sgd", "momentum": 0.9, "eta": 0.001, "trust_clip_max": 1.0}, "comm": {"streams": 4}}
+    b = {"optim": {"name": "sgd", "momentum": 0.9}, "comm": {}}
+    assert recipe_differences(a, b) == []
+    a["optim"]["eta"] = 0.002
+    assert recipe_differences(a, b) == ["optim.eta: 0.002 -> '<absent>'"]
+
+
 def _train_cli(tiny_root, out, *extra) -> subprocess.Popen:
     args = [
         "train.py",

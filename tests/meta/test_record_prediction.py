@@ -13,7 +13,7 @@ from support import ROOT
 from scripts import predict
 
 # backend: (training clock low, mid, high), (wall clock low, mid, high), seconds, rounded as the table prints them;
-# in predict.py's order (the registry's backends, then the tuned multistream row)
+# in predict.py's order (the registry's backends, then the tuned multistream row), as published
 RECORD = {
     "ddp": ((196, 260, 334), (212, 292, 427)),
     "ddp (4 flows)": ((121, 153, 195), (137, 185, 288)),
@@ -38,7 +38,7 @@ def _rounded(span: dict) -> tuple[int, int, int]:
 
 def test_every_backend_row_is_pinned(predicted, capsys):
     capsys.readouterr()
-    assert list(predicted) == list(RECORD)
+    assert [b for b in predicted if b in RECORD] == list(RECORD)  # a backend registered since has a row, unpublished
     for name, (train, wall) in RECORD.items():
         assert _rounded(predicted[name]["train_s"]) == train, name
         assert _rounded(predicted[name]["wall_s"]) == wall, name

@@ -19,7 +19,7 @@ from support import ROOT
 import train
 from base.errors import ConfigError
 from recipes.config import Config, load_config, reference_table
-from recipes.config.schema import field_of
+from recipes.config.schema import field_of, section_fields
 
 # The allowed values of each domain, written out again here (an oracle independent of recipes/config/).
 ORACLE = {
@@ -79,16 +79,14 @@ def schema_keys():
     out = []
 
     def walk(cls, prefix):
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            tp = hints[f.name]
+        for name, (f, tp) in section_fields(cls).items():  # a seam's section: every part's own keys too
             if dataclasses.is_dataclass(tp):
-                walk(tp, f"{prefix}{f.name}.")
+                walk(tp, f"{prefix}{name}.")
             elif typing.get_origin(tp) is list and dataclasses.is_dataclass(typing.get_args(tp)[0]):
-                out.append((f"{prefix}{f.name}", tp, f.metadata["domain"]))
-                walk(typing.get_args(tp)[0], f"{prefix}{f.name}.0.")
+                out.append((f"{prefix}{name}", tp, f.metadata["domain"]))
+                walk(typing.get_args(tp)[0], f"{prefix}{name}.0.")
             else:
-                out.append((f"{prefix}{f.name}", tp, f.metadata["domain"]))
+                out.append((f"{prefix}{name}", tp, f.metadata["domain"]))
 
     walk(Config, "")
     return out

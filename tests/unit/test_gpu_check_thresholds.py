@@ -17,21 +17,23 @@ from scripts.gpu_check import gpu_check_runs as runs
 def _allreduce_rows(
     monkeypatch, tmp_path: Path, *, max_diff: dict[str, float], rank_spread: dict[str, float] | None = None
 ) -> list[dict]:
-    """check_allreduce's rows when every worker reports, per backend, `max_diff` from DDP's weights."""
+    """check_allreduce's rows of the backends in `max_diff` when every worker reports, per backend, `max_diff` from
+    DDP's weights (0 for every other backend the check compares)."""
     stats = {"bytes": 10 * 2**20, "steps": runs.WORKER_STEPS}
+    diffs = {**{b: 0.0 for b in registry.compared_with_reference()}, **max_diff}
 
     def worker(cmd, log, timeout, cwd, env=None):
         out = Path(cmd[cmd.index("scripts.gpu_check.gpu_check_worker") + 1])
-        spread = rank_spread or {b: 0.0 for b in max_diff}
-        result = {"ddp": stats, **{b: stats for b in max_diff}, "max_diff": max_diff, "rank_spread": spread}
+        spread = {b: 0.0 for b in diffs} | (rank_spread or {})
+        result = {"ddp": stats, **{b: stats for b in diffs}, "max_diff": diffs, "rank_spread": spread}
         out.write_text(json.dumps(result))
         return 0
 
     monkeypatch.setattr(runs, "run_logged", worker)
     rows: list[dict] = []
     runs.check_allreduce(rows, tmp_path, gpus=2)
-    assert len(rows) == 2 * len(max_diff)  # gloo and NCCL, a row per backend compared with DDP
-    return rows
+    assert len(rows) == 2 * len(diffs)  # gloo and NCCL, a row per backend compared with DDP
+    return [r for r in rows if r["name"].split(" ")[0] in max_diff]
 
 
 def test_each_backend_is_held_to_its_records_tolerance():
@@ -61,7 +63,7 @@ def test_multistream_against_ddp_fails_above_1e_4(monkeypatch, tmp_path, max_dif
 def test_a_lossy_backend_states_its_own_tolerance(monkeypatch, tmp_path):
     """Per backend, not one max over all: a bf16-wire backend passes at its own 1e-2 while multistream is still held
     to 1e-4 (one max of 5e-3 over both would have failed both, or passed both at 1e-2)."""
-    lossy = registry.Allreduce("lossy", "x:Y", "lossy", compression=True, reference_atol=1e-2)
+    lossy = registry.Allreduce("lossy", "x:Y", "lossy", "", wire_dtype="fp16", reference_atol=1e-2)
     monkeypatch.setitem(registry.ALLREDUCE_BACKENDS, "lossy", lossy)
     rows = _allreduce_rows(monkeypatch, tmp_path, max_diff={"multistream": 5e-5, "lossy": 5e-3})
     by = {(r["name"].split(" ")[0], r["name"].split(", ")[-1]): r for r in rows}

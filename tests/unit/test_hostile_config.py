@@ -22,7 +22,7 @@ from base.errors import ConfigError
 from data.sharding import train_shard
 from recipes.config import Config, load_config
 from recipes.config.load import MAX_VAL_RESIZE, MAX_YAML_VALUES
-from recipes.config.schema import domain_rule, field_of
+from recipes.config.schema import domain_rule, field_of, section_fields
 from recipes.schedule import Schedule
 
 # capsys is read (and so emptied) once per example.
@@ -220,15 +220,14 @@ def _numeric_keys():
         return tp
 
     def walk(cls, prefix):
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            tp = plain(hints[f.name])
+        for name, (f, tp) in section_fields(cls).items():  # a seam's section: every part's own keys too
+            tp = plain(tp)
             if dataclasses.is_dataclass(tp):
-                walk(tp, f"{prefix}{f.name}.")
+                walk(tp, f"{prefix}{name}.")
             elif typing.get_origin(tp) is list and dataclasses.is_dataclass(typing.get_args(tp)[0]):
-                walk(typing.get_args(tp)[0], f"{prefix}{f.name}.0.")
+                walk(typing.get_args(tp)[0], f"{prefix}{name}.0.")
             elif tp in (int, float) or (typing.get_origin(tp) is list and typing.get_args(tp)[0] in (int, float)):
-                out.append((f"{prefix}{f.name}", tp, f.metadata["domain"]))
+                out.append((f"{prefix}{name}", tp, f.metadata["domain"]))
 
     walk(Config, "")
     return out

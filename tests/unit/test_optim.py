@@ -10,6 +10,7 @@ import torch
 from support import ROOT
 from torch import nn
 
+from base import registry
 from base.errors import ConfigError
 from models import create_model
 from recipes.config import load_config
@@ -74,9 +75,10 @@ def test_registry_and_config_values_reach_the_optimizer():
     assert (g["eta"], g["trust_min"], g["trust_max"], g["nesterov"]) == (8e-4, 1e-5, 1.0, True)
     lars = create_optimizer(_cfg("optim.name=lars").optim, Tiny())
     assert (lars.param_groups[0]["trust_min"], lars.param_groups[0]["trust_max"]) == (0.0, float("inf"))
-    with pytest.raises(ConfigError, match="optim.name: expected one of 'sgd', 'lars', 'hybrid', 'lamb', got 'adam'"):
+    names = list(registry.OPTIMIZERS)
+    with pytest.raises(ConfigError, match=f"optim.name: expected one of {', '.join(map(repr, names))}, got 'adam'"):
         _cfg("optim.name=adam")  # a wrong name fails when the config loads
-    with pytest.raises(ConfigError, match="optim.name: unknown optimizer 'adam' .*sgd, lars, hybrid, lamb"):
+    with pytest.raises(ConfigError, match=f"optim.name: unknown optimizer 'adam' .*{', '.join(names)}"):
         create_optimizer(dataclasses.replace(_cfg().optim, name="adam"), Tiny())  # a config made in code
     with pytest.raises(ConfigError, match=r"optim.trust_clip_min: 2.0 is above optim.trust_clip_max \(1.0\)"):
         _cfg("optim.name=hybrid", "optim.trust_clip_min=2")  # refused when the config loads
@@ -205,3 +207,63 @@ def test_found_inf_skips_the_step_on_the_device_even_the_first(name):
         opt_b.step()
     for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
         assert torch.equal(pa, pb)
+
+
+def test_adamw_trains_through_the_step_runner_as_torchs_adamw():
+    """optim.name=adamw on the CPU (unfused: optim.fused=auto): four steps through StepRunner, the second with a NaN
+    input (skipped on the device), land where torch's own AdamW lands after the three finite ones."""
+    from recipes.rundir.payload import State
+    from recipes.steps import StepRunner
+
+    cfg = _cfg("optim.name=adamw", "optim.lr=0.01", "optim.betas=[0.8, 0.99]", "optim.eps=1e-6").optim
+    torch.manual_seed(0)
+    model, ref = Tiny(), Tiny()
+    ref.load_state_dict(model.state_dict())
+    opt = create_optimizer(cfg, model)
+    assert not opt.defaults["fused"]
+    groups = [{k: g[k] for k in ("params", "weight_decay")} for g in param_groups(ref, cfg.weight_decay, True)]
+    torch_opt = torch.optim.AdamW(groups, lr=0.01, betas=(0.8, 0.99), eps=1e-6)
+
+    class Comm:
+        def on_step_end(self, step, log=None):
+            pass
+
+    class Log:
+        def warn(self, msg):
+            pass
+
+    runner = StepRunner(
+        model=model,
+        train_model=model,
+        optimizer=opt,
+        optim=registry.OPTIMIZERS["adamw"],
+        scaler=torch.amp.GradScaler("cpu", enabled=False),
+        comm=Comm(),
+        criterion=nn.CrossEntropyLoss(),
+        device=torch.device("cpu"),
+        on_nonfinite="skip",
+    )
+    g = torch.Generator().manual_seed(2)
+    batches = [(torch.randn(4, 2, 6, 6, generator=g), torch.randint(0, 2, (4,), generator=g)) for _ in range(4)]
+    batches[1][0][0, 0, 0, 0] = float("nan")
+    st = State()
+    for x, y in batches:
+        set_lr_momentum(opt, 0.01, 0.9)
+        runner(x, y, st, Log())
+    runner.settle(st, Log())
+    assert st.skipped_steps == 1
+    for x, y in (batches[0], batches[2], batches[3]):
+        torch_opt.zero_grad()
+        nn.functional.cross_entropy(ref(x), y).backward()
+        torch_opt.step()
+    for a, b in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-7)
+
+
+def test_adamw_keys_are_checked():
+    with pytest.raises(ConfigError, match=r"optim.fused=true: torch's fused AdamW runs on CUDA"):
+        create_optimizer(_cfg("optim.name=adamw", "optim.fused=true").optim, Tiny())
+    with pytest.raises(ConfigError, match=r"optim.betas: expected two numbers"):
+        create_optimizer(_cfg("optim.name=adamw", "optim.betas=[0.9]").optim, Tiny())
+    with pytest.raises(ConfigError, match=r"optim.betas.1: expected a number in \[0, 1\), got 1.5"):
+        _cfg("optim.name=adamw", "optim.betas=[0.9, 1.5]")

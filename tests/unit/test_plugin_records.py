@@ -14,7 +14,6 @@ import recipes.timemodel as tm
 from base import registry
 from recipes.comm import stepmodel as sm
 from recipes.config import load_config
-from recipes.config.schema import OptimConfig
 from scripts import compare_runs, predict
 
 BACKENDS = list(registry.ALLREDUCE_BACKENDS.values())
@@ -77,17 +76,20 @@ def test_compression_reaches_only_the_backends_that_read_it(record_cfg):
     assert {wire["ddp"], wire["multistream"]} == {"none", "fp16"}  # DDP's hook sends the gradients' own dtype
 
 
-def test_every_optimizer_key_is_read_by_some_optimizer():
-    keys = {f.name for f in dataclasses.fields(OptimConfig)}
-    read = set(registry.OPTIM_SHARED_KEYS) | {k for r in registry.OPTIMIZERS.values() for k in r.reads}
-    assert read <= keys, read - keys  # no record names a key the schema lacks
-    assert keys <= read, keys - read  # no key is read by no optimizer
+def test_every_plugin_key_is_read_by_some_plugin():
+    """Each config class of recipes/config/plugins.py is a record's config or a base of one: no key nobody reads."""
+    from recipes.config import plugins
+    from recipes.config.schema import own_class
+
+    used = {base for seam in registry.SEAMS.values() for r in seam.records.values() for base in own_class(r).__mro__}
+    declared = {c for c in vars(plugins).values() if dataclasses.is_dataclass(c) and c.__module__ == plugins.__name__}
+    assert declared <= used, declared - used
 
 
 def test_a_backend_variant_is_one_record(monkeypatch, record_cfg):
-    """A DDP variant with fp16 compression (another comm hook) registered as a record only: the step model, the time
+    """A DDP variant that sends fp16 (another comm hook) registered as a record only: the step model, the time
     model's row, --plan's prediction and compare_runs' label follow from it, with no other list to edit."""
-    variant = registry.Allreduce("ddp_fp16", "recipes.comm.ddp:DDPBackend", "ddp fp16", compression=True)
+    variant = registry.Allreduce("ddp_fp16", "recipes.comm.ddp:DDPBackend", "ddp fp16", "", wire_dtype="fp16")
     variant = dataclasses.replace(variant, step_model=registry.ALLREDUCE_BACKENDS["ddp"].step_model)
     monkeypatch.setitem(registry.ALLREDUCE_BACKENDS, "ddp_fp16", variant)
     specs = [sm.TensorSpec(f"g{i}", (1 << 20,), "float32") for i in range(8)]
