@@ -20,8 +20,8 @@ compare_runs list the backends from `ALLREDUCE_BACKENDS` (the network lab measur
 `scripts/bench/lab_methods.py` lists), the GPU check its equality and end-to-end runs from the backends' launchers.
 A new backend, input pipeline, model or optimizer is one record here plus its module, its config class if it has
 knobs of its own, and tests (a backend: a step-time model in recipes/comm/stepmodel.py, unless it issues another
-backend's messages). The records are plain data, and nothing of this repository is imported at import time: the schema and
-the torch-free tools read them.
+backend's messages). The records are plain data, and nothing of this repository is imported at import time: the
+schema and the torch-free tools read them.
 """
 
 from __future__ import annotations
