@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime
 import os
 import statistics
+import time
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -66,6 +67,11 @@ class MultiStreamBackend(BackendDefaults):
         self._bytes = 0
         self.concurrency: concurrency.Decision | None = None
         self._hop = bool(c.balance) and c.balance_level == "hop"  # the hop-balanced ring (recipes/comm/hopring.py)
+        # the hop balancer's test of each re-plan: the window's mean step (host clock between on_step_end calls),
+        # and (the plan before the re-plan, its window's step) until the next window says whether it stays
+        self._hop_mark: float | None = None
+        self._hop_elapsed = 0.0
+        self._hop_trial: tuple | None = None
         self.graph_serial: list[str] = []
 
     @classmethod
@@ -383,8 +389,12 @@ class MultiStreamBackend(BackendDefaults):
         if not eng.measure:
             eng.measure = True  # from the next step on
             return
+        now, before = time.perf_counter(), b.steps
         for secs in eng.read_communicators(wait=True):
             b.add(secs)
+        if self._hop and b.steps > before and self._hop_mark is not None:  # the whole step, as the ring's test
+            self._hop_elapsed += now - self._hop_mark
+        self._hop_mark = now
         if b.steps < self.comm_cfg.balance_window:
             return
         if self._hop:
@@ -426,8 +436,26 @@ class MultiStreamBackend(BackendDefaults):
         k = self.settings.streams
         table = torch.zeros(w, k, dtype=torch.float64, device=self.dist.device)
         table[(self.dist.rank + 1) % w] = torch.tensor(b.window, dtype=torch.float64) / b.steps
+        step_s = torch.tensor([self._hop_elapsed / b.steps], dtype=torch.float64, device=self.dist.device)
+        self._hop_elapsed = 0.0
         with collective_guard("multistream balance: the window's figures", step, self.timeout_s):
             td.all_reduce(table, op=td.ReduceOp.SUM)
+            td.all_reduce(step_s, op=td.ReduceOp.MAX)  # the step goes at its slowest rank; the same bits everywhere
+        step_s = float(step_s.item())
+        if self._hop_trial is not None:  # the window after a re-plan: it stays only if the step got shorter
+            previous, before = self._hop_trial
+            self._hop_trial = None
+            if step_s >= before:
+                b.close(balancing.HopDecision(previous, 0.0, (), ()))
+                b.settled, b.quiet = True, balancing.SETTLE_WINDOWS
+                self._install(previous)
+                self.engine.measure = False
+                self._note(
+                    f"multistream balance: re-plan {b.replans - 1} did not shorten the step ({step_s * 1000:.0f} ms "
+                    f"against {before * 1000:.0f} ms): back to hop shares {describe_table(previous)}, settled",
+                    log,
+                )
+                return
         current = b.current
         decision = balancing.rebalance_hops(
             [list(row) for row in current], table.tolist(), self.comm_cfg.balance_min_gain, b.shares
@@ -439,6 +467,7 @@ class MultiStreamBackend(BackendDefaults):
             for h, c in decision.slow
         )
         if decision.shares is not None:
+            self._hop_trial = (current, step_s)
             self._install(decision.shares)
             self._note(
                 f"multistream balance: re-plan {b.replans} at step {step}: hop shares "

@@ -146,9 +146,11 @@ def test_hop_ring_is_the_exact_mean_and_every_rank_installs_the_same_hop_plan(tm
         assert r["max_err"] < exact  # exact through the balancer's own re-plans
         assert r["stats"]["balance_level"] == "hop" and len(r["stats"]["shares"]) == 3
         assert r["resumed_same"]
+        assert r["reverted"] == [True, True]  # a re-plan the step time did not confirm is taken back, and it settles
     assert results[0]["digests"] == results[1]["digests"] == results[2]["digests"]
     assert results[0]["digests"][-1][0] >= 1  # it measured its connections and re-planned
     assert "multistream balance: re-plan 1 at step 3: hop shares" in p.stdout  # step 1 unmeasured, 2 skipped
+    assert "did not shorten the step" in p.stdout and "back to hop shares" in p.stdout
 
 
 def test_model_start_takes_the_link_probes_file_and_a_bad_one_stops_every_rank(tmp_path):
