@@ -15,6 +15,7 @@ import pytest
 import torch
 from support import ROOT, TORCHRUN_BACKENDS, horovodrun, torchrun
 
+from base import registry
 from models.factory import compile_unavailable
 from recipes.rundir import checkpoint_files as ckpt
 
@@ -62,5 +63,12 @@ def test_compiled_training_averages_gradients_on_every_backend(tiny_root, tmp_pa
     assert list(compiled["model"]) == list(eager["model"])
     steps = eager["state"]["step"]
     assert steps == compiled["state"]["step"] == 4  # 48 images, a global batch of 12
+    record = registry.ALLREDUCE_BACKENDS[backend]
     for entry in ("model", "ema"):
-        assert within_rounding(eager[entry], compiled[entry], steps) == [], entry
+        if record.wire_dtype is None:
+            assert within_rounding(eager[entry], compiled[entry], steps) == [], entry
+        else:  # its wire format rounds: held to its own tolerance against the reference (DDP, eager)
+            worst = max(
+                float((v - compiled[entry][k]).abs().max()) for k, v in eager[entry].items() if v.is_floating_point()
+            )
+            assert worst < record.reference_atol, (entry, worst)

@@ -237,10 +237,13 @@ def test_one_process_engages_the_backends_when_asked(engage):
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
     params = (6 * 5 + 5 + 5 * 3 + 3) * 4
+    ddp_like = registry.ALLREDUCE_BACKENDS[registry.REFERENCE_BACKEND].step_model
     for backend in TORCHRUN_BACKENDS:
+        record = registry.ALLREDUCE_BACKENDS[backend]
+        wire = params // 2 if record.wire_dtype in ("fp16", "bf16") else params  # bytes in its wire format
         if engage:  # hooks, buckets and collectives ran over a one-rank gloo group
-            assert out[backend]["wrapped"] == (backend == "ddp"), out
-            assert out[backend]["steps"] == 3 and out[backend]["bytes"] == 3 * params, out
+            assert out[backend]["wrapped"] == (record.step_model == ddp_like), out  # DDP and its variants wrap
+            assert out[backend]["steps"] == 3 and out[backend]["bytes"] == 3 * wire, out
         else:
             assert out[backend] == {"wrapped": False, "steps": 0, "bytes": 0}, out
 

@@ -12,6 +12,7 @@ from scripts.bench import uneven_tables
 
 DOC = ROOT / "docs" / "allreduce.md"
 DATA = sorted((ROOT / "docs" / "data").glob("lab-uneven-*.json"))
+HOP = ROOT / "docs" / "data" / "lab-hop.json"
 
 
 def test_the_prediction_table_is_the_models():
@@ -67,3 +68,12 @@ def test_the_eight_and_sixteen_host_reading_quotes_the_data():
     assert f"{ratio[16, 'one-slow', 0]:.2f}x DDP with 4 flows and" in text
     assert f"under `even` {ratio[16, 'even', 0]:.2f}x, as static multistream" in text
     assert f"`random` {ratio[16, 'random', 0]:.2f}x and {ratio[16, 'random', 1]:.2f}x for seeds 0 and 1" in text
+
+
+def test_every_hop_level_lab_row_is_its_data_file():
+    doc = DOC.read_text().splitlines()
+    recs = uneven_tables.load([str(HOP)])
+    rows = uneven_tables.run_rows(recs)[2:] + uneven_tables.balancing_rows(recs, ("hop-balanced",))[2:]
+    assert len(rows) >= 2 * len(recs)
+    for row in rows:
+        assert row in doc, row
