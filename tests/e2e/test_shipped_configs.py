@@ -438,7 +438,7 @@ def _check_run(combo: Combination, run_dir: Path, output: str) -> None:
         assert comm["steps"] == 0 and comm["bytes"] == 0  # one process: nothing to reduce
     else:
         # every optimizer step's gradients went through the backend once (accumulation included), in the wire format
-        wire = 2 if s["comm.compression"] in ("fp16", "bf16") else 4
+        wire = 2 if registry.ALLREDUCE_BACKENDS[s["comm.backend"]].wire(s["comm.compression"]) != "none" else 4
         assert comm["steps"] == steps and comm["bytes"] == steps * _tiny_params() * wire, comm
     ck = load_checkpoint(run_dir / "checkpoint.pt")
     assert ck.training_state().step == steps and ck.world_size == combo.world
