@@ -8,6 +8,7 @@ import dataclasses
 from support import ROOT
 
 import recipes.timemodel as tm
+from base import registry
 from recipes.config import load_config
 from recipes.schedule_report import print_plan
 
@@ -30,6 +31,7 @@ def test_plan_with_a_backend_without_a_time_model_row(tmp_path, capsys):
     cfg = dataclasses.replace(cfg, comm=dataclasses.replace(cfg.comm, backend="ddp_fp16"))
     seconds, why = tm.predicted_seconds(cfg, 128, "v100-32gb")
     assert seconds is None
-    assert why == "comm.backend 'ddp_fp16' has no row in the time model (backends: ddp, multistream, horovod)"
+    names = ", ".join(registry.ALLREDUCE_BACKENDS)
+    assert why == f"comm.backend 'ddp_fp16' has no row in the time model (backends: {names})"
     assert print_plan(cfg, 1_281_167, 128, png=str(tmp_path / "p.png"), gpu="v100-32gb") == 0
     assert f"predicted time: none ({why})" in capsys.readouterr().out
