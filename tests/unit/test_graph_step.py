@@ -10,7 +10,7 @@ from functools import partial
 import pytest
 import torch
 import torch.distributed as td
-from support import ROOT, FakeCudaGraphs, trap_host_reads
+from support import ROOT, FakeCudaGraphs, NoComm, trap_host_reads
 from torch import nn
 
 from base import registry
@@ -28,11 +28,6 @@ from recipes.steps import GraphStep, StepRunner, graph_decision, phase_graph_dec
 class _Done:
     def wait(self):
         return True
-
-
-class _Comm:
-    def on_step_end(self, step, log):
-        pass
 
 
 class _Log:
@@ -75,7 +70,7 @@ def _runner(cls, model, *, amp: str, engine: bool, config: str = "configs/dawnbe
         optimizer=opt,
         optim=registry.OPTIMIZERS[cfg.optim.name],
         scaler=torch.amp.GradScaler("cpu", init_scale=2.0**8, enabled=amp == "fp16"),
-        comm=_Comm(),
+        comm=NoComm(),
         criterion=nn.CrossEntropyLoss(label_smoothing=0.1),
         device=torch.device("cpu"),
         amp=amp,
@@ -173,7 +168,7 @@ def test_graph_decision_says_why_it_stays_eager():
             optimizer=torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1),
             optim=registry.OPTIMIZERS["lamb"],
             scaler=torch.amp.GradScaler("cpu", enabled=False),
-            comm=_Comm(),
+            comm=NoComm(),
             criterion=nn.CrossEntropyLoss(),
             device=torch.device("cpu"),
         )
@@ -300,7 +295,7 @@ def test_a_phase_change_never_captures_into_a_pool_with_a_live_block(monkeypatch
     assert fake.workspaces  # the first capture made the library's workspace
 
 
-class _Planned(_Comm):
+class _Planned(NoComm):
     def __init__(self):
         self.plan = 1
 
@@ -346,7 +341,7 @@ def test_an_infinite_gradient_skips_the_step_on_the_fp32_path(monkeypatch, kind)
         optimizer=opt,
         optim=registry.OPTIMIZERS["hybrid"],
         scaler=torch.amp.GradScaler("cpu", enabled=False),
-        comm=_Comm(),
+        comm=NoComm(),
         criterion=lambda out, y: (out * 3e38).sum(),  # finite loss terms, gradients of 3e38 * 1e3: inf
         device=torch.device("cpu"),
         on_nonfinite="skip",
@@ -382,7 +377,7 @@ def test_each_optimizer_steps_and_skips_through_both_step_runners(name):
             opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, fused=True)
         else:
             opt = create_optimizer(cfg.optim, model)
-        kw = dict(model=model, train_model=model, optimizer=opt, optim=rec, comm=_Comm(), device=torch.device("cpu"))
+        kw = dict(model=model, train_model=model, optimizer=opt, optim=rec, comm=NoComm(), device=torch.device("cpu"))
         kw.update(scaler=torch.amp.GradScaler("cpu", enabled=False), criterion=nn.CrossEntropyLoss())
         if cls is not StepRunner and not rec.skips_on_device:
             with pytest.raises(TrainingError, match="decides on the host"):
@@ -441,7 +436,7 @@ def test_every_shipped_config_captures_only_a_body_without_host_reads(monkeypatc
                 optimizer=create_optimizer(opt_cfg, model),
                 optim=registry.OPTIMIZERS[cfg.optim.name],
                 scaler=torch.amp.GradScaler("cpu", init_scale=2.0**8, enabled=cfg.run.amp == "fp16"),
-                comm=_Comm(),
+                comm=NoComm(),
                 criterion=nn.CrossEntropyLoss(label_smoothing=0.1),
                 device=torch.device("cpu"),
                 on_nonfinite="skip",

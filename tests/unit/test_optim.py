@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from support import ROOT
+from support import ROOT, NoComm
 from torch import nn
 
 from base import registry
@@ -224,10 +224,6 @@ def test_adamw_trains_through_the_step_runner_as_torchs_adamw():
     groups = [{k: g[k] for k in ("params", "weight_decay")} for g in param_groups(ref, cfg.weight_decay, True)]
     torch_opt = torch.optim.AdamW(groups, lr=0.01, betas=(0.8, 0.99), eps=1e-6)
 
-    class Comm:
-        def on_step_end(self, step, log=None):
-            pass
-
     class Log:
         def warn(self, msg):
             pass
@@ -238,7 +234,7 @@ def test_adamw_trains_through_the_step_runner_as_torchs_adamw():
         optimizer=opt,
         optim=registry.OPTIMIZERS["adamw"],
         scaler=torch.amp.GradScaler("cpu", enabled=False),
-        comm=Comm(),
+        comm=NoComm(),
         criterion=nn.CrossEntropyLoss(),
         device=torch.device("cpu"),
         on_nonfinite="skip",
