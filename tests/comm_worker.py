@@ -178,10 +178,22 @@ def scenario_records(out: dict, args: list[str]) -> None:
             out[name] = {"vs_mean": max_err(g, mean), "wire": rec.wire(), "digest": float(sum(t.sum() for t in g))}
 
 
+# comm.balance_level=hop: the rate (MB/s) of each rank's two connections to its left neighbour
+PATH_MB_S = ((1.0, 3.0), (2.0, 2.0), (3.0, 1.0))
+
+
+def _paced(counters, rate: float | None):
+    """A connection's real counters, busy for as long as its bytes take at `rate` (None: unchanged)."""
+    from recipes.comm.tcpinfo import Counters
+
+    return counters if rate is None else Counters(counters.acked, counters.acked / rate)
+
+
 def scenario_hop(out: dict, args: list[str]) -> None:
     """comm.balance_level=hop on real gloo ranks: the exact mean with equal shares and after a forced re-plan to a
     table whose every host cuts differently (fp32, fp16); the balancer on each rank's own loopback measurements, the
     same plan on every rank after every step; a resumed backend has the plan."""
+    from recipes.comm import tcpinfo
     from recipes.comm.balance import listed
 
     cfg = config(*args)
@@ -203,10 +215,16 @@ def scenario_hop(out: dict, args: list[str]) -> None:
             "table": listed(backend.engine.plan.hop_shares),
             "replans": backend.stats().settings["balance_replans"],
         }
+    # The balancer on each rank's own counters. Loopback delivers at memory speed, so each connection's busy time is
+    # the kernel's bytes at a fixed rate per (rank, connection): what a network of unequal paths reports
     cfg = config(*hop, "comm.streams=2", "comm.balance_window=1", "comm.balance_min_gain=0", *args)
     m = copy.deepcopy(model)
     backend = create_allreduce(cfg.comm, dist, timeout_s=cfg.dist.timeout_s, model_name=cfg.model.name)
     tm, _ = backend.prepare(m, None)
+    out["links"] = len(backend.links)
+    rates = {link.fd: PATH_MB_S[dist.rank % 3][k] * 1e6 for k, link in enumerate(backend.links)}
+    real = tcpinfo.Link.read
+    tcpinfo.Link.read = lambda self: _paced(real(self), rates.get(self.fd))
     digests, errs = [], []
     for step in range(5):
         x, y = batch(dist.rank, step % 2)
@@ -215,7 +233,8 @@ def scenario_hop(out: dict, args: list[str]) -> None:
         nn.functional.cross_entropy(tm(x), y).backward()
         errs.append(max_err([p.grad for p in m.parameters()], exact_mean(model, dist.rank, dist.world_size, step % 2)))
         backend.on_step_end(step + 1)
-        digests.append([backend.balance.version if backend.balance else 0, backend.engine.plan.digest()])
+        table = listed(backend.engine.plan.hop_shares)
+        digests.append([backend.balance.version if backend.balance else 0, backend.engine.plan.digest(), table])
     out["digests"] = digests
     out["max_err"] = max(errs)
     # a re-plan that did not shorten the step goes back: force a trial whose "before" was 0 s, unbeatable
@@ -488,6 +507,26 @@ def scenario_mismatch(out: dict, args: list[str]) -> None:
         backend.prepare(model, None)
         out["error"] = None
     except PlanMismatchError as e:
+        out["error"] = str(e)
+    out["seconds"] = time.monotonic() - t0
+
+
+def scenario_hop_no_link(out: dict, args: list[str]) -> None:
+    """comm.balance_level=hop where rank 1 alone cannot tell which socket leads to its neighbour: every rank stops at
+    start-up with rank 1's reason, none waits for a timeout."""
+    from recipes.comm import tcpinfo
+
+    cfg = config(*args)
+    dist = setup(cfg, env=process_env(cfg.comm))
+    if dist.rank == 1:
+        tcpinfo.match = lambda mine, peer_locals: None
+    cfg = config("comm.backend=multistream", "comm.balance=true", "comm.balance_level=hop", *args)
+    backend = create_allreduce(cfg.comm, dist, timeout_s=cfg.dist.timeout_s, model_name=cfg.model.name)
+    t0 = time.monotonic()
+    try:
+        backend.prepare(Net(), None)
+        out["error"] = None
+    except ConfigError as e:
         out["error"] = str(e)
     out["seconds"] = time.monotonic() - t0
 

@@ -26,6 +26,7 @@ SHARE_TOTAL = 1000  # shares are integers summing to this (per mille of every bu
 MIN_SHARE = 20  # 2%: a communicator keeps a share, so it is still measured and can win its share back
 SETTLE_WINDOWS = 2  # windows in a row without a re-plan before the balancer stops measuring
 SLOW_FACTOR = 0.5  # a communicator below this fraction of the others' median rate is named
+HOP_STEP = 2.5  # hop level: one re-plan moves a share by at most this factor (one odd window cannot swing a table)
 
 
 def even_shares(k: int) -> tuple[int, ...]:
@@ -86,6 +87,29 @@ def rebalance(
     return Decision(None if keep else new, gain, tuple(rates), tuple(_slow(rates)))
 
 
+def _within(rates: tuple[float, ...] | list[float], plan) -> list[float]:
+    """Shares (floats summing to SHARE_TOTAL) in proportion to `rates` (here the unlimited shares), each within
+    HOP_STEP x of its `plan` share: a share past its limit is held at it and the rest shared out again in proportion
+    (water-filling)."""
+    k = len(rates)
+    lo, hi = [p / HOP_STEP for p in plan], [p * HOP_STEP for p in plan]
+    fixed: dict[int, float] = {}
+    vals: dict[int, float] = {}
+    for _ in range(k):
+        free = [i for i in range(k) if i not in fixed]
+        budget, weight = SHARE_TOTAL - sum(fixed.values()), sum(rates[i] for i in free)
+        if not free or budget <= 0 or weight <= 0:
+            break
+        vals = {i: budget * rates[i] / weight for i in free}
+        past = {i: max(v / hi[i], lo[i] / v if v > 0 else float("inf")) for i, v in vals.items()}
+        worst = max(past, key=lambda i: (past[i], -i))
+        if past[worst] <= 1:
+            break
+        fixed[worst] = hi[worst] if vals[worst] > hi[worst] else lo[worst]  # the furthest past its limit, one a round
+        vals = {}
+    return [fixed.get(i, vals.get(i, 0.0)) for i in range(k)]
+
+
 def even_table(hops: int, k: int) -> tuple[tuple[int, ...], ...]:
     """`comm.balance_level: hop` before its first re-plan: every hop's K connections carry equal shares."""
     return tuple(even_shares(k) for _ in range(hops))
@@ -105,14 +129,20 @@ def rebalance_hops(
     min_gain: float,
     current: tuple[tuple[int, ...], ...] | None = None,
 ) -> HopDecision:
-    """`comm.balance_level: hop`: every hop's connections get shares in proportion to their rates (what each carried
-    over the seconds it took: row h is host h's connections to host h-1); the plan changes only if the slowest hop
-    under the installed table `current` (None: the one that carried `carried`) is predicted to get more than
-    `min_gain` shorter, as a ring goes at its slowest hop. Pure, as `rebalance`."""
+    """`comm.balance_level: hop`: every hop's connections get shares in proportion to their rates (what each carried,
+    in bytes or in shares, over the seconds it was busy: row h is host h's connections to host h-1); the plan changes
+    only if the slowest hop under the installed table `current` (None: `carried` is in shares and is the table) is
+    predicted to get more than `min_gain` shorter, as a ring goes at its slowest hop. One re-plan moves a share of
+    `current` by at most HOP_STEP x, so a window whose figures are off cannot swing the table; a real spread
+    wider than that takes two re-plans. Pure, as `rebalance`."""
     rows, rates_all, slow, now, after = [], [], [], 0.0, 0.0
     for h, (c, s) in enumerate(zip(carried, seconds, strict=True)):
         rates, new, _, row_after = _proportional_step(c, s)
         plan = current[h] if current is not None else c
+        if current is not None:  # at most HOP_STEP x up or down per re-plan, then back to SHARE_TOTAL
+            limited = _within(new, plan)
+            new = proportional([max(x - MIN_SHARE, 0.0) for x in limited])  # shares within the limits map to themselves
+            row_after = max(n / r for n, r in zip(new, rates, strict=True))
         rows.append(new)
         rates_all.append(tuple(rates))
         slow += [(h, k) for k in _slow(rates)]

@@ -56,6 +56,7 @@ class _Engine:
         timeout_s: float,
         *,
         rank: int = 0,
+        links: list | None = None,
     ):
         self.plan, self.params, self.groups, self.world = plan, params, groups, world
         self.timeout_s = timeout_s
@@ -107,9 +108,14 @@ class _Engine:
         # serialize on a GPU: the helper thread's stream (never backward's, so backward keeps running)
         self._side = torch.cuda.Stream(self.device) if serialize and self.device.type == "cuda" else None
         # comm.balance_level=hop: every bucket goes whole to the hop-balanced ring (recipes/comm/hopring.py), whose
-        # own thread runs the buckets in launch order; it times each incoming connection while measuring
-        self.ring = HopRing(groups, rank, world, plan.hop_shares, timeout_s) if plan.hop_shares is not None else None
-        self.hop_seconds: list[list[float]] = []  # steps not yet read: seconds per incoming connection
+        # own thread runs the buckets in launch order; while measuring, each step reads the kernel's counters of the
+        # K connections it sends on (`links`, recipes/comm/tcpinfo.py)
+        self.ring = (
+            HopRing(groups, rank, world, plan.hop_shares, timeout_s, links or [])
+            if plan.hop_shares is not None
+            else None
+        )
+        self.hop_seconds: list[list[float]] = []  # steps not yet read: per outgoing connection, busy s then bytes
         if serialize and self.ring is None:
             self._queue = queue.Queue()
             self._thread = threading.Thread(target=self._serial_loop, name="multistream-serial", daemon=True)
@@ -227,7 +233,7 @@ class _Engine:
             if self.ring is not None:
                 self.ring.join()
                 if self.ring.measure:
-                    self.hop_seconds.append(list(self.ring.seconds))
+                    self.hop_seconds.append(self.ring.step_figures())
             elif self.serialize:
                 self._queue.join()
                 if self._error is not None:
@@ -281,7 +287,8 @@ class _Engine:
     def read_communicators(self, wait: bool) -> list[list[float]]:
         """Per finished step (oldest first), the seconds from its first gradient to each communicator's last slice
         being done (0 for a communicator that carried nothing); `wait`: of every step marked so far. Under the hop
-        ring: per finished step, the seconds each connection from the right neighbour took over the step's ring."""
+        ring: per finished step, the seconds each connection to the left neighbour was busy sending, then the bytes
+        it delivered (2K figures)."""
         if self.ring is not None:
             out, self.hop_seconds = self.hop_seconds, []
             return out

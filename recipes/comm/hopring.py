@@ -18,11 +18,15 @@ Every piece's bounds follow from the chunk's length and the sending hop's shares
 receiver cuts the same pieces with no message. The table of shares (one row per sending host) is agreed by the
 balancer (recipes/comm/balance.py, `rebalance_hops`) and installed between steps on every rank.
 
-Buckets run on one helper thread, one at a time, in launch order (the same on every rank), while backward goes on.
-While measuring, each receive is waited for on a thread of its own (gloo's point-to-point work has no future and
-reports completion only from `wait()`), so each connection's time is its own: the seconds from posting the step's
-receives to that piece arriving, summed over the step's ring steps. Gloo only: NCCL's point-to-point sends would need
-their own stream ordering, and no GPU has run this.
+Buckets run on `LANES` helper threads while backward goes on: bucket b on lane b mod LANES, each lane's buckets in
+launch order (the same on every rank), its messages tagged with b so two buckets' rings never take each other's
+pieces. With two lanes one bucket's ring sends while the other's waits for its slowest piece, as DDP keeps several
+buckets in flight.
+While measuring, the step reads the kernel's counters of the K connections it sends on (recipes/comm/tcpinfo.py) at
+its first gradient and after its last bucket: per connection, the seconds it was busy sending and the bytes the left
+neighbour acknowledged. Gloo sends a point-to-point message only once the receiver has posted it, so a late neighbour
+does not count against a connection. Gloo only: NCCL's point-to-point sends would need their own stream ordering,
+and no GPU has run this.
 """
 
 from __future__ import annotations
@@ -30,62 +34,89 @@ from __future__ import annotations
 import datetime
 import queue
 import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.distributed as td
 
 from base.errors import CommError
 from recipes.comm.plan import split_even, split_weighted
+from recipes.comm.tcpinfo import Counters, Link
+
+LANES = 2  # buckets in flight at once
 
 
 class HopRing:
     """The hop-balanced ring over `groups` (K process groups spanning every rank, the same order everywhere)."""
 
-    def __init__(self, groups: list, rank: int, world: int, table: tuple[tuple[int, ...], ...], timeout_s: float):
+    def __init__(
+        self,
+        groups: list,
+        rank: int,
+        world: int,
+        table: tuple[tuple[int, ...], ...],
+        timeout_s: float,
+        links: list[Link] | None = None,
+    ):
         if len(table) != world or any(len(row) != len(groups) for row in table):
             raise ValueError(f"hop shares: expected {world} rows of {len(groups)}, got {table}")
         self.groups, self.rank, self.world, self.table = groups, rank, world, table
         self.left, self.right = (rank - 1) % world, (rank + 1) % world
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.timeout_s = timeout_s
+        self.links = list(links or [])  # per communicator, the connection to the left neighbour (measuring needs it)
         self.measure = False
-        self.seconds = [0.0] * len(groups)  # this step: per connection of the incoming hop (from the right)
+        self._start: list[Counters] = []
         self._error: BaseException | None = None
-        self._pool: ThreadPoolExecutor | None = None
-        self._queue: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(target=self._loop, name="multistream-hop-ring", daemon=True)
-        self._thread.start()
+        self._queues: list[queue.Queue] = [queue.Queue() for _ in range(LANES)]
+        self._threads = [
+            threading.Thread(target=self._loop, args=(q,), name=f"multistream-hop-ring-{i}", daemon=True)
+            for i, q in enumerate(self._queues)
+        ]
+        for t in self._threads:
+            t.start()
 
     # -- the training thread -----------------------------------------------------------------------------
     def begin_step(self, measure: bool) -> None:
-        """Before the step's first bucket: whether to time its connections; the step's figures start at zero."""
-        self.measure = measure
-        self.seconds = [0.0] * len(self.groups)
+        """Before the step's first bucket: whether to measure its connections (their counters now)."""
+        self.measure = measure and len(self.links) == len(self.groups)
+        if self.measure:
+            self._start = self._read()
+
+    def step_figures(self) -> list[float]:
+        """After `join`, for a measured step: per connection the seconds it was busy sending, then per connection the
+        bytes it delivered, since `begin_step`."""
+        done = [b - a for a, b in zip(self._start, self._read(), strict=True)]
+        return [d.busy_s for d in done] + [float(d.acked) for d in done]
+
+    def _read(self) -> list[Counters]:
+        try:
+            return [link.read() for link in self.links]
+        except OSError as e:
+            raise CommError(f"multistream hop ring: reading a connection's TCP counters failed: {e}") from e
 
     def submit(self, b: int, flat: torch.Tensor) -> None:
         """Reduce `flat` (bucket b, already divided by the world size) to the sum over ranks, in place, after every
         bucket submitted before it."""
-        self._queue.put((b, flat))
+        self._queues[b % LANES].put((b, flat))
 
     def join(self) -> None:
         """Wait for every submitted bucket; a failed one raises its CommError here."""
-        self._queue.join()
+        for q in self._queues:
+            q.join()
         if self._error is not None:
             err, self._error = self._error, None
             raise err
 
     def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout=5)
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
+        for q in self._queues:
+            q.put(None)
+        for t in self._threads:
+            t.join(timeout=5)
 
     # -- the helper thread -------------------------------------------------------------------------------
-    def _loop(self) -> None:
+    def _loop(self, lane: queue.Queue) -> None:
         while True:
-            item = self._queue.get()
+            item = lane.get()
             try:
                 if item is None:
                     return
@@ -94,7 +125,7 @@ class HopRing:
             except BaseException as e:  # noqa: BLE001 - handed to the training thread
                 self._error = e if isinstance(e, CommError) else CommError(f"multistream hop ring: {e}")
             finally:
-                self._queue.task_done()
+                lane.task_done()
 
     def allreduce(self, b: int, flat: torch.Tensor) -> None:
         """The ring itself, on the calling thread (the helper's loop, or a test)."""
@@ -119,26 +150,18 @@ class HopRing:
     def _exchange(self, b: int, phase: str, s: int, send: torch.Tensor, recv: torch.Tensor) -> None:
         """One ring step: `send` to the left cut by this host's shares, `recv` from the right cut by the right
         neighbour's shares, one piece per connection."""
-        t0 = time.perf_counter()
-        recvs = []
-        for k, (lo, hi) in enumerate(split_weighted(recv.numel(), self.table[self.right])):
-            if hi > lo:
-                recvs.append((k, td.irecv(recv[lo:hi], src=self.right, group=self.groups[k])))
-        sends = []
-        for k, (lo, hi) in enumerate(split_weighted(send.numel(), self.table[self.rank])):
-            if hi > lo:
-                sends.append((k, td.isend(send[lo:hi], dst=self.left, group=self.groups[k])))
+        recvs = [
+            td.irecv(recv[lo:hi], src=self.right, group=self.groups[k], tag=b)
+            for k, (lo, hi) in enumerate(split_weighted(recv.numel(), self.table[self.right]))
+            if hi > lo
+        ]
+        sends = [
+            td.isend(send[lo:hi], dst=self.left, group=self.groups[k], tag=b)
+            for k, (lo, hi) in enumerate(split_weighted(send.numel(), self.table[self.rank]))
+            if hi > lo
+        ]
         try:
-            if self.measure and recvs:
-                if self._pool is None:
-                    self._pool = ThreadPoolExecutor(len(self.groups), thread_name_prefix="multistream-hop-wait")
-                done = [(k, self._pool.submit(_arrival, work, self.timeout)) for k, work in recvs]
-                for k, fut in done:
-                    self.seconds[k] += fut.result() - t0
-            else:
-                for _, work in recvs:
-                    work.wait(self.timeout)
-            for _, work in sends:
+            for work in recvs + sends:
                 work.wait(self.timeout)
         except Exception as e:
             raise CommError(
@@ -146,9 +169,3 @@ class HopRing:
                 f"{self.left} and {self.right} failed: {e}. A peer died or stalled; point-to-point sends give up "
                 f"after dist.timeout_s={self.timeout_s:g} s"
             ) from e
-
-
-def _arrival(work, timeout: datetime.timedelta) -> float:
-    """On a waiter thread: block until one receive is complete, and say when (gloo releases the GIL meanwhile)."""
-    work.wait(timeout)
-    return time.perf_counter()

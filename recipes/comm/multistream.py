@@ -27,7 +27,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from base.errors import CommError, ConfigError, PlanMismatchError
 from recipes.comm import balance as balancing
-from recipes.comm import concurrency, ncclenv
+from recipes.comm import concurrency, ncclenv, tcpinfo
 from recipes.comm import tuner as tuning
 from recipes.comm.base import BackendDefaults
 from recipes.comm.engine import _Engine
@@ -58,6 +58,7 @@ class MultiStreamBackend(BackendDefaults):
         self.engine: _Engine | None = None
         self.tuner: tuning.AutoTuner | None = None
         self.groups: list = []
+        self.links: list = []  # comm.balance_level=hop: per communicator, the TCP connection the ring sends on
         self._resumed: Settings | None = None
         self._resumed_balance: dict | None = None
         self.balance: balancing.BalanceState | None = None  # comm.balance, once the tuner (if any) has chosen
@@ -176,13 +177,17 @@ class MultiStreamBackend(BackendDefaults):
 
     def _create_groups(self, k: int) -> None:
         timeout = datetime.timedelta(seconds=self.timeout_s)
-        self.groups = [td.new_group(timeout=timeout) for _ in range(k)]
         # Connect every communicator now, one at a time, instead of lazily mid-backward. Each sums its own ones
         # (int32, so the check is exact: every entry must be the world size, whatever W and K are).
         probe = torch.ones(k, dtype=torch.int32, device=self.dist.device)
+        self.groups, opened = [], []
         with collective_guard("multistream: communicator check"):
-            for i, g in enumerate(self.groups):
-                td.all_reduce(probe[i : i + 1], group=g)
+            for i in range(k):
+                before = tcpinfo.sockets() if self._hop else {}
+                self.groups.append(td.new_group(timeout=timeout))
+                td.all_reduce(probe[i : i + 1], group=self.groups[i])
+                if self._hop:  # the TCP connections this communicator opened (recipes/comm/tcpinfo.py)
+                    opened.append(tcpinfo.opened(before))
         got = probe.tolist()
         bad = [i for i, v in enumerate(got) if v != self.dist.world_size]
         if bad:
@@ -190,6 +195,38 @@ class MultiStreamBackend(BackendDefaults):
                 f"multistream: communicator check: communicator {bad[0]} summed {got[bad[0]]} ones, expected "
                 f"the world size {self.dist.world_size}"
             )
+        if self._hop:
+            self.links = self._find_links(opened)
+
+    def _find_links(self, opened: list[dict]) -> list[tcpinfo.Link]:
+        """comm.balance_level=hop: this rank's TCP connection to its left neighbour (where the ring sends) on each
+        communicator, found by address: one all-gather of every rank's local ends per communicator."""
+        w, left = self.dist.world_size, (self.dist.rank - 1) % self.dist.world_size
+        if w == 1:
+            return []
+        mine = [sorted({local for _, local, _ in conns.values()}) for conns in opened]
+        everyone = all_gather_object(mine, self.dist)
+        links = [tcpinfo.match(conns, everyone[left][i]) for i, conns in enumerate(opened)]
+        error = ""
+        missing = [i for i, link in enumerate(links) if link is None]
+        if missing:
+            error = (
+                f"found no single TCP connection to rank {left} on communicator {missing[0]} (it opened "
+                f"{len(opened[missing[0]])} here)"
+            )
+        else:
+            try:
+                links[0].read()
+            except OSError as e:
+                error = str(e)
+        errors = all_gather_object(error, self.dist)  # every rank stops, with the first rank's reason
+        bad = [r for r, e in enumerate(errors) if e]
+        if bad:
+            raise ConfigError(
+                f"comm.balance_level=hop measures each connection with the kernel's TCP_INFO (Linux, gloo's TCP "
+                f"transport): rank {bad[0]}: {errors[bad[0]]}. Use comm.balance_level=communicator"
+            )
+        return links
 
     def _plan(self, settings: Settings, shares: tuple | None = None) -> FusionPlan:
         """The plan for `settings`: under comm.balance_level=hop every bucket goes to the ring, cut by the hop table
@@ -225,6 +262,7 @@ class MultiStreamBackend(BackendDefaults):
             self.concurrency.mode == "serialize" and not self._hop,
             self.timeout_s,
             rank=self.dist.rank,
+            links=self.links[: plan.streams],
         )
         self.settings = plan.settings
         self._note(f"multistream plan {plan.digest()[:12]}: {plan.describe()}, concurrency {self.concurrency.mode}")
@@ -429,13 +467,13 @@ class MultiStreamBackend(BackendDefaults):
             )
 
     def _balance_hops(self, step: int, log) -> None:
-        """The window's end under comm.balance_level=hop: each rank timed the K connections of its incoming hop (from
-        rank r+1, row r+1 of the table); one all-reduce (SUM of rows that only their owner filled: exact) gives every
-        rank the whole table, and each computes the same plan from it."""
+        """The window's end under comm.balance_level=hop: each rank read the kernel's counters of the K connections
+        it sends on (row r of the table: busy seconds, then bytes delivered); one all-reduce (SUM of rows that only
+        their owner filled: exact) gives every rank the whole table, and each computes the same plan from it."""
         b, w = self.balance, self.dist.world_size
         k = self.settings.streams
-        table = torch.zeros(w, k, dtype=torch.float64, device=self.dist.device)
-        table[(self.dist.rank + 1) % w] = torch.tensor(b.window, dtype=torch.float64) / b.steps
+        table = torch.zeros(w, 2 * k, dtype=torch.float64, device=self.dist.device)
+        table[self.dist.rank] = torch.tensor(b.window, dtype=torch.float64) / b.steps
         step_s = torch.tensor([self._hop_elapsed / b.steps], dtype=torch.float64, device=self.dist.device)
         self._hop_elapsed = 0.0
         with collective_guard("multistream balance: the window's figures", step, self.timeout_s):
@@ -457,12 +495,13 @@ class MultiStreamBackend(BackendDefaults):
                 )
                 return
         current = b.current
+        figures = table.tolist()
         decision = balancing.rebalance_hops(
-            [list(row) for row in current], table.tolist(), self.comm_cfg.balance_min_gain, b.shares
+            [row[k:] for row in figures], [row[:k] for row in figures], self.comm_cfg.balance_min_gain, current
         )
         b.close(decision)
         slow = "".join(
-            f"; host {h}'s connection {c} to host {(h - 1) % w} delivers "
+            f"; host {h}'s connection {c} to host {(h - 1) % w} delivers {decision.rates[h][c] / 1e6:.2f} MB/s, "
             f"{decision.rates[h][c] / statistics.median(decision.rates[h]):.2f}x the median of its hop: a slow path"
             for h, c in decision.slow
         )

@@ -148,8 +148,11 @@ def test_hop_ring_is_the_exact_mean_and_every_rank_installs_the_same_hop_plan(tm
         assert r["resumed_same"]
         assert r["reverted"] == [True, True]  # a re-plan the step time did not confirm is taken back, and it settles
     assert results[0]["digests"] == results[1]["digests"] == results[2]["digests"]
-    assert results[0]["digests"][-1][0] >= 1  # it measured its connections and re-planned
-    assert "multistream balance: re-plan 1 at step 3: hop shares" in p.stdout  # step 1 unmeasured, 2 skipped
+    assert [r["links"] for r in results] == [2, 2, 2]  # each rank found its TCP connection on both communicators
+    # each rank's connections to its left neighbour deliver 1/3, 2/2 and 3/1 MB/s (comm_worker.PATH_MB_S): after
+    # step 3 (step 1 unmeasured, 2 skipped) every hop is cut in their proportion, with the 2% floor
+    assert results[0]["digests"][2][2] == [[260, 740], [500, 500], [740, 260]]
+    assert "multistream balance: re-plan 1 at step 3: hop shares 260/740 500/500 740/260" in p.stdout
     assert "did not shorten the step" in p.stdout and "back to hop shares" in p.stdout
 
 
@@ -174,6 +177,17 @@ def test_model_start_takes_the_link_probes_file_and_a_bad_one_stops_every_rank(t
     for r in results:
         assert r["error"] == f"{bad}: the probe measured no host pair (one host): no link figures"
         assert r["seconds"] < 30  # no rank waits for a timeout
+
+
+def test_hop_level_without_its_sockets_stops_every_rank_at_start_up(tmp_path):
+    results, _ = run_worker(tmp_path, 2, "hop_no_link", "dist.timeout_s=60")
+    for r in results:
+        assert r["error"] == (
+            "comm.balance_level=hop measures each connection with the kernel's TCP_INFO (Linux, gloo's TCP "
+            "transport): rank 1: found no single TCP connection to rank 0 on communicator 0 (it opened 1 here). "
+            "Use comm.balance_level=communicator"
+        )
+        assert r["seconds"] < 30  # no rank waits for the 60 s timeout
 
 
 def test_plan_mismatch_fails_fast_with_a_clear_error(tmp_path):

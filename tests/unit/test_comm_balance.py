@@ -104,6 +104,20 @@ def test_hop_level_balances_each_hop_by_its_own_connections_and_waits_for_the_sl
     assert again.shares is None and abs(again.gain) < 0.01
     # every rank gets the same table from the same agreed figures (the all-reduce of rows only their owner filled)
     assert {bal.rebalance_hops(even, secs, 0.05).shares for _ in range(5)} == {d.shares}
+    # from an installed table a share moves by at most 2.5x per re-plan: one connection 10x the others on host 0
+    # (proportional alone, with the 2% floor: 728 of 1000) gets 625 at first, the others what is left, evenly
+    table = bal.even_table(2, 4)
+    fast = [[10.0, 1.0, 1.0, 1.0], [4.0, 4.0, 4.0, 4.0]]
+    fast_secs = [[c / r for c, r in zip(cs, rs, strict=True)] for cs, rs in zip(table, fast, strict=True)]
+    first = bal.rebalance_hops([list(r) for r in table], fast_secs, 0.05, table)
+    assert first.shares == ((625, 125, 125, 125), (250, 250, 250, 250))
+    second = bal.rebalance_hops(
+        [list(r) for r in first.shares],
+        [[c / r for c, r in zip(cs, rs, strict=True)] for cs, rs in zip(first.shares, fast, strict=True)],
+        0.05,
+        first.shares,
+    )
+    assert second.shares[0][0] == pytest.approx(728, abs=1)  # then the rest of the way
 
 
 def test_hop_state_round_trips_and_refuses_another_world_or_level():
