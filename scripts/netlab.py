@@ -92,7 +92,12 @@ class NetLab:
     """N hosts in network namespaces joined by a bridge; see the module docstring for the shaping."""
 
     def __init__(
-        self, hosts: int, link_mbit: float | None = None, flow_mbit: float | None = None, tag: str | None = None
+        self,
+        hosts: int,
+        link_mbit: float | None = None,
+        flow_mbit: float | None = None,
+        tag: str | None = None,
+        burst_ms: float | None = None,
     ):
         if hosts < 1 or hosts > 250:
             raise ValueError(f"hosts: expected 1..250, got {hosts}")
@@ -101,7 +106,9 @@ class NetLab:
         for name, rate in (("link_mbit", link_mbit), ("flow_mbit", flow_mbit)):
             if rate is not None and not (math.isfinite(rate) and MIN_MBIT <= rate <= MAX_MBIT):
                 raise ValueError(f"{name}: expected a rate from {MIN_MBIT:g} to {MAX_MBIT:g} Mbit/s, got {rate}")
-        self.hosts, self.link_mbit, self.flow_mbit = hosts, link_mbit, flow_mbit
+        if burst_ms is not None and not (math.isfinite(burst_ms) and 0.1 <= burst_ms <= 1000):
+            raise ValueError(f"burst_ms: expected 0.1 to 1000 ms, got {burst_ms}")
+        self.hosts, self.link_mbit, self.flow_mbit, self.burst_ms = hosts, link_mbit, flow_mbit, burst_ms
         self.tag = tag or f"{PREFIX}{os.getpid()}"
         if not re.fullmatch(r"[a-z0-9]{1,12}", self.tag):
             raise ValueError(f"tag: expected 1-12 lowercase letters/digits, got {self.tag!r}")
@@ -193,28 +200,31 @@ class NetLab:
 
     # -- shaping ----------------------------------------------------------------------------------------
     def _egress_rules(self, dev: str) -> list[str]:
-        link = _mbit(self.link_mbit)
+        link, ms = _mbit(self.link_mbit), self.burst_ms
         rules = [
             f"qdisc add dev {dev} root handle 1: htb default 2",
-            f"class add dev {dev} parent 1: classid 1:1 htb rate {link} ceil {link} burst 256k cburst 256k",
+            f"class add dev {dev} parent 1: classid 1:1 htb rate {link} ceil {link} "
+            + netlab_flows.burst_words(self.link_mbit, self.link_mbit, ms, "256k"),
             f"class add dev {dev} parent 1:1 classid 1:2 htb rate {_mbit(self.link_mbit / 2)} ceil {link} "
-            "burst 64k cburst 64k",
+            + netlab_flows.burst_words(self.link_mbit / 2, self.link_mbit, ms, "64k"),
         ]
         if self.flow_mbit is None:
             return rules
-        leaf_rate = _mbit(max(self.link_mbit / (2 * FLOW_CLASSES), 0.01))
-        flow = _mbit(min(self.flow_mbit, self.link_mbit))
+        leaf_mbit = max(self.link_mbit / (2 * FLOW_CLASSES), 0.01)
+        flow_mbit = min(self.flow_mbit, self.link_mbit)
+        leaf_rate, flow = _mbit(leaf_mbit), _mbit(flow_mbit)
         for h in range(FLOW_CLASSES):
             rules.append(
-                f"class add dev {dev} parent 1:1 classid 1:{0x100 + h:x} htb rate {leaf_rate} "
-                f"ceil {flow} burst 128k cburst 128k quantum 65536"
+                f"class add dev {dev} parent 1:1 classid 1:{0x100 + h:x} htb rate {leaf_rate} ceil {flow} "
+                + netlab_flows.burst_words(leaf_mbit, flow_mbit, ms, "128k")
+                + " quantum 65536"
             )
         # Leaves a flow profile pins connections to (scripts/netlab_flows.py: prio 1 filters, ahead of the hash).
-        pin_rate = _mbit(max(self.link_mbit / (2 * netlab_flows.PIN_LEAVES), 0.01))
+        pin_mbit = max(self.link_mbit / (2 * netlab_flows.PIN_LEAVES), 0.01)
         for h in range(netlab_flows.PIN_LEAVES):
             rules.append(
-                f"class add dev {dev} parent 1:1 classid 1:{netlab_flows.PIN_BASE + h:x} htb rate {pin_rate} "
-                f"ceil {flow} burst 128k cburst 128k quantum 65536"
+                f"class add dev {dev} parent 1:1 classid 1:{netlab_flows.PIN_BASE + h:x} htb rate {_mbit(pin_mbit)} "
+                f"ceil {flow} " + netlab_flows.burst_words(pin_mbit, flow_mbit, ms, "128k") + " quantum 65536"
             )
         rules += [
             f"filter add dev {dev} parent 1: prio 2 handle 2: protocol ip u32 divisor {FLOW_CLASSES}",
@@ -233,7 +243,8 @@ class NetLab:
         link = _mbit(self.link_mbit)
         return [
             f"qdisc add dev {dev} root handle 1: htb default 1",
-            f"class add dev {dev} parent 1: classid 1:1 htb rate {link} ceil {link} burst 256k cburst 256k",
+            f"class add dev {dev} parent 1: classid 1:1 htb rate {link} ceil {link} "
+            + netlab_flows.burst_words(self.link_mbit, self.link_mbit, self.burst_ms, "256k"),
         ]
 
     def _tc_batch(self, ns: str, rules: list[str]) -> None:
@@ -347,6 +358,12 @@ def main(argv: list[str] | None = None) -> int:
         "connection's leaf and rate are printed",
     )
     ap.add_argument("--seed", type=int, default=0, help="--profile: the seed of one-slow's and random's draws")
+    ap.add_argument(
+        "--burst-ms",
+        type=float,
+        default=None,
+        help="each shaping class's token-bucket burst, in milliseconds of its rate (default: fixed 128-256 KB)",
+    )
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- command to run in every host")
     args = ap.parse_args(argv)
     if args.cleanup:
@@ -364,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"netlab: {reason}", file=sys.stderr)
         return 2
     try:
-        lab = NetLab(max(args.hosts, 2 if args.check else 1), args.link_mbit, args.flow_mbit)
+        lab = NetLab(max(args.hosts, 2 if args.check else 1), args.link_mbit, args.flow_mbit, burst_ms=args.burst_ms)
     except ValueError as e:
         print(f"netlab: error: {e}", file=sys.stderr)
         return 2

@@ -103,21 +103,37 @@ def pins_for(
     return pins
 
 
+def burst_words(rate_mbit: float, ceil_mbit: float, burst_ms: float | None, default: str) -> str:
+    """An htb class's `burst ... cburst ...`: `default` (e.g. "128k") for both, or `burst_ms` milliseconds of the
+    class's rate and of its ceiling (at least two full-size frames). A token bucket lets an idle class send its
+    burst at once, so a burst that is large against the messages makes small messages look fast; at a lab's low
+    rates the fixed 128 KB is tens of milliseconds, where a real network's buffers are a few."""
+    if burst_ms is None:
+        return f"burst {default} cburst {default}"
+
+    def size(mbit: float) -> int:
+        return max(3028, int(mbit * 1e6 / 8 * burst_ms / 1000))
+
+    return f"burst {size(rate_mbit)}b cburst {size(ceil_mbit)}b"
+
+
 def _kbit(mbit: float) -> str:
     return f"{max(1, int(round(mbit * 1000)))}kbit"
 
 
-def pin_commands(pins: list[Pin], dev: str = "eth0", link_mbit: float | None = None) -> list[str]:
-    """`tc -batch` lines: each pinned leaf's ceiling, then one exact-match filter per connection (ahead of the
-    source-port hash, which keeps every other connection)."""
-    rate = _kbit(max((link_mbit or 1.0) / (2 * PIN_LEAVES), 0.01))
+def pin_commands(
+    pins: list[Pin], dev: str = "eth0", link_mbit: float | None = None, burst_ms: float | None = None
+) -> list[str]:
+    """`tc -batch` lines: each pinned leaf's ceiling (and the lab's burst, `burst_words`), then
+    one exact-match filter per connection (ahead of the source-port hash, which keeps every other connection)."""
+    rate_mbit = max((link_mbit or 1.0) / (2 * PIN_LEAVES), 0.01)
     lines, seen = [], set()
     for p in pins:
         if p.leaf not in seen:
             seen.add(p.leaf)
             lines.append(
-                f"class change dev {dev} parent 1:1 classid {p.classid} htb rate {rate} ceil {_kbit(p.ceil_mbit)} "
-                "burst 128k cburst 128k quantum 65536"
+                f"class change dev {dev} parent 1:1 classid {p.classid} htb rate {_kbit(rate_mbit)} "
+                f"ceil {_kbit(p.ceil_mbit)} " + burst_words(rate_mbit, p.ceil_mbit, burst_ms, "128k") + " quantum 65536"
             )
     for p in pins:
         lines.append(
@@ -127,10 +143,12 @@ def pin_commands(pins: list[Pin], dev: str = "eth0", link_mbit: float | None = N
     return lines
 
 
-def apply_pins(pins: list[Pin], dev: str = "eth0", link_mbit: float | None = None) -> None:
+def apply_pins(
+    pins: list[Pin], dev: str = "eth0", link_mbit: float | None = None, burst_ms: float | None = None
+) -> None:
     """Install `pins` on this namespace's `dev` (run inside the lab host, as root)."""
     with tempfile.NamedTemporaryFile("w", suffix=".tc", delete=False) as f:
-        f.write("\n".join(pin_commands(pins, dev, link_mbit)) + "\n")
+        f.write("\n".join(pin_commands(pins, dev, link_mbit, burst_ms)) + "\n")
     try:
         r = subprocess.run(["tc", "-batch", f.name], capture_output=True, text=True, timeout=60)
         if r.returncode != 0:
@@ -201,7 +219,7 @@ def measure_flows(
             [conns], profile=profile, seed=seed, host=1, peer_of={lab.addr(0): 0}, flow_mbit=flow_mbit, first_leaf=256
         )
         with tempfile.NamedTemporaryFile("w", suffix=".tc", delete=False) as f:
-            f.write("\n".join(pin_commands(pins, "eth0", lab.link_mbit)) + "\n")
+            f.write("\n".join(pin_commands(pins, "eth0", lab.link_mbit, lab.burst_ms)) + "\n")
         try:
             r = subprocess.run(lab.argv(1, ["tc", "-batch", f.name]), capture_output=True, text=True, timeout=60)
             if r.returncode != 0:

@@ -153,7 +153,7 @@ class _FlowPins:
             first_leaf=self.next_leaf,
         )
         self.next_leaf = max([self.next_leaf - 1, *(p.leaf for p in pins)]) + 1
-        netlab_flows.apply_pins(pins, "eth0", self.args.link_mbit)
+        netlab_flows.apply_pins(pins, "eth0", self.args.link_mbit, self.args.burst_ms)
         self.pins[method] = [[p.sport, p.dst, p.classid, round(p.ceil_mbit, 3)] for p in pins]
 
 
@@ -183,6 +183,17 @@ def _groups_of(method: str, flows: _FlowPins | None):
     finally:
         td.new_group = original
     flows.pin(method, groups)
+
+
+class _Notes:
+    """The log a backend's on_step_end writes to (its re-plans, where it settled), kept for the JSON."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+        self.steps = 0
+
+    def info(self, msg: str) -> None:
+        self.lines.append(msg)
 
 
 def per_tensor(model, params, one, world):
@@ -297,10 +308,13 @@ def worker(args) -> None:
         with _groups_of(method, flows):
             tm, _ = backend.prepare(m, None)
 
-        def step(tm=tm, ps=ps, backend=backend):
+        notes = _Notes()
+
+        def step(tm=tm, ps=ps, backend=backend, notes=notes):
             _zero(ps)
             tm(one).backward()
-            backend.on_step_end(0)
+            notes.steps += 1
+            backend.on_step_end(notes.steps, notes)
 
         # A backend that tunes or balances itself (multistream) is timed once it settled.
         tuner = getattr(backend, "tuner", None)
@@ -320,6 +334,7 @@ def worker(args) -> None:
                 "replans": b.replans,
                 "settled": b.settled,
                 "shares": list(b.current),
+                "log": notes.lines,  # the balancer's own lines: each re-plan, its test, where it settled
             }
         if tuner is not None:
             tuning[method] = {
@@ -450,6 +465,8 @@ def _worker_cmd(kind: str, out: Path, args, lab) -> list[str]:
     ]
     if args.profile:
         cmd += ["--profile", args.profile]
+    if args.burst_ms is not None:
+        cmd += ["--burst-ms", repr(args.burst_ms)]
     if kind == "--worker":
         cmd += ["--methods", ",".join(m for m in args.contenders if not LAB[m].own_launcher)]
         cmd += [f"--tune-over={o}" for o in args.tune_over]
@@ -652,6 +669,13 @@ def main(argv: list[str] | None = None) -> int:
         "connections pinned to leaves with the profile's ceilings",
     )
     ap.add_argument("--seed", type=int, default=0, help="--profile: the seed of one-slow's and random's draws")
+    ap.add_argument(
+        "--burst-ms",
+        type=float,
+        default=None,
+        help="lab: each shaping class's token-bucket burst in milliseconds of its rate (scripts/netlab.py; default: "
+        "fixed 128-256 KB)",
+    )
     ap.add_argument("--balance-window", type=int, default=2, help="balanced: comm.balance_window")
     ap.add_argument("--no-lab", action="store_true", help="loopback only")
     ap.add_argument("--no-loopback", action="store_true", help="lab only")
@@ -729,11 +753,13 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(f"\nnetwork lab skipped: {reason}")
         elif not args.no_lab:
             for n in worlds:
-                with netlab.NetLab(n, args.link_mbit, flow) as lab:
+                with netlab.NetLab(n, args.link_mbit, flow, burst_ms=args.burst_ms) as lab:
                     one, four = netlab.measure_mbit(lab, 1, 2.0), netlab.measure_mbit(lab, 4, 2.0)
                     lines.append(
                         f"\nnetwork lab, {n} hosts: link cap {args.link_mbit:g} Mbit/s per host and "
-                        f"direction, per-flow cap {flow:.0f} Mbit/s; measured TCP host 1 -> 0: 1 flow "
+                        f"direction, per-flow cap {flow:.0f} Mbit/s"
+                        + ("" if args.burst_ms is None else f", bursts of {args.burst_ms:g} ms")
+                        + "; measured TCP host 1 -> 0: 1 flow "
                         f"{one:.0f} Mbit/s, 4 flows {four:.0f} Mbit/s"
                     )
                     checked = []
@@ -751,6 +777,7 @@ def main(argv: list[str] | None = None) -> int:
                         "hosts": n,
                         "link_mbit": args.link_mbit,
                         "flow_mbit": flow,
+                        "burst_ms": args.burst_ms,
                         "measured_1flow_mbit": one,
                         "measured_4flows_mbit": four,
                         "profile": args.profile or "even",

@@ -8,6 +8,13 @@ of the thread that runs backward and the hooks (where the measuring work is: one
 wait for those callbacks, reading the marks), and the difference as a share of the step.
 
     python -m scripts.bench.bench_balance_cost [--blocks 6 --steps 8]
+
+`--level hop` measures `comm.balance_level: hop` instead: two gloo processes on loopback run the hop-balanced ring
+(recipes/comm/hopring.py) over the same gradients, K=4, 8 MB buckets; its measuring work is reading the kernel's
+counters of the K connections a rank sends on (recipes/comm/tcpinfo.py) at the step's first gradient and after its
+last bucket, timed alone and as the step's difference with measuring on and off.
+
+    python -m scripts.bench.bench_balance_cost --level hop [--blocks 6 --steps 8]
 """
 
 from __future__ import annotations
@@ -27,9 +34,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--blocks", type=int, default=6, help="blocks of each kind, alternated")
     ap.add_argument("--steps", type=int, default=8, help="steps per block")
     ap.add_argument("--fraction", type=float, default=1.0, help="each gradient at this fraction of its size")
+    ap.add_argument("--level", choices=("communicator", "hop"), default="communicator", help="comm.balance_level")
     record.add_json_arg(ap)
     args = ap.parse_args(argv)
     record.check_json(args.json)
+    if args.level == "hop":
+        return _hop_main(args, argv)
 
     import torch
     import torch.distributed as td
@@ -133,6 +143,118 @@ def main(argv: list[str] | None = None) -> int:
     )
     td.destroy_process_group()
     return 0
+
+
+def _hop_main(args, argv) -> int:
+    import torch.multiprocessing as mp
+
+    port = 29562
+    with mp.get_context("spawn").Manager() as manager:
+        box = manager.dict()
+        mp.spawn(_hop_rank, args=(args, port, box), nprocs=2, join=True)
+        res = dict(box)
+    off_w, on_w = statistics.median(res["off"]), statistics.median(res["on"])
+    print(
+        f"comm.balance_level=hop measuring cost: {res['plan']}; 2 gloo ranks on loopback; {args.blocks} x "
+        f"{args.steps} steps each, alternated; {os.cpu_count()} cores, load "
+        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; torch {res['torch']}"
+    )
+    print("| measuring | median step ms (rank 0) |")
+    print("|---|---:|")
+    print(f"| off | {off_w * 1000:.1f} |")
+    print(f"| on | {on_w * 1000:.1f} |")
+    print(
+        f"the measuring work alone (reading {res['links']} connections' TCP_INFO twice): "
+        f"{res['direct_s'] * 1e6:.0f} us per step, {res['direct_s'] / off_w:.3%} of this step"
+    )
+    q = statistics.quantiles(res["off"], n=4)
+    print(
+        f"difference: {(on_w - off_w) * 1000:+.1f} ms wall ({(on_w - off_w) / off_w:+.2%}); the steps without "
+        f"measuring spread over {(q[2] - q[0]) * 1000:.1f} ms (interquartile range)"
+    )
+    record.write_json(
+        args.json,
+        "scripts.bench.bench_balance_cost",
+        argv,
+        {
+            "level": "hop",
+            "plan": res["plan"],
+            "links": res["links"],
+            "direct_s": res["direct_s"],
+            "steps_each": args.blocks * args.steps,
+            "off": {"step_s": res["off"]},
+            "on": {"step_s": res["on"]},
+        },
+    )
+    return 0
+
+
+def _hop_rank(rank: int, args, port: int, box) -> None:
+    """One of the two ranks of `--level hop`; rank 0 leaves its figures in `box`."""
+    import torch
+    import torch.distributed as td
+
+    from recipes.comm.multistream import MultiStreamBackend
+    from recipes.config import load_config
+    from recipes.distributed import DistInfo
+    from scripts.bench.bench_allreduce import _model
+
+    torch.set_num_threads(1)
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "lo"})
+    td.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=120))
+    cfg = load_config(
+        None,
+        [
+            "run.device=cpu",
+            "comm.tune_cache=null",
+            "comm.balance=true",
+            "comm.balance_level=hop",
+            f"comm.bucket_mb={8 * args.fraction:g}",
+        ],
+    )
+    backend = MultiStreamBackend(
+        cfg.comm, DistInfo(rank, 2, rank, 2, torch.device("cpu")), timeout_s=120, model_name=cfg.model.name
+    )
+    model = _model(args.fraction)
+    params = list(model.parameters())
+    tm, _ = backend.prepare(model, None)
+    one = torch.ones(())
+
+    def step(measure: bool) -> float:
+        eng = backend.engine
+        eng.measure = measure
+        for p in params:
+            p.grad = None
+        t0 = time.perf_counter()
+        tm(one).backward()
+        eng.read_communicators(wait=True)
+        return time.perf_counter() - t0
+
+    for _ in range(3):
+        step(False)
+    res = {False: [], True: []}
+    for b in range(2 * args.blocks):
+        measure = (b + b // 2) % 2 == 1  # off, on, on, off, ...: neither kind always goes first
+        for _ in range(args.steps):
+            res[measure].append(step(measure))
+    ring, reps = backend.engine.ring, 2000
+    t0 = time.perf_counter()
+    for _ in range(reps):  # the measuring work alone: the counters at the first gradient, and after the last bucket
+        ring.begin_step(True)
+        ring.step_figures()
+    direct = (time.perf_counter() - t0) / reps
+    ring.begin_step(False)
+    if rank == 0:
+        box.update(
+            plan=backend.engine.plan.describe(),
+            links=len(backend.links),
+            direct_s=direct,
+            off=res[False],
+            on=res[True],
+            torch=torch.__version__,
+        )
+    td.barrier()
+    td.destroy_process_group()
 
 
 if __name__ == "__main__":

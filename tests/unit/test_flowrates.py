@@ -69,6 +69,12 @@ def test_pins_follow_groups_and_peers():
     lines = nf.pin_commands(pins, "eth0", 40.0)
     assert sum(x.startswith("class change") for x in lines) == 4 and sum(x.startswith("filter") for x in lines) == 8
     assert "match ip sport 5000 0xffff match ip dst 10.250.0.2/32 flowid 1:40a" in lines[4]
+    assert lines[0].endswith("burst 128k cburst 128k quantum 65536")  # the lab's fixed burst by default
+    # --burst-ms 2: 2 ms of the leaf's rate (40/512 Mbit/s: under two frames, so two frames) and of its ceiling
+    # (`collide` keeps the per-flow cap: 13.33 Mbit/s for 2 ms is 3333 bytes)
+    short = nf.pin_commands(pins, "eth0", 40.0, burst_ms=2)
+    assert short[0].endswith("burst 3028b cburst 3333b quantum 65536")
+    assert nf.burst_words(1000, 1000, 2, "256k") == "burst 250000b cburst 250000b"
 
 
 def test_a_lab_methods_strategy_follows_its_balance_keys():
