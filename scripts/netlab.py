@@ -230,14 +230,18 @@ class NetLab:
             rules.append(
                 f"class add dev {dev} parent 1:1 classid 1:{0x100 + h:x} htb rate {leaf_rate} ceil {flow} "
                 + netlab_flows.burst_words(leaf_mbit, flow_mbit, ms, "128k")
-                + " quantum 65536"
+                + " "
+                + netlab_flows.quantum_words(self.per_packet)
             )
         # Leaves a flow profile pins connections to (scripts/netlab_flows.py: prio 1 filters, ahead of the hash).
         pin_mbit = max(self.link_mbit / (2 * netlab_flows.PIN_LEAVES), 0.01)
         for h in range(netlab_flows.PIN_LEAVES):
             rules.append(
                 f"class add dev {dev} parent 1:1 classid 1:{netlab_flows.PIN_BASE + h:x} htb rate {_mbit(pin_mbit)} "
-                f"ceil {flow} " + netlab_flows.burst_words(pin_mbit, flow_mbit, ms, "128k") + " quantum 65536"
+                f"ceil {flow} "
+                + netlab_flows.burst_words(pin_mbit, flow_mbit, ms, "128k")
+                + " "
+                + netlab_flows.quantum_words(self.per_packet)
             )
         rules += [
             f"filter add dev {dev} parent 1: prio 2 handle 2: protocol ip u32 divisor {FLOW_CLASSES}",

@@ -117,12 +117,23 @@ def burst_words(rate_mbit: float, ceil_mbit: float, burst_ms: float | None, defa
     return f"burst {size(rate_mbit)}b cburst {size(ceil_mbit)}b"
 
 
+def quantum_words(per_packet: bool) -> str:
+    """An htb leaf's DRR quantum: 64 KB (one GSO packet) by default; one full-size frame under `per_packet`, so
+    leaves borrowing the link take turns a packet at a time, as a switch's queue serves flows (with 64 KB turns a
+    connection's ACKs wait behind 64 KB of every other leaf's data)."""
+    return f"quantum {1514 if per_packet else 65536}"
+
+
 def _kbit(mbit: float) -> str:
     return f"{max(1, int(round(mbit * 1000)))}kbit"
 
 
 def pin_commands(
-    pins: list[Pin], dev: str = "eth0", link_mbit: float | None = None, burst_ms: float | None = None
+    pins: list[Pin],
+    dev: str = "eth0",
+    link_mbit: float | None = None,
+    burst_ms: float | None = None,
+    per_packet: bool = False,
 ) -> list[str]:
     """`tc -batch` lines: each pinned leaf's ceiling (and the lab's burst, `burst_words`), then
     one exact-match filter per connection (ahead of the source-port hash, which keeps every other connection)."""
@@ -133,7 +144,10 @@ def pin_commands(
             seen.add(p.leaf)
             lines.append(
                 f"class change dev {dev} parent 1:1 classid {p.classid} htb rate {_kbit(rate_mbit)} "
-                f"ceil {_kbit(p.ceil_mbit)} " + burst_words(rate_mbit, p.ceil_mbit, burst_ms, "128k") + " quantum 65536"
+                f"ceil {_kbit(p.ceil_mbit)} "
+                + burst_words(rate_mbit, p.ceil_mbit, burst_ms, "128k")
+                + " "
+                + quantum_words(per_packet)
             )
     for p in pins:
         lines.append(
@@ -144,11 +158,15 @@ def pin_commands(
 
 
 def apply_pins(
-    pins: list[Pin], dev: str = "eth0", link_mbit: float | None = None, burst_ms: float | None = None
+    pins: list[Pin],
+    dev: str = "eth0",
+    link_mbit: float | None = None,
+    burst_ms: float | None = None,
+    per_packet: bool = False,
 ) -> None:
     """Install `pins` on this namespace's `dev` (run inside the lab host, as root)."""
     with tempfile.NamedTemporaryFile("w", suffix=".tc", delete=False) as f:
-        f.write("\n".join(pin_commands(pins, dev, link_mbit, burst_ms)) + "\n")
+        f.write("\n".join(pin_commands(pins, dev, link_mbit, burst_ms, per_packet)) + "\n")
     try:
         r = subprocess.run(["tc", "-batch", f.name], capture_output=True, text=True, timeout=60)
         if r.returncode != 0:
@@ -219,7 +237,7 @@ def measure_flows(
             [conns], profile=profile, seed=seed, host=1, peer_of={lab.addr(0): 0}, flow_mbit=flow_mbit, first_leaf=256
         )
         with tempfile.NamedTemporaryFile("w", suffix=".tc", delete=False) as f:
-            f.write("\n".join(pin_commands(pins, "eth0", lab.link_mbit, lab.burst_ms)) + "\n")
+            f.write("\n".join(pin_commands(pins, "eth0", lab.link_mbit, lab.burst_ms, lab.per_packet)) + "\n")
         try:
             r = subprocess.run(lab.argv(1, ["tc", "-batch", f.name]), capture_output=True, text=True, timeout=60)
             if r.returncode != 0:

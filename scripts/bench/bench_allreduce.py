@@ -153,7 +153,7 @@ class _FlowPins:
             first_leaf=self.next_leaf,
         )
         self.next_leaf = max([self.next_leaf - 1, *(p.leaf for p in pins)]) + 1
-        netlab_flows.apply_pins(pins, "eth0", self.args.link_mbit, self.args.burst_ms)
+        netlab_flows.apply_pins(pins, "eth0", self.args.link_mbit, self.args.burst_ms, self.args.per_packet)
         self.pins[method] = [[p.sport, p.dst, p.classid, round(p.ceil_mbit, 3)] for p in pins]
 
 
