@@ -237,13 +237,26 @@ def scenario_hop(out: dict, args: list[str]) -> None:
         digests.append([backend.balance.version if backend.balance else 0, backend.engine.plan.digest(), table])
     out["digests"] = digests
     out["max_err"] = max(errs)
+    # a re-plan the step confirmed (its window "before" infinitely long) stays; the paced rates are exact, so the
+    # next proportional re-plan predicts nothing and the window after tries a stretched table instead
+    b = backend.balance
+    b.settled, b.quiet, b.stretches, backend.engine.measure = False, 0, 0, True
+    backend.replan(((260, 740), (500, 500), (740, 260)))
+    backend._hop_trial = (tuple(tuple(r) for r in listed(b.current)), float("inf"))
+    for step in range(5, 7):  # one step left out after the re-plan, one measured: the window
+        x, y = batch(dist.rank, 0)
+        for p in m.parameters():
+            p.grad = None
+        nn.functional.cross_entropy(tm(x), y).backward()
+        backend.on_step_end(step + 1)
+    out["stretched"] = [listed(backend.engine.plan.hop_shares), b.stretches, backend._hop_trial is not None]
     # a re-plan that did not shorten the step goes back: force a trial whose "before" was 0 s, unbeatable
     if backend.balance.settled:
         backend.balance.settled, backend.engine.measure = False, True
     even = tuple(tuple(r) for r in listed(backend.balance.current))
     backend.replan(tuple(tuple(reversed(r)) for r in even))
     backend._hop_trial = (even, 0.0)
-    for step in range(5, 8):
+    for step in range(7, 10):
         x, y = batch(dist.rank, 0)
         for p in m.parameters():
             p.grad = None

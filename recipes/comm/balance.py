@@ -27,6 +27,8 @@ MIN_SHARE = 20  # 2%: a communicator keeps a share, so it is still measured and 
 SETTLE_WINDOWS = 2  # windows in a row without a re-plan before the balancer stops measuring
 SLOW_FACTOR = 0.5  # a communicator below this fraction of the others' median rate is named
 HOP_STEP = 2.5  # hop level: one re-plan moves a share by at most this factor (one odd window cannot swing a table)
+STRETCH = 0.25  # hop level: a stretch moves share s to s x (s / mean)^STRETCH, then renormalizes
+MAX_STRETCHES = 3  # hop level: stretches tried per run, each kept only if the step got shorter
 
 
 def even_shares(k: int) -> tuple[int, ...]:
@@ -154,6 +156,25 @@ def rebalance_hops(
     return HopDecision(None if keep else table, gain, tuple(rates_all), tuple(slow))
 
 
+def stretch_hops(table: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...] | None:
+    """`comm.balance_level: hop`, once a re-plan in proportion to the measured rates predicts no gain: every row moved
+    further from equal shares (share s to s x (s / mean)^STRETCH, renormalized, floor 2%). What a connection
+    delivers over its busy time understates how far apart a hop's connections are (in the lab a fast connection read
+    10-15% under its share of the link while a slow one held every ring step back), so proportional re-plans stop
+    short of equal finishing times; a stretched table is a trial that the next window's step time keeps or takes
+    back. None: nothing to stretch (every row equal). Pure, as `rebalance_hops`."""
+    rows = []
+    for row in table:
+        mean = SHARE_TOTAL / len(row)
+        w = [x * (x / mean) ** STRETCH for x in row]
+        total = sum(w)
+        rows.append(
+            proportional([max(SHARE_TOTAL * x / total - MIN_SHARE, 0.0) for x in w])
+        )  # shares map to themselves
+    new = tuple(rows)
+    return None if new == tuple(tuple(r) for r in table) else new
+
+
 @dataclass
 class BalanceState:
     """Where the balancer stands: the plan's shares and version, and the window being measured."""
@@ -165,6 +186,7 @@ class BalanceState:
     replans: int = 0
     quiet: int = 0  # windows in a row without a re-plan
     settled: bool = False
+    stretches: int = 0  # hop level: stretched tables tried (`stretch_hops`)
     window: list[float] = field(default_factory=list)  # seconds per communicator, summed over the window
     steps: int = 0  # steps in the window so far
     skip: int = 1  # steps to leave out before measuring (the first step of a plan)
@@ -199,6 +221,7 @@ class BalanceState:
             "replans": self.replans,
             "quiet": self.quiet,
             "settled": self.settled,
+            "stretches": self.stretches,
         }
 
     @classmethod
@@ -227,6 +250,7 @@ class BalanceState:
             int(state.get("replans", 0)),
             int(state.get("quiet", 0)),
             bool(state.get("settled", False)),
+            int(state.get("stretches", 0)),
         )
 
 

@@ -499,6 +499,13 @@ class MultiStreamBackend(BackendDefaults):
         decision = balancing.rebalance_hops(
             [row[k:] for row in figures], [row[:k] for row in figures], self.comm_cfg.balance_min_gain, current
         )
+        why = f"slowest hop {decision.gain:.0%} shorter predicted"
+        if decision.shares is None and b.stretches < balancing.MAX_STRETCHES:
+            stretched = balancing.stretch_hops(current)  # proportional re-plans stop short: try further from even
+            if stretched is not None:
+                b.stretches += 1
+                decision = balancing.HopDecision(stretched, 0.0, decision.rates, decision.slow)
+                why = f"stretch {b.stretches} of at most {balancing.MAX_STRETCHES}: the next window's step decides"
         b.close(decision)
         slow = "".join(
             f"; host {h}'s connection {c} to host {(h - 1) % w} delivers {decision.rates[h][c] / 1e6:.2f} MB/s, "
@@ -510,7 +517,7 @@ class MultiStreamBackend(BackendDefaults):
             self._install(decision.shares)
             self._note(
                 f"multistream balance: re-plan {b.replans} at step {step}: hop shares "
-                f"{describe_table(decision.shares)} (slowest hop {decision.gain:.0%} shorter predicted){slow}",
+                f"{describe_table(decision.shares)} ({why}){slow}",
                 log,
             )
         elif b.settled:

@@ -147,6 +147,8 @@ def test_hop_ring_is_the_exact_mean_and_every_rank_installs_the_same_hop_plan(tm
         assert r["stats"]["balance_level"] == "hop" and len(r["stats"]["shares"]) == 3
         assert r["resumed_same"]
         assert r["reverted"] == [True, True]  # a re-plan the step time did not confirm is taken back, and it settles
+        # proportional re-plans predicting nothing, a stretched table (s x (s / mean)^0.25) is tried, as a trial
+        assert r["stretched"] == [[[213, 787], [500, 500], [787, 213]], 1, True]
     assert results[0]["digests"] == results[1]["digests"] == results[2]["digests"]
     assert [r["links"] for r in results] == [2, 2, 2]  # each rank found its TCP connection on both communicators
     # each rank's connections to its left neighbour deliver 1/3, 2/2 and 3/1 MB/s (comm_worker.PATH_MB_S): after
@@ -154,6 +156,7 @@ def test_hop_ring_is_the_exact_mean_and_every_rank_installs_the_same_hop_plan(tm
     assert results[0]["digests"][2][2] == [[260, 740], [500, 500], [740, 260]]
     assert "multistream balance: re-plan 1 at step 3: hop shares 260/740 500/500 740/260" in p.stdout
     assert "did not shorten the step" in p.stdout and "back to hop shares" in p.stdout
+    assert "hop shares 213/787 500/500 787/213 (stretch 1 of at most 3: the next window's step decides)" in p.stdout
 
 
 def test_model_start_takes_the_link_probes_file_and_a_bad_one_stops_every_rank(tmp_path):

@@ -120,12 +120,25 @@ def test_hop_level_balances_each_hop_by_its_own_connections_and_waits_for_the_sl
     assert second.shares[0][0] == pytest.approx(728, abs=1)  # then the rest of the way
 
 
+def test_a_stretch_moves_every_row_further_from_even_and_leaves_even_rows():
+    """Once proportional re-plans stop paying, a stretch takes share s to s x (s / mean)^0.25: one slow connection
+    at 135 of 1000 (where the lab's proportional re-plans stopped) goes to 114, near the 110-115 at which the lab's
+    four connections finished together; an even row stays; the floor holds; nothing to stretch is None."""
+    t = bal.stretch_hops(((288, 288, 289, 135), (250, 250, 250, 250), (600, 200, 150, 50)))
+    assert t == ((295, 295, 296, 114), (250, 250, 250, 250), (678, 172, 120, 30))
+    assert all(sum(row) == 1000 for row in t)
+    assert bal.stretch_hops(bal.even_table(3, 4)) is None
+    floored = bal.stretch_hops(((970, 10, 10, 10),))  # a share below the 2% floor goes up to it
+    assert floored == ((940, 20, 20, 20),)
+
+
 def test_hop_state_round_trips_and_refuses_another_world_or_level():
     s = bal.BalanceState(2, hops=3)
     assert s.current == ((500, 500),) * 3
     s.close(bal.HopDecision(((600, 400), (300, 700), (500, 500)), 0.2, (), ()))
+    s.stretches = 2
     back = bal.BalanceState.from_state(2, s.to_state(), hops=3)
-    assert back.shares == ((600, 400), (300, 700), (500, 500)) and back.version == 1
+    assert back.shares == ((600, 400), (300, 700), (500, 500)) and back.version == 1 and back.stretches == 2
     with pytest.raises(ValueError, match="hop level over 3 hosts, this run balances at hop level over 4 hosts"):
         bal.BalanceState.from_state(2, s.to_state(), hops=4)
     with pytest.raises(ValueError, match="hop level over 3 hosts, this run balances at communicator level"):
