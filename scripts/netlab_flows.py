@@ -117,11 +117,10 @@ def burst_words(rate_mbit: float, ceil_mbit: float, burst_ms: float | None, defa
     return f"burst {size(rate_mbit)}b cburst {size(ceil_mbit)}b"
 
 
-def quantum_words(per_packet: bool) -> str:
-    """An htb leaf's DRR quantum: 64 KB (one GSO packet) by default; one full-size frame under `per_packet`, so
-    leaves borrowing the link take turns a packet at a time, as a switch's queue serves flows (with 64 KB turns a
-    connection's ACKs wait behind 64 KB of every other leaf's data)."""
-    return f"quantum {1514 if per_packet else 65536}"
+def quantum_words(packet_segs: int | None) -> str:
+    """An htb leaf's DRR quantum: 64 KB (one GSO packet) by default; the largest packet under `packet_segs` (N
+    full-size frames), so leaves borrowing the link take turns a packet at a time, as a switch's queue serves flows."""
+    return f"quantum {65536 if packet_segs is None else 1514 * packet_segs}"
 
 
 def _kbit(mbit: float) -> str:
@@ -133,7 +132,7 @@ def pin_commands(
     dev: str = "eth0",
     link_mbit: float | None = None,
     burst_ms: float | None = None,
-    per_packet: bool = False,
+    packet_segs: int | None = None,
 ) -> list[str]:
     """`tc -batch` lines: each pinned leaf's ceiling (and the lab's burst, `burst_words`), then
     one exact-match filter per connection (ahead of the source-port hash, which keeps every other connection)."""
@@ -147,7 +146,7 @@ def pin_commands(
                 f"ceil {_kbit(p.ceil_mbit)} "
                 + burst_words(rate_mbit, p.ceil_mbit, burst_ms, "128k")
                 + " "
-                + quantum_words(per_packet)
+                + quantum_words(packet_segs)
             )
     for p in pins:
         lines.append(
@@ -162,11 +161,11 @@ def apply_pins(
     dev: str = "eth0",
     link_mbit: float | None = None,
     burst_ms: float | None = None,
-    per_packet: bool = False,
+    packet_segs: int | None = None,
 ) -> None:
     """Install `pins` on this namespace's `dev` (run inside the lab host, as root)."""
     with tempfile.NamedTemporaryFile("w", suffix=".tc", delete=False) as f:
-        f.write("\n".join(pin_commands(pins, dev, link_mbit, burst_ms, per_packet)) + "\n")
+        f.write("\n".join(pin_commands(pins, dev, link_mbit, burst_ms, packet_segs)) + "\n")
     try:
         r = subprocess.run(["tc", "-batch", f.name], capture_output=True, text=True, timeout=60)
         if r.returncode != 0:
@@ -237,7 +236,7 @@ def measure_flows(
             [conns], profile=profile, seed=seed, host=1, peer_of={lab.addr(0): 0}, flow_mbit=flow_mbit, first_leaf=256
         )
         with tempfile.NamedTemporaryFile("w", suffix=".tc", delete=False) as f:
-            f.write("\n".join(pin_commands(pins, "eth0", lab.link_mbit, lab.burst_ms, lab.per_packet)) + "\n")
+            f.write("\n".join(pin_commands(pins, "eth0", lab.link_mbit, lab.burst_ms, lab.packet_segs)) + "\n")
         try:
             r = subprocess.run(lab.argv(1, ["tc", "-batch", f.name]), capture_output=True, text=True, timeout=60)
             if r.returncode != 0:

@@ -153,7 +153,7 @@ class _FlowPins:
             first_leaf=self.next_leaf,
         )
         self.next_leaf = max([self.next_leaf - 1, *(p.leaf for p in pins)]) + 1
-        netlab_flows.apply_pins(pins, "eth0", self.args.link_mbit, self.args.burst_ms, self.args.per_packet)
+        netlab_flows.apply_pins(pins, "eth0", self.args.link_mbit, self.args.burst_ms, self.args.packet_segs)
         self.pins[method] = [[p.sport, p.dst, p.classid, round(p.ceil_mbit, 3)] for p in pins]
 
 
@@ -467,8 +467,8 @@ def _worker_cmd(kind: str, out: Path, args, lab) -> list[str]:
         cmd += ["--profile", args.profile]
     if args.burst_ms is not None:
         cmd += ["--burst-ms", repr(args.burst_ms)]
-    if args.per_packet:
-        cmd += ["--per-packet"]
+    if args.packet_segs is not None:
+        cmd += ["--packet-segs", str(args.packet_segs)]
     if kind == "--worker":
         cmd += ["--methods", ",".join(m for m in args.contenders if not LAB[m].own_launcher)]
         cmd += [f"--tune-over={o}" for o in args.tune_over]
@@ -679,10 +679,12 @@ def main(argv: list[str] | None = None) -> int:
         "fixed 128-256 KB)",
     )
     ap.add_argument(
-        "--per-packet",
-        action="store_true",
-        help="lab: one MSS per packet through the shapers, so connections sharing the link interleave as at a switch "
-        "(scripts/netlab.py)",
+        "--packet-segs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="lab: packets of at most N MSS through the shapers, so connections sharing the link interleave as at a "
+        "switch (scripts/netlab.py; default: the kernel's 64 KB GSO packets)",
     )
     ap.add_argument("--balance-window", type=int, default=2, help="balanced: comm.balance_window")
     ap.add_argument("--no-lab", action="store_true", help="loopback only")
@@ -761,13 +763,15 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(f"\nnetwork lab skipped: {reason}")
         elif not args.no_lab:
             for n in worlds:
-                with netlab.NetLab(n, args.link_mbit, flow, burst_ms=args.burst_ms, per_packet=args.per_packet) as lab:
+                with netlab.NetLab(
+                    n, args.link_mbit, flow, burst_ms=args.burst_ms, packet_segs=args.packet_segs
+                ) as lab:
                     one, four = netlab.measure_mbit(lab, 1, 2.0), netlab.measure_mbit(lab, 4, 2.0)
                     lines.append(
                         f"\nnetwork lab, {n} hosts: link cap {args.link_mbit:g} Mbit/s per host and "
                         f"direction, per-flow cap {flow:.0f} Mbit/s"
                         + ("" if args.burst_ms is None else f", bursts of {args.burst_ms:g} ms")
-                        + (", one MSS per packet" if args.per_packet else "")
+                        + ("" if args.packet_segs is None else f", packets of at most {args.packet_segs} MSS")
                         + "; measured TCP host 1 -> 0: 1 flow "
                         f"{one:.0f} Mbit/s, 4 flows {four:.0f} Mbit/s"
                     )
@@ -787,7 +791,7 @@ def main(argv: list[str] | None = None) -> int:
                         "link_mbit": args.link_mbit,
                         "flow_mbit": flow,
                         "burst_ms": args.burst_ms,
-                        "per_packet": args.per_packet,
+                        "packet_segs": args.packet_segs,
                         "measured_1flow_mbit": one,
                         "measured_4flows_mbit": four,
                         "profile": args.profile or "even",

@@ -83,10 +83,10 @@ else:
 """
 
 
-def test_per_packet_connections_sharing_the_link_are_served_alike():
-    """--per-packet: 4 connections sending 20 KB at once over a 40 Mbit/s link (5 MB/s) each deliver about a
+def test_small_packets_serve_connections_sharing_the_link_alike():
+    """--packet-segs 4: 4 connections sending 20 KB at once over a 40 Mbit/s link (5 MB/s) each deliver about a
     quarter of it over their busy time, as at a switch (with GSO bursts the first leaf served read 4.6 MB/s)."""
-    with netlab.NetLab(2, link_mbit=40, flow_mbit=40 / 3, burst_ms=2, per_packet=True) as lab:
+    with netlab.NetLab(2, link_mbit=40, flow_mbit=40 / 3, burst_ms=2, packet_segs=4) as lab:
         recv = lab.popen(1, [sys.executable, "-c", _ROUNDS, "recv"], cwd=ROOT)
         time.sleep(0.5)
         send = lab.popen(0, [sys.executable, "-c", _ROUNDS, "send", lab.addr(1)], cwd=ROOT, stdout=subprocess.PIPE)
@@ -260,3 +260,13 @@ def test_braces_in_a_lab_command_and_bad_rates():
         assert p.stderr.strip().splitlines() == [
             f"netlab: error: link_mbit: expected a rate from 0.1 to 1e+06 Mbit/s, got {float(rate)}"
         ]
+    p = subprocess.run(
+        [sys.executable, "-m", "scripts.netlab", "--link-mbit", "40", "--packet-segs", "0", "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert (
+        p.returncode == 2 and p.stderr.strip() == "netlab: error: packet_segs: expected 1 to 64 MSS per packet, got 0"
+    )
