@@ -476,6 +476,20 @@ def _worker_cmd(kind: str, out: Path, args, lab) -> list[str]:
 
 
 def _launch(n: int, argv: list[str], env_for, lab: netlab.NetLab | None, timeout: float) -> list[tuple[int, str]]:
+    """Run the n workers; RuntimeError if they ran past `timeout` and were stopped (whoever was stopped first looks
+    like a dead peer to the others, so their tracebacks say nothing of the timeout)."""
+    start = time.monotonic()
+    res = _run_workers(n, argv, env_for, lab, timeout)
+    if time.monotonic() - start >= timeout and any(rc != 0 for rc, _ in res):
+        raise RuntimeError(
+            f"benchmark workers ran past --timeout {timeout:g} s and were stopped: give a longer --timeout (the "
+            "first worker stopped looks like a dead peer to the others). Their output:\n"
+            + "\n".join(o[-1000:] for _, o in res)
+        )
+    return res
+
+
+def _run_workers(n: int, argv: list[str], env_for, lab: netlab.NetLab | None, timeout: float):
     if lab is not None:
         return lab.run_all(lambda i: argv, env_for, timeout=timeout, cwd=str(ROOT))
     procs, files = [], []

@@ -47,3 +47,15 @@ def test_the_bench_help_lists_every_lab_method(capsys):
     for name, m in LAB_METHODS.items():
         assert f"  {name:<12} {m.what}\n" in text
     assert "  ddp-flows    the same DDP on a gloo group of --flows devices (comm.gloo_devices)" in text
+
+
+def test_workers_past_the_timeout_are_stopped_and_said_to_be_so():
+    """The bench's workers that run past --timeout are stopped with one error naming the timeout (the first one
+    stopped would otherwise read as a dead peer in the others' tracebacks)."""
+    import sys
+
+    sleeper = [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(60)"]
+    with pytest.raises(RuntimeError, match=r"ran past --timeout 1.5 s and were stopped: give a longer --timeout") as e:
+        bench_allreduce._launch(2, sleeper, lambda i: {}, None, 1.5)
+    assert "started" in str(e.value)
+    assert bench_allreduce._launch(2, [sys.executable, "-c", "pass"], lambda i: {}, None, 30) == [(0, ""), (0, "")]
