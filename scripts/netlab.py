@@ -25,7 +25,7 @@ frames), so the shapers see packets of at most N MSS and interleave connections 
 4 connections sending 20 KB messages at once over a 40 Mbit/s link, each connection's bytes over its busy time:
 4.6, 2.4, 1.6 and 1.2 MB/s with 64 KB GSO packets; 1.8-1.2 MB/s with N = 8; 1.26-1.36 with N = 4; 1.29-1.32 with
 N = 1. Every packet costs CPU in the sending and receiving host: at 16 lab hosts on 2 cores, N = 1 took a rank
-446 ms of CPU per step against 122 ms with GSO, so the lab's runs use N = 4.
+446 ms of CPU per step, N = 4 223-296 ms, against 122 ms with GSO; the hop-level runs use N = 4.
 
 Use it from Python (`with NetLab(2, link_mbit=1000, flow_mbit=333) as lab: lab.run_all(...)`) or as a command:
 
