@@ -225,6 +225,13 @@ def scenario_hop(out: dict, args: list[str]) -> None:
     rates = {link.fd: PATH_MB_S[dist.rank % 3][k] * 1e6 for k, link in enumerate(backend.links)}
     real = tcpinfo.Link.read
     tcpinfo.Link.read = lambda self: _paced(real(self), rates.get(self.fd))
+    acked, quick = [], tcpinfo.Link.quickack
+
+    def quickack(link):  # which connections the ring takes out of delayed-ACK mode, in which steps
+        acked.append((step, link.fd))
+        quick(link)
+
+    tcpinfo.Link.quickack = quickack
     digests, errs = [], []
     for step in range(5):
         x, y = batch(dist.rank, step % 2)
@@ -237,6 +244,12 @@ def scenario_hop(out: dict, args: list[str]) -> None:
         digests.append([backend.balance.version if backend.balance else 0, backend.engine.plan.digest(), table])
     out["digests"] = digests
     out["max_err"] = max(errs)
+    out["quickacked"] = {
+        "measured": sorted({fd for st, fd in acked if st == 2}),  # step 3 (index 2): the first measured one
+        "unmeasured": sorted({fd for st, fd in acked if st == 0}),
+        "recv": sorted(link.fd for link in backend.recv_links),
+        "send": sorted(link.fd for link in backend.links),
+    }
     # a re-plan the step confirmed (its window "before" infinitely long) stays; the paced rates are exact, so the
     # next proportional re-plan predicts nothing and the window after tries a stretched table instead
     b = backend.balance

@@ -57,6 +57,7 @@ class _Engine:
         *,
         rank: int = 0,
         links: list | None = None,
+        recv_links: list | None = None,
     ):
         self.plan, self.params, self.groups, self.world = plan, params, groups, world
         self.timeout_s = timeout_s
@@ -109,9 +110,10 @@ class _Engine:
         self._side = torch.cuda.Stream(self.device) if serialize and self.device.type == "cuda" else None
         # comm.balance_level=hop: every bucket goes whole to the hop-balanced ring (recipes/comm/hopring.py), whose
         # own thread runs the buckets in launch order; while measuring, each step reads the kernel's counters of the
-        # K connections it sends on (`links`, recipes/comm/tcpinfo.py)
+        # K connections it sends on (`links`, recipes/comm/tcpinfo.py) and turns delayed ACKs off on the K it receives
+        # on (`recv_links`)
         self.ring = (
-            HopRing(groups, rank, world, plan.hop_shares, timeout_s, links or [])
+            HopRing(groups, rank, world, plan.hop_shares, timeout_s, links or [], recv_links or [])
             if plan.hop_shares is not None
             else None
         )

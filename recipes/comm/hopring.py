@@ -25,8 +25,10 @@ buckets in flight.
 While measuring, the step reads the kernel's counters of the K connections it sends on (recipes/comm/tcpinfo.py) at
 its first gradient and after its last bucket: per connection, the seconds it was busy sending and the bytes the left
 neighbour acknowledged. Gloo sends a point-to-point message only once the receiver has posted it, so a late neighbour
-does not count against a connection. Gloo only: NCCL's point-to-point sends would need their own stream ordering,
-and no GPU has run this.
+does not count against a connection; and after posting each ring step's receives, the rank turns delayed ACKs off on
+the K connections it receives on, so a piece that arrived early is acknowledged at once instead of when the step's
+slowest piece lets the rank go on (recipes/comm/tcpinfo.py). Gloo only: NCCL's point-to-point sends would need their
+own stream ordering, and no GPU has run this.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class HopRing:
         table: tuple[tuple[int, ...], ...],
         timeout_s: float,
         links: list[Link] | None = None,
+        recv_links: list[Link] | None = None,
     ):
         if len(table) != world or any(len(row) != len(groups) for row in table):
             raise ValueError(f"hop shares: expected {world} rows of {len(groups)}, got {table}")
@@ -64,8 +67,10 @@ class HopRing:
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.timeout_s = timeout_s
         self.links = list(links or [])  # per communicator, the connection to the left neighbour (measuring needs it)
+        self.recv_links = list(recv_links or [])  # per communicator, the connection from the right neighbour
         self.measure = False
         self._start: list[Counters] = []
+        self._quick: list[Link] = []  # while measuring: the connections whose delayed ACKs each ring step turns off
         self._error: BaseException | None = None
         self._queues: list[queue.Queue] = [queue.Queue() for _ in range(LANES)]
         self._threads = [
@@ -81,6 +86,12 @@ class HopRing:
         self.measure = measure and len(self.links) == len(self.groups)
         if self.measure:
             self._start = self._read()
+            self._quick = self.recv_links if len(self.recv_links) == len(self.groups) else []
+            try:
+                for link in self._quick:
+                    link.check()
+            except OSError as e:
+                raise CommError(f"multistream hop ring: a connection from rank {self.right}: {e}") from e
 
     def step_figures(self) -> list[float]:
         """After `join`, for a measured step: per connection the seconds it was busy sending, then per connection the
@@ -147,14 +158,22 @@ class HopRing:
             rlo, rhi = chunks[(r + s) % w]
             self._exchange(b, "all-gather", s, flat[slo:shi], flat[rlo:rhi])
 
+    def _quickack(self, carrying: list[int]) -> None:
+        """While measuring, after posting a step's receives: the connections `carrying` a piece leave the delayed-ACK
+        mode that gloo's ready notices, just sent on them, put them in (recipes/comm/tcpinfo.py)."""
+        try:
+            for k in carrying:
+                self._quick[k].quickack()
+        except OSError as e:
+            raise CommError(f"multistream hop ring: a connection from rank {self.right}: {e}") from e
+
     def _exchange(self, b: int, phase: str, s: int, send: torch.Tensor, recv: torch.Tensor) -> None:
         """One ring step: `send` to the left cut by this host's shares, `recv` from the right cut by the right
         neighbour's shares, one piece per connection."""
-        recvs = [
-            td.irecv(recv[lo:hi], src=self.right, group=self.groups[k], tag=b)
-            for k, (lo, hi) in enumerate(split_weighted(recv.numel(), self.table[self.right]))
-            if hi > lo
-        ]
+        cuts = [(k, lo, hi) for k, (lo, hi) in enumerate(split_weighted(recv.numel(), self.table[self.right]))]
+        recvs = [td.irecv(recv[lo:hi], src=self.right, group=self.groups[k], tag=b) for k, lo, hi in cuts if hi > lo]
+        if self.measure and self._quick:
+            self._quickack([k for k, lo, hi in cuts if hi > lo])
         sends = [
             td.isend(send[lo:hi], dst=self.left, group=self.groups[k], tag=b)
             for k, (lo, hi) in enumerate(split_weighted(send.numel(), self.table[self.rank]))

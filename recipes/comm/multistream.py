@@ -59,6 +59,7 @@ class MultiStreamBackend(BackendDefaults):
         self.tuner: tuning.AutoTuner | None = None
         self.groups: list = []
         self.links: list = []  # comm.balance_level=hop: per communicator, the TCP connection the ring sends on
+        self.recv_links: list = []  # ... and the one it receives on
         self._resumed: Settings | None = None
         self._resumed_balance: dict | None = None
         self.balance: balancing.BalanceState | None = None  # comm.balance, once the tuner (if any) has chosen
@@ -196,27 +197,32 @@ class MultiStreamBackend(BackendDefaults):
                 f"the world size {self.dist.world_size}"
             )
         if self._hop:
-            self.links = self._find_links(opened)
+            self.links, self.recv_links = self._find_links(opened)
 
-    def _find_links(self, opened: list[dict]) -> list[tcpinfo.Link]:
-        """comm.balance_level=hop: this rank's TCP connection to its left neighbour (where the ring sends) on each
-        communicator, found by address: one all-gather of every rank's local ends per communicator."""
-        w, left = self.dist.world_size, (self.dist.rank - 1) % self.dist.world_size
+    def _find_links(self, opened: list[dict]) -> tuple[list[tcpinfo.Link], list[tcpinfo.Link]]:
+        """comm.balance_level=hop: this rank's TCP connections on each communicator to its left neighbour (where the
+        ring sends: measured) and from its right neighbour (where it receives: delayed ACKs turned off while
+        measuring), found by address: one all-gather of every rank's local ends per communicator."""
+        w, rank = self.dist.world_size, self.dist.rank
         if w == 1:
-            return []
+            return [], []
+        left, right = (rank - 1) % w, (rank + 1) % w
         mine = [sorted({local for _, local, _ in conns.values()}) for conns in opened]
         everyone = all_gather_object(mine, self.dist)
-        links = [tcpinfo.match(conns, everyone[left][i]) for i, conns in enumerate(opened)]
+        found = {
+            peer: [tcpinfo.match(conns, everyone[peer][i]) for i, conns in enumerate(opened)] for peer in (left, right)
+        }
         error = ""
-        missing = [i for i, link in enumerate(links) if link is None]
+        missing = [(peer, i) for peer in (left, right) for i, link in enumerate(found[peer]) if link is None]
         if missing:
+            peer, i = missing[0]
             error = (
-                f"found no single TCP connection to rank {left} on communicator {missing[0]} (it opened "
-                f"{len(opened[missing[0]])} here)"
+                f"found no single TCP connection to rank {peer} on communicator {i} (it opened {len(opened[i])} here)"
             )
         else:
             try:
-                links[0].read()
+                found[left][0].read()
+                found[right][0].quickack()
             except OSError as e:
                 error = str(e)
         errors = all_gather_object(error, self.dist)  # every rank stops, with the first rank's reason
@@ -226,7 +232,7 @@ class MultiStreamBackend(BackendDefaults):
                 f"comm.balance_level=hop measures each connection with the kernel's TCP_INFO (Linux, gloo's TCP "
                 f"transport): rank {bad[0]}: {errors[bad[0]]}. Use comm.balance_level=communicator"
             )
-        return links
+        return found[left], found[right]
 
     def _plan(self, settings: Settings, shares: tuple | None = None) -> FusionPlan:
         """The plan for `settings`: under comm.balance_level=hop every bucket goes to the ring, cut by the hop table
@@ -263,6 +269,7 @@ class MultiStreamBackend(BackendDefaults):
             self.timeout_s,
             rank=self.dist.rank,
             links=self.links[: plan.streams],
+            recv_links=self.recv_links[: plan.streams],
         )
         self.settings = plan.settings
         self._note(f"multistream plan {plan.digest()[:12]}: {plan.describe()}, concurrency {self.concurrency.mode}")

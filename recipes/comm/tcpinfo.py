@@ -8,6 +8,15 @@ queued or unacknowledged, and gloo sends a point-to-point message only once the 
 bytes acknowledged over busy seconds is the connection's rate, whoever was late. Read at step boundaries, a few
 microseconds per connection (never per message).
 
+Busy time ends when the last byte is acknowledged, so it holds the receiver's ACK delay. A receiver that sends soon
+after it receives (gloo's ready notice before each message) is taken by the kernel for an interactive peer, and its
+ACKs wait to ride on its next message or for the delayed-ACK timer (40 ms and up). In a ring that next message comes
+when the hop's slowest piece has arrived, so every connection that finished early stayed "busy" until then: at 16 lab
+hosts under the `one-slow` profile the fast connections read anywhere from 0.6 to 1.9 MB/s from one step to the next
+against a cap of 1.67, and the balancer's tables missed by up to 2x. `Link.quickack` (`TCP_QUICKACK`, one system call)
+takes a connection out of that mode, so what arrives next is acknowledged as it is read; the hop ring calls it on each
+connection it receives on after posting each ring step's receives, while measuring (recipes/comm/hopring.py).
+
 Gloo's sockets are its own, so they are found by their file descriptors: the sockets a process group opened (those
 that appeared while it was created and connected) are matched to peers by address, each rank's socket towards a peer
 being the one whose remote end is one of that peer's local ends (`match`). A descriptor is read through a borrowed
@@ -17,6 +26,7 @@ closed and the process reused is never read as the connection.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import socket
 import struct
@@ -26,6 +36,9 @@ from dataclasses import dataclass
 _BYTES_ACKED = 120  # tcpi_bytes_acked (Linux 4.1+); counts the SYN as one byte
 _BUSY_TIME = 168  # tcpi_busy_time, microseconds (Linux 4.10+): busy, rwnd- and sndbuf-limited time together
 _SIZE = 176
+_TCP_QUICKACK = getattr(socket, "TCP_QUICKACK", 12)  # include/uapi/linux/tcp.h
+_ONE = ctypes.c_int(1)
+_libc = None  # the C library's setsockopt, loaded at first use
 
 Endpoint = tuple[str, int]
 
@@ -88,8 +101,7 @@ class Link:
 
     def read(self) -> Counters:
         """The connection's counters now; OSError if the descriptor no longer holds this socket."""
-        if os.readlink(f"/proc/self/fd/{self.fd}") != f"socket:[{self.inode}]":
-            raise OSError(f"file descriptor {self.fd} no longer holds socket {self.inode}")
+        self.check()
         s = socket.socket(fileno=self.fd)
         try:
             raw = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _SIZE)
@@ -100,6 +112,26 @@ class Link:
         (acked,) = struct.unpack_from("=Q", raw, _BYTES_ACKED)
         (busy_us,) = struct.unpack_from("=Q", raw, _BUSY_TIME)
         return Counters(acked, busy_us / 1e6)
+
+    def check(self) -> None:
+        """OSError unless the descriptor still holds this socket (`quickack` trusts it, to stay a single call)."""
+        if os.readlink(f"/proc/self/fd/{self.fd}") != f"socket:[{self.inode}]":
+            raise OSError(f"file descriptor {self.fd} no longer holds socket {self.inode}")
+
+    def quickack(self) -> None:
+        """Take the connection out of delayed-ACK mode now (`TCP_QUICKACK`): what arrives next is acknowledged as
+        the process reads it, so the sender's busy time ends with the transfer (the module docstring). One system
+        call (a few microseconds): call `check` first, once per step."""
+        if _setsockopt()(self.fd, socket.IPPROTO_TCP, _TCP_QUICKACK, ctypes.byref(_ONE), ctypes.sizeof(_ONE)):
+            err = ctypes.get_errno()
+            raise OSError(err, f"TCP_QUICKACK on file descriptor {self.fd}: {os.strerror(err)}")
+
+
+def _setsockopt():
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True).setsockopt
+    return _libc
 
 
 def opened(before: dict[int, int]) -> dict[int, tuple[Link, Endpoint, Endpoint]]:

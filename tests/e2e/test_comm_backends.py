@@ -151,6 +151,10 @@ def test_hop_ring_is_the_exact_mean_and_every_rank_installs_the_same_hop_plan(tm
         assert r["stretched"] == [[[213, 787], [500, 500], [787, 213]], 1, True]
     assert results[0]["digests"] == results[1]["digests"] == results[2]["digests"]
     assert [r["links"] for r in results] == [2, 2, 2]  # each rank found its TCP connection on both communicators
+    for r in results:  # while measuring, each ring step takes the connections from the right neighbour (not those to
+        q = r["quickacked"]  # the left) out of delayed-ACK mode; never in a step that is not measured
+        assert len(q["recv"]) == 2 and q["measured"] == q["recv"] and not set(q["recv"]) & set(q["send"])
+        assert q["unmeasured"] == []
     # each rank's connections to its left neighbour deliver 1/3, 2/2 and 3/1 MB/s (comm_worker.PATH_MB_S): after
     # step 3 (step 1 unmeasured, 2 skipped) every hop is cut in their proportion, with the 2% floor
     assert results[0]["digests"][2][2] == [[260, 740], [500, 500], [740, 260]]
