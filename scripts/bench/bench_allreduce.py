@@ -740,6 +740,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(args.contenders) - set(LAB)
     if unknown:
         ap.error(f"--contenders: unknown {', '.join(sorted(unknown))}; expected some of {', '.join(LAB)}")
+    try:  # the lab's own checks of its shaping (NetLab only validates here; nothing is created)
+        netlab.NetLab(2, args.link_mbit, args.flow_mbit, burst_ms=args.burst_ms, packet_segs=args.packet_segs)
+    except ValueError as e:
+        ap.error(str(e))
     if args.worker:
         args.methods = [m for m in args.methods.split(",") if m]
         worker(args)

@@ -59,3 +59,17 @@ def test_workers_past_the_timeout_are_stopped_and_said_to_be_so():
         bench_allreduce._launch(2, sleeper, lambda i: {}, None, 1.5)
     assert "started" in str(e.value)
     assert bench_allreduce._launch(2, [sys.executable, "-c", "pass"], lambda i: {}, None, 30) == [(0, ""), (0, "")]
+
+
+@pytest.mark.parametrize(
+    "flag, value, said",
+    [
+        ("--packet-segs", "0", "packet_segs: expected 1 to 64 MSS per packet, got 0"),
+        ("--burst-ms", "0", "burst_ms: expected 0.1 to 1000 ms, got 0.0"),
+    ],
+)
+def test_a_bad_lab_shaping_flag_is_one_line_before_anything_runs(capsys, flag, value, said):
+    with pytest.raises(SystemExit) as e:
+        bench_allreduce.main(["--no-loopback", "--worlds", "2", flag, value])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(f": error: {said}")
