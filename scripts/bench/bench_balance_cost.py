@@ -12,7 +12,8 @@ wait for those callbacks, reading the marks), and the difference as a share of t
 `--level hop` measures `comm.balance_level: hop` instead: two gloo processes on loopback run the hop-balanced ring
 (recipes/comm/hopring.py) over the same gradients, K=4, 8 MB buckets; its measuring work is reading the kernel's
 counters of the K connections a rank sends on (recipes/comm/tcpinfo.py) at the step's first gradient and after its
-last bucket, timed alone and as the step's difference with measuring on and off.
+last bucket, and turning delayed ACKs off on the K it receives on once per ring step, timed alone and as the step's
+difference with measuring on and off.
 
     python -m scripts.bench.bench_balance_cost --level hop [--blocks 6 --steps 8]
 """
@@ -163,9 +164,12 @@ def _hop_main(args, argv) -> int:
     print("|---|---:|")
     print(f"| off | {off_w * 1000:.1f} |")
     print(f"| on | {on_w * 1000:.1f} |")
+    work = res["direct_s"] + res["quickack_calls"] * res["quickack_s"]
     print(
-        f"the measuring work alone (reading {res['links']} connections' TCP_INFO twice): "
-        f"{res['direct_s'] * 1e6:.0f} us per step, {res['direct_s'] / off_w:.3%} of this step"
+        f"the measuring work alone: reading {res['links']} connections' TCP_INFO twice, "
+        f"{res['direct_s'] * 1e6:.0f} us, and turning delayed ACKs off {res['quickack_calls']} times (once per ring "
+        f"step and receiving connection), {res['quickack_s'] * 1e6:.1f} us each: {work * 1e6:.0f} us per step, "
+        f"{work / off_w:.3%} of this step"
     )
     q = statistics.quantiles(res["off"], n=4)
     print(
@@ -181,6 +185,8 @@ def _hop_main(args, argv) -> int:
             "plan": res["plan"],
             "links": res["links"],
             "direct_s": res["direct_s"],
+            "quickack_calls": res["quickack_calls"],
+            "quickack_s": res["quickack_s"],
             "steps_each": args.blocks * args.steps,
             "off": {"step_s": res["off"]},
             "on": {"step_s": res["on"]},
@@ -243,12 +249,20 @@ def _hop_rank(rank: int, args, port: int, box) -> None:
         ring.begin_step(True)
         ring.step_figures()
     direct = (time.perf_counter() - t0) / reps
+    # ... and delayed ACKs turned off on every receiving connection that carries a piece, once per ring step
+    calls = 2 * (ring.world - 1) * len(backend.engine.plan.buckets) * len(ring.recv_links)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        ring._quickack(range(len(ring.recv_links)))
+    quick = (time.perf_counter() - t0) / reps / len(ring.recv_links)
     ring.begin_step(False)
     if rank == 0:
         box.update(
             plan=backend.engine.plan.describe(),
             links=len(backend.links),
             direct_s=direct,
+            quickack_calls=calls,
+            quickack_s=quick,
             off=res[False],
             on=res[True],
             torch=torch.__version__,
