@@ -113,7 +113,7 @@ class _Engine:
         # K connections it sends on (`links`, recipes/comm/tcpinfo.py) and turns delayed ACKs off on the K it receives
         # on (`recv_links`)
         self.ring = (
-            HopRing(groups, rank, world, plan.hop_shares, timeout_s, links or [], recv_links or [])
+            HopRing(groups, rank, world, plan.hop_shares, timeout_s, links=links, recv_links=recv_links)
             if plan.hop_shares is not None
             else None
         )

@@ -57,6 +57,7 @@ class HopRing:
         world: int,
         table: tuple[tuple[int, ...], ...],
         timeout_s: float,
+        *,
         links: list[Link] | None = None,
         recv_links: list[Link] | None = None,
     ):
