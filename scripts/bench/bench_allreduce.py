@@ -139,6 +139,7 @@ class _FlowPins:
         self.peer_of = {f"{netlab.SUBNET}.{i + 1}": i for i in range(world)}
         self.next_leaf = 0
         self.pins: dict[str, list] = {}
+        self.conns: dict[str, list[tuple[int, str, int]]] = {}  # per contender: (local port, peer, peer port)
 
     def pin(self, method: str, groups: list) -> None:
         from scripts import netlab_flows
@@ -155,6 +156,29 @@ class _FlowPins:
         self.next_leaf = max([self.next_leaf - 1, *(p.leaf for p in pins)]) + 1
         netlab_flows.apply_pins(pins, "eth0", self.args.link_mbit, self.args.burst_ms, self.args.packet_segs)
         self.pins[method] = [[p.sport, p.dst, p.classid, round(p.ceil_mbit, 3)] for p in pins]
+        self.conns[method] = sorted({c for g in groups for c in g})
+
+    def counters(self) -> dict[str, dict[tuple[int, str, int], int]]:
+        """Bytes each contender's connections on this host have had acknowledged so far."""
+        from recipes.comm import tcpinfo
+
+        links = {}
+        for fd, inode in tcpinfo.sockets().items():
+            ends = tcpinfo.endpoints(fd)
+            if ends is not None:
+                (_, lport), (raddr, rport) = ends
+                links[(lport, raddr, rport)] = tcpinfo.Link(fd, inode)
+        return {m: {c: links[c].read().acked for c in cs if c in links} for m, cs in self.conns.items()}
+
+    def carried(self, before: dict, after: dict, steps: int) -> dict[str, list]:
+        """Per contender, each of its connections on this host: [local port, peer, peer port, ceiling Mbit/s, bytes
+        sent per step] (the ceiling its pin set; the bytes over the rounds' `steps` steps, warm-up ones included),
+        so a model can tell which connections each collective ran on."""
+        ceil = {m: {(p[0], p[1]): p[3] for p in pins} for m, pins in self.pins.items()}
+        return {
+            m: [[*c, ceil[m].get(c[:2]), round((after[m][c] - before[m][c]) / steps)] for c in cs if c in after[m]]
+            for m, cs in self.conns.items()
+        }
 
 
 @contextlib.contextmanager
@@ -352,9 +376,15 @@ def worker(args) -> None:
             b = balancing[method]
             shares = shares_label(b["shares"])
             settings[method] += f", {b['replans']} re-plans, shares {shares}"
+    acked = flows.counters() if flows is not None else None
     res = _rounds(contenders, args, td.barrier)
     if flows is not None:
         out["pins"] = flows.pins
+        carried = [None] * world
+        td.all_gather_object(carried, flows.carried(acked, flows.counters(), args.rounds * (args.warmup + args.steps)))
+        out["connections"] = {m: [c[m] for c in carried] for m in flows.conns}  # per contender, per rank
+    times = [None] * world
+    td.all_gather_object(times, {m: r["times"] for m, r in res.items()})
     cpu = [None] * world
     td.all_gather_object(cpu, {m: statistics.median(r["cpu"]) for m, r in res.items()})
     out["compute_s"] = statistics.median(res["compute"]["times"])
@@ -364,6 +394,7 @@ def worker(args) -> None:
         out[m] = {
             "step_s": statistics.median(res[m]["times"]),
             "times": res[m]["times"],
+            "rank_times": [t[m] for t in times],  # every rank's: a ring's ranks finish a step at different times
             "settings": settings[m],
             "cpu_s": [c[m] for c in cpu],
         }
