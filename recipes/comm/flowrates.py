@@ -186,3 +186,75 @@ def strategy_rates(hops: list[list[float]], link: float, *, hosts: int, seeds=ra
         ring = [rng.sample(r, len(r)) for r in (rng.choice(hops) for _ in range(hosts))]
         rows.append([ring_mbit(ring, link, s) for s in STRATEGIES])
     return {s: statistics.median(c) for s, c in zip(STRATEGIES, zip(*rows, strict=True), strict=True)}
+
+
+# -- Collectives that each run whole on one set of connections (DDP over K gloo devices) ----------------------
+# ProcessGroupGloo hands each collective to one of its devices in turn and runs up to two per device at once, so
+# DDP's buckets travel concurrently, each as a ring over one device's connections: the step lasts as long as the
+# slowest of those rings, which depends on where each connection landed, not only on the profile's draws.
+
+
+@dataclass(frozen=True)
+class Ring:
+    """One collective's ring: the bytes each hop carries per step, and each hop's (sending host, ceiling Mbit/s)."""
+
+    nbytes: float
+    hops: tuple[tuple[int, float], ...]
+
+
+def rings_of(connections: list[list[list]], *, tolerance: float = 0.01) -> list[Ring]:
+    """The rings in a lab record's connections (bench_allreduce --profile: per host, [local port, peer, peer port,
+    ceiling Mbit/s, bytes sent per step] of one contender's connections). A connection that carried more than 1% of
+    the busiest one's bytes is a hop of some ring; the hops of one ring carry the same bytes (its bucket's share), so
+    hops are grouped by their bytes, within `tolerance`. ValueError unless every group has one hop per host: two
+    buckets of equal size would leave the rings ambiguous."""
+    hosts = len(connections)
+    busy = [(h, float(c[3]), float(c[4])) for h, cs in enumerate(connections) for c in cs]
+    top = max((b for *_, b in busy), default=0.0)
+    hops = sorted((b, h, ceil) for h, ceil, b in busy if b > 0.01 * top)
+    groups: list[list[tuple[float, int, float]]] = []
+    for hop in hops:
+        if groups and hop[0] <= groups[-1][0][0] * (1 + tolerance):
+            groups[-1].append(hop)
+        else:
+            groups.append([hop])
+    for g in groups:
+        if sorted(h for _, h, _ in g) != list(range(hosts)):
+            raise ValueError(
+                f"connections: a ring of {len(g)} hops carrying {g[0][0]:.0f} bytes per step, expected one hop from each "
+                f"of {hosts} hosts (buckets of equal size cannot be told apart)"
+            )
+    return [Ring(statistics.mean(b for b, _, _ in g), tuple((h, ceil) for _, h, ceil in g)) for g in groups]
+
+
+def concurrent_seconds(rings: list[Ring], link_mbit: float) -> float:
+    """How long `rings` take when they all start at once: each ring goes at one rate, at most its slowest hop's
+    ceiling, and a host's hops together stay within its link; rates are max-min fair (raised together until a hop or
+    a link is full, as TCP shares a bottleneck), and re-shared whenever a ring finishes."""
+    left = {j: r.nbytes * 8 / 1e6 for j, r in enumerate(rings)}  # Mbit still to send, per hop
+    t = 0.0
+    while left:
+        rate = dict.fromkeys(left, 0.0)
+        free = set(left)
+        while free:
+            room = [min(c for _, c in rings[j].hops) - rate[j] for j in free]  # each ring's own ceiling
+            hosts = {h for j in left for h, _ in rings[j].hops}
+            users = {h: [j for j in left if any(x == h for x, _ in rings[j].hops)] for h in hosts}
+            link_room = {
+                h: (link_mbit - sum(rate[j] for j in us)) / sum(1 for j in us if j in free)
+                for h, us in users.items()
+                if any(j in free for j in us)
+            }
+            step = max(0.0, min([*room, *link_room.values()]))
+            for j in free:
+                rate[j] += step
+            full = {j for j in free if min(c for _, c in rings[j].hops) - rate[j] <= 1e-9}
+            full |= {j for h, us in users.items() if link_mbit - sum(rate[j] for j in us) <= 1e-9 for j in us}
+            free -= full
+        dt = min(left[j] / rate[j] for j in left)
+        t += dt
+        for j in list(left):
+            left[j] -= rate[j] * dt
+            if left[j] <= 1e-9 * (1 + rate[j]):
+                del left[j]
+    return t

@@ -101,32 +101,38 @@ def _cpu_seconds() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _timed(step, warmup: int, steps: int, sync) -> tuple[list[float], list[float]]:
+def _timed(step, warmup: int, steps: int, sync, meter=None) -> tuple[list[float], list[float], dict]:
     """Seconds and CPU seconds of each of `steps` steps, after `warmup` untimed ones (a step ends when its
-    averaging is done on this rank, which waits for the others)."""
+    averaging is done on this rank, which waits for the others); with `meter` (a function returning counters by
+    connection), also what each counter grew by over the timed steps."""
     for _ in range(warmup):
         step()
     sync()
     times, cpu = [], []
+    before = meter() if meter else {}
     for _ in range(steps):
         c0, t0 = _cpu_seconds(), time.perf_counter()
         step()
         times.append(time.perf_counter() - t0)
         cpu.append(_cpu_seconds() - c0)
-    sync()
-    return times, cpu
+    sync()  # every rank has received all it was sent: the counters hold the timed steps whole
+    grew = {c: n - before[c] for c, n in meter().items() if c in before} if meter else {}
+    return times, cpu, grew
 
 
-def _rounds(contenders: dict, args, sync) -> dict:
+def _rounds(contenders: dict, args, sync, meter=None) -> dict:
     """Time every contender in `args.rounds` rounds, the order rotated each round (so drifting load on a shared
-    machine falls on all of them alike); per contender: all step times and CPU times."""
+    machine falls on all of them alike); per contender: all step times and CPU times, and with `meter` (contender ->
+    a function returning counters by connection, or None) what they grew by over its timed steps."""
     names = list(contenders)
-    out = {m: {"times": [], "cpu": []} for m in names}
+    out = {m: {"times": [], "cpu": [], "grew": {}} for m in names}
     for r in range(args.rounds):
         for m in names[r % len(names) :] + names[: r % len(names)]:
-            times, cpu = _timed(contenders[m], args.warmup, args.steps, sync)
+            times, cpu, grew = _timed(contenders[m], args.warmup, args.steps, sync, meter and meter(m))
             out[m]["times"] += times
             out[m]["cpu"] += cpu
+            for c, n in grew.items():
+                out[m]["grew"][c] = out[m]["grew"].get(c, 0) + n
     return out
 
 
@@ -158,8 +164,11 @@ class _FlowPins:
         self.pins[method] = [[p.sport, p.dst, p.classid, round(p.ceil_mbit, 3)] for p in pins]
         self.conns[method] = sorted({c for g in groups for c in g})
 
-    def counters(self) -> dict[str, dict[tuple[int, str, int], int]]:
-        """Bytes each contender's connections on this host have had acknowledged so far."""
+    def meter(self, method: str):
+        """A function returning the bytes `method`'s connections on this host have had acknowledged so far (None
+        for a contender without pinned connections)."""
+        if not self.conns.get(method):
+            return None
         from recipes.comm import tcpinfo
 
         links = {}
@@ -168,17 +177,14 @@ class _FlowPins:
             if ends is not None:
                 (_, lport), (raddr, rport) = ends
                 links[(lport, raddr, rport)] = tcpinfo.Link(fd, inode)
-        return {m: {c: links[c].read().acked for c in cs if c in links} for m, cs in self.conns.items()}
+        mine = {c: links[c] for c in self.conns[method] if c in links}
+        return lambda: {c: link.read().acked for c, link in mine.items()}
 
-    def carried(self, before: dict, after: dict, steps: int) -> dict[str, list]:
-        """Per contender, each of its connections on this host: [local port, peer, peer port, ceiling Mbit/s, bytes
-        sent per step] (the ceiling its pin set; the bytes over the rounds' `steps` steps, warm-up ones included),
-        so a model can tell which connections each collective ran on."""
-        ceil = {m: {(p[0], p[1]): p[3] for p in pins} for m, pins in self.pins.items()}
-        return {
-            m: [[*c, ceil[m].get(c[:2]), round((after[m][c] - before[m][c]) / steps)] for c in cs if c in after[m]]
-            for m, cs in self.conns.items()
-        }
+    def carried(self, method: str, grew: dict, steps: int) -> list[list]:
+        """Each of `method`'s connections on this host: [local port, peer, peer port, ceiling Mbit/s, bytes sent per
+        timed step] (the ceiling its pin set), so a model can tell which connections each collective ran on."""
+        ceil = {(p[0], p[1]): p[3] for p in self.pins[method]}
+        return [[*c, ceil.get(c[:2]), round(grew[c] / steps)] for c in self.conns[method] if c in grew]
 
 
 @contextlib.contextmanager
@@ -376,12 +382,13 @@ def worker(args) -> None:
             b = balancing[method]
             shares = shares_label(b["shares"])
             settings[method] += f", {b['replans']} re-plans, shares {shares}"
-    acked = flows.counters() if flows is not None else None
-    res = _rounds(contenders, args, td.barrier)
+    res = _rounds(contenders, args, td.barrier, flows and flows.meter)
     if flows is not None:
         out["pins"] = flows.pins
         carried = [None] * world
-        td.all_gather_object(carried, flows.carried(acked, flows.counters(), args.rounds * (args.warmup + args.steps)))
+        td.all_gather_object(
+            carried, {m: flows.carried(m, res[m]["grew"], args.rounds * args.steps) for m in flows.conns}
+        )
         out["connections"] = {m: [c[m] for c in carried] for m in flows.conns}  # per contender, per rank
     times = [None] * world
     td.all_gather_object(times, {m: r["times"] for m, r in res.items()})
