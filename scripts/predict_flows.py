@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from base import reader  # noqa: E402
 from recipes.comm import flowrates  # noqa: E402
+from scripts.bench import uneven_tables  # noqa: E402
 from scripts.bench.lab_methods import LAB_METHODS  # noqa: E402
 
 
@@ -41,32 +42,41 @@ def lab_rows(paths: list[str], flows: int) -> list[str]:
     return lines
 
 
+def measured_s(rec: dict, m: str) -> float:
+    """Contender `m`'s communication seconds per step in a lab record: its step where its last rank ends it
+    (uneven_tables.step_s), less the compute-only step."""
+    t = rec["torch"]
+    return max(uneven_tables.step_s(t, m) - t["compute_s"], 1e-6)
+
+
+def model_s(rec: dict, m: str, strategy: str, flows: int) -> tuple[float, str]:
+    """The model's data time for contender `m` in a lab record, and what it modelled: for DDP on gloo devices
+    ("devices"), its buckets as the rings the record's connections show them on (flowrates.rings_of), all at once;
+    else the ring rate of `strategy` on the profile's draws (a record without connections: even striping)."""
+    conns = rec["torch"].get("connections", {}).get(m)
+    if strategy == "devices" and conns:
+        return flowrates.concurrent_seconds(flowrates.rings_of(conns), rec["link_mbit"]), "rings"
+    strategy = "even" if strategy == "devices" else strategy
+    rates = flowrates.ring_rates(rec["profile"], rec["seed"], rec["hosts"], flows, rec["flow_mbit"])
+    rate = flowrates.ring_mbit(rates, rec["link_mbit"], strategy)
+    return flowrates.allreduce_seconds(rec["torch"]["bytes"], rec["hosts"], rate), strategy
+
+
 def fit_rows(paths: list[str], flows: int, strategies: dict[str, str]) -> tuple[list[str], dict[str, float]]:
-    """The model against the lab's uneven runs, fitted on the even ones only: per contender and host count, the
-    fraction of the model's rate it reached under `even` (one figure); then each uneven run's communication time
-    predicted from its profile and seed, beside the measured one. Returns the rows and the worst error per contender."""
+    """The model against the lab's uneven runs, fitted on the even ones only: per contender, host count and link,
+    the fraction of the model's rate it reached under `even` (one figure); then each uneven run's communication time
+    predicted, beside the measured one (`measured_s`). Returns the rows and the worst error per contender."""
     recs = [rec for path in paths for rec in reader.read_json(path, what="lab JSON", error=SystemExit)]
-
-    def measured(rec, m):
-        t = rec["torch"]
-        return max(t[m]["step_s"] - t["compute_s"], 1e-6)
-
-    def rates(rec):
-        return flowrates.ring_rates(rec["profile"], rec["seed"], rec["hosts"], flows, rec["flow_mbit"])
-
     eff = {}
     for rec in recs:
         if rec["profile"] != "even":
             continue
         for m, strategy in strategies.items():
             if m in rec["torch"]:
-                model = flowrates.allreduce_seconds(
-                    rec["torch"]["bytes"], rec["hosts"], flowrates.ring_mbit(rates(rec), rec["link_mbit"], strategy)
-                )
-                eff[(m, rec["hosts"], rec["link_mbit"])] = model / measured(rec, m)
+                eff[(m, rec["hosts"], rec["link_mbit"])] = model_s(rec, m, strategy, flows)[0] / measured_s(rec, m)
     lines = [
-        "| hosts | link Mbit/s | profile | seed | method | fitted on even | model ms | measured ms | error |",
-        "|---:|---:|---|---:|---|---:|---:|---:|---:|",
+        "| hosts | link Mbit/s | profile | seed | method | model | fitted on even | model ms | measured ms | error |",
+        "|---:|---:|---|---:|---|---|---:|---:|---:|---:|",
     ]
     worst: dict[str, float] = {}
     for rec in recs:
@@ -76,14 +86,12 @@ def fit_rows(paths: list[str], flows: int, strategies: dict[str, str]) -> tuple[
             e = eff.get((m, rec["hosts"], rec["link_mbit"]))
             if m not in rec["torch"] or e is None:
                 continue
-            model = flowrates.fitted_seconds(
-                rec["torch"]["bytes"], rec["hosts"], rates(rec), rec["link_mbit"], strategy, e
-            )
-            got = measured(rec, m)
+            seconds, how = model_s(rec, m, strategy, flows)
+            model, got = seconds / e, measured_s(rec, m)
             err = model / got - 1
             worst[m] = max(worst.get(m, 0.0), abs(err))
             lines.append(
-                f"| {rec['hosts']} | {rec['link_mbit']:g} | {rec['profile']} | {rec['seed']} | {m} | {e:.2f} | "
+                f"| {rec['hosts']} | {rec['link_mbit']:g} | {rec['profile']} | {rec['seed']} | {m} | {how} | {e:.2f} | "
                 f"{model * 1000:.0f} | {got * 1000:.0f} | {100 * err:+.0f}% |"
             )
     return lines, worst
@@ -120,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(lab_rows(args.lab, args.flows)))
     if args.fit:
         strategies = {
-            name: flowrates.strategy_of(m.overrides) for name, m in LAB_METHODS.items() if m.flows or m.overrides
+            name: "devices" if m.flows else flowrates.strategy_of(m.overrides)
+            for name, m in LAB_METHODS.items()
+            if m.flows or m.overrides
         }
         rows, worst = fit_rows(args.fit, args.flows, strategies)
         print()

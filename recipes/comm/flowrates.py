@@ -221,8 +221,8 @@ def rings_of(connections: list[list[list]], *, tolerance: float = 0.01) -> list[
     for g in groups:
         if sorted(h for _, h, _ in g) != list(range(hosts)):
             raise ValueError(
-                f"connections: a ring of {len(g)} hops carrying {g[0][0]:.0f} bytes per step, expected one hop from each "
-                f"of {hosts} hosts (buckets of equal size cannot be told apart)"
+                f"connections: a ring of {len(g)} hops carrying {g[0][0]:.0f} bytes per step, expected one hop from "
+                f"each of {hosts} hosts (buckets of equal size cannot be told apart)"
             )
     return [Ring(statistics.mean(b for b, _, _ in g), tuple((h, ceil) for _, h, ceil in g)) for g in groups]
 

@@ -23,9 +23,18 @@ def load(paths: list[str]) -> list[dict]:
     return [rec for p in paths for rec in reader.read_json(p, what="lab JSON", error=SystemExit)]
 
 
+def step_s(t: dict, m: str) -> float:
+    """Contender `m`'s step in a record's `torch` part: the median over the timed steps of the step's end on its last
+    rank (`rank_times`). A ring's ranks end a step at different times: after the barrier that opens each round, a
+    rank that is not the ring's last ends the first step early, which rank 0's median alone (`step_s`, the only
+    figure in records before 2cd93ff) counts."""
+    ranks = t[m].get("rank_times")
+    return statistics.median(max(s) for s in zip(*ranks, strict=True)) if ranks else t[m]["step_s"]
+
+
 def comm_s(rec: dict) -> dict[str, float]:
     t = rec["torch"]
-    return {m: max(t[m]["step_s"] - t["compute_s"], 1e-6) for m in CONTENDERS if m in t}
+    return {m: max(step_s(t, m) - t["compute_s"], 1e-6) for m in CONTENDERS if m in t}
 
 
 def run_rows(recs: list[dict]) -> list[str]:
@@ -38,9 +47,10 @@ def run_rows(recs: list[dict]) -> list[str]:
         for m, c in comm.items():
             r = t[m]
             bus = 2 * (n - 1) / n * t["bytes"] * 8 / c / 1e6
-            load = sum(r["cpu_s"]) / (rec["cpus"] * r["step_s"])
+            step = step_s(t, m)
+            load = sum(r["cpu_s"]) / (rec["cpus"] * step)
             lines.append(
-                f"| {n} | {rec['profile']} | {rec['seed']} | {m} | {r['settings']} | {r['step_s'] * 1000:.0f} | "
+                f"| {n} | {rec['profile']} | {rec['seed']} | {m} | {r['settings']} | {step * 1000:.0f} | "
                 f"{c * 1000:.0f} | {100 * bus / rec['link_mbit']:.0f}% | {comm['ddp-flows'] / c:.2f}x | "
                 f"{100 * load:.0f}% |"
             )

@@ -106,3 +106,36 @@ def test_strategy_rates_of_one_measured_hop():
     # a whole ring is taken as it is: both hops slow on connection 3, so communicator 3 alone is slow
     assert fr.strategy_rates([hop, hop], 40.0, hosts=2)["comm"] == 40.0
     assert fr.spread_hop(0.25, 4, 12.0) == [12.0, 12.0, 12.0, 3.0]
+
+
+def _conn(ceil, nbytes, port=0):
+    return [port, "10.250.0.9", port + 1, ceil, nbytes]
+
+
+def test_rings_are_told_apart_by_the_bytes_their_hops_carry():
+    # 3 hosts, two buckets (1.0 and 2.0 MB a hop) on two devices, and an idle connection each to the other peer
+    conns = [
+        [_conn(10.0, 1_000_000), _conn(4.0, 2_000_400), _conn(9.0, 700)],
+        [_conn(6.0, 2_000_000), _conn(8.0, 1_000_100), _conn(9.0, 0)],
+        [_conn(5.0, 999_900), _conn(12.0, 2_000_100), _conn(9.0, 480)],
+    ]
+    rings = fr.rings_of(conns)
+    assert [round(r.nbytes, -3) for r in rings] == [1_000_000, 2_000_000]
+    assert sorted(rings[0].hops) == [(0, 10.0), (1, 8.0), (2, 5.0)]
+    assert sorted(rings[1].hops) == [(0, 4.0), (1, 6.0), (2, 12.0)]
+    conns[2][1][4] = 1_000_000  # two buckets of one size: which hop is whose is unknown
+    with pytest.raises(ValueError, match="one hop from each of 3 hosts"):
+        fr.rings_of(conns)
+
+
+def test_concurrent_rings_go_at_their_slowest_hop_and_share_a_full_link_fairly():
+    slow = fr.Ring(1e6, ((0, 8.0), (1, 2.0)))  # 8 Mbit at 2 Mbit/s: 4 s alone
+    assert fr.concurrent_seconds([slow], 100.0) == pytest.approx(4.0)
+    # two rings over the same two hosts, a 10 Mbit/s link: 5 each until the 1 MB one is done at 1.6 s, then the
+    # other alone at its 9 Mbit/s ceiling for its last 2 MB - 1 MB
+    a, b = fr.Ring(1e6, ((0, 9.0), (1, 9.0))), fr.Ring(2e6, ((0, 9.0), (1, 9.0)))
+    assert fr.concurrent_seconds([a, b], 10.0) == pytest.approx(1.6 + 8.0 / 9.0)
+    # a ring held by its slow hop leaves the rest of the link to the other
+    # (c at 2 Mbit/s for 4 s, d at 8 meanwhile, then alone at 9 for its last 8 Mbit)
+    c, d = fr.Ring(1e6, ((0, 2.0), (1, 9.0))), fr.Ring(5e6, ((0, 9.0), (1, 9.0)))
+    assert fr.concurrent_seconds([c, d], 10.0) == pytest.approx(4.0 + 8.0 / 9.0)

@@ -73,3 +73,34 @@ def test_a_bad_lab_shaping_flag_is_one_line_before_anything_runs(capsys, flag, v
         bench_allreduce.main(["--no-loopback", "--worlds", "2", flag, value])
     assert e.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1].endswith(f": error: {said}")
+
+
+def test_timed_meters_only_the_timed_steps_and_reads_after_the_closing_sync():
+    sent = {"c": 0}
+    order = []
+
+    def step():
+        sent["c"] += 100  # every step, warm-up ones too, sends 100 bytes
+        order.append("step")
+
+    def sync():
+        order.append("sync")
+        sent["c"] += 7  # what was still in flight when the last step ended arrives before the barrier is through
+
+    def meter():
+        order.append("meter")
+        return dict(sent)
+
+    times, cpu, grew = bench_allreduce._timed(step, 2, 3, sync, meter)
+    assert len(times) == len(cpu) == 3
+    assert grew == {"c": 307}  # the 3 timed steps and what arrived by the closing sync; not the 2 warm-up steps
+    assert order == ["step", "step", "sync", "meter", "step", "step", "step", "sync", "meter"]
+
+
+def test_the_fit_measures_a_step_where_its_last_rank_ends_it():
+    from scripts import predict_flows
+
+    rec = {"torch": {"compute_s": 0.5, "m": {"step_s": 4.5, "rank_times": [[4.0, 6.0, 4.0, 6.0], [6.0, 6.0, 6.1, 6.0]]}}}
+    assert predict_flows.measured_s(rec, "m") == pytest.approx(6.0 - 0.5)  # steps end at 6.0, 6.0, 6.1, 6.0
+    del rec["torch"]["m"]["rank_times"]  # an older record: rank 0's median
+    assert predict_flows.measured_s(rec, "m") == pytest.approx(4.0)
