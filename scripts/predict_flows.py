@@ -3,6 +3,7 @@
 
     python scripts/predict_flows.py                     # 2..128 hosts, one-slow and random, the lab's 40 Mbit/s
     python scripts/predict_flows.py --lab docs/data/lab-uneven-4.json   # the model beside the lab's measurements
+    python scripts/predict_flows.py --fit docs/data/lab-hop.json   # fitted on the even runs, every uneven run predicted
 
 Every hop has K connections whose ceilings come from the named profile (the same draws as the network lab's leaves
 for a seed); the table gives the ring's rate under even striping as a fraction of the link, and the speed-up of
@@ -60,6 +61,16 @@ def model_s(rec: dict, m: str, strategy: str, flows: int) -> tuple[float, str]:
     rates = flowrates.ring_rates(rec["profile"], rec["seed"], rec["hosts"], flows, rec["flow_mbit"])
     rate = flowrates.ring_mbit(rates, rec["link_mbit"], strategy)
     return flowrates.allreduce_seconds(rec["torch"]["bytes"], rec["hosts"], rate), strategy
+
+
+def lab_strategies() -> dict[str, str]:
+    """The lab methods the fit models, by what it models them as: DDP on gloo devices ("devices", `model_s`), and
+    every method with balance keys by its strategy (flowrates.strategy_of)."""
+    return {
+        name: "devices" if m.flows else flowrates.strategy_of(m.overrides)
+        for name, m in LAB_METHODS.items()
+        if m.flows or m.overrides
+    }
 
 
 def fit_rows(paths: list[str], flows: int, strategies: dict[str, str]) -> tuple[list[str], dict[str, float]]:
@@ -127,12 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print("\n".join(lab_rows(args.lab, args.flows)))
     if args.fit:
-        strategies = {
-            name: "devices" if m.flows else flowrates.strategy_of(m.overrides)
-            for name, m in LAB_METHODS.items()
-            if m.flows or m.overrides
-        }
-        rows, worst = fit_rows(args.fit, args.flows, strategies)
+        rows, worst = fit_rows(args.fit, args.flows, lab_strategies())
         print()
         print("\n".join(rows))
         print()

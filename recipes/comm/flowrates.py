@@ -5,8 +5,8 @@ connection onto one path, paths collide and a neighbour loads one, so the K conn
 rates. This module names the uneven networks the lab builds (`PROFILES`, also scripts/netlab_flows.py's leaves) and
 predicts the bandwidth of a ring allreduce over them for three ways of spreading a message over the connections:
 
-    even     each message split evenly over the K connections (NCCL over its sockets; DDP over K gloo devices;
-             multistream with a static plan): a hop goes at K x its slowest connection
+    even     each message split evenly over the K connections (NCCL over its sockets; multistream with a static
+             plan): a hop goes at K x its slowest connection
     comm     communicator-level balancing (multistream's `comm.balance`): communicator k is a ring over connection
              k of every hop and goes at its slowest hop; its share of every bucket is proportional to that rate
     hop      hop-level balancing: every hop splits its chunk over its K connections in proportion to their rates
@@ -15,7 +15,12 @@ predicts the bandwidth of a ring allreduce over them for three ways of spreading
 In every case a host's connections together are held to its link cap, and a ring goes at its slowest hop, so the
 allreduce of B bytes over H hosts takes 2(H-1)/H x B / rate. `rates[h][k]` is host h's egress on its k-th
 connection to its ring neighbour, host h-1: gloo's ring sends to the previous rank (in the lab, the shares the
-balancer settled on at 4 hosts under one-slow name the communicators whose slow connection points to h-1).
+balancer settled on at 4 hosts under one-slow name the communicators whose slow connection points to h-1, and the
+lab's per-connection bytes show it).
+
+DDP over K gloo devices is none of the three: each bucket runs whole as a ring over one device's connections, so its
+step depends on which connections the buckets landed on. `rings_of` reads that from a lab record and
+`concurrent_seconds` runs those rings at once (the end of this module).
 """
 
 from __future__ import annotations
@@ -189,9 +194,9 @@ def strategy_rates(hops: list[list[float]], link: float, *, hosts: int, seeds=ra
 
 
 # -- Collectives that each run whole on one set of connections (DDP over K gloo devices) ----------------------
-# ProcessGroupGloo hands each collective to one of its devices in turn and runs up to two per device at once, so
-# DDP's buckets travel concurrently, each as a ring over one device's connections: the step lasts as long as the
-# slowest of those rings, which depends on where each connection landed, not only on the profile's draws.
+# ProcessGroupGloo hands each collective to one of its devices in turn and has two worker threads per device, so
+# DDP's buckets (4 in the lab) travel at once, each as a ring over one device's connections: the step lasts about as
+# long as the slowest of those rings, which depends on where each connection landed, not only on the profile's draws.
 
 
 @dataclass(frozen=True)
