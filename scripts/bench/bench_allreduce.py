@@ -14,7 +14,9 @@ without any communication is timed too, and communication time = step time - tha
         --json lab.json                          # more hosts: gradients at 1/8 size, contenders alternated
 
 Each rank's CPU time per step (getrusage, all threads) is reported beside the step time, to show whether the
-run was network-bound; --json keeps every measurement for scripts/predict.py --validate.
+run was network-bound; --json keeps every measurement for scripts/predict.py --validate: every rank's step times, and
+under --profile each contender's connections on every rank, with their ceilings and the bytes each carried per timed
+step (which connections each collective ran on: scripts/predict_flows.py --fit).
 
 Prints Markdown tables (the measured link beside them) and exits 0.
 """
