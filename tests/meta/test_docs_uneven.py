@@ -116,11 +116,14 @@ def test_the_fitted_model_rows_are_its_data_files():
     from scripts import predict_flows
 
     doc = DOC.read_text().splitlines()
-    rows, worst = predict_flows.fit_rows([str(HOP), str(HOP_1000)], 4, predict_flows.lab_strategies())
+    rows, _ = predict_flows.fit_rows([str(HOP), str(HOP_1000)], 4, predict_flows.lab_strategies())
     assert len(rows) >= 2 + 2 * 17  # both contenders in every uneven run at 40 Mbit/s and 1000 Mbit/s
     for row in rows:
         assert row in doc, row
+    # the reading's claims: within 6% at 40 Mbit/s and at 4 hosts and 1000 Mbit/s; one row outside 10%
+    errors = {tuple(c.strip() for c in r.split("|")[1:6]): int(r.split("|")[-2].strip().rstrip("%")) for r in rows[2:]}
+    outside = [k for k, e in errors.items() if abs(e) > 10]
+    assert outside == [("2", "1000", "one-slow", "0", "hop-balanced")]
+    assert max(abs(e) for k, e in errors.items() if k not in outside) <= 6
     text = " ".join(DOC.read_text().split())
-    quoted = max(worst.values())
-    assert f"within {100 * quoted:.0f}% of every uneven run" in text
-    assert quoted <= 0.10  # what the docs claim of the model: within 10%, fitted on even runs only
+    assert f"the 2-host balanced ring at 1000 Mbit/s, {abs(errors[outside[0]])}% under the model" in text
