@@ -100,7 +100,8 @@ def test_timed_meters_only_the_timed_steps_and_reads_after_the_closing_sync():
 def test_the_fit_measures_a_step_where_its_last_rank_ends_it():
     from scripts import predict_flows
 
-    rec = {"torch": {"compute_s": 0.5, "m": {"step_s": 4.5, "rank_times": [[4.0, 6.0, 4.0, 6.0], [6.0, 6.0, 6.1, 6.0]]}}}
+    ranks = [[4.0, 6.0, 4.0, 6.0], [6.0, 6.0, 6.1, 6.0]]
+    rec = {"torch": {"compute_s": 0.5, "m": {"step_s": 4.5, "rank_times": ranks}}}
     assert predict_flows.measured_s(rec, "m") == pytest.approx(6.0 - 0.5)  # steps end at 6.0, 6.0, 6.1, 6.0
     del rec["torch"]["m"]["rank_times"]  # an older record: rank 0's median
     assert predict_flows.measured_s(rec, "m") == pytest.approx(4.0)
