@@ -214,6 +214,12 @@ def rings_of(connections: list[list[list]], *, tolerance: float = 0.01) -> list[
     hops are grouped by their bytes, within `tolerance`. ValueError unless every group has one hop per host: two
     buckets of equal size would leave the rings ambiguous."""
     hosts = len(connections)
+    for h, cs in enumerate(connections):
+        for c in cs:
+            if not isinstance(c[3], (int, float)) or c[3] <= 0:
+                raise ValueError(
+                    f"connections: host {h}'s connection {c[:3]} has ceiling {c[3]!r}, expected Mbit/s > 0"
+                )
     busy = [(h, float(c[3]), float(c[4])) for h, cs in enumerate(connections) for c in cs]
     top = max((b for *_, b in busy), default=0.0)
     hops = sorted((b, h, ceil) for h, ceil, b in busy if b > 0.01 * top)
@@ -236,6 +242,8 @@ def concurrent_seconds(rings: list[Ring], link_mbit: float) -> float:
     """How long `rings` take when they all start at once: each ring goes at one rate, at most its slowest hop's
     ceiling, and a host's hops together stay within its link; rates are max-min fair (raised together until a hop or
     a link is full, as TCP shares a bottleneck), and re-shared whenever a ring finishes."""
+    if link_mbit <= 0 or any(c <= 0 for r in rings for _, c in r.hops):
+        raise ValueError(f"concurrent_seconds: link {link_mbit!r} Mbit/s and every hop's ceiling must be > 0")
     left = {j: r.nbytes * 8 / 1e6 for j, r in enumerate(rings)}  # Mbit still to send, per hop
     t = 0.0
     while left:

@@ -126,6 +126,11 @@ def test_rings_are_told_apart_by_the_bytes_their_hops_carry():
     conns[2][1][4] = 1_000_000  # two buckets of one size: which hop is whose is unknown
     with pytest.raises(ValueError, match="one hop from each of 3 hosts"):
         fr.rings_of(conns)
+    conns[1][0][3] = None  # a connection without a pin
+    with pytest.raises(ValueError, match="host 1's connection .* has ceiling None, expected Mbit/s > 0"):
+        fr.rings_of(conns)
+    with pytest.raises(ValueError, match="every hop's ceiling must be > 0"):
+        fr.concurrent_seconds([fr.Ring(1e6, ((0, 0.0), (1, 9.0)))], 10.0)
 
 
 def test_concurrent_rings_go_at_their_slowest_hop_and_share_a_full_link_fairly():
