@@ -50,7 +50,7 @@ def measured_s(rec: dict, m: str) -> float:
     return max(uneven_tables.step_s(t, m) - t["compute_s"], 1e-6)
 
 
-def model_s(rec: dict, m: str, strategy: str, flows: int) -> tuple[float, str]:
+def _model_s(rec: dict, m: str, strategy: str, flows: int) -> tuple[float, str]:
     """The model's data time for contender `m` in a lab record, and what it modelled: for DDP on gloo devices
     ("devices"), its buckets as the rings the record's connections show them on (flowrates.rings_of), all at once;
     else the ring rate of `strategy` on the profile's draws (a record without connections: even striping)."""
@@ -77,7 +77,16 @@ def fit_rows(paths: list[str], flows: int, strategies: dict[str, str]) -> tuple[
     """The model against the lab's uneven runs, fitted on the even ones only: per contender, host count and link,
     the fraction of the model's rate it reached under `even` (one figure); then each uneven run's communication time
     predicted, beside the measured one (`measured_s`). Returns the rows and the worst error per contender."""
-    recs = [rec for path in paths for rec in reader.read_json(path, what="lab JSON", error=SystemExit)]
+    loaded = [(path, rec) for path in paths for rec in reader.read_json(path, what="lab JSON", error=SystemExit)]
+    recs, where = [rec for _, rec in loaded], {id(rec): path for path, rec in loaded}
+
+    def model_s(rec, m, strategy, flows):
+        try:
+            return _model_s(rec, m, strategy, flows)
+        except ValueError as e:
+            run = f"{rec['hosts']} hosts, {rec['profile']} seed {rec['seed']}"
+            raise SystemExit(f"predict_flows --fit: {where[id(rec)]} ({run}, {m}): {e}") from None
+
     eff = {}
     for rec in recs:
         if rec["profile"] != "even":

@@ -3,6 +3,8 @@ model and builder, and the lab's bench and `scripts/predict.py --validate` take 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from base import registry
@@ -105,3 +107,16 @@ def test_the_fit_measures_a_step_where_its_last_rank_ends_it():
     assert predict_flows.measured_s(rec, "m") == pytest.approx(6.0 - 0.5)  # steps end at 6.0, 6.0, 6.1, 6.0
     del rec["torch"]["m"]["rank_times"]  # an older record: rank 0's median
     assert predict_flows.measured_s(rec, "m") == pytest.approx(4.0)
+
+
+def test_the_fit_names_the_file_and_run_whose_connections_it_cannot_read(tmp_path):
+    from scripts import predict_flows
+
+    conns = [[[1, "10.250.0.2", 2, 13.3, 1000]], [[3, "10.250.0.1", 4, None, 1000]]]  # host 1's pin is missing
+    t = {"compute_s": 0.0, "bytes": 1000, "ddp-flows": {"step_s": 1.0, "connections": None}}
+    rec = {"hosts": 2, "profile": "even", "seed": 0, "link_mbit": 40.0, "flow_mbit": 13.3, "torch": t}
+    t["connections"] = {"ddp-flows": conns}
+    path = tmp_path / "lab.json"
+    path.write_text(json.dumps([rec]))
+    with pytest.raises(SystemExit, match=r"lab\.json \(2 hosts, even seed 0, ddp-flows\): connections: host 1's"):
+        predict_flows.fit_rows([str(path)], 4, {"ddp-flows": "devices"})
