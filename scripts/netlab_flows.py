@@ -77,10 +77,16 @@ def pins_for(
     peer_of: dict[str, int],
     flow_mbit: float,
     first_leaf: int = 0,
+    one_way: bool = False,
 ) -> list[Pin]:
     """Pins for one contender: `conns[g]` are the connections its g-th process group opened on this host. With one
     group per flow (multistream) connection k to a peer is group k's; with one group of K devices (DDP), the K
-    connections to a peer in source-port order. Leaves are numbered from `first_leaf`."""
+    connections to a peer in source-port order. Leaves are numbered from `first_leaf`.
+
+    `one_way`: the contender sends on half its groups and receives on the other half (the hop ring at 2 hosts), so
+    its connections to a peer are two sets of K, one per direction: connection k of either set takes the profile's
+    draw k of K, on a leaf of its own. This host's data then meets the same K ceilings as a contender whose K
+    connections carry both directions, and its ACKs leave through leaves no data of its own waits in."""
     by_peer: dict[str, list[tuple[int, str, int]]] = {}
     for group in conns:
         per_peer: dict[str, list] = {}
@@ -91,13 +97,17 @@ def pins_for(
     pins, leaf = [], first_leaf
     for dst in sorted(by_peer, key=lambda a: peer_of[a]):
         cs = by_peer[dst]
-        slots: dict[int, int] = {}
-        for k, (sport, _, _) in enumerate(cs):
-            spec = leaf_for(profile, seed=seed, host=host, peer=peer_of[dst], k=k, flows=len(cs), flow_mbit=flow_mbit)
-            if spec.slot not in slots:
-                slots[spec.slot] = leaf
+        if one_way and len(cs) % 2:
+            raise ValueError(f"one-way pins: {len(cs)} connections to {dst}, expected two sets of equal size")
+        flows = len(cs) // 2 if one_way else len(cs)
+        slots: dict[tuple[int, int], int] = {}
+        for i, (sport, _, _) in enumerate(cs):
+            way, k = divmod(i, flows)
+            spec = leaf_for(profile, seed=seed, host=host, peer=peer_of[dst], k=k, flows=flows, flow_mbit=flow_mbit)
+            if (way, spec.slot) not in slots:
+                slots[(way, spec.slot)] = leaf
                 leaf += 1
-            pins.append(Pin(sport, dst, slots[spec.slot], spec.ceil_mbit))
+            pins.append(Pin(sport, dst, slots[(way, spec.slot)], spec.ceil_mbit))
     if leaf > PIN_LEAVES:
         raise ValueError(f"{leaf} pinned leaves needed, the lab has {PIN_LEAVES}")
     return pins

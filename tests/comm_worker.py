@@ -284,6 +284,46 @@ def scenario_hop(out: dict, args: list[str]) -> None:
     out["resumed_same"] = resumed.engine.plan.digest() == backend.engine.plan.digest()
 
 
+def scenario_hop_two(out: dict, args: list[str]) -> None:
+    """comm.balance_level=hop at 2 ranks: the exact mean after a re-plan whose two hosts cut differently, and where
+    each rank's pieces travel: the ends of the connections it sends and receives on, and the bytes it sent on each
+    over two steps (the kernel's counters)."""
+    from recipes.comm import tcpinfo
+    from recipes.comm.balance import listed
+
+    cfg = config(*args)
+    dist = setup(cfg, env=process_env(cfg.comm))
+    torch.manual_seed(0)
+    model = Net()
+    mean = exact_mean(model, dist.rank, dist.world_size, step=1)
+    hop = ["comm.backend=multistream", "comm.bucket_mb=0.004", "comm.balance=true", "comm.balance_level=hop"]
+    cfg = config(*hop, "comm.streams=2", *args)
+    m = copy.deepcopy(model)
+    backend = create_allreduce(cfg.comm, dist, timeout_s=cfg.dist.timeout_s, model_name=cfg.model.name)
+    tm, _ = backend.prepare(m, None)
+    links = backend.links + backend.recv_links
+    before = [x.read().acked for x in links]
+    for step in range(2):
+        for p in m.parameters():
+            p.grad = None
+        x, y = batch(dist.rank, step)
+        nn.functional.cross_entropy(tm(x), y).backward()
+        backend.on_step_end(step + 1)
+        if step == 0:
+            backend.replan(((700, 300), (150, 850)))
+    out["sent"] = [b - a for a, b in zip(before, (x.read().acked for x in links), strict=True)]
+    out["vs_mean"] = max_err([p.grad for p in m.parameters()], mean)
+    out["table"] = listed(backend.engine.plan.hop_shares)
+    out["one_way"] = backend.one_way
+    out["groups"] = [
+        len(backend.groups),
+        len(backend.recv_groups),
+        len({*map(id, backend.groups + backend.recv_groups)}),
+    ]
+    ends = [tcpinfo.endpoints(x.fd) for x in links]
+    out["ends"] = [[local[1], remote[1]] for local, remote in ends]  # (local port, remote port): sends, then receives
+
+
 def scenario_horovod(out: dict, args: list[str]) -> None:
     cfg = config("comm.backend=horovod", *args)
     # under horovodrun: torch.distributed is bootstrapped from Horovod's environment (the backend's process env)

@@ -58,6 +58,7 @@ class _Engine:
         rank: int = 0,
         links: list | None = None,
         recv_links: list | None = None,
+        recv_groups: list | None = None,
     ):
         self.plan, self.params, self.groups, self.world = plan, params, groups, world
         self.timeout_s = timeout_s
@@ -113,7 +114,16 @@ class _Engine:
         # K connections it sends on (`links`, recipes/comm/tcpinfo.py) and turns delayed ACKs off on the K it receives
         # on (`recv_links`)
         self.ring = (
-            HopRing(groups, rank, world, plan.hop_shares, timeout_s, links=links, recv_links=recv_links)
+            HopRing(
+                groups,
+                rank,
+                world,
+                plan.hop_shares,
+                timeout_s,
+                links=links,
+                recv_links=recv_links,
+                recv_groups=recv_groups,
+            )
             if plan.hop_shares is not None
             else None
         )

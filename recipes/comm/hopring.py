@@ -8,6 +8,14 @@ ring itself over the same K process groups (each with its own TCP connection to 
 sends into K pieces by its own hop's shares: a hop goes at the sum of its connections, as NCCL Fast Socket balances
 its sockets. The step model's name for it is `hop` (recipes/comm/flowrates.py).
 
+At 2 ranks the left and right neighbour are the same host, and a connection of a group would carry pieces both ways.
+A TCP connection's ACKs travel in the data of its other direction, so where that direction is the slow one, the fast
+direction waits for its ACKs: in the network lab (1000 Mbit/s, one connection of each host held to 111 Mbit/s, four
+connections sending both ways at once), the fast direction of each slow connection carried 193 and 219 Mbit/s
+against 313-319 on the others. So at 2 ranks the backend opens 2K groups and each rank sends on K of them and
+receives on the other K (`recv_groups`), as NCCL gives each direction its own sockets: every connection carries data
+one way, as every hop of a longer ring does.
+
 The ring (one bucket, W ranks, chunk c = the c-th of W near-equal ranges, data moving from rank r to rank r-1 as in
 gloo's ring, so hop h is host h's connections to host h-1):
 - reduce-scatter, steps s = 0..W-2: send chunk (r+s) mod W to the left, receive chunk (r+s+1) mod W from the right
@@ -48,7 +56,8 @@ LANES = 2  # buckets in flight at once
 
 
 class HopRing:
-    """The hop-balanced ring over `groups` (K process groups spanning every rank, the same order everywhere)."""
+    """The hop-balanced ring over `groups` (K process groups spanning every rank, the same order everywhere): it sends
+    on `groups` and receives on `recv_groups` (the same groups unless there are 2 ranks)."""
 
     def __init__(
         self,
@@ -60,10 +69,15 @@ class HopRing:
         *,
         links: list[Link] | None = None,
         recv_links: list[Link] | None = None,
+        recv_groups: list | None = None,
     ):
         if len(table) != world or any(len(row) != len(groups) for row in table):
             raise ValueError(f"hop shares: expected {world} rows of {len(groups)}, got {table}")
         self.groups, self.rank, self.world, self.table = groups, rank, world, table
+        # the K groups whose connections bring the right neighbour's pieces: the same as `groups` but at 2 ranks
+        self.recv_groups = list(recv_groups) if recv_groups is not None else groups
+        if len(self.recv_groups) != len(groups):
+            raise ValueError(f"hop ring: {len(groups)} groups to send on but {len(self.recv_groups)} to receive on")
         self.left, self.right = (rank - 1) % world, (rank + 1) % world
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.timeout_s = timeout_s
@@ -172,7 +186,9 @@ class HopRing:
         """One ring step: `send` to the left cut by this host's shares, `recv` from the right cut by the right
         neighbour's shares, one piece per connection."""
         cuts = [(k, lo, hi) for k, (lo, hi) in enumerate(split_weighted(recv.numel(), self.table[self.right]))]
-        recvs = [td.irecv(recv[lo:hi], src=self.right, group=self.groups[k], tag=b) for k, lo, hi in cuts if hi > lo]
+        recvs = [
+            td.irecv(recv[lo:hi], src=self.right, group=self.recv_groups[k], tag=b) for k, lo, hi in cuts if hi > lo
+        ]
         if self.measure and self._quick:
             self._quickack([k for k, lo, hi in cuts if hi > lo])
         sends = [

@@ -57,7 +57,8 @@ class MultiStreamBackend(BackendDefaults):
         self.settings = Settings(float(c.bucket_mb), c.streams, c.slices)
         self.engine: _Engine | None = None
         self.tuner: tuning.AutoTuner | None = None
-        self.groups: list = []
+        self.groups: list = []  # the communicators, as this rank sends on them
+        self.recv_groups: list = []  # as it receives on them: the same, but under hop level at 2 ranks (one_way)
         self.links: list = []  # comm.balance_level=hop: per communicator, the TCP connection the ring sends on
         self.recv_links: list = []  # ... and the one it receives on
         self._resumed: Settings | None = None
@@ -176,19 +177,30 @@ class MultiStreamBackend(BackendDefaults):
             seen.setdefault(build_plan(self.specs, s, c.compression).digest(), s)
         return list(seen.values())
 
+    @property
+    def one_way(self) -> bool:
+        """Each connection carries data one way: the hop-balanced ring at 2 ranks, whose one neighbour is both left
+        and right, sends on K groups and receives on K others (recipes/comm/hopring.py says why)."""
+        return self._hop and self.dist.world_size == 2
+
     def _create_groups(self, k: int) -> None:
         timeout = datetime.timedelta(seconds=self.timeout_s)
         # Connect every communicator now, one at a time, instead of lazily mid-backward. Each sums its own ones
         # (int32, so the check is exact: every entry must be the world size, whatever W and K are).
-        probe = torch.ones(k, dtype=torch.int32, device=self.dist.device)
-        self.groups, opened = [], []
+        n = 2 * k if self.one_way else k
+        probe = torch.ones(n, dtype=torch.int32, device=self.dist.device)
+        groups, opened = [], []
         with collective_guard("multistream: communicator check"):
-            for i in range(k):
+            for i in range(n):
                 before = tcpinfo.sockets() if self._hop else {}
-                self.groups.append(td.new_group(timeout=timeout))
-                td.all_reduce(probe[i : i + 1], group=self.groups[i])
+                groups.append(td.new_group(timeout=timeout))
+                td.all_reduce(probe[i : i + 1], group=groups[i])
                 if self._hop:  # the TCP connections this communicator opened (recipes/comm/tcpinfo.py)
                     opened.append(tcpinfo.opened(before))
+        # one way: rank 0 sends on the first K and receives on the other K, rank 1 the other way round
+        sends = list(range(k, n)) if self.one_way and self.dist.rank == 1 else list(range(k))
+        recvs = list(range(k)) if self.one_way and self.dist.rank == 1 else list(range(n - k, n))
+        self.groups, self.recv_groups = [groups[i] for i in sends], [groups[i] for i in recvs]
         got = probe.tolist()
         bad = [i for i, v in enumerate(got) if v != self.dist.world_size]
         if bad:
@@ -197,32 +209,39 @@ class MultiStreamBackend(BackendDefaults):
                 f"the world size {self.dist.world_size}"
             )
         if self._hop:
-            self.links, self.recv_links = self._find_links(opened)
+            self.links, self.recv_links = self._find_links(opened, sends, recvs)
 
-    def _find_links(self, opened: list[dict]) -> tuple[list[tcpinfo.Link], list[tcpinfo.Link]]:
-        """comm.balance_level=hop: this rank's TCP connections on each communicator to its left neighbour (where the
-        ring sends: measured) and from its right neighbour (where it receives: delayed ACKs turned off while
-        measuring), found by address: one all-gather of every rank's local ends per communicator."""
+    def _find_links(
+        self, opened: list[dict], sends: list[int], recvs: list[int]
+    ) -> tuple[list[tcpinfo.Link], list[tcpinfo.Link]]:
+        """comm.balance_level=hop: this rank's TCP connections to its left neighbour on the communicators it sends
+        on (`sends`, indices into `opened`: measured) and from its right neighbour on those it receives on (`recvs`:
+        delayed ACKs turned off while measuring), found by address: one all-gather of every rank's local ends per
+        communicator."""
         w, rank = self.dist.world_size, self.dist.rank
         if w == 1:
             return [], []
         left, right = (rank - 1) % w, (rank + 1) % w
         mine = [sorted({local for _, local, _ in conns.values()}) for conns in opened]
         everyone = all_gather_object(mine, self.dist)
-        found = {
-            peer: [tcpinfo.match(conns, everyone[peer][i]) for i, conns in enumerate(opened)] for peer in (left, right)
-        }
+        # per side: (the neighbour, {communicator: its connection to that neighbour}); at 2 ranks both sides are rank
+        # 1 - rank, on different communicators when one way
+        send, recv = (
+            (peer, {i: tcpinfo.match(opened[i], everyone[peer][i]) for i in which})
+            for peer, which in ((left, sends), (right, recvs))
+        )
         error = ""
-        missing = [(peer, i) for peer in (left, right) for i, link in enumerate(found[peer]) if link is None]
+        missing = [(peer, i) for peer, found in (send, recv) for i, link in found.items() if link is None]
         if missing:
             peer, i = missing[0]
             error = (
-                f"found no single TCP connection to rank {peer} on communicator {i} (it opened {len(opened[i])} here)"
+                f"found no single TCP connection to rank {peer} on communicator {i} of {len(opened)} (it opened "
+                f"{len(opened[i])} here)"
             )
         else:
             try:
-                found[left][0].read()
-                found[right][0].quickack()
+                send[1][sends[0]].read()
+                recv[1][recvs[0]].quickack()
             except OSError as e:
                 error = str(e)
         errors = all_gather_object(error, self.dist)  # every rank stops, with the first rank's reason
@@ -232,7 +251,7 @@ class MultiStreamBackend(BackendDefaults):
                 f"comm.balance_level=hop measures each connection with the kernel's TCP_INFO (Linux, gloo's TCP "
                 f"transport): rank {bad[0]}: {errors[bad[0]]}. Use comm.balance_level=communicator"
             )
-        return found[left], found[right]
+        return [send[1][i] for i in sends], [recv[1][i] for i in recvs]
 
     def _plan(self, settings: Settings, shares: tuple | None = None) -> FusionPlan:
         """The plan for `settings`: under comm.balance_level=hop every bucket goes to the ring, cut by the hop table
@@ -270,6 +289,7 @@ class MultiStreamBackend(BackendDefaults):
             rank=self.dist.rank,
             links=self.links[: plan.streams],
             recv_links=self.recv_links[: plan.streams],
+            recv_groups=self.recv_groups[: plan.streams],
         )
         self.settings = plan.settings
         self._note(f"multistream plan {plan.digest()[:12]}: {plan.describe()}, concurrency {self.concurrency.mode}")

@@ -149,7 +149,7 @@ class _FlowPins:
         self.pins: dict[str, list] = {}
         self.conns: dict[str, list[tuple[int, str, int]]] = {}  # per contender: (local port, peer, peer port)
 
-    def pin(self, method: str, groups: list) -> None:
+    def pin(self, method: str, groups: list, one_way: bool = False) -> None:
         from scripts import netlab_flows
 
         pins = netlab_flows.pins_for(
@@ -160,6 +160,7 @@ class _FlowPins:
             peer_of=self.peer_of,
             flow_mbit=self.args.flow_mbit,
             first_leaf=self.next_leaf,
+            one_way=one_way,
         )
         self.next_leaf = max([self.next_leaf - 1, *(p.leaf for p in pins)]) + 1
         netlab_flows.apply_pins(pins, "eth0", self.args.link_mbit, self.args.burst_ms, self.args.packet_segs)
@@ -190,9 +191,9 @@ class _FlowPins:
 
 
 @contextlib.contextmanager
-def _groups_of(method: str, flows: _FlowPins | None):
+def _groups_of(method: str, flows: _FlowPins | None, one_way: bool = False):
     """Records the TCP connections each process group created inside the block opened (one list per group),
-    then pins them as the flow profile says."""
+    then pins them as the flow profile says (`one_way`: half the groups send, half receive; netlab_flows.pins_for)."""
     if flows is None:
         yield
         return
@@ -214,7 +215,7 @@ def _groups_of(method: str, flows: _FlowPins | None):
         yield
     finally:
         td.new_group = original
-    flows.pin(method, groups)
+    flows.pin(method, groups, one_way)
 
 
 class _Notes:
@@ -337,7 +338,7 @@ def worker(args) -> None:
             model_name=cfg.model.name,
         )
         m, ps = fresh()
-        with _groups_of(method, flows):
+        with _groups_of(method, flows, getattr(backend, "one_way", False)):
             tm, _ = backend.prepare(m, None)
 
         notes = _Notes()

@@ -163,6 +163,21 @@ def test_hop_ring_is_the_exact_mean_and_every_rank_installs_the_same_hop_plan(tm
     assert "hop shares 213/787 500/500 787/213 (stretch 1 of at most 3: the next window's step decides)" in p.stdout
 
 
+def test_hop_ring_at_two_ranks_sends_each_way_on_connections_of_its_own(tmp_path):
+    """comm.balance_level=hop, 2 gloo ranks: 4 communicators for K = 2, each rank sends on 2 and receives on the other
+    2, so every connection carries pieces one way (a connection's ACKs would otherwise wait behind its other
+    direction); exact after a re-plan whose two hosts cut differently."""
+    results, _ = run_worker(tmp_path, 2, "hop_two")
+    a, b = results
+    for r in results:
+        assert r["vs_mean"] < 1e-6 and r["table"] == [[700, 300], [150, 850]]
+        assert r["one_way"] and r["groups"] == [2, 2, 4]
+        sent, received = r["sent"][:2], r["sent"][2:]
+        assert min(sent) > 4000 and max(received) < 0.05 * min(sent)  # on the receiving ones, only gloo's notices
+    # rank 0's sending connections are rank 1's receiving ones, and the other way round
+    assert [e[::-1] for e in a["ends"][:2]] == b["ends"][2:] and [e[::-1] for e in a["ends"][2:]] == b["ends"][:2]
+
+
 def test_model_start_takes_the_link_probes_file_and_a_bad_one_stops_every_rank(tmp_path):
     """comm.network_file: the link probe's figures reach the start's log line on every rank (a CPU run has no
     calibrated compute, and says so); a file without figures stops both ranks with rank 0's one-line error."""
@@ -191,7 +206,7 @@ def test_hop_level_without_its_sockets_stops_every_rank_at_start_up(tmp_path):
     for r in results:
         assert r["error"] == (
             "comm.balance_level=hop measures each connection with the kernel's TCP_INFO (Linux, gloo's TCP "
-            "transport): rank 1: found no single TCP connection to rank 0 on communicator 0 (it opened 1 here). "
+            "transport): rank 1: found no single TCP connection to rank 0 on communicator 4 of 8 (it opened 1 here). "
             "Use comm.balance_level=communicator"
         )
         assert r["seconds"] < 30  # no rank waits for the 60 s timeout

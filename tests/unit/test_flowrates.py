@@ -77,6 +77,21 @@ def test_pins_follow_groups_and_peers():
     assert nf.burst_words(1000, 1000, 2, "256k") == "burst 250000b cburst 250000b"
 
 
+def test_one_way_pins_give_each_direction_the_k_draws_on_leaves_of_its_own():
+    """The hop ring at 2 hosts: 8 groups, 4 that send and 4 that receive; connection k of either set takes draw k of
+    4 (one-slow seed 0 from host 0 to 1: slow index 1), as DDP's 4 connections carrying both ways would."""
+    groups = [[(5000 + g, "10.250.0.2", 1)] for g in range(8)]
+    kw = dict(profile="one-slow", seed=0, host=0, peer_of={"10.250.0.2": 1}, flow_mbit=30.0)
+    pins = nf.pins_for(groups, one_way=True, **kw)
+    assert [(p.sport, p.leaf, round(p.ceil_mbit)) for p in pins] == [
+        (5000 + i, i, 10 if i % 4 == 1 else 30) for i in range(8)
+    ]
+    both_ways = nf.pins_for(groups[:4], **kw)  # 4 connections carrying both ways: the same 4 ceilings
+    assert [p.ceil_mbit for p in both_ways] == [p.ceil_mbit for p in pins[:4]]
+    with pytest.raises(ValueError, match="7 connections to 10.250.0.2, expected two sets of equal size"):
+        nf.pins_for(groups[:7], one_way=True, **kw)
+
+
 def test_a_lab_methods_strategy_follows_its_balance_keys():
     assert fr.strategy_of(()) == "even"
     assert fr.strategy_of(("comm.balance=false", "comm.balance_level=hop")) == "even"
