@@ -32,6 +32,7 @@ Use it from Python (`with NetLab(2, link_mbit=1000, flow_mbit=333) as lab: lab.r
     sudo python -m scripts.netlab --hosts 2 --link-mbit 1000 --flow-mbit 333 -- \\
         python -c "print('host {rank} of {world} at {addr}, master {master}')"
     sudo python -m scripts.netlab --hosts 2 --link-mbit 1000 --flow-mbit 333 --check   # measure the shaping
+    sudo python -m scripts.netlab --hosts 2 --link-mbit 1000 --flow-mbit 333 --check --profile one-slow --both-ways
     sudo python -m scripts.netlab --cleanup     # remove namespaces left by labs whose process died
 
 `{rank}`, `{world}`, `{addr}` and `{master}` in the command are replaced per host (other braces pass through).
@@ -352,15 +353,27 @@ def substitute(arg: str, **values) -> str:
     return _PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), arg)
 
 
-def print_flows(lab: NetLab, profile: str, seed: int, flow_mbit: float, streams: int = 4) -> list:
-    """The throughput check under a flow profile: every connection's leaf, ceiling and measured rate."""
-    rates = netlab_flows.measure_flows(lab, streams, profile=profile, seed=seed, flow_mbit=flow_mbit)
-    total = sum(r.mbit for r in rates)
-    print(f"\n{profile} (seed {seed}), {streams} connections host 1 -> 0, together {total:.1f} Mbit/s")
-    print("| connection | source port | leaf | ceiling Mbit/s | measured Mbit/s |")
-    print("|---:|---:|---|---:|---:|")
-    for r in rates:
-        print(f"| {r.k} | {r.sport} | {r.leaf} | {r.ceil_mbit:.1f} | {r.mbit:.1f} |", flush=True)
+def print_flows(
+    lab: NetLab, profile: str, seed: int, flow_mbit: float, streams: int = 4, both_ways: bool = False
+) -> list:
+    """The throughput check under a flow profile: every connection's leaf, ceiling and measured rate (`both_ways`:
+    host 0 sends back on the same connections at once, and each direction is a row)."""
+    rates = netlab_flows.measure_flows(
+        lab, streams, profile=profile, seed=seed, flow_mbit=flow_mbit, both_ways=both_ways
+    )
+    for src in sorted({r.src for r in rates}, reverse=True):
+        rows = [r for r in rates if r.src == src]
+        total = sum(r.mbit for r in rows)
+        also = " (host 0 sending back at the same time)" if both_ways and src == 1 else ""
+        also = " (host 1 sending at the same time)" if src == 0 else also
+        print(
+            f"\n{profile} (seed {seed}), {streams} connections host {src} -> {1 - src}{also}, together "
+            f"{total:.1f} Mbit/s"
+        )
+        print("| connection | source port | leaf | ceiling Mbit/s | measured Mbit/s |")
+        print("|---:|---:|---|---:|---:|")
+        for r in rows:
+            print(f"| {r.k} | {r.sport} | {r.leaf} | {r.ceil_mbit:.1f} | {r.mbit:.1f} |", flush=True)
     return rates
 
 
@@ -380,6 +393,12 @@ def main(argv: list[str] | None = None) -> int:
         "connection's leaf and rate are printed",
     )
     ap.add_argument("--seed", type=int, default=0, help="--profile: the seed of one-slow's and random's draws")
+    ap.add_argument(
+        "--both-ways",
+        action="store_true",
+        help="--profile: host 0 sends back on the same 4 connections at the same time, its ends pinned as the "
+        "profile says for host 0; each direction's rates are printed",
+    )
     ap.add_argument(
         "--burst-ms",
         type=float,
@@ -428,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
             for k in (1, 2, 3, 4, 8):
                 print(f"| {k} | {measure_mbit(lab, k):.0f} |", flush=True)
             if args.profile and args.flow_mbit:
-                print_flows(lab, args.profile, args.seed, args.flow_mbit)
+                print_flows(lab, args.profile, args.seed, args.flow_mbit, both_ways=args.both_ways)
             return 0
         fmt = {"world": lab.hosts, "master": lab.addr(0)}
         results = lab.run_all(

@@ -62,6 +62,7 @@ class Pin:
     dst: str
     leaf: int
     ceil_mbit: float
+    dport: int | None = None  # matched too where one port serves several connections (the check's host 0)
 
     @property
     def classid(self) -> str:
@@ -161,7 +162,9 @@ def pin_commands(
     for p in pins:
         lines.append(
             f"filter add dev {dev} parent 1: prio 1 protocol ip u32 match ip protocol 6 0xff "
-            f"match ip sport {p.sport} 0xffff match ip dst {p.dst}/32 flowid {p.classid}"
+            f"match ip sport {p.sport} 0xffff "
+            + ("" if p.dport is None else f"match ip dport {p.dport} 0xffff ")
+            + f"match ip dst {p.dst}/32 flowid {p.classid}"
         )
     return lines
 
@@ -185,57 +188,124 @@ def apply_pins(
 
 
 # -- the throughput check, per connection: K streams from host 1 to host 0 under a profile -----------------
-_SOURCE = r"""
+# One end of the check's K connections: host 1 connects, and pushes on each for `seconds`; host 0 accepts (both
+# ways only: otherwise netlab_procs' sink drains them) and pushes back on each. Each end drains what the other sends
+# and prints its own rate per connection: the bytes its socket took over the time it pushed.
+_PEER = r"""
 import json, socket, sys, threading, time
-host, port, streams, seconds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
-conns = [socket.create_connection((host, port)) for _ in range(streams)]
-print(json.dumps([c.getsockname()[1] for c in conns]), flush=True)
+role, host, port, streams, seconds = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+back = sys.argv[6] == "1"
+if role == "accept":
+    srv = socket.create_server((host, port), backlog=streams)
+    print("listening", flush=True)
+    conns = [srv.accept()[0] for _ in range(streams)]
+    print(json.dumps([c.getpeername()[1] for c in conns]), flush=True)  # each by host 1's port
+else:
+    conns = [socket.create_connection((host, port)) for _ in range(streams)]
+    print(json.dumps([c.getsockname()[1] for c in conns]), flush=True)
 sys.stdin.readline()  # the driver pinned them
-buf = b"\0" * (1 << 20); sent = [0] * streams
+for c in conns:
+    c.settimeout(0.5)  # the other end stops reading when its time is up
+buf = b"\0" * (1 << 20); sent = [0] * streams; took = [seconds] * streams
+t0 = time.monotonic(); end = t0 + seconds
 def push(k):
-    end = time.monotonic() + seconds
     while time.monotonic() < end:
-        sent[k] += conns[k].send(buf)
+        try:
+            sent[k] += conns[k].send(buf)
+        except (TimeoutError, OSError):
+            pass
+    took[k] = time.monotonic() - t0
+def drain(k):
+    while time.monotonic() < end + 1:
+        try:
+            if not conns[k].recv(1 << 20):
+                return
+        except (TimeoutError, OSError):
+            pass
 threads = [threading.Thread(target=push, args=(k,)) for k in range(streams)]
-t0 = time.monotonic(); [t.start() for t in threads]; [t.join() for t in threads]
-dt = time.monotonic() - t0
-print(json.dumps([s * 8 / dt / 1e6 for s in sent]), flush=True)
+threads += [threading.Thread(target=drain, args=(k,)) for k in range(streams)] if back else []
+[t.start() for t in threads]; [t.join() for t in threads[:streams]]
+print(json.dumps([s * 8 / t / 1e6 for s, t in zip(sent, took)]), flush=True)
 """
 
 
 @dataclass(frozen=True)
 class FlowRate:
-    k: int
+    k: int  # the connection, by host 1's port (the same k both ways)
     sport: int
     leaf: str
     ceil_mbit: float
     mbit: float
+    src: int = 1  # the sending host: 1, or 0 for the way back (both ways)
+
+
+def _pin_host(lab, host: int, pins: list[Pin]) -> None:
+    from scripts.netlab_procs import NetLabError
+
+    with tempfile.NamedTemporaryFile("w", suffix=".tc", delete=False) as f:
+        f.write("\n".join(pin_commands(pins, "eth0", lab.link_mbit, lab.burst_ms, lab.packet_segs)) + "\n")
+    try:
+        r = subprocess.run(lab.argv(host, ["tc", "-batch", f.name]), capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            raise NetLabError(f"throughput check: pinning on host {host} failed: {r.stderr.strip()}")
+    finally:
+        os.unlink(f.name)
 
 
 def measure_flows(
-    lab, streams: int, *, profile: str, seed: int, flow_mbit: float, seconds: float = 3.0, port: int = 5202
+    lab,
+    streams: int,
+    *,
+    profile: str,
+    seed: int,
+    flow_mbit: float,
+    seconds: float = 3.0,
+    port: int = 5202,
+    both_ways: bool = False,
 ) -> list[FlowRate]:
-    """Each of `streams` TCP connections from host 1 to host 0, pinned as `profile` says: its leaf and its rate."""
+    """Each of `streams` TCP connections from host 1 to host 0, pinned as `profile` says: its leaf and its rate.
+
+    `both_ways`: host 0 sends back on every connection at the same time, its end pinned as the profile says for
+    host 0 (by host 1's port, since host 0's ends share one port); the rows for host 0 -> 1 follow (`src` 0). A
+    connection whose two directions both carry data has its ACKs of one direction queued with the other
+    direction's data, which is what the hop ring avoids at 2 ranks (recipes/comm/hopring.py)."""
     import json
     import sys
     import time
 
     from scripts.netlab_procs import _SINK, NetLabError, _kill_tree
 
-    sink = lab.popen(
-        0, [sys.executable, "-c", _SINK, lab.addr(0), str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    way = "1" if both_ways else "0"
+    if both_ways:
+        sink = lab.popen(
+            0,
+            [sys.executable, "-c", _PEER, "accept", lab.addr(0), str(port), str(streams), str(seconds), way],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+    else:
+        sink = lab.popen(
+            0,
+            [sys.executable, "-c", _SINK, lab.addr(0), str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
     src = None
     try:
-        deadline = time.monotonic() + 10
-        probe = f"import socket; socket.create_connection(({lab.addr(0)!r}, {port}), timeout=1).close()"
-        while subprocess.run(lab.argv(1, [sys.executable, "-c", probe]), capture_output=True).returncode != 0:
-            if time.monotonic() > deadline:
-                raise NetLabError("throughput check: the sink on host 0 did not start")
-            time.sleep(0.1)
+        if both_ways:
+            if sink.stdout.readline().strip() != "listening":
+                raise NetLabError("throughput check: the peer on host 0 did not start")
+        else:
+            deadline = time.monotonic() + 10
+            probe = f"import socket; socket.create_connection(({lab.addr(0)!r}, {port}), timeout=1).close()"
+            while subprocess.run(lab.argv(1, [sys.executable, "-c", probe]), capture_output=True).returncode != 0:
+                if time.monotonic() > deadline:
+                    raise NetLabError("throughput check: the sink on host 0 did not start")
+                time.sleep(0.1)
         src = lab.popen(
             1,
-            [sys.executable, "-c", _SOURCE, lab.addr(0), str(port), str(streams), str(seconds)],
+            [sys.executable, "-c", _PEER, "connect", lab.addr(0), str(port), str(streams), str(seconds), way],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -245,19 +315,37 @@ def measure_flows(
         pins = pins_for(
             [conns], profile=profile, seed=seed, host=1, peer_of={lab.addr(0): 0}, flow_mbit=flow_mbit, first_leaf=256
         )
-        with tempfile.NamedTemporaryFile("w", suffix=".tc", delete=False) as f:
-            f.write("\n".join(pin_commands(pins, "eth0", lab.link_mbit, lab.burst_ms, lab.packet_segs)) + "\n")
-        try:
-            r = subprocess.run(lab.argv(1, ["tc", "-batch", f.name]), capture_output=True, text=True, timeout=60)
-            if r.returncode != 0:
-                raise NetLabError(f"throughput check: pinning failed: {r.stderr.strip()}")
-        finally:
-            os.unlink(f.name)
-        src.stdin.write("go\n")
-        src.stdin.flush()
+        _pin_host(lab, 1, pins)
+        back: dict[int, Pin] = {}
+        if both_ways:
+            accepted = json.loads(sink.stdout.readline())
+            ends = [(port, lab.addr(1), p) for p in ports]  # host 0's ends, in the order of host 1's (sorted) pins
+            spec = pins_for(
+                [ends],
+                profile=profile,
+                seed=seed,
+                host=0,
+                peer_of={lab.addr(1): 1},
+                flow_mbit=flow_mbit,
+                first_leaf=256,
+            )
+            back = {
+                e[2]: Pin(p.sport, p.dst, p.leaf, p.ceil_mbit, dport=e[2])
+                for e, p in zip(sorted(ends), spec, strict=True)
+            }
+            _pin_host(lab, 0, list(back.values()))
+        for p in (src, sink) if both_ways else (src,):
+            p.stdin.write("go\n")
+            p.stdin.flush()
         rates = json.loads(src.stdout.readline())
         by_port = {p.sport: p for p in pins}
-        return [FlowRate(k, sp, by_port[sp].classid, by_port[sp].ceil_mbit, rates[k]) for k, sp in enumerate(ports)]
+        rows = [FlowRate(k, sp, by_port[sp].classid, by_port[sp].ceil_mbit, rates[k]) for k, sp in enumerate(ports)]
+        if both_ways:
+            got = dict(zip(accepted, json.loads(sink.stdout.readline()), strict=True))
+            rows += [
+                FlowRate(k, port, back[sp].classid, back[sp].ceil_mbit, got[sp], src=0) for k, sp in enumerate(ports)
+            ]
+        return rows
     finally:
         if src is not None:
             _kill_tree(src)

@@ -216,7 +216,8 @@ class MultistreamConfig(Fusion, NcclFlows):
         "communicator",
         help="balance: communicator = each communicator's share of every bucket (its collectives go at its slowest "
         "hop); hop = a ring of point-to-point sends whose every hop cuts its chunk over its own K connections "
-        "(recipes/comm/hopring.py; gloo only), which pays at any number of hosts",
+        "(recipes/comm/hopring.py; gloo only), which pays at any number of hosts; at 2 ranks it opens 2K "
+        "communicators, K for each direction",
     )
     balance_window: int = _f(4, help="balance: steps measured before each re-plan decision", domain=">0 <=10000")
     balance_min_gain: float = _f(

@@ -47,6 +47,26 @@ def test_a_flow_profile_pins_each_connection_to_its_leaf():
     assert slow[0].mbit < 0.75 * min(r.mbit for r in fast)
 
 
+def test_both_ways_pins_each_end_by_its_own_hosts_draws():
+    """--both-ways: host 0 sends back on the same 4 connections, its ends pinned by host 0's draws (one-slow seed 0:
+    host 1's slow connection is the 4th by its port, host 0's the 2nd); each direction's slow one runs well below
+    that direction's fastest."""
+    link, flow = 1000.0, 1000.0 / 3
+    with netlab.NetLab(2, link_mbit=link, flow_mbit=flow) as lab:
+        rates = netlab.netlab_flows.measure_flows(lab, 4, profile="one-slow", seed=0, flow_mbit=flow, both_ways=True)
+    there, back = [r for r in rates if r.src == 1], [r for r in rates if r.src == 0]
+    assert [r.k for r in there] == [r.k for r in back] == [0, 1, 2, 3]
+    assert {r.sport for r in back} == {5202} and len({r.leaf for r in back}) == len({r.leaf for r in there}) == 4
+    by_port = sorted(there, key=lambda r: r.sport)  # the draws index the connections by host 1's port
+    slow_there = [i for i, r in enumerate(by_port) if r.ceil_mbit < flow]
+    slow_back = [i for i, r in enumerate(by_port) if back[r.k].ceil_mbit < flow]
+    assert slow_there == [3] and slow_back == [1]
+    for rows in (there, back):
+        slow = min(rows, key=lambda r: r.ceil_mbit)
+        assert slow.ceil_mbit == pytest.approx(flow / 3, rel=0.01)
+        assert slow.mbit < 0.5 * max(r.mbit for r in rows)
+
+
 # 4 connections host 0 -> host 1; in each round the receiver asks every connection for MSG bytes at once, as a ring
 # step does; the sender prints each connection's bytes over its busy time (recipes/comm/tcpinfo.py)
 _ROUNDS = """
