@@ -9,12 +9,12 @@ sends into K pieces by its own hop's shares: a hop goes at the sum of its connec
 its sockets. The step model's name for it is `hop` (recipes/comm/flowrates.py).
 
 At 2 ranks the left and right neighbour are the same host, and a connection of a group would carry pieces both ways.
-A TCP connection's ACKs travel in the data of its other direction, so where that direction is the slow one, the fast
-direction waits for its ACKs: in the network lab (1000 Mbit/s, one connection of each host held to 111 Mbit/s, four
-connections sending both ways at once), the fast direction of each slow connection carried 193 and 219 Mbit/s
-against 313-319 on the others. So at 2 ranks the backend opens 2K groups and each rank sends on K of them and
-receives on the other K (`recv_groups`), as NCCL gives each direction its own sockets: every connection carries data
-one way, as every hop of a longer ring does.
+A connection's ACKs for one direction leave through the same queue as its data in the other direction, so where that
+direction is the slow one, the fast direction waits for its ACKs: in the network lab (`python -m scripts.netlab
+--hosts 2 --link-mbit 1000 --flow-mbit 333 --check --profile one-slow --both-ways`), the fast direction of each
+connection that is slow the other way carried 215 and 225 Mbit/s against 317-320 on the others. So at 2 ranks the
+backend opens 2K groups and each rank sends on K of them and receives on the other K (`recv_groups`), as NCCL gives
+each direction its own sockets: every connection carries data one way, as every hop of a longer ring does.
 
 The ring (one bucket, W ranks, chunk c = the c-th of W near-equal ranges, data moving from rank r to rank r-1 as in
 gloo's ring, so hop h is host h's connections to host h-1):

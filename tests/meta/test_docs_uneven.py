@@ -14,6 +14,7 @@ DOC = ROOT / "docs" / "allreduce.md"
 DATA = sorted((ROOT / "docs" / "data").glob("lab-uneven-*.json"))
 HOP = ROOT / "docs" / "data" / "lab-hop.json"
 HOP_1000 = ROOT / "docs" / "data" / "lab-hop-1000.json"
+HOP_BOTH = ROOT / "docs" / "data" / "lab-hop-1000-both-ways.json"  # earlier: 2-host connections carrying both ways
 HOP_DELAYED = ROOT / "docs" / "data" / "lab-hop-delayed-acks.json"  # earlier runs: delayed ACKs on while measuring
 HOP_GSO = ROOT / "docs" / "data" / "lab-hop-gso.json"  # the earlier runs: 64 KB GSO packets, no stretches
 HOP_SEGS4 = ROOT / "docs" / "data" / "lab-hop-1000-segs4.json"  # 1000 Mbit/s with 4-MSS packets: CPU-bound
@@ -74,7 +75,9 @@ def test_the_eight_and_sixteen_host_reading_quotes_the_data():
     assert f"`random` {ratio[16, 'random', 0]:.2f}x and {ratio[16, 'random', 1]:.2f}x for seeds 0 and 1" in text
 
 
-@pytest.mark.parametrize("path", [HOP_DELAYED, HOP_GSO, HOP_SEGS4], ids=["delayed-acks", "gso", "1000-segs4"])
+@pytest.mark.parametrize(
+    "path", [HOP_DELAYED, HOP_GSO, HOP_SEGS4, HOP_BOTH], ids=["delayed-acks", "gso", "1000-segs4", "both-ways"]
+)
 def test_the_earlier_hop_level_summaries_are_their_data_files(path):
     doc = DOC.read_text().splitlines()
     rows = uneven_tables.balancing_rows(uneven_tables.load([str(path)]), ("hop-balanced",))[2:]
@@ -117,13 +120,17 @@ def test_the_fitted_model_rows_are_its_data_files():
 
     doc = DOC.read_text().splitlines()
     rows, _ = predict_flows.fit_rows([str(HOP), str(HOP_1000)], 4, predict_flows.lab_strategies())
-    assert len(rows) >= 2 + 2 * 17  # both contenders in every uneven run at 40 Mbit/s and 1000 Mbit/s
+    assert len(rows) >= 2 + 2 * (15 + 8)  # both contenders in every uneven run at 40 Mbit/s and 1000 Mbit/s
     for row in rows:
         assert row in doc, row
-    # the reading's claims: within 6% at 40 Mbit/s and at 4 hosts and 1000 Mbit/s; one row outside 10%
-    errors = {tuple(c.strip() for c in r.split("|")[1:6]): int(r.split("|")[-2].strip().rstrip("%")) for r in rows[2:]}
-    outside = [k for k, e in errors.items() if abs(e) > 10]
-    assert outside == [("2", "1000", "one-slow", "0", "hop-balanced")]
-    assert max(abs(e) for k, e in errors.items() if k not in outside) <= 6
+    errors = [int(r.split("|")[-2].strip().rstrip("%")) for r in rows[2:]]
+    assert max(abs(e) for e in errors) <= 6  # the reading's claim
     text = " ".join(DOC.read_text().split())
-    assert f"the 2-host balanced ring at 1000 Mbit/s, {abs(errors[outside[0]])}% under the model" in text
+    assert "It is within 6% of every uneven run, DDP's and the balanced ring's, at 40 Mbit/s" in text
+    # the earlier 2-host runs, whose connections carried both ways: the one row that was outside 10%
+    rows, _ = predict_flows.fit_rows([str(HOP_BOTH)], 4, predict_flows.lab_strategies())
+    for row in rows:
+        assert row in doc, row
+    errors = {tuple(c.strip() for c in r.split("|")[1:6]): int(r.split("|")[-2].strip().rstrip("%")) for r in rows[2:]}
+    assert [k for k, e in errors.items() if abs(e) > 10] == [("2", "1000", "one-slow", "0", "hop-balanced")]
+    assert f"was {abs(errors['2', '1000', 'one-slow', '0', 'hop-balanced'])}% under that run" in text
