@@ -79,6 +79,7 @@ def pins_for(
     flow_mbit: float,
     first_leaf: int = 0,
     one_way: bool = False,
+    draws: int | None = None,
 ) -> list[Pin]:
     """Pins for one contender: `conns[g]` are the connections its g-th process group opened on this host. With one
     group per flow (multistream) connection k to a peer is group k's; with one group of K devices (DDP), the K
@@ -87,7 +88,11 @@ def pins_for(
     `one_way`: the contender sends on half its groups and receives on the other half (the hop ring at 2 hosts), so
     its connections to a peer are two sets of K, one per direction: connection k of either set takes the profile's
     draw k of K, on a leaf of its own. This host's data then meets the same K ceilings as a contender whose K
-    connections carry both directions, and its ACKs leave through leaves no data of its own waits in."""
+    connections carry both directions, and its ACKs leave through leaves no data of its own waits in.
+
+    `draws`: the profile draws K ceilings per peer and connection k takes draw k (a contender with fewer connections
+    than the others' K, Horovod's one per peer: its connection 0 meets the ceiling of everyone's connection 0);
+    None: one draw per connection."""
     by_peer: dict[str, list[tuple[int, str, int]]] = {}
     for group in conns:
         per_peer: dict[str, list] = {}
@@ -100,10 +105,13 @@ def pins_for(
         cs = by_peer[dst]
         if one_way and len(cs) % 2:
             raise ValueError(f"one-way pins: {len(cs)} connections to {dst}, expected two sets of equal size")
-        flows = len(cs) // 2 if one_way else len(cs)
+        per_way = len(cs) // 2 if one_way else len(cs)
+        if draws is not None and per_way > draws:
+            raise ValueError(f"pins: {per_way} connections to {dst}, more than the profile's {draws} draws")
+        flows = per_way if draws is None else draws
         slots: dict[tuple[int, int], int] = {}
         for i, (sport, _, _) in enumerate(cs):
-            way, k = divmod(i, flows)
+            way, k = divmod(i, per_way)
             spec = leaf_for(profile, seed=seed, host=host, peer=peer_of[dst], k=k, flows=flows, flow_mbit=flow_mbit)
             if (way, spec.slot) not in slots:
                 slots[(way, spec.slot)] = leaf
@@ -167,6 +175,12 @@ def pin_commands(
             + f"match ip dst {p.dst}/32 flowid {p.classid}"
         )
     return lines
+
+
+def clear_pins(dev: str = "eth0") -> None:
+    """Remove every pin on this namespace's `dev` (the prio 1 filters; the hash stays): a pin outlives its
+    connection, and a later connection that happened to get the same port would otherwise land in its leaf."""
+    subprocess.run(["tc", "filter", "del", "dev", dev, "parent", "1:", "prio", "1"], capture_output=True, timeout=60)
 
 
 def apply_pins(

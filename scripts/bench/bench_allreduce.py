@@ -143,13 +143,16 @@ class _FlowPins:
     (scripts/netlab_flows.py), the same ceilings for every contender; `pins` keeps what was pinned, per contender."""
 
     def __init__(self, rank: int, world: int, args):
+        from scripts import netlab_flows
+
         self.rank, self.args = rank, args
         self.peer_of = {f"{netlab.SUBNET}.{i + 1}": i for i in range(world)}
+        netlab_flows.clear_pins("eth0")  # an earlier launch's pins (the throughput check's, the torch contenders')
         self.next_leaf = 0
         self.pins: dict[str, list] = {}
         self.conns: dict[str, list[tuple[int, str, int]]] = {}  # per contender: (local port, peer, peer port)
 
-    def pin(self, method: str, groups: list, one_way: bool = False) -> None:
+    def pin(self, method: str, groups: list, one_way: bool = False, draws: int | None = None) -> None:
         from scripts import netlab_flows
 
         pins = netlab_flows.pins_for(
@@ -161,6 +164,7 @@ class _FlowPins:
             flow_mbit=self.args.flow_mbit,
             first_leaf=self.next_leaf,
             one_way=one_way,
+            draws=draws,
         )
         self.next_leaf = max([self.next_leaf - 1, *(p.leaf for p in pins)]) + 1
         netlab_flows.apply_pins(pins, "eth0", self.args.link_mbit, self.args.burst_ms, self.args.packet_segs)
@@ -433,13 +437,27 @@ def hvd_worker(args) -> None:
     def barrier():
         hvd.allreduce(torch.zeros(1), name="barrier")
 
+    flows = None
+    # The lab's flow profile: Horovod's connections to each peer (4 in the lab, of which its ring uses one) take the
+    # profile's K draws as every contender's do, connection k draw k (pins_for); more than K: one draw each
+    if args.profile:
+        from scripts import netlab_flows
+
+        barrier()  # every connection is up
+        flows = _FlowPins(hvd.rank(), hvd.size(), args)
+        rendezvous = int(os.environ["HOROVOD_GLOO_RENDEZVOUS_PORT"])
+        mine = f"{netlab.SUBNET}.{hvd.rank() + 1}"
+        conns = [c for c in netlab_flows.established() if c[1] in flows.peer_of and c[1] != mine and rendezvous != c[2]]
+        most = max([sum(1 for c in conns if c[1] == peer) for peer in flows.peer_of] or [0])
+        flows.pin(APART, [conns], draws=args.flows if most <= args.flows else None)
+
     def step():
         for p in params:
             p.grad = None
         model(one).backward()
         opt.synchronize()  # the averaged gradients are in .grad now (optimizer.step() would do this first)
 
-    res = _rounds({APART: step}, args, barrier)[APART]
+    res = _rounds({APART: step}, args, barrier, flows and flows.meter)[APART]
     cpu = hvd.allgather_object(statistics.median(res["cpu"]))
     fusion = int(os.environ.get("HOROVOD_FUSION_THRESHOLD", 128 * 2**20)) / 2**20
     out = {
@@ -447,7 +465,11 @@ def hvd_worker(args) -> None:
         "times": res["times"],
         "settings": f"fusion {fusion:g} MB",
         "cpu_s": list(cpu),
+        "rank_times": hvd.allgather_object(res["times"]),
     }
+    if flows is not None:  # as the torch contenders' (worker): its pins and each connection's bytes, per rank
+        out["pins"] = hvd.allgather_object(flows.pins[APART])
+        out["connections"] = hvd.allgather_object(flows.carried(APART, res["grew"], args.rounds * args.steps))
     if hvd.rank() == 0:
         Path(args.out).write_text(json.dumps(out, indent=1))
     barrier()

@@ -92,6 +92,18 @@ def test_one_way_pins_give_each_direction_the_k_draws_on_leaves_of_its_own():
         nf.pins_for(groups[:7], one_way=True, **kw)
 
 
+def test_fewer_connections_than_draws_take_the_first_draws():
+    """Horovod's connections to a peer against K = 4 draws: connection k takes draw k (one-slow seed 0 from host 0 to
+    1: slow index 1), where one draw per connection would make a lone connection the slow one."""
+    groups = [[(5000 + g, "10.250.0.2", 1)] for g in range(2)]
+    kw = dict(profile="one-slow", seed=0, host=0, peer_of={"10.250.0.2": 1}, flow_mbit=30.0)
+    assert [round(p.ceil_mbit) for p in nf.pins_for(groups, draws=4, **kw)] == [30, 10]
+    assert [round(p.ceil_mbit) for p in nf.pins_for(groups[:1], draws=4, **kw)] == [30]
+    assert [round(p.ceil_mbit) for p in nf.pins_for(groups[:1], **kw)] == [10]
+    with pytest.raises(ValueError, match="2 connections to 10.250.0.2, more than the profile's 1 draws"):
+        nf.pins_for(groups, draws=1, **kw)
+
+
 def test_a_lab_methods_strategy_follows_its_balance_keys():
     assert fr.strategy_of(()) == "even"
     assert fr.strategy_of(("comm.balance=false", "comm.balance_level=hop")) == "even"
