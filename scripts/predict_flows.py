@@ -46,17 +46,27 @@ def lab_rows(paths: list[str], flows: int) -> list[str]:
 def measured_s(rec: dict, m: str) -> float:
     """Contender `m`'s communication seconds per step in a lab record: its step where its last rank ends it
     (uneven_tables.step_s), less the compute-only step."""
-    t = rec["torch"]
-    return max(uneven_tables.step_s(t, m) - t["compute_s"], 1e-6)
+    return max(uneven_tables.step_s({m: uneven_tables.entry(rec, m)}, m) - rec["torch"]["compute_s"], 1e-6)
 
 
-def _model_s(rec: dict, m: str, strategy: str, flows: int) -> tuple[float, str]:
+def _connections(rec: dict, m: str) -> list | None:
+    """Contender `m`'s connections on every rank, where the record has them (the torch contenders' under `torch`,
+    Horovod's in its own entry)."""
+    if m == uneven_tables.APART:
+        return (uneven_tables.entry(rec, m) or {}).get("connections")
+    return rec["torch"].get("connections", {}).get(m)
+
+
+def _model_s(rec: dict, m: str, strategy: str, flows: int) -> tuple[float, str] | None:
     """The model's data time for contender `m` in a lab record, and what it modelled: for DDP on gloo devices
-    ("devices"), its buckets as the rings the record's connections show them on (flowrates.rings_of), all at once;
-    else the ring rate of `strategy` on the profile's draws (a record without connections: even striping)."""
-    conns = rec["torch"].get("connections", {}).get(m)
-    if strategy == "devices" and conns:
+    ("devices") and Horovod ("rings"), its collectives as the rings the record's connections show them on
+    (flowrates.rings_of), all at once (Horovod's fused allreduce is one ring); else the ring rate of `strategy` on
+    the profile's draws. Without connections in the record: DDP as even striping, Horovod not modelled (None)."""
+    conns = _connections(rec, m)
+    if strategy in ("devices", "rings") and conns:
         return flowrates.concurrent_seconds(flowrates.rings_of(conns), rec["link_mbit"]), "rings"
+    if strategy == "rings":
+        return None
     strategy = "even" if strategy == "devices" else strategy
     rates = flowrates.ring_rates(rec["profile"], rec["seed"], rec["hosts"], flows, rec["flow_mbit"])
     rate = flowrates.ring_mbit(rates, rec["link_mbit"], strategy)
@@ -64,13 +74,15 @@ def _model_s(rec: dict, m: str, strategy: str, flows: int) -> tuple[float, str]:
 
 
 def lab_strategies() -> dict[str, str]:
-    """The lab methods the fit models, by what it models them as: DDP on gloo devices ("devices", `model_s`), and
-    every method with balance keys by its strategy (flowrates.strategy_of)."""
-    return {
+    """The lab methods the fit models, by what it models them as: DDP on gloo devices ("devices", `model_s`),
+    Horovod by its recorded rings ("rings"), and every method with balance keys by its strategy
+    (flowrates.strategy_of)."""
+    out = {
         name: "devices" if m.flows else flowrates.strategy_of(m.overrides)
         for name, m in LAB_METHODS.items()
         if m.flows or m.overrides
     }
+    return out | {uneven_tables.APART: "rings"}
 
 
 def fit_rows(paths: list[str], flows: int, strategies: dict[str, str]) -> tuple[list[str], dict[str, float]]:
@@ -82,7 +94,7 @@ def fit_rows(paths: list[str], flows: int, strategies: dict[str, str]) -> tuple[
 
     def model_s(rec, m, strategy, flows):
         try:
-            return _model_s(rec, m, strategy, flows)
+            return _model_s(rec, m, strategy, flows) if uneven_tables.entry(rec, m) is not None else None
         except ValueError as e:
             run = f"{rec['hosts']} hosts, {rec['profile']} seed {rec['seed']}"
             raise SystemExit(f"predict_flows --fit: {where[id(rec)]} ({run}, {m}): {e}") from None
@@ -92,8 +104,9 @@ def fit_rows(paths: list[str], flows: int, strategies: dict[str, str]) -> tuple[
         if rec["profile"] != "even":
             continue
         for m, strategy in strategies.items():
-            if m in rec["torch"]:
-                eff[(m, rec["hosts"], rec["link_mbit"])] = model_s(rec, m, strategy, flows)[0] / measured_s(rec, m)
+            modelled = model_s(rec, m, strategy, flows)
+            if modelled is not None:
+                eff[(m, rec["hosts"], rec["link_mbit"])] = modelled[0] / measured_s(rec, m)
     lines = [
         "| hosts | link Mbit/s | profile | seed | method | model | fitted on even | model ms | measured ms | error |",
         "|---:|---:|---|---:|---|---|---:|---:|---:|---:|",
@@ -104,9 +117,10 @@ def fit_rows(paths: list[str], flows: int, strategies: dict[str, str]) -> tuple[
             continue
         for m, strategy in strategies.items():
             e = eff.get((m, rec["hosts"], rec["link_mbit"]))
-            if m not in rec["torch"] or e is None:
+            modelled = model_s(rec, m, strategy, flows) if e is not None else None
+            if modelled is None:
                 continue
-            seconds, how = model_s(rec, m, strategy, flows)
+            seconds, how = modelled
             model, got = seconds / e, measured_s(rec, m)
             err = model / got - 1
             worst[m] = max(worst.get(m, 0.0), abs(err))

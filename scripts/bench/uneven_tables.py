@@ -17,24 +17,40 @@ import sys
 from base import reader
 
 CONTENDERS = ("ddp-flows", "multistream", "balanced", "hop-balanced")
+APART = "horovod"  # run under its own launcher: a top-level entry of the record (a string where it did not run)
 
 
 def load(paths: list[str]) -> list[dict]:
     return [rec for p in paths for rec in reader.read_json(p, what="lab JSON", error=SystemExit)]
 
 
+def entries(rec: dict) -> dict[str, dict]:
+    """Every contender that ran in a record, by name: the torch contenders', then Horovod's."""
+    t = rec["torch"]
+    out = {m: t[m] for m in CONTENDERS if m in t}
+    if isinstance(rec.get(APART), dict):
+        out[APART] = rec[APART]
+    return out
+
+
+def entry(rec: dict, m: str) -> dict | None:
+    """Contender `m`'s entry in a record (None where it did not run): Horovod's own, else under `torch`."""
+    got = rec.get(APART) if m == APART else rec["torch"].get(m)
+    return got if isinstance(got, dict) else None
+
+
 def step_s(t: dict, m: str) -> float:
-    """Contender `m`'s step in a record's `torch` part: the median over the timed steps of the step's end on its last
-    rank (`rank_times`). A ring's ranks end a step at different times: after the barrier that opens each round, a
-    rank that is not the ring's last ends the first step early, which rank 0's median alone (`step_s`, the only
-    figure in records before 2cd93ff) counts."""
+    """Contender `m`'s step in `t` (a record's `torch` part, or `entries`): the median over the timed steps of the
+    step's end on its last rank (`rank_times`). A ring's ranks end a step at different times: after the barrier that
+    opens each round, a rank that is not the ring's last ends the first step early, which rank 0's median alone
+    (`step_s`, the only figure in records before 2cd93ff) counts."""
     ranks = t[m].get("rank_times")
     return statistics.median(max(s) for s in zip(*ranks, strict=True)) if ranks else t[m]["step_s"]
 
 
 def comm_s(rec: dict) -> dict[str, float]:
-    t = rec["torch"]
-    return {m: max(step_s(t, m) - t["compute_s"], 1e-6) for m in CONTENDERS if m in t}
+    e = entries(rec)
+    return {m: max(step_s(e, m) - rec["torch"]["compute_s"], 1e-6) for m in e}
 
 
 def run_rows(recs: list[dict]) -> list[str]:
@@ -43,11 +59,11 @@ def run_rows(recs: list[dict]) -> list[str]:
         "|---:|---|---:|---|---|---:|---:|---:|---:|---:|",
     ]
     for rec in recs:
-        t, n, comm = rec["torch"], rec["hosts"], comm_s(rec)
+        t, e, n, comm = rec["torch"], entries(rec), rec["hosts"], comm_s(rec)
         for m, c in comm.items():
-            r = t[m]
+            r = e[m]
             bus = 2 * (n - 1) / n * t["bytes"] * 8 / c / 1e6
-            step = step_s(t, m)
+            step = step_s(e, m)
             load = sum(r["cpu_s"]) / (rec["cpus"] * step)
             lines.append(
                 f"| {n} | {rec['profile']} | {rec['seed']} | {m} | {r['settings']} | {step * 1000:.0f} | "
@@ -98,7 +114,7 @@ def balancing_rows(recs: list[dict], methods=("balanced", "hop-balanced")) -> li
     for (n, link, profile), rs in sorted(groups.items()):
         cells = []
         for m in methods:
-            got = [(r, comm_s(r)) for r in rs if m in r["torch"]]
+            got = [(r, comm_s(r)) for r in rs if m in entries(r)]
             if not got:
                 cells.append("| ")
                 continue

@@ -120,3 +120,35 @@ def test_the_fit_names_the_file_and_run_whose_connections_it_cannot_read(tmp_pat
     path.write_text(json.dumps([rec]))
     with pytest.raises(SystemExit, match=r"lab\.json \(2 hosts, even seed 0, ddp-flows\): connections: host 1's"):
         predict_flows.fit_rows([str(path)], 4, {"ddp-flows": "devices"})
+
+
+def test_the_fit_models_horovod_by_the_ring_its_connections_carried(tmp_path):
+    """Horovod under its own launcher (a top-level entry): its one data connection per host is one ring, at its
+    slowest hop; fitted on the even run (0.9 of the model), the one-slow run predicted; a run without it adds no row."""
+    from scripts import predict_flows
+
+    def rec(profile, ceilings, step_s):
+        conns = [
+            [[10 + h, "10.250.0.9", 20, c, 1_000_000], [30 + h, "10.250.0.9", 40, 13.3, 3000]]
+            for h, c in enumerate(ceilings)
+        ]  # the ring's connection, and one carrying only control messages
+        hvd = {"step_s": 99.0, "rank_times": [[step_s] * 2] * 2, "connections": conns}
+        t = {"compute_s": 0.5, "bytes": 1000, "ddp-flows": {"step_s": 1.0}}
+        return {
+            "hosts": 2,
+            "profile": profile,
+            "seed": 0,
+            "link_mbit": 40.0,
+            "flow_mbit": 13.3,
+            "torch": t,
+            "horovod": hvd,
+        }
+
+    ring = 8.0 / 13.3  # 1 MB per hop at 13.3 Mbit/s
+    runs = [rec("even", [13.3, 13.3], 0.5 + ring / 0.9), rec("one-slow", [13.3, 4.4], 0.5 + 8.0 / 4.4 / 0.9)]
+    runs.append(dict(runs[1], horovod="not run"))
+    path = tmp_path / "lab.json"
+    path.write_text(json.dumps(runs))
+    rows, worst = predict_flows.fit_rows([str(path)], 4, {"horovod": "rings"})
+    assert rows[2:] == ["| 2 | 40 | one-slow | 0 | horovod | rings | 0.90 | 2020 | 2020 | +0% |"]
+    assert worst == {"horovod": pytest.approx(0.0, abs=1e-9)}
