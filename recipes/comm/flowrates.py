@@ -153,13 +153,6 @@ def strategy_of(overrides) -> str:
     return "hop" if over.get("comm.balance_level") == "hop" else "comm"
 
 
-def fitted_seconds(nbytes: float, hosts: int, rates: list[list[float]], link_mbit: float, strategy: str, eff: float):
-    """The allreduce's data time on this network for `strategy`, at the fraction `eff` of the model's rate that the
-    same contender reached on the `even` network (the one figure fitted: it holds what the model leaves out, CPU,
-    TCP and the lab's shaping, and is fitted where every connection is equal)."""
-    return allreduce_seconds(nbytes, hosts, ring_mbit(rates, link_mbit, strategy) * eff)
-
-
 # The user's network (scripts/launcher/netprobe.py measures every connection; scripts/predict.py shows the three
 # strategies on it): below this spread, balancing pays enough to name.
 UNEVEN = 0.9
@@ -249,10 +242,10 @@ def concurrent_seconds(rings: list[Ring], link_mbit: float) -> float:
     while left:
         rate = dict.fromkeys(left, 0.0)
         free = set(left)
+        hosts = {h for j in left for h, _ in rings[j].hops}
+        users = {h: [j for j in left if any(x == h for x, _ in rings[j].hops)] for h in hosts}
         while free:
             room = [min(c for _, c in rings[j].hops) - rate[j] for j in free]  # each ring's own ceiling
-            hosts = {h for j in left for h, _ in rings[j].hops}
-            users = {h: [j for j in left if any(x == h for x, _ in rings[j].hops)] for h in hosts}
             link_room = {
                 h: (link_mbit - sum(rate[j] for j in us)) / sum(1 for j in us if j in free)
                 for h, us in users.items()

@@ -111,13 +111,14 @@ def test_a_lab_methods_strategy_follows_its_balance_keys():
     assert fr.strategy_of(("comm.balance=true", "comm.balance_level=hop")) == "hop"
 
 
-def test_the_fitted_time_scales_the_models_rate_by_the_even_fit():
+def test_the_allreduce_time_of_one_slow_connection_per_hop():
     """One slow connection (a third of 13.3) on every hop of 4 hosts, 5 MB: even striping goes at 4 x 4.44 = 17.8
-    Mbit/s, the hop ring at the 40 Mbit/s link; at 95% of the model's rate each takes 1/0.95 of its time."""
+    Mbit/s, the hop ring at the 40 Mbit/s link; at 95% of the model's rate (an even fit) it takes 1/0.95 of its time."""
     rates = [[40 / 3, 40 / 3, 40 / 3, 40 / 9]] * 4
-    even = fr.fitted_seconds(5e6, 4, rates, 40.0, "even", 1.0)
+    even = fr.allreduce_seconds(5e6, 4, fr.ring_mbit(rates, 40.0, "even"))
     assert even == pytest.approx(1.5 * 5e6 * 8 / (4 * 40 / 9 * 1e6))
-    assert fr.fitted_seconds(5e6, 4, rates, 40.0, "hop", 0.95) == pytest.approx(1.5 * 5e6 * 8 / 40e6 / 0.95)
+    hop = fr.allreduce_seconds(5e6, 4, fr.ring_mbit(rates, 40.0, "hop") * 0.95)
+    assert hop == pytest.approx(1.5 * 5e6 * 8 / 40e6 / 0.95)
 
 
 def test_strategy_rates_of_one_measured_hop():
