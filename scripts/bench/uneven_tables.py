@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("files", nargs="+", help="bench_allreduce --profile JSON files")
     recs = load(ap.parse_args(argv).files)
     with_static = all("multistream" in r["torch"] for r in recs)
-    present = tuple(m for m in ("balanced", "hop-balanced") if any(m in r["torch"] for r in recs))
+    present = tuple(m for m in ("balanced", "hop-balanced", APART) if any(entry(r, m) for r in recs))
     print("\n".join(summary_rows(recs) if with_static else balancing_rows(recs, present)))
     print()
     print("\n".join(run_rows(recs)))

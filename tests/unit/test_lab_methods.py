@@ -152,3 +152,24 @@ def test_the_fit_models_horovod_by_the_ring_its_connections_carried(tmp_path):
     rows, worst = predict_flows.fit_rows([str(path)], 4, {"horovod": "rings"})
     assert rows[2:] == ["| 2 | 40 | one-slow | 0 | horovod | rings | 0.90 | 2020 | 2020 | +0% |"]
     assert worst == {"horovod": pytest.approx(0.0, abs=1e-9)}
+
+
+def test_the_tables_cli_compares_horovod_where_the_records_hold_it(tmp_path, capsys):
+    """uneven_tables' summary has Horovod's columns beside the balanced ring's when a record has Horovod's entry,
+    and leaves its cells empty in a run without it."""
+    from scripts.bench import uneven_tables
+
+    def entry(step_s):
+        return {"step_s": step_s, "settings": "s", "cpu_s": [0.1, 0.1]}
+
+    def rec(seed, horovod):
+        t = {"compute_s": 0.5, "bytes": 1_000_000, "ddp-flows": entry(2.5), "hop-balanced": entry(1.5)}
+        return {"hosts": 2, "link_mbit": 40.0, "profile": "even", "seed": seed, "cpus": 2, "torch": t} | horovod
+
+    path = tmp_path / "lab.json"
+    path.write_text(json.dumps([rec(0, {"horovod": entry(4.5)}), rec(1, {"horovod": "not run"})]))
+    assert uneven_tables.main([str(path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("| horovod vs ddp-flows (median, worst) | horovod, % of link cap (median) |")
+    assert out[2] == "| 2 | 40 | even | 2 | 2.00x (2.00x) | 20% | 0.50x (0.50x) | 5% (1 runs) |"
+    assert "| 2 | even | 0 | horovod | s | 4500 | 4000 | 5% | 0.50x | 2% |" in out
