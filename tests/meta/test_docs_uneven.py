@@ -134,3 +134,20 @@ def test_the_fitted_model_rows_are_its_data_files():
     errors = {tuple(c.strip() for c in r.split("|")[1:6]): int(r.split("|")[-2].strip().rstrip("%")) for r in rows[2:]}
     assert [k for k, e in errors.items() if abs(e) > 10] == [("2", "1000", "one-slow", "0", "hop-balanced")]
     assert f"was {abs(errors['2', '1000', 'one-slow', '0', 'hop-balanced'])}% under that run" in text
+
+
+def test_the_hop_reading_at_1000_mbit_quotes_the_data():
+    ratio = {}
+    for r in uneven_tables.load([str(HOP_1000)]):
+        c = uneven_tables.comm_s(r)
+        ratio.setdefault((r["hosts"], r["profile"]), []).append(c["ddp-flows"] / c["hop-balanced"])
+    assert [len(ratio[n, "random"]) for n in (2, 4)] == [5, 5]
+    med = {n: sorted(ratio[n, "random"])[2] for n in (2, 4)}
+    low = {n: min(ratio[n, "random"]) for n in (2, 4)}
+    quoted = (
+        f"it is {ratio[2, 'one-slow'][0]:.2f}x and {ratio[4, 'one-slow'][0]:.2f}x under `one-slow` at 2 and 4 hosts"
+        f" (94% and 91% of the link), {med[2]:.2f}x and {med[4]:.2f}x in the median of 5 `random` draws at 2 and 4 "
+        f"hosts ({low[2]:.2f}x and {low[4]:.2f}x at worst), and {ratio[2, 'even'][0]:.2f}x and "
+        f"{ratio[4, 'even'][0]:.2f}x under `even`"
+    )
+    assert quoted in " ".join(DOC.read_text().split())
