@@ -18,6 +18,8 @@ HOP_BOTH = ROOT / "docs" / "data" / "lab-hop-1000-both-ways.json"  # earlier: 2-
 HOP_DELAYED = ROOT / "docs" / "data" / "lab-hop-delayed-acks.json"  # earlier runs: delayed ACKs on while measuring
 HOP_GSO = ROOT / "docs" / "data" / "lab-hop-gso.json"  # the earlier runs: 64 KB GSO packets, no stretches
 HOP_SEGS4 = ROOT / "docs" / "data" / "lab-hop-1000-segs4.json"  # 1000 Mbit/s with 4-MSS packets: CPU-bound
+HOP_HVD = ROOT / "docs" / "data" / "lab-hop-horovod.json"  # Horovod in the same runs
+HOP_16_REPEAT = ROOT / "docs" / "data" / "lab-hop-16-repeat.json"  # 16 hosts, even, right after them
 
 
 def test_the_prediction_table_is_the_models():
@@ -151,3 +153,53 @@ def test_the_hop_reading_at_1000_mbit_quotes_the_data():
         f"{ratio[4, 'even'][0]:.2f}x under `even`"
     )
     assert quoted in " ".join(DOC.read_text().split())
+
+
+def test_the_horovod_runs_are_their_data_files():
+    from scripts import predict_flows
+
+    doc = DOC.read_text().splitlines()
+    recs = uneven_tables.load([str(HOP_HVD)])
+    assert all(isinstance(r["horovod"], dict) for r in recs)
+    rows = uneven_tables.balancing_rows(recs, ("hop-balanced", "horovod"))[2:] + uneven_tables.run_rows(recs)[2:]
+    fit, _ = predict_flows.fit_rows([str(HOP_HVD)], 4, predict_flows.lab_strategies())
+    assert len(fit) == 2 + 3 * 8  # three contenders in each of the 8 uneven runs
+    errors = [int(r.split("|")[-2].strip().rstrip("%")) for r in fit[2:] if "| horovod |" in r]
+    assert len(errors) == 8 and max(abs(e) for e in errors) <= 2  # the reading's "within 2% of Horovod's"
+    for row in rows + fit[2:]:
+        assert row in doc, row
+
+
+def test_the_horovod_reading_quotes_the_data():
+    comm = {(r["hosts"], r["profile"], r["seed"]): uneven_tables.comm_s(r) for r in uneven_tables.load([str(HOP_HVD)])}
+
+    def vs(m, over, n, p):
+        return f"{comm[n, p, 0][m] / comm[n, p, 0][over]:.2f}x"
+
+    def hop(n, p):
+        return vs("ddp-flows", "hop-balanced", n, p)
+
+    def hop_over_hvd(p):
+        return ", ".join(f"{comm[n, p, 0]['horovod'] / comm[n, p, 0]['hop-balanced']:.1f}x" for n in (4, 8)) + (
+            f" and {comm[16, p, 0]['horovod'] / comm[16, p, 0]['hop-balanced']:.1f}x"
+        )
+
+    hvd_rnd = sorted(c["ddp-flows"] / c["horovod"] for (n, p, _), c in comm.items() if p == "random")
+    hop_rnd = sorted(c["ddp-flows"] / c["hop-balanced"] for (n, p, _), c in comm.items() if p == "random")
+    assert len(hvd_rnd) == 5
+    repeat = uneven_tables.comm_s(uneven_tables.load([str(HOP_16_REPEAT)])[0])
+    text = " ".join(DOC.read_text().split())
+    for quoted in (
+        f"({vs('ddp-flows', 'horovod', 4, 'even')}, {vs('ddp-flows', 'horovod', 8, 'even')} and "
+        f"{vs('ddp-flows', 'horovod', 16, 'even')} DDP with 4 flows)",
+        f"0.26x and {vs('ddp-flows', 'horovod', 16, 'one-slow')} DDP with 4 flows), at 8 it did not (31%, "
+        f"{vs('ddp-flows', 'horovod', 8, 'one-slow')})",
+        f"{hvd_rnd[2]:.2f}x DDP with 4 flows in the median of 5 seeds ({hvd_rnd[0]:.2f}x at worst)",
+        f"Hop-level balancing is {hop_over_hvd('even')} Horovod under `even` at 4, 8 and 16 hosts and "
+        f"{hop_over_hvd('one-slow')} under `one-slow`",
+        f"balancing is {hop(4, 'one-slow')}, {hop(8, 'one-slow')} and {hop(16, 'one-slow')} DDP with 4 flows under "
+        f"`one-slow`, {hop_rnd[2]:.2f}x in the median of 5 `random` seeds at 4 hosts ({hop_rnd[0]:.2f}x at worst), and "
+        f"{hop(4, 'even')}, {hop(8, 'even')} and {hop(16, 'even')} under `even`",
+        f"gave {repeat['ddp-flows'] / repeat['hop-balanced']:.2f}x at 75% of the link",
+    ):
+        assert quoted in text, quoted
