@@ -188,6 +188,12 @@ def test_the_horovod_reading_quotes_the_data():
     hop_rnd = sorted(c["ddp-flows"] / c["hop-balanced"] for (n, p, _), c in comm.items() if p == "random")
     assert len(hvd_rnd) == 5
     repeat = uneven_tables.comm_s(uneven_tables.load([str(HOP_16_REPEAT)])[0])
+    busy = {
+        m: max(e["cpu_s"]) * 1000
+        for m, e in uneven_tables.entries(
+            *[r for r in uneven_tables.load([str(HOP_HVD)]) if (r["hosts"], r["profile"]) == (16, "even")]
+        ).items()
+    }
     text = " ".join(DOC.read_text().split())
     for quoted in (
         f"({vs('ddp-flows', 'horovod', 4, 'even')}, {vs('ddp-flows', 'horovod', 8, 'even')} and "
@@ -201,5 +207,7 @@ def test_the_horovod_reading_quotes_the_data():
         f"`one-slow`, {hop_rnd[2]:.2f}x in the median of 5 `random` seeds at 4 hosts ({hop_rnd[0]:.2f}x at worst), and "
         f"{hop(4, 'even')}, {hop(8, 'even')} and {hop(16, 'even')} under `even`",
         f"gave {repeat['ddp-flows'] / repeat['hop-balanced']:.2f}x at 75% of the link",
+        f"busiest rank used {busy['hop-balanced']:.0f} ms of CPU per step under `even` against DDP's "
+        f"{busy['ddp-flows']:.0f},",
     ):
         assert quoted in text, quoted
