@@ -226,16 +226,20 @@ def push(k):
     while time.monotonic() < end:
         try:
             sent[k] += conns[k].send(buf)
-        except (TimeoutError, OSError):
-            pass
+        except TimeoutError:  # the other end is not reading yet, or has stopped: try again until the end
+            continue
+        except OSError:  # the connection is gone: its rate is what it carried while it was up
+            break
     took[k] = time.monotonic() - t0
 def drain(k):
     while time.monotonic() < end + 1:
         try:
             if not conns[k].recv(1 << 20):
                 return
-        except (TimeoutError, OSError):
-            pass
+        except TimeoutError:
+            continue
+        except OSError:
+            return
 threads = [threading.Thread(target=push, args=(k,)) for k in range(streams)]
 threads += [threading.Thread(target=drain, args=(k,)) for k in range(streams)] if back else []
 [t.start() for t in threads]; [t.join() for t in threads[:streams]]
