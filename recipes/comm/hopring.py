@@ -37,11 +37,20 @@ does not count against a connection; and after posting each ring step's receives
 the K connections it receives on, so a piece that arrived early is acknowledged at once instead of when the step's
 slowest piece lets the rank go on (recipes/comm/tcpinfo.py). Gloo only: NCCL's point-to-point sends would need their
 own stream ordering, and no GPU has run this.
+
+The ring's cost is per piece: K times the messages of a gloo ring on one connection, each a receive posted, a
+ready notice back, the data, and a wake-up on both hosts. Where many ranks share few cores (16 lab hosts on 2 cores)
+that CPU is the step. So the K groups share one gloo device (`new_group`): one event loop per process serves all K
+connections to a peer, where K devices would each run their own; and each piece is posted with the group's own
+`send`/`recv`, not through `torch.distributed.isend`'s checks. On loopback, 16 ranks on 2 cores, 4 buckets of 5.1
+MB in all: 74 ms of CPU per rank and step against 98 with a device per group (a scratch measurement; the lab's rows
+are in docs/allreduce.md).
 """
 
 from __future__ import annotations
 
 import datetime
+import os
 import queue
 import threading
 
@@ -53,6 +62,33 @@ from recipes.comm.plan import split_even, split_weighted
 from recipes.comm.tcpinfo import Counters, Link
 
 LANES = 2  # buckets in flight at once
+BACKEND = "gloo_hop"  # the process-group backend of the ring's groups: gloo on this process's one shared device
+_DEVICE: list = []  # that device, made by the first group
+
+
+def _shared_device():
+    """This process's gloo TCP device for the hop ring's groups: on the first interface GLOO_SOCKET_IFNAME names,
+    else where the hostname resolves, as ProcessGroupGloo picks its own."""
+    if not _DEVICE:
+        name = next((n for n in os.environ.get("GLOO_SOCKET_IFNAME", "").split(",") if n), None)
+        gloo = td.ProcessGroupGloo
+        _DEVICE.append(gloo.create_device(interface=name) if name else gloo.create_default_device())
+    return _DEVICE[0]
+
+
+def _create_backend(store, rank: int, size: int, timeout: datetime.timedelta):
+    opts = td.ProcessGroupGloo._Options()
+    opts._devices = [_shared_device()]
+    opts._timeout = timeout
+    return td.ProcessGroupGloo(store, rank, size, opts)
+
+
+def new_group(timeout: datetime.timedelta):
+    """A gloo process group over every rank, for the ring: its own TCP connection to every peer, but on the one
+    device (one event loop thread) that every group made here shares."""
+    if BACKEND.upper() not in td.Backend._plugins:
+        td.Backend.register_backend(BACKEND, _create_backend, devices=["cpu"])
+    return td.new_group(backend=BACKEND, timeout=timeout)
 
 
 class HopRing:
@@ -185,14 +221,13 @@ class HopRing:
     def _exchange(self, b: int, phase: str, s: int, send: torch.Tensor, recv: torch.Tensor) -> None:
         """One ring step: `send` to the left cut by this host's shares, `recv` from the right cut by the right
         neighbour's shares, one piece per connection."""
+        # The groups span every rank in the same order, so a rank's number in them is its global one.
         cuts = [(k, lo, hi) for k, (lo, hi) in enumerate(split_weighted(recv.numel(), self.table[self.right]))]
-        recvs = [
-            td.irecv(recv[lo:hi], src=self.right, group=self.recv_groups[k], tag=b) for k, lo, hi in cuts if hi > lo
-        ]
+        recvs = [self.recv_groups[k].recv([recv[lo:hi]], self.right, b) for k, lo, hi in cuts if hi > lo]
         if self.measure and self._quick:
             self._quickack([k for k, lo, hi in cuts if hi > lo])
         sends = [
-            td.isend(send[lo:hi], dst=self.left, group=self.groups[k], tag=b)
+            self.groups[k].send([send[lo:hi]], self.left, b)
             for k, (lo, hi) in enumerate(split_weighted(send.numel(), self.table[self.rank]))
             if hi > lo
         ]

@@ -27,7 +27,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from base.errors import CommError, ConfigError, PlanMismatchError
 from recipes.comm import balance as balancing
-from recipes.comm import concurrency, ncclenv, tcpinfo
+from recipes.comm import concurrency, hopring, ncclenv, tcpinfo
 from recipes.comm import tuner as tuning
 from recipes.comm.base import BackendDefaults
 from recipes.comm.engine import _Engine
@@ -193,7 +193,7 @@ class MultiStreamBackend(BackendDefaults):
         with collective_guard("multistream: communicator check"):
             for i in range(n):
                 before = tcpinfo.sockets() if self._hop else {}
-                groups.append(td.new_group(timeout=timeout))
+                groups.append(hopring.new_group(timeout) if self._hop else td.new_group(timeout=timeout))
                 td.all_reduce(probe[i : i + 1], group=groups[i])
                 if self._hop:  # the TCP connections this communicator opened (recipes/comm/tcpinfo.py)
                     opened.append(tcpinfo.opened(before))
