@@ -62,7 +62,9 @@ class Pin:
     dst: str
     leaf: int
     ceil_mbit: float
-    dport: int | None = None  # matched too where one port serves several connections (the check's host 0)
+    # matched too: one port may serve several connections (a listener's, such as the throughput check's host 0, or
+    # the one gloo device the hop ring's groups share)
+    dport: int | None = None
 
     @property
     def classid(self) -> str:
@@ -110,13 +112,13 @@ def pins_for(
             raise ValueError(f"pins: {per_way} connections to {dst}, more than the profile's {draws} draws")
         flows = per_way if draws is None else draws
         slots: dict[tuple[int, int], int] = {}
-        for i, (sport, _, _) in enumerate(cs):
+        for i, (sport, _, dport) in enumerate(cs):
             way, k = divmod(i, per_way)
             spec = leaf_for(profile, seed=seed, host=host, peer=peer_of[dst], k=k, flows=flows, flow_mbit=flow_mbit)
             if (way, spec.slot) not in slots:
                 slots[(way, spec.slot)] = leaf
                 leaf += 1
-            pins.append(Pin(sport, dst, slots[(way, spec.slot)], spec.ceil_mbit))
+            pins.append(Pin(sport, dst, slots[(way, spec.slot)], spec.ceil_mbit, dport))
     if leaf > PIN_LEAVES:
         raise ValueError(f"{leaf} pinned leaves needed, the lab has {PIN_LEAVES}")
     return pins

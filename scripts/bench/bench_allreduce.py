@@ -168,7 +168,7 @@ class _FlowPins:
         )
         self.next_leaf = max([self.next_leaf - 1, *(p.leaf for p in pins)]) + 1
         netlab_flows.apply_pins(pins, "eth0", self.args.link_mbit, self.args.burst_ms, self.args.packet_segs)
-        self.pins[method] = [[p.sport, p.dst, p.classid, round(p.ceil_mbit, 3)] for p in pins]
+        self.pins[method] = [[p.sport, p.dst, p.classid, round(p.ceil_mbit, 3), p.dport] for p in pins]
         self.conns[method] = sorted({c for g in groups for c in g})
 
     def meter(self, method: str):
@@ -190,8 +190,8 @@ class _FlowPins:
     def carried(self, method: str, grew: dict, steps: int) -> list[list]:
         """Each of `method`'s connections on this host: [local port, peer, peer port, ceiling Mbit/s, bytes sent per
         timed step] (the ceiling its pin set), so a model can tell which connections each collective ran on."""
-        ceil = {(p[0], p[1]): p[3] for p in self.pins[method]}
-        return [[*c, ceil.get(c[:2]), round(grew[c] / steps)] for c in self.conns[method] if c in grew]
+        ceil = {(p[0], p[1], p[4]): p[3] for p in self.pins[method]}
+        return [[*c, ceil.get(c), round(grew[c] / steps)] for c in self.conns[method] if c in grew]
 
 
 @contextlib.contextmanager

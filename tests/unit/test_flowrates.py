@@ -68,13 +68,26 @@ def test_pins_follow_groups_and_peers():
     assert {p.leaf for p in pins if p.dst == "10.250.0.3"} == {12, 13}
     lines = nf.pin_commands(pins, "eth0", 40.0)
     assert sum(x.startswith("class change") for x in lines) == 4 and sum(x.startswith("filter") for x in lines) == 8
-    assert "match ip sport 5000 0xffff match ip dst 10.250.0.2/32 flowid 1:40a" in lines[4]
+    assert "match ip sport 5000 0xffff match ip dport 1 0xffff match ip dst 10.250.0.2/32 flowid 1:40a" in lines[4]
     assert lines[0].endswith("burst 128k cburst 128k quantum 65536")  # the lab's fixed burst by default
     # --burst-ms 2: 2 ms of the leaf's rate (40/512 Mbit/s: under two frames, so two frames) and of its ceiling
     # (`collide` keeps the per-flow cap: 13.33 Mbit/s for 2 ms is 3333 bytes)
     short = nf.pin_commands(pins, "eth0", 40.0, burst_ms=2)
     assert short[0].endswith("burst 3028b cburst 3333b quantum 65536")
     assert nf.burst_words(1000, 1000, 2, "256k") == "burst 250000b cburst 250000b"
+
+
+def test_connections_that_share_a_port_are_pinned_each_by_its_own_filter():
+    """The hop ring's K groups share one gloo device, so the connections a host accepted share its listener's port:
+    each pin matches the peer's port too, or all K would meet the first one's ceiling."""
+    groups = [[(40205, "10.250.0.2", 42100 + g)] for g in range(4)]
+    kw = dict(profile="one-slow", seed=0, host=0, peer_of={"10.250.0.2": 1}, flow_mbit=30.0)
+    pins = nf.pins_for(groups, **kw)
+    assert [(p.dport, p.leaf, round(p.ceil_mbit)) for p in pins] == [
+        (42100 + k, k, 10 if k == 1 else 30) for k in range(4)
+    ]
+    filters = [x for x in nf.pin_commands(pins, "eth0", 40.0) if x.startswith("filter")]
+    assert len(set(filters)) == 4 and all(f"match ip dport {42100 + k} 0xffff" in filters[k] for k in range(4))
 
 
 def test_one_way_pins_give_each_direction_the_k_draws_on_leaves_of_its_own():
