@@ -803,6 +803,12 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(args.contenders) - set(LAB)
     if unknown:
         ap.error(f"--contenders: unknown {', '.join(sorted(unknown))}; expected some of {', '.join(LAB)}")
+    if "hop-balanced" in args.contenders and not args.no_lab and not args.profile:
+        ap.error(
+            "--contenders hop-balanced in the lab needs --profile (even for equal flows): the hop ring's groups share "
+            "one listening port, and the lab's unpinned leaves hash the source port alone, so a host's connections "
+            "accepted from one peer would all share one leaf"
+        )
     try:  # the lab's own checks of its shaping (NetLab only validates here; nothing is created)
         netlab.NetLab(2, args.link_mbit, args.flow_mbit, burst_ms=args.burst_ms, packet_segs=args.packet_segs)
     except ValueError as e:

@@ -97,7 +97,11 @@ LAB_METHODS = {
             "its own connections), timed once its balancer settled",
             default=False,
             overrides=("comm.balance=true", "comm.balance_level=hop"),
-            bucket_mb=25.0,  # DDP's default: a bucket's ring takes 2(W-1) steps in sequence, so fewer, larger buckets
+            # Twice DDP's default, so about two buckets of ResNet-50's gradient: one per lane of the ring
+            # (hopring.LANES). Each bucket's ring is 2(W-1) steps of K pieces, so the ring sends K times DDP's
+            # messages per bucket, and 16 ranks on the lab's two cores pay for each. Earlier runs took 25 (their
+            # settings say 1.25 MB at --fraction 0.05).
+            bucket_mb=50.0,
         ),
         LabMethod("horovod", "horovod", "real horovod.torch DistributedOptimizer, Horovod's defaults (gloo)"),
     )
