@@ -190,7 +190,10 @@ class HopRing:
                 lane.task_done()
 
     def allreduce(self, b: int, flat: torch.Tensor) -> None:
-        """The ring itself, on the calling thread (the helper's loop, or a test)."""
+        """The ring itself, on the calling thread (the helper's loop, or a test). Each step's receives are posted
+        while the step before it still runs, so their ready notices are at the right neighbour before it has the
+        data: it sends at once instead of a notice's round trip later. The reduce-scatter therefore takes turns
+        between two scratch buffers."""
         w, r = self.world, self.rank
         if w == 1:
             return
@@ -198,16 +201,39 @@ class HopRing:
         while len(chunks) < w:
             chunks.append((flat.numel(), flat.numel()))  # fewer elements than ranks: the last chunks are empty
         longest = max(hi - lo for lo, hi in chunks)
-        tmp = torch.empty(longest, dtype=flat.dtype, device=flat.device)
-        for s in range(w - 1):  # reduce-scatter
+        tmp = [torch.empty(longest, dtype=flat.dtype, device=flat.device) for _ in range(2)]
+        steps: list[_Step] = []
+        for s in range(w - 1):  # reduce-scatter: chunk r+s goes left, chunk r+s+1 comes from the right, added
             slo, shi = chunks[(r + s) % w]
             rlo, rhi = chunks[(r + s + 1) % w]
-            self._exchange(b, "reduce-scatter", s, flat[slo:shi], tmp[: rhi - rlo])
-            flat[rlo:rhi] += tmp[: rhi - rlo]
-        for s in range(w - 1):  # all-gather
+            steps.append(_Step("reduce-scatter", s, flat[slo:shi], tmp[s % 2][: rhi - rlo], flat[rlo:rhi]))
+        for s in range(w - 1):  # all-gather: chunk r-1+s goes left, chunk r+s comes from the right in place
             slo, shi = chunks[(r - 1 + s) % w]
             rlo, rhi = chunks[(r + s) % w]
-            self._exchange(b, "all-gather", s, flat[slo:shi], flat[rlo:rhi])
+            steps.append(_Step("all-gather", s, flat[slo:shi], flat[rlo:rhi], None))
+        step = steps[0]
+        try:
+            posted = self._post_recvs(b, step)
+            for i, step in enumerate(steps):
+                sends = self._post_sends(b, step)
+                after = steps[i + 1] if i + 1 < len(steps) else None
+                # the next step's receives, unless they would land where this step still reads or writes (the
+                # all-gather's first receive at 2 ranks is the chunk the reduce-scatter sends)
+                early = self._post_recvs(b, after) if after is not None and after.clear_of(step) else None
+                for work in posted + sends:
+                    work.wait(self.timeout)
+                if step.into is not None:
+                    step.into += step.recv
+                if after is not None:
+                    posted = early if early is not None else self._post_recvs(b, after)
+        except CommError:
+            raise
+        except Exception as e:
+            raise CommError(
+                f"multistream hop ring: bucket {b}, {step.phase} step {step.s}, between rank {self.rank} and its "
+                f"neighbours {self.left} and {self.right} failed: {e}. A peer died or stalled; point-to-point sends "
+                f"give up after dist.timeout_s={self.timeout_s:g} s"
+            ) from e
 
     def _quickack(self, carrying: list[int]) -> None:
         """While measuring, after posting a step's receives: the connections `carrying` a piece leave the delayed-ACK
@@ -218,25 +244,37 @@ class HopRing:
         except OSError as e:
             raise CommError(f"multistream hop ring: a connection from rank {self.right}: {e}") from e
 
-    def _exchange(self, b: int, phase: str, s: int, send: torch.Tensor, recv: torch.Tensor) -> None:
-        """One ring step: `send` to the left cut by this host's shares, `recv` from the right cut by the right
-        neighbour's shares, one piece per connection."""
-        # The groups span every rank in the same order, so a rank's number in them is its global one.
-        cuts = [(k, lo, hi) for k, (lo, hi) in enumerate(split_weighted(recv.numel(), self.table[self.right]))]
-        recvs = [self.recv_groups[k].recv([recv[lo:hi]], self.right, b) for k, lo, hi in cuts if hi > lo]
+    def _post_recvs(self, b: int, step: _Step) -> list:
+        """`step`'s receives from the right, cut by the right neighbour's shares, one piece per connection. The
+        groups span every rank in the same order, so a rank's number in them is its global one."""
+        cuts = [(k, lo, hi) for k, (lo, hi) in enumerate(split_weighted(step.recv.numel(), self.table[self.right]))]
+        works = [self.recv_groups[k].recv([step.recv[lo:hi]], self.right, b) for k, lo, hi in cuts if hi > lo]
         if self.measure and self._quick:
             self._quickack([k for k, lo, hi in cuts if hi > lo])
-        sends = [
-            self.groups[k].send([send[lo:hi]], self.left, b)
-            for k, (lo, hi) in enumerate(split_weighted(send.numel(), self.table[self.rank]))
+        return works
+
+    def _post_sends(self, b: int, step: _Step) -> list:
+        """`step`'s sends to the left, cut by this host's shares."""
+        return [
+            self.groups[k].send([step.send[lo:hi]], self.left, b)
+            for k, (lo, hi) in enumerate(split_weighted(step.send.numel(), self.table[self.rank]))
             if hi > lo
         ]
-        try:
-            for work in recvs + sends:
-                work.wait(self.timeout)
-        except Exception as e:
-            raise CommError(
-                f"multistream hop ring: bucket {b}, {phase} step {s}, between rank {self.rank} and its neighbours "
-                f"{self.left} and {self.right} failed: {e}. A peer died or stalled; point-to-point sends give up "
-                f"after dist.timeout_s={self.timeout_s:g} s"
-            ) from e
+
+
+class _Step:
+    """One ring step: `send` goes left, `recv` comes from the right and is added into `into` (reduce-scatter) or
+    lands in place (all-gather, `into` None)."""
+
+    def __init__(self, phase: str, s: int, send: torch.Tensor, recv: torch.Tensor, into: torch.Tensor | None):
+        self.phase, self.s, self.send, self.recv, self.into = phase, s, send, recv, into
+
+    def clear_of(self, running: _Step) -> bool:
+        """Whether this step's receive buffer shares no byte with what the `running` step sends, receives or adds
+        into, so it may be posted while that step runs."""
+        return all(_disjoint(self.recv, t) for t in (running.send, running.recv, running.into) if t is not None)
+
+
+def _disjoint(a: torch.Tensor, b: torch.Tensor) -> bool:
+    a_lo, b_lo = a.data_ptr(), b.data_ptr()
+    return a_lo + a.numel() * a.element_size() <= b_lo or b_lo + b.numel() * b.element_size() <= a_lo

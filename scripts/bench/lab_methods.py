@@ -97,11 +97,11 @@ LAB_METHODS = {
             "its own connections), timed once its balancer settled",
             default=False,
             overrides=("comm.balance=true", "comm.balance_level=hop"),
-            # Twice DDP's default, so about two buckets of ResNet-50's gradient: one per lane of the ring
-            # (hopring.LANES). Each bucket's ring is 2(W-1) steps of K pieces, so the ring sends K times DDP's
-            # messages per bucket, and 16 ranks on the lab's two cores pay for each. Earlier runs took 25 (their
-            # settings say 1.25 MB at --fraction 0.05).
-            bucket_mb=50.0,
+            # K = 4 times DDP's default, so each of the ring's pieces (a bucket / W / K) is as large as one of DDP's
+            # ring messages (a bucket / W) and it sends as many: ResNet-50's gradient is one bucket. With DDP's 25 MB
+            # the ring sent K times DDP's messages, and 16 ranks on the lab's two cores paid for each; earlier runs
+            # took 25 (their settings say 1.25 MB at --fraction 0.05).
+            bucket_mb=100.0,
         ),
         LabMethod("horovod", "horovod", "real horovod.torch DistributedOptimizer, Horovod's defaults (gloo)"),
     )
