@@ -41,10 +41,11 @@ own stream ordering, and no GPU has run this.
 The ring's cost is per piece: K times the messages of a gloo ring on one connection, each a receive posted, a
 ready notice back, the data, and a wake-up on both hosts. Where many ranks share few cores (16 lab hosts on 2 cores)
 that CPU is the step. So the K groups share one gloo device (`new_group`): one event loop per process serves all K
-connections to a peer, where K devices would each run their own; and each piece is posted with the group's own
-`send`/`recv`, not through `torch.distributed.isend`'s checks. On loopback, 16 ranks on 2 cores, 4 buckets of 5.1
-MB in all: 74 ms of CPU per rank and step against 98 with a device per group (a scratch measurement; the lab's rows
-are in docs/allreduce.md).
+connections to a peer, where K devices would each run their own; each piece is posted with the group's own
+`send`/`recv`, not through `torch.distributed.isend`'s checks; and each ring step's receives are posted while the
+step before it runs, so the neighbour finds their ready notices waiting instead of a round trip later. Buckets K
+times a one-connection collective's keep the pieces as large and as few as its messages (docs/allreduce.md,
+*Sixteen hosts on two cores*).
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def _create_backend(store, rank: int, size: int, timeout: datetime.timedelta):
 def new_group(timeout: datetime.timedelta):
     """A gloo process group over every rank, for the ring: its own TCP connection to every peer, but on the one
     device (one event loop thread) that every group made here shares."""
-    if BACKEND.upper() not in td.Backend._plugins:
+    if not hasattr(td.Backend, BACKEND.upper()):  # registering sets Backend.GLOO_HOP
         td.Backend.register_backend(BACKEND, _create_backend, devices=["cpu"])
     return td.new_group(backend=BACKEND, timeout=timeout)
 
