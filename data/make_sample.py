@@ -18,8 +18,12 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from base.errors import DataError
-from base.writer import to_json, write_output
+# Run as a file (`python data/make_sample.py`, as the Makefile does), Python puts data/ on the path, not the
+# repository: the imports below are the repository's packages.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from base.errors import DataError  # noqa: E402
+from base.writer import to_json, write_output  # noqa: E402
 
 # The first ImageNet synsets, so folder names look like the real thing.
 WNIDS = [

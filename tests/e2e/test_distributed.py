@@ -1,11 +1,11 @@
-"""Real multi-process runs (torchrun, gloo): exact validation and the 2-process quickstart."""
+"""Real multi-process runs (torchrun, gloo): exact validation (the quickstart: tests/e2e/test_front_door.py)."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from support import ROOT, tiny_config, torchrun
+from support import tiny_config, torchrun
 
 from recipes.evaluation.accuracy import evaluate_checkpoint
 from recipes.trainer import train
@@ -25,25 +25,6 @@ def test_validation_is_exact_for_world_size_not_dividing_val_set(tiny_root, tmp_
     assert single["count"] == three["count"] == 20  # 20 images over 3 ranks: 7 + 7 + 6, none twice
     assert three["world_size"] == 3
     assert three["top1"] == pytest.approx(single["top1"]) and three["top5"] == pytest.approx(single["top5"])
-
-
-@pytest.mark.slow
-def test_two_process_quickstart_reaches_target(sample_root, tmp_path):
-    """The README's quickstart: 2 processes reach its 90% top-1 target (run.stop_at_target ends it there; the
-    README's table of the full 9 epochs is docs/data's summary, held to it by tests/meta/test_docs_numbers.py)."""
-    run = tmp_path / "qs"
-    args = ["train.py", "-c", "configs/quickstart.yaml", "--run-dir", str(run), f"data.root={sample_root}"]
-    p = torchrun(2, [*args, "run.stop_at_target=true"], timeout=900)
-    assert p.returncode == 0, p.stderr[-3000:]
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["world_size"] == 2
-    assert summary["final_top1"] >= 90.0
-    assert summary["time_to_target_seconds"] is not None
-    assert "| final top-1 / top-5" in p.stdout
-    assert p.stdout.count("| summary") == 1  # rank 1 is quiet
-    lines = (run / "dawnbench.tsv").read_text().splitlines()
-    assert len(lines) == 1 + summary["epochs"]
-    assert (ROOT / "configs" / "quickstart.yaml").exists()
 
 
 def test_generation_id_is_the_newest_rendezvous_round_in_the_rendezvous_store(monkeypatch):
