@@ -17,7 +17,7 @@ from these tables, so a wrong name is a `ConfigError` (with "did you mean") when
 (`recipes.comm.create_allreduce`, `data.create_input`, `recipes.optim.create_optimizer`, `models.create_model`) take
 the implementation from here when it is asked for; the time model, `train.py --plan --gpu`, scripts/predict.py and
 compare_runs list the backends from `ALLREDUCE_BACKENDS` (the network lab measures those of them its own
-`scripts/bench/lab_methods.py` lists), the GPU check its equality and end-to-end runs from the backends' launchers.
+`lab/lab_methods.py` lists), the GPU check its equality and end-to-end runs from the backends' launchers.
 A new backend, input pipeline, model or optimizer is one record here plus its module, its config class if it has
 knobs of its own, and tests (a backend: a step-time model in recipes/comm/stepmodel.py, unless it issues another
 backend's messages). The records are plain data, and nothing of this repository is imported at import time: the

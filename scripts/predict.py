@@ -5,7 +5,6 @@
     python scripts/predict.py --hosts 2 --gpus-per-host 8 --gpu a100 --link-gbit 100 --json a100.json
     python scripts/predict.py --gpu-profile gpu_check.json                   # measured rates replace published ones
     python scripts/predict.py --network runs/x/network.json                  # the link probe's figures (launch.py)
-    python scripts/predict.py --validate lab.json --fit-hosts 2 4            # the comm model against the lab
 
 Compute comes per image size from a rate table (published PyTorch figures per GPU, the H200 measured here and the
 H100 derived from it, or `--gpu-profile` from `make gpu-check`), never shorter than the step floor (a per-step cost
@@ -13,7 +12,7 @@ set on the host, found in the rate table: the "floor ms" column is the part of a
 intra-host share, the exposed inter-host communication (recipes/comm/stepmodel.py), a per-step
 synchronisation cost, pipeline rebuilds and autotuning at phase changes are training-clock terms; validation, the
 BN-statistics allreduce and start-up are wall-clock terms. Every run prints the calibration on the two published
-Alibaba runs (fitted, with residuals: docs/data/timemodel-evidence.json, which scripts/timemodel_evidence.py writes
+Alibaba runs (fitted, with residuals: docs/data/timemodel-evidence.json, which lab/timemodel_evidence.py writes
 with the out-of-sample evidence); a prediction is a range with the term of the widest uncertainty named.
 """
 
@@ -34,35 +33,7 @@ from recipes.argtypes import OneLineParser, bounded_float, bounded_int  # noqa: 
 from recipes.comm.plan import Settings  # noqa: E402
 from recipes.rundir.writer import figure_bytes  # noqa: E402
 
-# --validate: the model against the network lab (re-exported: tests use predict.lab_predict, predict.LAB_FIT, ...)
-from scripts.predict_lab import (  # noqa: E402, F401
-    LAB_FIT,
-    LAB_METHODS,
-    LabFit,
-    fit_lab,
-    lab_predict,
-    lab_specs,
-    load_lab,
-    measured,
-    validate,
-)
-
 RECORD_S = 157.55  # the record's TSV: hours 0.043763889 at its last epoch (DAWNBench training clock)
-TERMS = (
-    "compute",
-    "step floor",
-    "intra-host",
-    "exposed comm",
-    "sync",
-    "small collectives",
-    "input wait",
-    "pipeline rebuild",
-    "autotune",
-    "validation",
-    "BN allreduce",
-    "start-up",
-)
-
 
 DEFAULT_GPU = "v100-32gb"  # the record's GPU: a config that names none is predicted on it
 RATE_TABLE_OF = {"a100-40gb": "a100"}  # a memory size of a GPU whose compute has one rate table
@@ -422,20 +393,11 @@ def parser() -> OneLineParser:
     ap.add_argument("--json", default="", help="write per-backend, per-phase, per-term numbers to this file")
     ap.add_argument("--png", default="", help="plot the predicted training clock against hosts to this PNG")
     ap.add_argument("--max-hosts", type=bounded_int(1, 4096), default=64)
-    ap.add_argument(
-        "--validate", nargs="+", default=[], help="scripts/bench/bench_allreduce.py --json files: fit, check"
-    )
-    ap.add_argument(
-        "--fit-hosts", type=bounded_int(2, 4096), nargs="+", default=[2, 4], help="--validate: host counts to fit on"
-    )
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if args.validate:
-        print("\n".join(validate(args.validate, args.fit_hosts)))
-        return 0
     from base.errors import ConfigError
     from recipes.config import load_config
 

@@ -191,9 +191,9 @@ def two_local_hosts(tmp_path: Path) -> Path:
 
 
 def _netlab_missing() -> str | None:
-    if not (ROOT / "scripts" / "netlab.py").is_file():
-        return "scripts/netlab.py (the network lab, issue 5) is not in this tree"
-    from scripts import netlab
+    if not (ROOT / "lab" / "netlab.py").is_file():
+        return "lab/netlab.py (the network lab, issue 5) is not in this tree"
+    from lab import netlab
 
     return netlab.available()
 

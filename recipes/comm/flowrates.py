@@ -2,7 +2,7 @@
 
 recipes/comm/stepmodel.py gives every flow the same ceiling. On a cloud network it is not so: ECMP hashes each TCP
 connection onto one path, paths collide and a neighbour loads one, so the K connections of one hop run at unequal
-rates. This module names the uneven networks the lab builds (`PROFILES`, also scripts/netlab_flows.py's leaves) and
+rates. This module names the uneven networks the lab builds (`PROFILES`, also lab/netlab_flows.py's leaves) and
 predicts the bandwidth of a ring allreduce over them for three ways of spreading a message over the connections:
 
     even     each message split evenly over the K connections (NCCL over its sockets; multistream with a static

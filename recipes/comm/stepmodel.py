@@ -37,7 +37,7 @@ WIRE_BYTES = {"none": None, "fp16": 2, "bf16": 2}
 DDP_FIRST_BUCKET_MB = 1.0  # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES
 # What predict_step models: every registered allreduce backend (base/registry.py; its record's `step_model` points
 # at its StepPattern below) and the baselines no backend runs (BASELINES: per-tensor, one allreduce per gradient,
-# which the network lab measures, scripts/bench/lab_methods.py).
+# which the network lab measures, lab/lab_methods.py).
 BASELINE_NAMES = ("per-tensor",)
 BACKENDS = (*registry.ALLREDUCE_BACKENDS, *BASELINE_NAMES)
 # TCP flows per peer that one NCCL communicator opens by default (NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD,
@@ -264,7 +264,7 @@ class StepPattern:
     label: Callable[[int, dict], str]  # (gradients, predict_step's settings) -> "bucket_cap_mb 25"
     parse: Callable[[str], dict] = lambda label: {}  # the comm.* keys of a label (the lab's JSON) it wrote
     # Its messages wait for a coordination round through rank 0 whose cost grows with the ranks (Horovod): the lab's
-    # fit finds that cost apart, from these backends only (scripts/predict_lab.py).
+    # fit finds that cost apart, from these backends only (lab/predict_lab.py).
     negotiates: bool = False
 
 

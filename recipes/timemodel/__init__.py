@@ -26,7 +26,7 @@ The package, one job per module:
     profile     when each gradient is ready during backward (the model's FLOPs on the meta device)
     terms       sync, validation, BN allreduce, start-up, the comm model's range: value, range and source each
     estimate    Cluster, Phase, Backend and `estimate`: a schedule's terms on a cluster
-    calibration the fit's residuals on the published runs, as scripts/timemodel_evidence.py wrote them to
+    calibration the fit's residuals on the published runs, as lab/timemodel_evidence.py wrote them to
                 docs/data/timemodel-evidence.json (read when asked; the evidence is research, not product)
     entry       `predict`, `predicted_seconds` and `predicted_estimate` for other tools, `calibrated_compute` for
                 the autotuner's start

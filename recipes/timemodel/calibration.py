@@ -1,5 +1,5 @@
 """The calibration's residuals that scripts/predict.py prints on every run: the model on the two published Alibaba
-runs it is fitted on (ResNet-50), as scripts/timemodel_evidence.py computed them into
+runs it is fitted on (ResNet-50), as lab/timemodel_evidence.py computed them into
 docs/data/timemodel-evidence.json. Read when asked, never at import; the evidence itself is research (that script and
 docs/scaling.md), not part of a prediction.
 """

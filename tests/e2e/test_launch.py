@@ -1,7 +1,7 @@
 """scripts/launch.py: host lists, transports, per-host commands, checks, and real multi-"host" runs on one machine.
 
 Two "hosts" are two torchrun agents on loopback (local transport) or two network namespaces behind a shaped link
-(netns transport, scripts/netlab.py); they rendezvous with c10d (`--nnodes 2`) and train on CPU with gloo.
+(netns transport, lab/netlab.py); they rendezvous with c10d (`--nnodes 2`) and train on CPU with gloo.
 """
 
 from __future__ import annotations
@@ -621,9 +621,9 @@ def test_a_dying_host_stops_the_whole_job_with_host_and_code_named(tmp_path, tin
 def test_two_hosts_in_the_network_lab_train_across_a_shaped_link(tmp_path, tiny_root):
     """The tiny recipe on two network-lab hosts to a target its first epoch reaches (4 classes: the top 5 hold every
     class): the rendezvous and every step's allreduce cross the shaped link."""
+    from lab import netlab
     from models import create_model
     from recipes.config import load_config
-    from scripts import netlab
 
     run_dir = tmp_path / "lab"
     with netlab.NetLab(2, link_mbit=2000, flow_mbit=700) as lab:

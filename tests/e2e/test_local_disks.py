@@ -121,7 +121,7 @@ class PrivateDirs:
 def lab3():
     if NETLAB_MISSING:
         pytest.skip(NETLAB_MISSING)
-    from scripts import netlab
+    from lab import netlab
 
     with netlab.NetLab(3) as lab:
         yield lab

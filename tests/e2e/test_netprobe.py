@@ -72,7 +72,7 @@ def test_each_connections_rate_gives_the_spread_and_names_the_uneven_pair(tmp_pa
 
 
 def _netlab_missing() -> str | None:
-    from scripts import netlab
+    from lab import netlab
 
     return netlab.available()
 
@@ -86,7 +86,7 @@ NETLAB_MISSING = _netlab_missing()
 def test_probe_finds_the_slow_pair_in_the_network_lab(tmp_path):
     """3 hosts, 400 Mbit/s links with 150 Mbit/s per flow; the pair h0 <-> h1 shaped to 80 Mbit/s in the switch.
     The probe, run by the launcher through the netns transport, flags that pair and measures it within 10%."""
-    from scripts import netlab
+    from lab import netlab
 
     slow_mbit = 80
     with netlab.NetLab(3, link_mbit=400, flow_mbit=150) as lab:

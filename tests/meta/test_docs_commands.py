@@ -3,7 +3,7 @@
 Every `python ...`, `torchrun ...`, `horovodrun ...` and `make ...` command, in a code block or an inline code span,
 is checked without training anything:
 - the script (or `-m` module) exists, and every `--flag` it is given appears in its `--help` (a `-m` module of
-  the repository's scripts/ too);
+  the repository's scripts/ or lab/ too);
 - torchrun's and horovodrun's own flags appear in their `--help`; the command they start is checked the same way;
 - `train.py` / `scripts/launch.py -c FILE key=value ...`: the real config loader accepts the file and the overrides;
 - `make TARGET VAR=...`: `make -n` (print the recipe, run nothing) knows the target.
@@ -35,7 +35,7 @@ BIN = Path(sys.executable).parent
 
 
 def docs() -> list[Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return [ROOT / "README.md", ROOT / "lab" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def commands_in(text: str) -> list[tuple[int, str]]:
@@ -140,17 +140,17 @@ def _check(words: list[str]) -> list[str]:
     if args[:1] == ["-m"]:
         if not importlib.util.find_spec(args[1]):
             return [f"module '{args[1]}' not found"]
-        return _check_module(args[1], args[2:]) if args[1].split(".")[0] == "scripts" else []
+        return _check_module(args[1], args[2:]) if args[1].split(".")[0] in ("scripts", "lab") else []
     return _check_script(args[0], args[1:])
 
 
 def _check_module(module: str, args: list[str]) -> list[str]:
-    """`python -m scripts.x ...` (the repository's own tools): every flag it is given appears in its `--help`."""
+    """`python -m scripts.x ...` or `lab.x` (the repository's own tools): every flag it is given is in its `--help`."""
     out = help_text(sys.executable, "-m", module, "--help")
     if not out:
         return [f"`python -m {module} --help` fails"]
     problems = [f"{module} has no option {f}" for f in _flags_missing(args, out)]
-    if "--" in args:  # e.g. scripts.netlab ... -- COMMAND: check the command it runs too
+    if "--" in args:  # e.g. lab.netlab ... -- COMMAND: check the command it runs too
         problems += _check(_strip_prefix(args[args.index("--") + 1 :]))
     return problems
 

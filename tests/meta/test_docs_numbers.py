@@ -15,8 +15,8 @@ def _flat(path: str) -> str:
 
 @pytest.fixture(scope="module")
 def evidence() -> tuple[dict, dict]:
-    """docs/data/timemodel-evidence.json and the model's rows as scripts/timemodel_evidence.py computes them now."""
-    from scripts import timemodel_evidence
+    """docs/data/timemodel-evidence.json and the model's rows as lab/timemodel_evidence.py computes them now."""
+    from lab import timemodel_evidence
 
     doc = timemodel_evidence.load()
     return doc, timemodel_evidence.model_rows(doc)
@@ -29,8 +29,8 @@ def out_of_sample(evidence) -> list[dict]:
 
 def test_the_time_models_evidence_tables_are_the_scripts(evidence):
     """docs/scaling.md's calibration, out-of-sample and step-by-term tables are every table row that
-    `python scripts/timemodel_evidence.py` prints, as it prints them."""
-    from scripts import timemodel_evidence
+    `python lab/timemodel_evidence.py` prints, as it prints them."""
+    from lab import timemodel_evidence
 
     rows = [line for line in timemodel_evidence.tables(*evidence) if line.startswith("|")]
     assert len(rows) >= 45
@@ -73,7 +73,7 @@ def test_the_quickstart_is_measured_in_one_place():
 
 
 # --- The network lab: every table row in the docs is recomputed from the bench's JSON (docs/data/lab-*.json), as
-# scripts/bench/bench_allreduce.py prints it, with the CPU count of the machine that ran it.
+# lab/bench_allreduce.py prints it, with the CPU count of the machine that ran it.
 
 LAB_METHODS = ("per-tensor", "ddp", "ddp-flows", "multistream", "tuned")
 
@@ -173,13 +173,13 @@ def test_the_multiflow_speedups_quoted_are_the_tables():
     assert f"it is {lo}-{hi}x at 2-16 hosts ({tlo}-{thi}x after its auto-tuner)" in readme
 
 
-# --- The step model against the lab (scripts/predict.py --validate): the validation tables and the errors quoted.
+# --- The step model against the lab (lab/predict_lab.py): the validation tables and the errors quoted.
 
 MULTIFLOW = ["lab-multiflow-2-4.json", "lab-multiflow-8-16.json"]
 
 
 def _validate(names: list[str]) -> tuple[list[str], dict[tuple[int, str], str]]:
-    from scripts import predict_lab
+    from lab import predict_lab
 
     lines = predict_lab.validate([str(ROOT / "docs" / "data" / n) for n in names], [2, 4])
     rows = [line.split(" | ") for line in lines if line.startswith("| ") and line[2].isdigit()]
@@ -194,8 +194,8 @@ def multiflow_validation():
 def test_the_lab_fit_the_record_prediction_uses_is_the_multiflow_runs():
     """LAB_FIT (goodput 93%, 9 us per ring step) is the fit on the committed 2- and 4-host multi-flow rows, and the
     record's cluster assumes the same goodput."""
+    from lab import predict_lab
     from recipes.timemodel.estimate import Cluster
-    from scripts import predict_lab
 
     records = predict_lab.load_lab([str(ROOT / "docs" / "data" / n) for n in MULTIFLOW])
     fit = predict_lab.fit_lab([r for r in records if r["hosts"] in (2, 4)])
@@ -223,7 +223,7 @@ def test_the_multiflow_prediction_errors_quoted_are_the_validations(multiflow_va
 
 
 def _validation_in_scaling(name: str) -> tuple[list[str], dict[tuple[int, str], str]]:
-    """Every line `predict.py --validate docs/data/<name>` prints is in docs/scaling.md; (lines, errors by (hosts,
+    """Every line `lab/predict_lab.py docs/data/<name>` prints is in docs/scaling.md; (lines, errors by (hosts,
     method))."""
     lines, err = _validate([name])
     doc = (ROOT / "docs" / "scaling.md").read_text().splitlines()

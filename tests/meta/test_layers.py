@@ -12,6 +12,7 @@ layers, or of its own layer and top-level package. data/ and models/ share a lay
     trainer           recipes.trainer: puts the parts together
     command line      recipes.cli: what train.py does with its arguments
     entry points      train.py, evaluate.py, scripts/
+    lab               lab/: the network lab and the research tools; they import the product, nothing imports them
 
 A new module goes into one of the layers below (the test names it until it does).
 """
@@ -41,8 +42,10 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("trainer", ["recipes.trainer"]),
     ("command line", ["recipes.cli"]),
     ("entry points", ["train", "evaluate", "scripts"]),
+    ("lab", ["lab"]),
 ]
-PACKAGES = ("base", "data", "models", "recipes", "scripts")
+PACKAGES = ("base", "data", "models", "recipes", "scripts", "lab")
+PRODUCT = ("base", "data", "models", "recipes", "scripts", "train", "evaluate")  # what a user of the recipe runs
 
 
 def module_name(path) -> str:
@@ -118,6 +121,34 @@ def test_imports_only_run_downwards():
                     f"{path.relative_to(ROOT)}:{line}: {mod} ({LAYERS[mine][0]}) imports {target} ({LAYERS[theirs][0]})"
                 )
     assert not bad, "imports that run upwards:\n" + "\n".join(bad)
+
+
+def imports_of_the_lab(modules: dict) -> list[tuple[str, int, str]]:
+    """(module, line, lab module) for every import of lab/ in the product (at the top or inside a function)."""
+    return [
+        (mod, line, target)
+        for mod, path in modules.items()
+        if mod.split(".")[0] in PRODUCT
+        for line, target in imports(path, modules, mod)
+        if target.split(".")[0] == "lab"
+    ]
+
+
+def test_the_product_never_imports_the_lab():
+    """The lab depends one way on the product: a tool of scripts/ or a part of recipes/ that needs a lab module
+    takes that code into the product, so the recipe reads and runs without lab/."""
+    bad = [f"{mod}:{line} imports {target}" for mod, line, target in imports_of_the_lab(project_modules())]
+    assert not bad, "the product imports the lab (lab/ may import the product, never the reverse): " + ", ".join(bad)
+
+
+def test_the_lab_check_catches_a_product_module_importing_the_lab(tmp_path):
+    """A product module importing the lab inside a function is found, with its line; the lab importing the product
+    is not."""
+    fake = tmp_path / "scripts" / "uses_lab.py"
+    fake.parent.mkdir()
+    fake.write_text("import base.errors\n\n\ndef f():\n    from lab import netlab\n")
+    found = imports_of_the_lab({**project_modules(), "scripts.uses_lab": fake})
+    assert found == [("scripts.uses_lab", 5, "lab"), ("scripts.uses_lab", 5, "lab.netlab")]
 
 
 # What each of the lower packages may import of the project: base nothing but itself, data and models base and
@@ -218,33 +249,35 @@ def test_the_cycle_check_finds_a_cycle():
     assert import_cycles({"a": {"b"}, "b": set()}) == []
 
 
-# Entry points run as files (`python scripts/launch.py`): the repository root is not on the path until they put it
-# there. Everything else in scripts/ is imported as a package or run with `python -m scripts.<package>.<module>`.
+# Entry points run as files (`python scripts/launch.py`, `python lab/netlab.py`): the repository root is not on the
+# path until they put it there. Everything else in scripts/ is imported as a package or run with
+# `python -m scripts.<package>.<module>`; every tool of lab/ starts both ways.
 RUN_AS_FILES = {"scripts/launch.py", "scripts/launcher/preflight.py", "scripts/predict.py"}
 RUN_AS_FILES |= {"scripts/compare_runs.py", "scripts/gen_config_reference.py", "scripts/gen_presets.py"}
-RUN_AS_FILES |= {"scripts/netlab.py", "scripts/predict_flows.py", "scripts/timemodel_evidence.py"}
+RUN_AS_FILES |= {"lab/netlab.py", "lab/predict_flows.py", "lab/timemodel_evidence.py", "lab/predict_lab.py"}
+RUN_AS_FILES |= {"lab/bench_allreduce.py", "lab/bench_balance_cost.py", "lab/uneven_tables.py"}
 
 
 def test_every_script_with_a_main_can_be_run_as_a_file():
-    """A file in scripts/ with a `__main__` block is run as `python scripts/x.py` by someone: if it imports the
-    project it must put the root on the path (`python scripts/netlab.py` once died with ModuleNotFoundError)."""
+    """A file in scripts/ or lab/ with a `__main__` block is run as `python scripts/x.py` by someone: if it imports
+    the project it must put the root on the path (`python scripts/netlab.py` once died with ModuleNotFoundError)."""
     missing = []
-    for path in sorted((ROOT / "scripts").glob("*.py")):
+    for path in sorted([*(ROOT / "scripts").glob("*.py"), *(ROOT / "lab").glob("*.py")]):
         text = path.read_text()
         rel = path.relative_to(ROOT).as_posix()
         imports_project = any(
-            f"\nfrom {p}" in text or f"\nimport {p}" in text for p in ("scripts", "recipes", "data", "base")
+            f"\nfrom {p}" in text or f"\nimport {p}" in text for p in ("scripts", "recipes", "data", "base", "lab")
         )
         if '__name__ == "__main__"' in text and imports_project and rel not in RUN_AS_FILES:
             missing.append(rel)
     assert not missing, f"run as files but never put the repository on sys.path: {missing}"
-    out = subprocess.run([sys.executable, str(ROOT / "scripts/netlab.py"), "--help"], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, str(ROOT / "lab/netlab.py"), "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "usage: netlab.py" in out.stdout, out.stderr[-300:]
 
 
 def test_scripts_edit_sys_path_only_where_run_as_files():
     bad = []
-    for path in sorted((ROOT / "scripts").rglob("*.py")):
+    for path in sorted([*(ROOT / "scripts").rglob("*.py"), *(ROOT / "lab").rglob("*.py")]):
         rel = path.relative_to(ROOT).as_posix()
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             chain = node.func.value if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) else None

@@ -1,7 +1,7 @@
 """One reader, one writer, enforced: every file the project's code writes goes through base/writer.py, and every
 file it reads through base/reader.py, except the calls named in `EXCEPTIONS`, each with its reason.
 
-The test walks the syntax tree of train.py, evaluate.py and every module under base/, recipes/, data/, scripts/ and
+The test walks the syntax tree of train.py, evaluate.py and each module in base/, recipes/, data/, scripts/, lab/ and
 models/, and lists each call that writes a file (`open` for writing, `os.open`, `write_text`, `write_bytes`, `savefig`,
 `json.dump`, `torch.save`, `shutil.copy*`/`move`, `os.replace`/`rename`/`link`/`symlink`, `Path.rename`,
 `symlink_to`) or reads one (`open` for reading, `read_text`, `read_bytes`, `json.load`, `torch.load`, `np.load`,
@@ -47,7 +47,7 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ("recipes/comm/tuner.py", "cache_store"): "the tuner cache: a temp file opened O_EXCL | O_NOFOLLOW, renamed",
     ("recipes/dawnbench.py", "write_entry"): "reads back the entry and table it has just written, to copy them",
     ("recipes/distributed.py", "rendezvous_endpoint"): _PROC,
-    ("scripts/netlab_flows.py", "established"): _PROC,
+    ("lab/netlab_flows.py", "established"): _PROC,
     # make install runs it before the project is known to import (the Dockerfile copies it alone): stdlib only
     ("scripts/check_install.py", "requirements"): "reads the repository's own requirement files, before install",
     ("recipes/distributed.py", "_thread_states"): _PROC,
@@ -67,10 +67,10 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ("data/download.py", "from_download"): _ARCHIVE,
     ("data/prepare.py", "_resize_one"): _IMAGES,
     ("data/prepare.py", "sort_val"): "moves the user's own validation images into class folders (os.replace)",
-    ("scripts/bench/bench_allreduce.py", "worker"): "a worker's result file in the bench's private temp folder",
-    ("scripts/bench/bench_allreduce.py", "hvd_worker"): "a worker's result file in the bench's private temp folder",
-    ("scripts/bench/bench_allreduce.py", "_run_torch"): "reads its workers' result files from its private temp folder",
-    ("scripts/bench/bench_allreduce.py", "_run_horovod"): "reads its workers' result files from its temp folder",
+    ("lab/bench_allreduce.py", "worker"): "a worker's result file in the bench's private temp folder",
+    ("lab/bench_allreduce.py", "hvd_worker"): "a worker's result file in the bench's private temp folder",
+    ("lab/bench_allreduce.py", "_run_torch"): "reads its workers' result files from its private temp folder",
+    ("lab/bench_allreduce.py", "_run_horovod"): "reads its workers' result files from its temp folder",
     ("scripts/bench/bench_input.py", "cpu_seconds"): _PROC,
     ("scripts/bench/bench_input.py", "ensure_data"): "reads the sample.json that make_sample wrote for it",
     ("scripts/bench/bench_input.py", "dataset_line"): _ARCHIVE,
@@ -92,7 +92,7 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ("scripts/launcher/guard.py", "_process_table"): _PROC,
     ("scripts/launcher/job.py", "_Host._copy"): "appends a host's output to its log, opened O_APPEND | O_NOFOLLOW",
     ("scripts/launcher/netprobe.py", "main"): "the probe's figures: a temp file opened O_EXCL | O_NOFOLLOW, renamed",
-    ("scripts/netlab.py", "NetLab._hosts_file"): "writes /etc/netns/<ns>/hosts of a namespace the lab creates",
+    ("lab/netlab.py", "NetLab._hosts_file"): "writes /etc/netns/<ns>/hosts of a namespace the lab creates",
 }
 
 _WRITE_ATTRS = {"write_text", "write_bytes", "savefig", "rename", "symlink_to", "hardlink_to"}
@@ -171,7 +171,7 @@ def file_accesses(source: str, filename: str) -> list[tuple[str, int, str]]:
 
 def scanned_files(root: Path) -> list[Path]:
     files = [root / "train.py", root / "evaluate.py"]
-    for pkg in ("base", "recipes", "data", "scripts", "models"):
+    for pkg in ("base", "recipes", "data", "scripts", "models", "lab"):
         files += sorted((root / pkg).rglob("*.py"))
     return files
 

@@ -1,12 +1,12 @@
-"""Uneven flows: the profiles (recipes/comm/flowrates.py, the lab's leaves in scripts/netlab_flows.py) and the
+"""Uneven flows: the profiles (recipes/comm/flowrates.py, the lab's leaves in lab/netlab_flows.py) and the
 model of a ring over unequal connections under even striping, communicator- and hop-level balancing."""
 
 from __future__ import annotations
 
 import pytest
 
+from lab import netlab_flows as nf
 from recipes.comm import flowrates as fr
-from scripts import netlab_flows as nf
 
 F = 40 / 3
 

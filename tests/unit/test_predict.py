@@ -1,5 +1,5 @@
-"""scripts/predict.py: the record prediction runs and reports every backend; the model reproduces a lab run it
-was not fitted on (3 hosts; it was fitted on 2 and 4)."""
+"""scripts/predict.py: the record prediction runs and reports every backend (the model against the network lab:
+tests/lab/test_predict_lab.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import pytest
 from support import ROOT
 
 from base import registry
-from scripts import netlab, predict
-from scripts.bench import bench_allreduce
+from scripts import predict
 
 
 def test_bad_input_exits_2(capsys, tmp_path):
@@ -66,31 +65,6 @@ def test_gpu_profile_prints_the_step_floor_per_phase(tmp_path, capsys):
             else:
                 assert p["step_ms"]["step floor"] == 0.0
     assert predict.main(["--gpu", "h200"]) == 0 and "step floor: 35.0 ms (25.9-41.6)" in capsys.readouterr().out
-
-
-def _lab_run(tmp_path, flow_ratio: int, contenders: str) -> dict:
-    out = tmp_path / f"lab-{flow_ratio}.json"
-    argv = ["--no-loopback", "--worlds", "3", "--link-mbit", "100", "--flow-ratio", str(flow_ratio)]
-    argv += ["--fraction", "0.05", "--steps", "2", "--rounds", "2", "--contenders", contenders, "--json", str(out)]
-    assert bench_allreduce.main(argv) == 0
-    return json.loads(out.read_text())[0]
-
-
-@pytest.mark.slow
-@pytest.mark.netns
-@pytest.mark.skipif(netlab.available() is not None, reason=str(netlab.available()))
-def test_model_reproduces_an_unfitted_lab_run(tmp_path):
-    # Per-flow cap of a third of the link: ddp's one flow per direction is held to it. Multistream is checked where
-    # the link cap binds (per-flow cap = link): the lab hashes flows into leaves on 8 bits of the source port, and
-    # in some runs two of multistream's K connections share a leaf (half the cap for that slice), which the model
-    # of a cloud's per-flow cap leaves out (at 40 Mbit/s: measured 1.44 s or 2.12 s for one predicted 1.52 s). At
-    # 100 Mbit/s and 1/20 of each gradient the model was within 4% of all three (2026-12-05, 2-core machine).
-    runs = [(_lab_run(tmp_path, 3, "ddp"), "ddp")]
-    uncapped = _lab_run(tmp_path, 1, "ddp,multistream")
-    runs += [(uncapped, "ddp"), (uncapped, "multistream")]
-    for rec, method in runs:
-        pred, meas = predict.lab_predict(rec, method, predict.LAB_FIT), predict.measured(rec, method)
-        assert abs(pred / meas - 1) < 0.15, (method, rec["flow_mbit"], pred, meas)
 
 
 def test_network_file_gives_the_link_figures(tmp_path, capsys):

@@ -103,7 +103,7 @@ def test_optimizers_and_models_load():
 
 def test_every_backend_is_modelled_and_checked_by_the_gpu_check():
     """Every backend has a launcher, a bucket key of the schema and a step model; the GPU check's equality runs come
-    from the records. (The network lab's methods are the lab's own: tests/unit/test_lab_methods.py.)"""
+    from the records. (The network lab's methods are the lab's own: tests/lab/test_lab_methods.py.)"""
     from recipes.comm import stepmodel
 
     for name, r in registry.ALLREDUCE_BACKENDS.items():

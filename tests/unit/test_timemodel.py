@@ -1,6 +1,6 @@
 """recipes/timemodel/: a GPU profile file replaces the published rates, bad profile files give one-line errors, the
 step floor, the input term and the predict API. (The published evidence, calibration and out of sample:
-tests/unit/test_timemodel_evidence.py.)"""
+tests/lab/test_timemodel_evidence.py.)"""
 
 from __future__ import annotations
 

@@ -1,7 +1,10 @@
-"""The step-time model against the network lab: `scripts/predict.py --validate` (recipes/comm/stepmodel.py).
+#!/usr/bin/env python
+"""The step-time model (recipes/comm/stepmodel.py) against the network lab: fit it on some host counts, check it on all.
 
-The lab file is what `python -m scripts.bench.bench_allreduce --json` writes: per host count, the compute-only time
-and each contender's measured step (the methods of scripts/bench/lab_methods.py: under `torch` those the
+    python lab/predict_lab.py docs/data/lab-multiflow-2-4.json docs/data/lab-multiflow-8-16.json --fit-hosts 2 4
+
+The lab file is what `python -m lab.bench_allreduce --json` writes: per host count, the compute-only time
+and each contender's measured step (the methods of lab/lab_methods.py: under `torch` those the
 lab's own ranks run, at the top level one with its own launcher, Horovod). `load_lab`
 merges several such files by host count; `lab_predict` is the model's step time for one contender of one record (the
 gradient list of bench_allreduce at its `fraction`, compute not overlapped, `LabFit`'s goodput and per-message
@@ -13,13 +16,19 @@ fit. `LAB_FIT` is the fit of docs/scaling.md, which tests check an unfitted lab 
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
-from base import reader
-from base.errors import ConfigError
-from recipes.comm import stepmodel as sm
-from recipes.comm.plan import TensorSpec
-from scripts.bench import lab_methods
+# `python lab/predict_lab.py` puts lab/ on sys.path, not the repository: the imports below need the root.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from base import reader  # noqa: E402
+from base.errors import ConfigError  # noqa: E402
+from lab import lab_methods  # noqa: E402
+from recipes.argtypes import OneLineParser, bounded_int  # noqa: E402
+from recipes.comm import stepmodel as sm  # noqa: E402
+from recipes.comm.plan import TensorSpec  # noqa: E402
 
 # The methods checked against the model: those the lab measures by default.
 LAB_METHODS = tuple(name for name, m in lab_methods.LAB_METHODS.items() if m.default)
@@ -36,8 +45,8 @@ LAB_FIT = LabFit(0.93, 9e-6, 0.0)  # the fit on the 2- and 4-host rows of docs/d
 
 
 def lab_specs(fraction: float) -> list[TensorSpec]:
-    """ResNet-50's gradient list as scripts/bench/bench_allreduce.py builds it (flat tensors at `fraction`)."""
-    from scripts.bench import bench_allreduce
+    """ResNet-50's gradient list as lab/bench_allreduce.py builds it (flat tensors at `fraction`)."""
+    from lab import bench_allreduce
 
     named = bench_allreduce.gradient_shapes(fraction)[::-1]  # gradient-ready order
     return [TensorSpec(n, s, "float32") for n, s in named]
@@ -107,7 +116,7 @@ def load_lab(paths: list[str]) -> list[dict]:
     compute-only time is kept; Horovod and torch contenders may come from different runs)."""
     merged: dict[int, dict] = {}
     for path in paths:
-        for rec in reader.read_json(path, what="--lab", error=ConfigError):
+        for rec in reader.read_json(path, what="lab file", error=ConfigError):
             have = merged.get(rec["hosts"])
             if have is None:
                 merged[rec["hosts"]] = rec
@@ -155,3 +164,21 @@ def validate(paths: list[str], fit_hosts: list[int]) -> list[str]:
                 f"{100 * (p / y - 1):+.0f}% | {'yes' if rec['hosts'] in fit_hosts else 'no'} |"
             )
     return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = OneLineParser(prog="predict_lab.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("lab", nargs="+", help="lab/bench_allreduce.py --json files (merged by host count)")
+    ap.add_argument("--fit-hosts", type=bounded_int(2, 4096), nargs="+", default=[2, 4], help="host counts to fit on")
+    args = ap.parse_args(argv)
+    try:
+        lines = validate(args.lab, args.fit_hosts)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

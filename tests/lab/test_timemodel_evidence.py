@@ -1,4 +1,4 @@
-"""scripts/timemodel_evidence.py and docs/data/timemodel-evidence.json: the published numbers equal the TSVs, the
+"""lab/timemodel_evidence.py and docs/data/timemodel-evidence.json: the published numbers equal the TSVs, the
 calibration on the two Alibaba runs is within 3% per phase (fitted), the model against four multi-host entries it
 was not fitted on, each with the software it ran; the product reads the stored residuals and computes nothing."""
 
@@ -10,8 +10,8 @@ import sys
 import pytest
 from support import ROOT
 
+from lab import timemodel_evidence as ev
 from recipes import timemodel as tm
-from scripts import timemodel_evidence as ev
 
 ENTRIES = ROOT / "tests" / "data" / "dawnbench_entries"
 
@@ -137,7 +137,7 @@ def _flat(value, key: str = "") -> dict:
 
 def test_the_stored_rows_are_what_the_script_computes(doc):
     """The `model` rows kept in the file (what predict.py prints as the calibration) are the model's now: a change
-    that moves them fails until `python scripts/timemodel_evidence.py --write` is run."""
+    that moves them fails until `python lab/timemodel_evidence.py --write` is run."""
     kept, now = _flat(doc["model"]), _flat(ev.model_rows(doc))
     assert kept.keys() == now.keys()
     for k, v in now.items():

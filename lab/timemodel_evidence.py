@@ -2,8 +2,8 @@
 """The time model's published evidence (docs/scaling.md): the model on the two Alibaba runs it is calibrated on
 (fitted) and on four multi-host V100 entries it was not fitted on (out of sample), each with the software it ran.
 
-    python scripts/timemodel_evidence.py            # the three tables docs/scaling.md shows, from the model now
-    python scripts/timemodel_evidence.py --write    # and the model's rows into docs/data/timemodel-evidence.json
+    python lab/timemodel_evidence.py            # the three tables docs/scaling.md shows, from the model now
+    python lab/timemodel_evidence.py --write    # and the model's rows into docs/data/timemodel-evidence.json
 
 The published numbers and the software each entry ran, as the model represents it (the rate table, the allreduce and
 its settings, the per-flow cap, whether start-up is inside the clock), are data: docs/data/timemodel-evidence.json.

@@ -7,7 +7,7 @@ engine's per-communicator measuring off and on alternate; for each it reports th
 of the thread that runs backward and the hooks (where the measuring work is: one chained callback per slice, the
 wait for those callbacks, reading the marks), and the difference as a share of the step.
 
-    python -m scripts.bench.bench_balance_cost [--blocks 6 --steps 8]
+    python -m lab.bench_balance_cost [--blocks 6 --steps 8]
 
 `--level hop` measures `comm.balance_level: hop` instead: two gloo processes on loopback run the hop-balanced ring
 (recipes/comm/hopring.py) over the same gradients, K=4, 8 MB buckets; its measuring work is reading the kernel's
@@ -15,7 +15,7 @@ counters of the K connections a rank sends on (recipes/comm/tcpinfo.py) at the s
 last bucket, and turning delayed ACKs off on the K it receives on once per ring step, timed alone and as the step's
 difference with measuring on and off.
 
-    python -m scripts.bench.bench_balance_cost --level hop [--blocks 6 --steps 8]
+    python -m lab.bench_balance_cost --level hop [--blocks 6 --steps 8]
 """
 
 from __future__ import annotations
@@ -26,8 +26,12 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
-from scripts.bench import record
+# `python lab/bench_balance_cost.py` puts lab/ on sys.path, not the repository: the imports below need the root.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from scripts.bench import record  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,10 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as td
 
+    from lab.bench_allreduce import _model
     from recipes.comm.multistream import MultiStreamBackend
     from recipes.config import load_config
     from recipes.distributed import DistInfo
-    from scripts.bench.bench_allreduce import _model
 
     torch.set_num_threads(1)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -130,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     record.write_json(
         args.json,
-        "scripts.bench.bench_balance_cost",
+        "lab.bench_balance_cost",
         argv,
         {
             "plan": backend.engine.plan.describe(),
@@ -178,7 +182,7 @@ def _hop_main(args, argv) -> int:
     )
     record.write_json(
         args.json,
-        "scripts.bench.bench_balance_cost",
+        "lab.bench_balance_cost",
         argv,
         {
             "level": "hop",
@@ -200,10 +204,10 @@ def _hop_rank(rank: int, args, port: int, box) -> None:
     import torch
     import torch.distributed as td
 
+    from lab.bench_allreduce import _model
     from recipes.comm.multistream import MultiStreamBackend
     from recipes.config import load_config
     from recipes.distributed import DistInfo
-    from scripts.bench.bench_allreduce import _model
 
     torch.set_num_threads(1)
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "lo"})

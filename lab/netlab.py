@@ -29,18 +29,18 @@ N = 1. Every packet costs CPU in the sending and receiving host: at 16 lab hosts
 
 Use it from Python (`with NetLab(2, link_mbit=1000, flow_mbit=333) as lab: lab.run_all(...)`) or as a command:
 
-    sudo python -m scripts.netlab --hosts 2 --link-mbit 1000 --flow-mbit 333 -- \\
+    sudo python -m lab.netlab --hosts 2 --link-mbit 1000 --flow-mbit 333 -- \\
         python -c "print('host {rank} of {world} at {addr}, master {master}')"
-    sudo python -m scripts.netlab --hosts 2 --link-mbit 1000 --flow-mbit 333 --check   # measure the shaping
-    sudo python -m scripts.netlab --hosts 2 --link-mbit 1000 --flow-mbit 333 --check --profile one-slow --both-ways
-    sudo python -m scripts.netlab --cleanup     # remove namespaces left by labs whose process died
+    sudo python -m lab.netlab --hosts 2 --link-mbit 1000 --flow-mbit 333 --check   # measure the shaping
+    sudo python -m lab.netlab --hosts 2 --link-mbit 1000 --flow-mbit 333 --check --profile one-slow --both-ways
+    sudo python -m lab.netlab --cleanup     # remove namespaces left by labs whose process died
 
 `{rank}`, `{world}`, `{addr}` and `{master}` in the command are replaced per host (other braces pass through).
 The lab is torn down when the block or command ends, on an exception, on Ctrl-C and on SIGTERM/SIGHUP: every process
 inside its namespaces is ended (`ip netns pids`), then the namespaces and their /etc/netns entries are removed.
 After a SIGKILL of the lab itself, `--cleanup` does the same for every lab whose process is gone.
-Ending processes, clean-up and the throughput check are in scripts/netlab_procs.py (re-exported here).
-Run it from the repository root, as a module (`python -m scripts.netlab`).
+Ending processes, clean-up and the throughput check are in lab/netlab_procs.py (re-exported here).
+Run it from the repository root, as a module (`python -m lab.netlab`).
 """
 
 from __future__ import annotations
@@ -60,12 +60,12 @@ import threading
 import time
 from pathlib import Path
 
-# `python scripts/netlab.py` puts scripts/ on sys.path, not the repository: the imports below are scripts.*.
+# `python lab/netlab.py` puts lab/ on sys.path, not the repository: the imports below are lab.*.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-# Processes and namespaces (netlab_procs.py); imported here too by the tests and scripts/bench/bench_allreduce.py.
-from scripts import netlab_flows  # noqa: E402
-from scripts.netlab_procs import (  # noqa: E402, F401
+# Processes and namespaces (netlab_procs.py); imported here too by the tests and lab/bench_allreduce.py.
+from lab import netlab_flows  # noqa: E402
+from lab.netlab_procs import (  # noqa: E402, F401
     _SINK,
     _SOURCE,
     ETC_NETNS,
@@ -239,7 +239,7 @@ class NetLab:
                 + " "
                 + netlab_flows.quantum_words(self.packet_segs)
             )
-        # Leaves a flow profile pins connections to (scripts/netlab_flows.py: prio 1 filters, ahead of the hash).
+        # Leaves a flow profile pins connections to (lab/netlab_flows.py: prio 1 filters, ahead of the hash).
         pin_mbit = max(self.link_mbit / (2 * netlab_flows.PIN_LEAVES), 0.01)
         for h in range(netlab_flows.PIN_LEAVES):
             rules.append(
@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         "--profile",
         choices=netlab_flows.PROFILES,
         default=None,
-        help="--check: 4 connections pinned to leaves as this flow profile says (scripts/netlab_flows.py); each "
+        help="--check: 4 connections pinned to leaves as this flow profile says (lab/netlab_flows.py); each "
         "connection's leaf and rate are printed",
     )
     ap.add_argument("--seed", type=int, default=0, help="--profile: the seed of one-slow's and random's draws")

@@ -1,6 +1,6 @@
 """Uneven flows in the network lab: named profiles of per-connection ceilings, and pinning connections to leaves.
 
-The lab (scripts/netlab.py) hashes every TCP connection onto one of 256 leaf classes by the low 8 bits of its source
+The lab (lab/netlab.py) hashes every TCP connection onto one of 256 leaf classes by the low 8 bits of its source
 port, as a switch hashes the 5-tuple onto a path; every hashed leaf has the same ceiling (the per-flow cap). A
 *profile* makes the flows unequal on purpose. Each host pins its own connections (by source port and destination)
 to leaves of their own, numbered from `PIN_BASE`, whose ceilings come from the profile:
@@ -260,7 +260,7 @@ class FlowRate:
 
 
 def _pin_host(lab, host: int, pins: list[Pin]) -> None:
-    from scripts.netlab_procs import NetLabError
+    from lab.netlab_procs import NetLabError
 
     with tempfile.NamedTemporaryFile("w", suffix=".tc", delete=False) as f:
         f.write("\n".join(pin_commands(pins, "eth0", lab.link_mbit, lab.burst_ms, lab.packet_segs)) + "\n")
@@ -293,7 +293,7 @@ def measure_flows(
     import sys
     import time
 
-    from scripts.netlab_procs import _SINK, NetLabError, _kill_tree
+    from lab.netlab_procs import _SINK, NetLabError, _kill_tree
 
     way = "1" if both_ways else "0"
     if both_ways:

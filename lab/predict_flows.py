@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Uneven flows: even striping against communicator- and hop-level balancing (recipes/comm/flowrates.py).
 
-    python scripts/predict_flows.py                     # 2..128 hosts, one-slow and random, the lab's 40 Mbit/s
-    python scripts/predict_flows.py --lab docs/data/lab-uneven-4.json   # the model beside the lab's measurements
-    python scripts/predict_flows.py --fit docs/data/lab-hop.json   # fitted on the even runs, every uneven run predicted
+    python lab/predict_flows.py                     # 2..128 hosts, one-slow and random, the lab's 40 Mbit/s
+    python lab/predict_flows.py --lab docs/data/lab-uneven-4.json   # the model beside the lab's measurements
+    python lab/predict_flows.py --fit docs/data/lab-hop.json   # fitted on the even runs, every uneven run predicted
 
 Every hop has K connections whose ceilings come from the named profile (the same draws as the network lab's leaves
 for a seed); the table gives the ring's rate under even striping as a fraction of the link, and the speed-up of
@@ -19,9 +19,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from base import reader  # noqa: E402
+from lab import uneven_tables  # noqa: E402
+from lab.lab_methods import LAB_METHODS  # noqa: E402
 from recipes.comm import flowrates  # noqa: E402
-from scripts.bench import uneven_tables  # noqa: E402
-from scripts.bench.lab_methods import LAB_METHODS  # noqa: E402
 
 
 def lab_rows(paths: list[str], flows: int) -> list[str]:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """docs/allreduce.md's uneven-flow tables from bench_allreduce --profile JSON (docs/data/lab-uneven-*.json).
 
-    python -m scripts.bench.uneven_tables docs/data/lab-uneven-4.json [more.json ...]
+    python -m lab.uneven_tables docs/data/lab-uneven-4.json [more.json ...]
 
 Prints one row per run and contender (communication time = step - compute-only step, as bench_allreduce prints it),
 then per host count and profile the balanced backend against DDP on as many flows: the median and the worst over
@@ -13,8 +13,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from pathlib import Path
 
-from base import reader
+# `python lab/uneven_tables.py` puts lab/ on sys.path, not the repository: the imports below need the root.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from base import reader  # noqa: E402
 
 CONTENDERS = ("ddp-flows", "multistream", "balanced", "hop-balanced")
 APART = "horovod"  # run under its own launcher: a top-level entry of the record (a string where it did not run)

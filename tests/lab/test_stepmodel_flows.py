@@ -6,10 +6,9 @@ from __future__ import annotations
 import pytest
 from support import ROOT
 
+from lab import lab_methods, predict_lab
 from recipes.comm import stepmodel as sm
 from recipes.comm.plan import Settings, TensorSpec
-from scripts import predict_lab
-from scripts.bench import lab_methods
 
 SPECS = [TensorSpec(f"t{i}", (250_000,), "float32") for i in range(40)]  # 40 MB
 
@@ -35,7 +34,7 @@ def test_flows_lift_the_per_flow_cap_up_to_the_link():
         _step("ddp", flows=0)
 
 
-# The committed lab runs (docs/data, scripts/bench/bench_allreduce.py on the network lab): the model fitted on the 2-
+# The committed lab runs (docs/data, lab/bench_allreduce.py on the network lab): the model fitted on the 2-
 # and 4-host runs predicts the 8- and 16-host runs it never saw; docs/allreduce.md quotes these errors.
 LAB = [str(ROOT / "docs" / "data" / f"lab-multiflow-{h}.json") for h in ("2-4", "8-16")]
 UNSEEN = {  # (hosts, method): error of the prediction, % (per-tensor's 161 small allreduces are CPU-bound: left out)

@@ -1,10 +1,10 @@
-"""The network lab's processes and namespaces (scripts/netlab.py builds the lab; these end what runs in it).
+"""The network lab's processes and namespaces (lab/netlab.py builds the lab; these end what runs in it).
 
 `_kill_tree` ends a process started in its own session with everything it started, `kill_namespace_processes`
 everything inside one namespace (`ip netns pids`), and `cleanup_stale` what labs whose process died left behind
-(`python -m scripts.netlab --cleanup`). `measure_mbit` is the throughput check (`python -m scripts.netlab --check`):
+(`python -m lab.netlab --cleanup`). `measure_mbit` is the throughput check (`python -m lab.netlab --check`):
 TCP streams from host 1 to host 0, to see the link and per-flow caps at work, on any `Hosts` (the lab's NetLab);
-`_SINK` and `_SOURCE` are its two ends, self-contained programs run with `python -c` (scripts/bench/bench_allreduce.py
+`_SINK` and `_SOURCE` are its two ends, self-contained programs run with `python -c` (lab/bench_allreduce.py
 runs them on loopback too).
 """
 
@@ -27,7 +27,7 @@ _LAB_NAME = re.compile(rf"{PREFIX}(\d+)-(sw|h\d+)")
 
 
 class Hosts(Protocol):
-    """What the throughput check needs of a lab (scripts/netlab.py's NetLab): a host's address and its commands."""
+    """What the throughput check needs of a lab (lab/netlab.py's NetLab): a host's address and its commands."""
 
     def addr(self, i: int) -> str: ...
 

@@ -1,5 +1,5 @@
-"""scripts/bench/lab_methods.py: the network lab's methods point at registered backends or bring their own step
-model and builder, and the lab's bench and `scripts/predict.py --validate` take their methods from them."""
+"""lab/lab_methods.py: the network lab's methods point at registered backends or bring their own step
+model and builder, and the lab's bench and `lab/predict_lab.py` take their methods from them."""
 
 from __future__ import annotations
 
@@ -8,10 +8,9 @@ import json
 import pytest
 
 from base import registry
+from lab import bench_allreduce, predict_lab
+from lab.lab_methods import LAB_METHODS
 from recipes.comm import stepmodel
-from scripts import predict_lab
-from scripts.bench import bench_allreduce
-from scripts.bench.lab_methods import LAB_METHODS
 
 
 def test_every_lab_method_is_a_registered_backend_or_brings_its_model_and_builder():
@@ -34,7 +33,7 @@ def test_a_backends_plain_method_is_measured_by_default():
 
 
 def test_the_bench_and_validate_take_their_methods_from_the_lab():
-    """predict.py --validate checks the default methods, the lab's ranks run those without a launcher of their own
+    """predict_lab.py checks the default methods, the lab's ranks run those without a launcher of their own
     (in the table's order) and the own-launcher one runs apart."""
     assert list(predict_lab.LAB_METHODS) == [n for n, m in LAB_METHODS.items() if m.default]
     assert bench_allreduce.METHODS + [bench_allreduce.APART] == sorted(
@@ -101,7 +100,7 @@ def test_timed_meters_only_the_timed_steps_and_reads_after_the_closing_sync():
 
 
 def test_the_fit_measures_a_step_where_its_last_rank_ends_it():
-    from scripts import predict_flows
+    from lab import predict_flows
 
     ranks = [[4.0, 6.0, 4.0, 6.0], [6.0, 6.0, 6.1, 6.0]]
     rec = {"torch": {"compute_s": 0.5, "m": {"step_s": 4.5, "rank_times": ranks}}}
@@ -111,7 +110,7 @@ def test_the_fit_measures_a_step_where_its_last_rank_ends_it():
 
 
 def test_the_fit_names_the_file_and_run_whose_connections_it_cannot_read(tmp_path):
-    from scripts import predict_flows
+    from lab import predict_flows
 
     conns = [[[1, "10.250.0.2", 2, 13.3, 1000]], [[3, "10.250.0.1", 4, None, 1000]]]  # host 1's pin is missing
     t = {"compute_s": 0.0, "bytes": 1000, "ddp-flows": {"step_s": 1.0, "connections": None}}
@@ -126,7 +125,7 @@ def test_the_fit_names_the_file_and_run_whose_connections_it_cannot_read(tmp_pat
 def test_the_fit_models_horovod_by_the_ring_its_connections_carried(tmp_path):
     """Horovod under its own launcher (a top-level entry): its one data connection per host is one ring, at its
     slowest hop; fitted on the even run (0.9 of the model), the one-slow run predicted; a run without it adds no row."""
-    from scripts import predict_flows
+    from lab import predict_flows
 
     def rec(profile, ceilings, step_s):
         conns = [
@@ -158,7 +157,7 @@ def test_the_fit_models_horovod_by_the_ring_its_connections_carried(tmp_path):
 def test_the_tables_cli_compares_horovod_where_the_records_hold_it(tmp_path, capsys):
     """uneven_tables' summary has Horovod's columns beside the balanced ring's when a record has Horovod's entry,
     and leaves its cells empty in a run without it."""
-    from scripts.bench import uneven_tables
+    from lab import uneven_tables
 
     def entry(step_s):
         return {"step_s": step_s, "settings": "s", "cpu_s": [0.1, 0.1]}

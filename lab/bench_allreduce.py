@@ -1,22 +1,22 @@
 #!/usr/bin/env python
 """Allreduce benchmark: ResNet-50's real gradient list (161 tensors, 25.6M parameters) through every backend.
 
-For 2 and 4 ranks (gloo, CPU), on loopback and inside the network lab (scripts/netlab.py: one namespace per
+For 2 and 4 ranks (gloo, CPU), on loopback and inside the network lab (lab/netlab.py: one namespace per
 rank, link cap per host, per-flow cap of 1/3 of the link), it measures per-step communication time and bus
-bandwidth, 2(n-1)/n x bytes / time, for each lab method of scripts/bench/lab_methods.py (--help lists them:
+bandwidth, 2(n-1)/n x bytes / time, for each lab method of lab/lab_methods.py (--help lists them:
 per-tensor, the naive baseline; ddp, at one flow and at --flows; multistream at its defaults and tuned; Horovod).
 A "step" is backward over a graph that touches every parameter, then the gradient averaging; the same step
 without any communication is timed too, and communication time = step time - that compute time.
 
-    python -m scripts.bench.bench_allreduce            # 2 and 4 ranks, loopback and lab (the lab needs root)
-    python -m scripts.bench.bench_allreduce --quick    # 2 ranks, fewer steps and candidates
-    python -m scripts.bench.bench_allreduce --no-loopback --worlds 8 16 --link-mbit 100 --fraction 0.125 --rounds 3 \
+    python -m lab.bench_allreduce            # 2 and 4 ranks, loopback and lab (the lab needs root)
+    python -m lab.bench_allreduce --quick    # 2 ranks, fewer steps and candidates
+    python -m lab.bench_allreduce --no-loopback --worlds 8 16 --link-mbit 100 --fraction 0.125 --rounds 3 \
         --json lab.json                          # more hosts: gradients at 1/8 size, contenders alternated
 
 Each rank's CPU time per step (getrusage, all threads) is reported beside the step time, to show whether the
-run was network-bound; --json keeps every measurement for scripts/predict.py --validate: every rank's step times, and
+run was network-bound; --json keeps every measurement for lab/predict_lab.py: every rank's step times, and
 under --profile each contender's connections on every rank, with their ceilings and the bytes each carried per timed
-step (which connections each collective ran on: scripts/predict_flows.py --fit).
+step (which connections each collective ran on: lab/predict_flows.py --fit).
 
 Prints Markdown tables (the measured link beside them) and exits 0.
 """
@@ -36,13 +36,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from base import registry
-from base.writer import write_output
-from scripts import netlab
-from scripts.bench.lab_methods import LAB_METHODS
+# `python lab/bench_allreduce.py` puts lab/ on sys.path, not the repository: the imports below need the root.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-ROOT = Path(__file__).resolve().parents[2]
-MODULE = "scripts.bench.bench_allreduce"  # ranks and the Horovod rendezvous run it again, from ROOT
+from base import registry  # noqa: E402
+from base.writer import write_output  # noqa: E402
+from lab import netlab  # noqa: E402
+from lab.lab_methods import LAB_METHODS  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+MODULE = "lab.bench_allreduce"  # ranks and the Horovod rendezvous run it again, from ROOT
 
 LAB = LAB_METHODS
 # The methods the lab's own ranks run (--worker), in the tables' order; one with its own launcher (Horovod) runs apart.
@@ -140,10 +143,10 @@ def _rounds(contenders: dict, args, sync, meter=None) -> dict:
 
 class _FlowPins:
     """--profile: pins each contender's connections on this host to leaves whose ceilings the profile gives
-    (scripts/netlab_flows.py), the same ceilings for every contender; `pins` keeps what was pinned, per contender."""
+    (lab/netlab_flows.py), the same ceilings for every contender; `pins` keeps what was pinned, per contender."""
 
     def __init__(self, rank: int, world: int, args):
-        from scripts import netlab_flows
+        from lab import netlab_flows
 
         self.rank, self.args = rank, args
         self.peer_of = {f"{netlab.SUBNET}.{i + 1}": i for i in range(world)}
@@ -153,7 +156,7 @@ class _FlowPins:
         self.conns: dict[str, list[tuple[int, str, int]]] = {}  # per contender: (local port, peer, peer port)
 
     def pin(self, method: str, groups: list, one_way: bool = False, draws: int | None = None) -> None:
-        from scripts import netlab_flows
+        from lab import netlab_flows
 
         pins = netlab_flows.pins_for(
             groups,
@@ -203,7 +206,7 @@ def _groups_of(method: str, flows: _FlowPins | None, one_way: bool = False):
         return
     import torch.distributed as td
 
-    from scripts import netlab_flows
+    from lab import netlab_flows
 
     groups, original = [], td.new_group
 
@@ -441,7 +444,7 @@ def hvd_worker(args) -> None:
     # The lab's flow profile: Horovod's connections to each peer (4 in the lab, of which its ring uses one) take the
     # profile's K draws as every contender's do, connection k draw k (pins_for); more than K: one draw each
     if args.profile:
-        from scripts import netlab_flows
+        from lab import netlab_flows
 
         barrier()  # every connection is up
         flows = _FlowPins(hvd.rank(), hvd.size(), args)
@@ -744,7 +747,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--profile",
         default="",
-        help="lab: a flow profile (scripts/netlab_flows.py: even, one-slow, collide, random): every contender's "
+        help="lab: a flow profile (lab/netlab_flows.py: even, one-slow, collide, random): every contender's "
         "connections pinned to leaves with the profile's ceilings",
     )
     ap.add_argument("--seed", type=int, default=0, help="--profile: the seed of one-slow's and random's draws")
@@ -752,7 +755,7 @@ def main(argv: list[str] | None = None) -> int:
         "--burst-ms",
         type=float,
         default=None,
-        help="lab: each shaping class's token-bucket burst in milliseconds of its rate (scripts/netlab.py; default: "
+        help="lab: each shaping class's token-bucket burst in milliseconds of its rate (lab/netlab.py; default: "
         "fixed 128-256 KB)",
     )
     ap.add_argument(
@@ -761,7 +764,7 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         metavar="N",
         help="lab: packets of at most N MSS through the shapers, so connections sharing the link interleave as at a "
-        "switch (scripts/netlab.py; default: the kernel's 64 KB GSO packets)",
+        "switch (lab/netlab.py; default: the kernel's 64 KB GSO packets)",
     )
     ap.add_argument("--balance-window", type=int, default=2, help="balanced: comm.balance_window")
     ap.add_argument("--no-lab", action="store_true", help="loopback only")
@@ -827,9 +830,9 @@ def main(argv: list[str] | None = None) -> int:
     worlds = args.worlds or ([2] if args.quick else [2, 4])
     flow = args.flow_mbit
     lines = [
-        "## Allreduce benchmark (scripts/bench/bench_allreduce.py)",
+        "## Allreduce benchmark (lab/bench_allreduce.py)",
         "",
-        f"command: `python -m scripts.bench.bench_allreduce {' '.join(argv if argv is not None else sys.argv[1:])}`; "
+        f"command: `python -m lab.bench_allreduce {' '.join(argv if argv is not None else sys.argv[1:])}`; "
         f"gloo on CPU, {os.cpu_count()} cores, torch threads 1 per rank",
     ]
     record: list[dict] = []

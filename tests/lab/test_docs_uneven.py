@@ -1,5 +1,5 @@
 """docs/allreduce.md's uneven-flow section against its sources: the model's prediction table is
-recipes/comm/flowrates.py's, and every lab row and summary is scripts/bench/uneven_tables.py's output from the
+recipes/comm/flowrates.py's, and every lab row and summary is lab/uneven_tables.py's output from the
 committed JSON (docs/data/lab-uneven-*.json)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from support import ROOT
 
+from lab import uneven_tables
 from recipes.comm import flowrates
-from scripts.bench import uneven_tables
 
 DOC = ROOT / "docs" / "allreduce.md"
 DATA = sorted((ROOT / "docs" / "data").glob("lab-uneven-*.json"))
@@ -118,7 +118,7 @@ def test_the_readme_hop_sentence_is_the_data():
 
 
 def test_the_fitted_model_rows_are_its_data_files():
-    from scripts import predict_flows
+    from lab import predict_flows
 
     doc = DOC.read_text().splitlines()
     rows, _ = predict_flows.fit_rows([str(HOP), str(HOP_1000)], 4, predict_flows.lab_strategies())
@@ -156,7 +156,7 @@ def test_the_hop_reading_at_1000_mbit_quotes_the_data():
 
 
 def test_the_horovod_runs_are_their_data_files():
-    from scripts import predict_flows
+    from lab import predict_flows
 
     doc = DOC.read_text().splitlines()
     recs = uneven_tables.load([str(HOP_HVD)])
@@ -289,7 +289,7 @@ def test_the_sixteen_host_cpu_reading_quotes_the_data():
 
 
 def test_the_model_holds_the_runs_with_every_change():
-    from scripts import predict_flows
+    from lab import predict_flows
 
     fit, _ = predict_flows.fit_rows([str(HOP_PRE)], 4, predict_flows.lab_strategies())
     errors = [abs(int(r.split("|")[-2].strip().rstrip("%"))) for r in fit[2:]]

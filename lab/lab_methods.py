@@ -1,5 +1,5 @@
-"""The network lab's methods: the ways of averaging gradients that scripts/bench/bench_allreduce.py measures and
-scripts/predict_lab.py (`scripts/predict.py --validate`) holds the step-time model against.
+"""The network lab's methods: the ways of averaging gradients that lab/bench_allreduce.py measures and
+lab/predict_lab.py holds the step-time model against.
 
 A method is a registered allreduce backend (base/registry.py `ALLREDUCE_BACKENDS`) at some settings, or a lab-only
 baseline with its own step model and builder. They serve the lab's research, not a training run: a backend without a
@@ -16,7 +16,7 @@ from base import registry
 @dataclass(frozen=True)
 class LabMethod:
     """A way of averaging gradients that the network lab measures (bench_allreduce) and the step-time model
-    predicts (scripts/predict_lab.py): a registered backend at some settings, or a lab-only baseline. Its name is
+    predicts (lab/predict_lab.py): a registered backend at some settings, or a lab-only baseline. Its name is
     its key in the lab's JSON (`torch.<name>`, or `<name>` for one with its own launcher)."""
 
     name: str
@@ -24,7 +24,7 @@ class LabMethod:
     what: str  # what it runs, for the bench's --help
     flows: bool = False  # DDP on a gloo group of --flows devices: its settings end in "N flows"
     tuned: bool = False  # the backend after its tuner ran in the same process (the winner's settings are shown)
-    default: bool = True  # measured unless --contenders says otherwise, and checked by scripts/predict.py --validate
+    default: bool = True  # measured unless --contenders says otherwise, and checked by lab/predict_lab.py
     overrides: tuple[str, ...] = ()  # config overrides of this variant of its backend (e.g. comm.balance=true)
     bucket_mb: float | None = None  # its backend's bucket key at full size (None: the config's default; x --fraction)
     # A lab-only method's "module:attribute": its step model (a recipes.comm.stepmodel.StepPattern), and the lab's
@@ -53,7 +53,7 @@ LAB_METHODS = {
             "",
             "one blocking allreduce per gradient after backward (the naive baseline)",
             step_model="recipes.comm.stepmodel:PER_TENSOR",
-            build="scripts.bench.bench_allreduce:per_tensor",
+            build="lab.bench_allreduce:per_tensor",
         ),
         LabMethod(
             "ddp", "ddp", "PyTorch DistributedDataParallel, bucket_cap_mb 25 (its default), one gloo device: one flow"

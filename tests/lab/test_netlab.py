@@ -11,7 +11,7 @@ import time
 import pytest
 from support import ROOT
 
-from scripts import netlab
+from lab import netlab
 
 pytestmark = [
     pytest.mark.netns,
@@ -35,7 +35,7 @@ def test_link_cap_and_per_flow_cap():
 
 def test_a_flow_profile_pins_each_connection_to_its_leaf():
     """one-slow: of 4 connections host 1 -> 0, the one the profile slows runs well below the others, each in a leaf
-    of its own (scripts/netlab_flows.py)."""
+    of its own (lab/netlab_flows.py)."""
     link, flow = 40.0, 40.0 / 3
     with netlab.NetLab(2, link_mbit=link, flow_mbit=flow) as lab:
         rates = netlab.netlab_flows.measure_flows(lab, 4, profile="one-slow", seed=1, flow_mbit=flow, seconds=4)
@@ -129,7 +129,7 @@ def test_namespaces_are_removed_on_exception_and_on_sigterm(tmp_path):
         [
             sys.executable,
             "-m",
-            "scripts.netlab",
+            "lab.netlab",
             "--hosts",
             "2",
             "--link-mbit",
@@ -230,7 +230,7 @@ def test_cleanup_after_sigkill_removes_namespaces_etc_entries_and_processes():
         [
             sys.executable,
             "-m",
-            "scripts.netlab",
+            "lab.netlab",
             "--hosts",
             "2",
             "--",
@@ -260,7 +260,7 @@ def test_cleanup_after_sigkill_removes_namespaces_etc_entries_and_processes():
 def test_braces_in_a_lab_command_and_bad_rates():
     code = "d = {'a': 1}; print(d['a'], '{rank} of {world} {x}')"
     p = subprocess.run(
-        [sys.executable, "-m", "scripts.netlab", "--hosts", "2", "--", sys.executable, "-c", code],
+        [sys.executable, "-m", "lab.netlab", "--hosts", "2", "--", sys.executable, "-c", code],
         capture_output=True,
         text=True,
         timeout=120,
@@ -270,7 +270,7 @@ def test_braces_in_a_lab_command_and_bad_rates():
     assert sorted(p.stdout.splitlines()) == ["[host 0] 1 0 of 2 {x}", "[host 1] 1 1 of 2 {x}"]
     for rate in ("nan", "inf", "0.00001", "-5"):
         p = subprocess.run(
-            [sys.executable, "-m", "scripts.netlab", "--link-mbit", rate, "--", "true"],
+            [sys.executable, "-m", "lab.netlab", "--link-mbit", rate, "--", "true"],
             capture_output=True,
             text=True,
             timeout=60,
@@ -281,7 +281,7 @@ def test_braces_in_a_lab_command_and_bad_rates():
             f"netlab: error: link_mbit: expected a rate from 0.1 to 1e+06 Mbit/s, got {float(rate)}"
         ]
     p = subprocess.run(
-        [sys.executable, "-m", "scripts.netlab", "--link-mbit", "40", "--packet-segs", "0", "--", "true"],
+        [sys.executable, "-m", "lab.netlab", "--link-mbit", "40", "--packet-segs", "0", "--", "true"],
         capture_output=True,
         text=True,
         timeout=60,
