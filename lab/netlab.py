@@ -15,7 +15,7 @@ The switch side of each veth caps the host's ingress at the link rate too. Insid
 hostname resolves to that host's address (an /etc/netns/<ns>/hosts file, which `ip netns exec` mounts).
 A per-flow cap of about a third of the link reproduces the record's situation: one stream reaches ~1/3 of
 the link, several streams fill it.
-Two flows whose source ports share the low 8 bits share a leaf; `flows_per_class()` reports it.
+Two flows whose source ports share the low 8 bits share a leaf.
 
 Packets: by default the kernel hands the shapers GSO packets of up to 64 KB, and htb sends a packet whole once its
 class has any tokens, so connections sharing the link are served one such burst after another: a message of a few
@@ -277,15 +277,6 @@ class NetLab:
             _run(["ip", "netns", "exec", ns, "tc", "-batch", f.name])
         finally:
             os.unlink(f.name)
-
-    def flows_per_class(self, i: int) -> dict[str, int]:
-        """Leaf class -> bytes sent through it so far on host i (classes that carried traffic only)."""
-        out = _run(["ip", "netns", "exec", self.names[i], "tc", "-s", "class", "show", "dev", "eth0"]).stdout
-        stats: dict[str, int] = {}
-        for m in re.finditer(r"class htb (1:[0-9a-f]+) parent 1:1 .*?\n\s*Sent (\d+) bytes", out):
-            if int(m.group(2)) > 0:
-                stats[m.group(1)] = int(m.group(2))
-        return stats
 
     # -- running things ---------------------------------------------------------------------------------
     def addr(self, i: int) -> str:

@@ -542,7 +542,3 @@ def recommend(
 def no_overlap(specs: list[TensorSpec], seconds: float = 0.0) -> Compute:
     """A step whose gradients are all ready at once, after `seconds` of compute (the lab's gradient-list model)."""
     return Compute(0.0, seconds, tuple(1.0 for _ in specs))
-
-
-def with_network(net: Network, **kw) -> Network:
-    return replace(net, **kw)

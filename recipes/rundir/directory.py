@@ -219,7 +219,6 @@ class RunDir:
     lock: RunLock | None
     leader: bool  # the lowest rank of those that share this directory: it reads and writes its checkpoints
     legacy: bool  # no run.json anywhere: checkpoints written before run ids are the candidates
-    hosts_with_run: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what a person should read in the log
 
     def close(self) -> None:
@@ -305,7 +304,7 @@ def open_run(run_dir: Path, dist: DistInfo, resume) -> RunDir:
         run_id = ids[0] if ids else broadcast_object(uuid.uuid4().hex[:16], dist)
         notes = [n for batch in all_gather_object(notes, dist) for n in batch]
         legacy = not ids and resume is not False
-        return RunDir(run_dir, run_id, lock, leader, legacy, sorted({r["host"] for r in held}), notes)
+        return RunDir(run_dir, run_id, lock, leader, legacy, notes)
     except BaseException:
         if lock is not None:
             lock.release()

@@ -156,17 +156,6 @@ class Estimate:
         name = max(width, key=width.get)
         return name, width[name]
 
-    def term_totals(self, clock: str = "wall") -> dict[str, tuple[float, float, float]]:
-        out: dict[str, list[float]] = {}
-        for p in self.phases:
-            for t in p.terms:
-                if clock == "wall" or t.clock == "train":
-                    row = out.setdefault(t.name, [0.0, 0.0, 0.0])
-                    row[0] += t.low
-                    row[1] += t.mid
-                    row[2] += t.high
-        return {k: tuple(v) for k, v in out.items()}
-
     def to_json(self) -> dict:
         return {
             "backend": self.backend,
