@@ -54,18 +54,18 @@ from base.writer import (  # noqa: E402
     write_output,
 )
 from data.check import OK, inspect_file, open_image, too_many_pixels  # noqa: E402
-from data.download import (  # noqa: E402
+from data.download import from_download  # noqa: E402
+from data.folder import IMAGE_EXTENSIONS, scan_split  # noqa: E402
+from data.labels import (  # noqa: E402
     BLACKLIST,
     VAL_NAME,
     devkit_blacklist_bytes,
-    from_download,
     is_class_name,
     read_blacklist,
     read_devkit,
     solution_labels,
     write_blacklist,
 )
-from data.folder import IMAGE_EXTENSIONS, scan_split  # noqa: E402
 
 MANIFEST = "manifest.jsonl"
 SETTINGS = "prepare.json"

@@ -201,9 +201,9 @@ def report(
 
 
 def link_figures(args):
-    """The link as a stepmodel.LinkFigures: --network's probe file, or the flags (source ""; a flag given next to
+    """The link as a link_figures.LinkFigures: --network's probe file, or the flags (source ""; a flag given next to
     --network is an error: the file is the measurement)."""
-    from recipes.comm.stepmodel import LinkFigures, load_link_figures
+    from recipes.comm.link_figures import LinkFigures, load_link_figures
 
     if not args.network:
         link = 32.0 if args.link_gbit is None else args.link_gbit

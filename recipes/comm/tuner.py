@@ -30,6 +30,7 @@ import numpy as np
 from base import reader
 from base.errors import ConfigError
 from recipes.comm import stepmodel
+from recipes.comm.link_figures import LinkFigures, load_link_figures
 from recipes.comm.plan import Settings
 from recipes.config.schema import CommConfig, domain_rule, domain_text, section_fields
 
@@ -151,17 +152,17 @@ class AutoTuner:
         )
 
 
-def link_figures(comm) -> stepmodel.LinkFigures:
+def link_figures(comm) -> LinkFigures:
     """The link the model ranks for: the link probe's file `comm.network_file` when set (what scripts/launch.py
     --probe-network measured), else comm.link_gbit, flow_gbit and latency_us."""
     if comm.network_file:
-        return stepmodel.load_link_figures(comm.network_file)
+        return load_link_figures(comm.network_file)
     if not comm.link_gbit or comm.link_gbit <= 0:
         raise ConfigError(
             f"comm.link_gbit: tune_start=model needs the link bandwidth in Gbit/s (or comm.network_file, the link "
             f"probe's figures), got {comm.link_gbit}"
         )
-    return stepmodel.LinkFigures(comm.link_gbit, comm.flow_gbit or None, comm.latency_us, "comm.link_gbit")
+    return LinkFigures(comm.link_gbit, comm.flow_gbit or None, comm.latency_us, "comm.link_gbit")
 
 
 def model_ranking(

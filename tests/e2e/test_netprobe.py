@@ -15,7 +15,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from launcher.netprobe import matrix, network_overrides, summarize  # noqa: E402
 
-from recipes.comm.stepmodel import load_link_figures  # noqa: E402
+from recipes.comm.link_figures import load_link_figures  # noqa: E402
 
 
 def _pair(a, b, ranks, one, many, lat=60.0):

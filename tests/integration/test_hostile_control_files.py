@@ -12,7 +12,8 @@ import tarfile
 import pytest
 
 from base.errors import ConfigError, DataError
-from data.download import BLACKLIST, PROGRESS, extract_train, extract_val, write_blacklist
+from data.download import PROGRESS, extract_train, extract_val
+from data.labels import BLACKLIST, write_blacklist
 from data.make_sample import main as make_sample
 from data.prepare import main as prepare_main
 from recipes.evaluation import cli

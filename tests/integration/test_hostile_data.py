@@ -23,8 +23,8 @@ from base.errors import DataError
 from data import create_input
 from data.check import check_headers, header_size, inspect_file
 from data.dali_loader import DaliPipeline
-from data.download import write_blacklist
 from data.folder import Split, read_blacklist, scan_split
+from data.labels import write_blacklist
 from data.prepare import BLACKLIST, sort_val
 from data.prepare import main as prepare_main
 from data.rect import image_sizes
