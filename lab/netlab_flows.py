@@ -15,7 +15,7 @@ host to that peer (multistream: communicator k; DDP on K gloo devices: the k-th 
 on (profile, seed, host, peer, k) only, so two contenders run on the same leaf ceilings in the same run. Pinning is
 done from inside the host (its process is root in its namespace): `pin_commands` gives the `tc -batch` lines,
 `established` lists the host's connections from /proc/net/tcp. The profiles themselves (`leaf_for`) live in
-recipes/comm/flowrates.py, where the step model draws the same networks.
+lab/flow_profiles.py, where the flow model draws the same networks.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 
-from recipes.comm.flowrates import PROFILES, leaf_for  # noqa: F401 - the profiles are the model's
+from lab.flow_profiles import PROFILES, leaf_for  # noqa: F401 - the profiles are the model's
 
 PIN_BASE = 0x400  # pinned leaves 1:400..1:5ff; hashed leaves are 1:100..1:1ff
 PIN_LEAVES = 512

@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from base import reader  # noqa: E402
-from lab import uneven_tables  # noqa: E402
+from lab import flow_profiles, uneven_tables  # noqa: E402
 from lab.lab_methods import LAB_METHODS  # noqa: E402
 from recipes.comm import flowrates  # noqa: E402
 
@@ -35,7 +35,7 @@ def lab_rows(paths: list[str], flows: int) -> list[str]:
     for path in paths:
         for rec in reader.read_json(path, what="lab JSON", error=SystemExit):
             t, n = rec["torch"], rec["hosts"]
-            r = flowrates.ring_rates(rec["profile"], rec["seed"], n, flows, rec["flow_mbit"])
+            r = flow_profiles.ring_rates(rec["profile"], rec["seed"], n, flows, rec["flow_mbit"])
             model = flowrates.ring_mbit(r, rec["link_mbit"], "comm") / flowrates.ring_mbit(r, rec["link_mbit"], "even")
             comm = {m: t[m]["step_s"] - t["compute_s"] for m in ("ddp-flows", "multistream", "balanced") if m in t}
             vs_ddp, vs_ms = comm["ddp-flows"] / comm["balanced"], comm["multistream"] / comm["balanced"]
@@ -60,15 +60,15 @@ def _connections(rec: dict, m: str) -> list | None:
 def _model_s(rec: dict, m: str, strategy: str, flows: int) -> tuple[float, str] | None:
     """The model's data time for contender `m` in a lab record, and what it modelled: for DDP on gloo devices
     ("devices") and Horovod ("rings"), its collectives as the rings the record's connections show them on
-    (flowrates.rings_of), all at once (Horovod's fused allreduce is one ring); else the ring rate of `strategy` on
+    (flow_profiles.rings_of), all at once (Horovod's fused allreduce is one ring); else the ring rate of `strategy` on
     the profile's draws. Without connections in the record: DDP as even striping, Horovod not modelled (None)."""
     conns = _connections(rec, m)
     if strategy in ("devices", "rings") and conns:
-        return flowrates.concurrent_seconds(flowrates.rings_of(conns), rec["link_mbit"]), "rings"
+        return flow_profiles.concurrent_seconds(flow_profiles.rings_of(conns), rec["link_mbit"]), "rings"
     if strategy == "rings":
         return None
     strategy = "even" if strategy == "devices" else strategy
-    rates = flowrates.ring_rates(rec["profile"], rec["seed"], rec["hosts"], flows, rec["flow_mbit"])
+    rates = flow_profiles.ring_rates(rec["profile"], rec["seed"], rec["hosts"], flows, rec["flow_mbit"])
     rate = flowrates.ring_mbit(rates, rec["link_mbit"], strategy)
     return flowrates.allreduce_seconds(rec["torch"]["bytes"], rec["hosts"], rate), strategy
 
@@ -76,9 +76,9 @@ def _model_s(rec: dict, m: str, strategy: str, flows: int) -> tuple[float, str] 
 def lab_strategies() -> dict[str, str]:
     """The lab methods the fit models, by what it models them as: DDP on gloo devices ("devices", `model_s`),
     Horovod by its recorded rings ("rings"), and every method with balance keys by its strategy
-    (flowrates.strategy_of)."""
+    (flow_profiles.strategy_of)."""
     out = {
-        name: "devices" if m.flows else flowrates.strategy_of(m.overrides)
+        name: "devices" if m.flows else flow_profiles.strategy_of(m.overrides)
         for name, m in LAB_METHODS.items()
         if m.flows or m.overrides
     }
@@ -134,7 +134,7 @@ def fit_rows(paths: list[str], flows: int, strategies: dict[str, str]) -> tuple[
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hosts", type=int, nargs="+", default=[2, 4, 8, 16, 32, 64, 128])
-    ap.add_argument("--profiles", nargs="+", default=["one-slow", "random"], choices=flowrates.PROFILES)
+    ap.add_argument("--profiles", nargs="+", default=["one-slow", "random"], choices=flow_profiles.PROFILES)
     ap.add_argument("--flows", type=int, default=4, help="connections per hop (K)")
     ap.add_argument("--link-mbit", type=float, default=40.0)
     ap.add_argument("--flow-ratio", type=float, default=3.0, help="per-flow cap = link / this")
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         "against every uneven run",
     )
     args = ap.parse_args(argv)
-    table = flowrates.prediction_table(
+    table = flow_profiles.prediction_table(
         tuple(args.hosts),
         tuple(args.profiles),
         flows=args.flows,

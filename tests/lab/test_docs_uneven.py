@@ -1,5 +1,5 @@
 """docs/allreduce.md's uneven-flow section against its sources: the model's prediction table is
-recipes/comm/flowrates.py's, and every lab row and summary is lab/uneven_tables.py's output from the
+lab/flow_profiles.py's, and every lab row and summary is lab/uneven_tables.py's output from the
 committed JSON (docs/data/lab-uneven-*.json)."""
 
 from __future__ import annotations
@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 from support import ROOT
 
-from lab import uneven_tables
-from recipes.comm import flowrates
+from lab import flow_profiles, uneven_tables
 
 DOC = ROOT / "docs" / "allreduce.md"
 DATA = sorted((ROOT / "docs" / "data").glob("lab-uneven-*.json"))
@@ -25,7 +24,7 @@ HOP_16_REPEAT = ROOT / "docs" / "data" / "lab-hop-16-repeat.json"  # 16 hosts, e
 def test_the_prediction_table_is_the_models():
     doc = DOC.read_text().splitlines()
     # the rows up to 16 hosts (the larger ones cost seconds to draw; they come from the same function)
-    rows = flowrates.prediction_table((2, 4, 8, 16), ("one-slow", "random"), seeds=range(200))
+    rows = flow_profiles.prediction_table((2, 4, 8, 16), ("one-slow", "random"), seeds=range(200))
     for row in rows:
         assert row in doc, row
 
