@@ -171,13 +171,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("lab", nargs="+", help="lab/bench_allreduce.py --json files (merged by host count)")
     ap.add_argument("--fit-hosts", type=bounded_int(2, 4096), nargs="+", default=[2, 4], help="host counts to fit on")
     args = ap.parse_args(argv)
-    try:
-        lines = validate(args.lab, args.fit_hosts)
+    try:  # a file that is missing or not a lab's JSON: one line naming it
+        print("\n".join(validate(args.lab, args.fit_hosts)))
+        return 0
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print("\n".join(lines))
-    return 0
 
 
 if __name__ == "__main__":
