@@ -27,7 +27,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from base.errors import CommError, ConfigError, PlanMismatchError
 from recipes.comm import balance as balancing
-from recipes.comm import concurrency, hierarchy, hopring, ncclenv, tcpinfo
+from recipes.comm import concurrency, flowrates, hierarchy, hopring, ncclenv, tcpinfo
 from recipes.comm import tuner as tuning
 from recipes.comm.base import BackendDefaults
 from recipes.comm.engine import _Engine
@@ -120,18 +120,13 @@ class MultiStreamBackend(BackendDefaults):
         facts = concurrency.probe(td.get_backend())
         self.concurrency = concurrency.decide(c.concurrency, facts)
         self.graph_serial = concurrency.graph_serial_reasons(facts)  # captured NCCL collectives would not overlap
-        if c.hierarchy == "host" and not self._hop:
-            raise ConfigError(
-                "comm.hierarchy=host runs the hop-balanced ring between hosts: set comm.balance=true and "
-                "comm.balance_level=hop, or comm.hierarchy=none"
-            )
+        # the same rule as the advice's (scripts/predict.py never names a setting refused here)
+        why = flowrates.refusal(
+            balance=bool(c.balance), level=c.balance_level, hierarchy=c.hierarchy, transport=td.get_backend()
+        )
+        if why is not None:
+            raise ConfigError(why)
         if self._hop:
-            if td.get_backend() != "gloo" and c.hierarchy != "host":
-                raise ConfigError(
-                    f"comm.balance_level=hop: the hop-balanced ring runs on gloo process groups, not "
-                    f"{td.get_backend()}. On GPU hosts set comm.hierarchy=host ({td.get_backend()} inside the host, "
-                    f"the ring on gloo between hosts), or use comm.balance_level=communicator"
-                )
             if c.hierarchy == "host":
                 d = self.dist
                 everyone = all_gather_object((d.local_rank, d.local_world_size), d)
