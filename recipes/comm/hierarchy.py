@@ -87,12 +87,14 @@ def layout_of(rank: int, world: int, local_rank: int, local_world: int, everyone
 class Hierarchy:
     """This rank's place in the hierarchy and its host's process group (made once, at start-up)."""
 
-    def __init__(self, layout: Layout, timeout_s: float, device: torch.device):
+    def __init__(self, layout: Layout, timeout_s: float, device: torch.device, *, local_backend: str | None = None):
+        """`local_backend`: the host's group's backend (None: the default group's, NCCL on GPUs; the GPU check names
+        nccl under a gloo default group, as two processes on one GPU cannot share an NCCL communicator)."""
         self.layout, self.timeout_s, self.device = layout, timeout_s, device
         timeout = datetime.timedelta(seconds=timeout_s)
         self.local_group = None
         for h in range(layout.hosts):  # every rank makes every host's group, in the same order (new_group's rule)
-            group = td.new_group(ranks=layout.host_ranks(h), timeout=timeout)
+            group = td.new_group(ranks=layout.host_ranks(h), timeout=timeout, backend=local_backend)
             if h == layout.host:
                 self.local_group = group
 
