@@ -562,7 +562,8 @@ class MultiStreamBackend(BackendDefaults):
                 why = f"stretch {b.stretches} of at most {balancing.MAX_STRETCHES}: the next window's step decides"
         b.close(decision)
         slow = "".join(
-            f"; host {h}'s connection {c} to host {(h - 1) % w} delivers {decision.rates[h][c] / 1e6:.2f} MB/s, "
+            f"; {self._sender(h)}'s connection {c} to {self._sender(h, -1)} delivers "
+            f"{decision.rates[h][c] / 1e6:.2f} MB/s, "
             f"{decision.rates[h][c] / statistics.median(decision.rates[h]):.2f}x the median of its hop: a slow path"
             for h, c in decision.slow
         )
@@ -581,6 +582,14 @@ class MultiStreamBackend(BackendDefaults):
                 f"{describe_table(b.current)}{slow}",
                 log,
             )
+
+    def _sender(self, row: int, step: int = 0) -> str:
+        """How a log line names the hop table's row `row` (its sending rank), or with step=-1 its left neighbour: host
+        h, or under comm.hierarchy=host host h's local rank l."""
+        if self.hierarchy is None:
+            return f"host {(row + step) % self.dist.world_size}"
+        lay = self.hierarchy.layout
+        return f"host {(row // lay.local + step) % lay.hosts}'s local rank {row % lay.local}"
 
     def _new_balance(self) -> balancing.BalanceState:
         return balancing.BalanceState(self.settings.streams, hops=self.dist.world_size if self._hop else 0)

@@ -216,8 +216,8 @@ class MultistreamConfig(Fusion, NcclFlows):
         "communicator",
         help="balance: communicator = each communicator's share of every bucket (its collectives go at its slowest "
         "hop); hop = a ring of point-to-point sends whose every hop cuts its chunk over its own K connections "
-        "(recipes/comm/hopring.py; gloo only), which pays at any number of hosts; at 2 ranks it opens 2K "
-        "communicators, K for each direction",
+        "(recipes/comm/hopring.py; gloo, or between hosts under hierarchy=host), which pays at any number of "
+        "hosts; at 2 ranks in a ring it opens 2K communicators, K for each direction",
     )
     hierarchy: Literal["none", "host"] = _f(
         "none",

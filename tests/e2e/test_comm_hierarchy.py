@@ -50,6 +50,8 @@ def test_hierarchical_ring_is_ddps_mean_and_a_dead_rank_stops_every_rank(tmp_pat
         # row g delivers PATH_MB_S[g % 3] (1:3, 2:2, 3:1 MB/s): one re-plan at step 3, in their proportion
         table = [[260, 740], [500, 500], [740, 260], [260, 740]]
         assert "multistream balance: re-plan 1 at step 3: hop shares 260/740 500/500 740/260 260/740" in p.stdout
+        # a slow connection is named by its host and local rank, and its ring's left neighbour
+        assert "host 1's local rank 0's connection 1 to host 0's local rank 0 delivers 1.00 MB/s" in p.stdout
         for r in results:
             assert r["digests"] == results[0]["digests"] and r["digests"][-1][0] == 1
             assert r["max_err"] < EXACT
