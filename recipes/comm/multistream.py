@@ -209,7 +209,8 @@ class MultiStreamBackend(BackendDefaults):
         # Connect every communicator now, one at a time, instead of lazily mid-backward. Each sums its own ones
         # (int32, so the check is exact: every entry must be the world size, whatever W and K are).
         n = 2 * k if self.one_way else k
-        probe = torch.ones(n, dtype=torch.int32, device=self.dist.device)
+        # the hop ring's groups are gloo on the host's CPU, also under comm.hierarchy=host on GPUs
+        probe = torch.ones(n, dtype=torch.int32, device="cpu" if self._hop else self.dist.device)
         groups, opened = [], []
         with collective_guard("multistream: communicator check"):
             for i in range(n):
