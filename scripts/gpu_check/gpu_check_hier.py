@@ -13,11 +13,12 @@ whose two hosts cut differently, must equal DDP's mean (a gloo allreduce of the 
 from __future__ import annotations
 
 import datetime
-import json
 import socket
 import tempfile
 from pathlib import Path
 
+from base.reader import read_json
+from base.writer import write_json
 from scripts.gpu_check.gpu_check_rows import judged
 
 SIZES = (1001, 4096, 77)  # elements per bucket: one odd, one small
@@ -59,7 +60,7 @@ def _rank(rank: int, port: int, cuda: bool, out: str) -> None:
             scale = max([scale] + [float(r.abs().max()) for r in host])
     finally:
         ring.close()
-    Path(out, f"rank{rank}.json").write_text(json.dumps({"err": err, "scale": scale}))
+    write_json(Path(out, f"rank{rank}.json"), {"err": err, "scale": scale})
     td.destroy_process_group()
 
 
@@ -72,7 +73,7 @@ def run(cuda: bool) -> tuple[float, float]:
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as out:
         mp.start_processes(_rank, args=(port, cuda, out), nprocs=2, start_method="spawn")
-        found = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(2)]
+        found = [read_json(Path(out, f"rank{r}.json"), what="the hierarchy case's rank result") for r in range(2)]
     return max(f["err"] for f in found), max(f["scale"] for f in found)
 
 
