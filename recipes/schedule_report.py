@@ -26,6 +26,43 @@ def count_images(cfg) -> int | None:
     return len(scan_split(cfg.data.root, "train"))
 
 
+def allreduce_lines(cfg, world: int, phases: int) -> list[str]:
+    """Which allreduce every phase runs and why (the comm section holds for the whole run): the backend, the process
+    group it runs on, and for multistream its balancing; a setting the engine would refuse at start-up is said so."""
+    from recipes.comm import flowrates
+
+    c = cfg.comm
+    device = "cpu" if cfg.run.device == "cpu" else "cuda"
+    on = cfg.dist.backend if cfg.dist.backend != "auto" else ("nccl" if device == "cuda" else "gloo")
+    hosts, local = cfg.run.nodes, max(1, world // max(1, cfg.run.nodes))
+    if c.backend != "multistream":
+        what = f"comm.backend={c.backend} on {on}"
+    else:
+        balance, level, hier = bool(c.balance), c.balance_level, c.hierarchy
+        why = flowrates.refusal(balance=balance, level=level, hierarchy=hier, transport=on)
+        if why is not None:
+            return [f"allreduce, every phase: refused at start-up: {why}"]
+        if balance and level == "hop" and hier == "host":
+            what = (
+                f"the hierarchical ring (comm.hierarchy=host): a reduce-scatter and an all-gather on {on} inside each "
+                f"of {hosts} hosts ({local} ranks), between them a hop-balanced gloo ring per local rank of {hosts} "
+                f"members on pinned host copies, comm.streams={c.streams} connections per hop cut by what each "
+                "delivers (recipes/comm/hierarchy.py)"
+            )
+        elif balance and level == "hop":
+            what = f"the hop-balanced ring over all {world} ranks on gloo (comm.balance_level=hop)"
+        else:
+            how = "balanced per communicator (comm.balance=true)" if balance else "even striping (comm.balance=false)"
+            what = f"multistream over comm.streams={c.streams} {on} communicators, {how}"
+    why = (
+        "; where the link probe finds uneven flows on multi-GPU hosts, "
+        "OVERRIDES='comm.balance=true comm.balance_level=hop comm.hierarchy=host' (docs/allreduce.md)"
+        if c.backend == "multistream" and on == "nccl" and not getattr(c, "balance", False)
+        else ""
+    )
+    return [f"allreduce, all {phases} phases: {what}{why}"]
+
+
 def plan_title(plan: Schedule, gpu: str | None, amp: str) -> str:
     """The plot's title: the plan's size, and what it was planned for (GPU, dtype, accumulation per phase)."""
     micro = {e.phase_index: (e.micro_batches, plan.micro_batch(e.epoch)) for e in plan.epochs}
@@ -128,6 +165,7 @@ def print_plan(
         world_size=world,
     )
     print("\n".join(describe_graph_decisions(cfg.run.cuda_graph, cfg.phases, decisions)))
+    print("\n".join(allreduce_lines(cfg, world, len(cfg.phases))))
     out = Path(png) if png else Path(cfg.run.out_dir) / f"{cfg.run.name}_plan.png"
     out.parent.mkdir(parents=True, exist_ok=True)
     # never through a planted link, never half-written

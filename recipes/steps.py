@@ -404,6 +404,9 @@ def graph_decision(
         (not opt.skips_on_device, f"optim.name={optim} decides on the host whether to step"),
         (opt.skips_on_device and not opt.tensor_hparams, f"optim.name={optim} reads lr/momentum on the host"),
         (wraps and bool(back.graph_refusal), f"comm.backend={comm.backend} wraps the model ({back.graph_refusal})"),
+        # the hop ring (and under comm.hierarchy=host its staging through pinned host copies) runs on helper threads
+        # that wait on the host: such phases stay eager (multistream's capture_blocker says the same at run time)
+        (wraps and _hop_ring(comm), "comm.balance_level=hop: its ring runs on helper threads that wait on the host"),
     ]
     why = [r for bad, r in reasons if bad]
     if not why and run.cuda_graph == "auto":
@@ -415,6 +418,10 @@ def graph_decision(
                 "(run.cuda_graph=true captures it; docs/gpu.md)"
             )
     return (False, "; ".join(why)) if why else (True, "")
+
+
+def _hop_ring(comm) -> bool:
+    return bool(getattr(comm, "balance", False)) and getattr(comm, "balance_level", "") == "hop"
 
 
 def phase_graph_decisions(

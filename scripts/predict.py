@@ -217,11 +217,38 @@ def link_figures(args):
     return load_link_figures(args.network)
 
 
-STRATEGY_ROWS = (  # flowrates.STRATEGIES: how each is asked for
+STRATEGY_ROWS = (  # flowrates.STRATEGIES and the hierarchy: how each is asked for
     ("even", "even striping (as NCCL and DDP do)", "comm.balance=false"),
     ("comm", "communicator-level balancing", "comm.balance=true"),
     ("hop", "hop-level balancing", "comm.balance=true comm.balance_level=hop"),
+    (
+        "hier",
+        "hierarchical: inside the host, then a hop-balanced ring per local rank",
+        "comm.balance=true comm.balance_level=hop comm.hierarchy=host",
+    ),
 )
+
+
+def transport(cfg) -> str:
+    """The process group multistream runs on for this config: dist.backend, or auto's choice (NCCL wherever there
+    are GPUs, which is what this tool models unless run.device=cpu)."""
+    if cfg.dist.backend != "auto":
+        return cfg.dist.backend
+    return "gloo" if cfg.run.device == "cpu" else "nccl"
+
+
+def refused(key: str, on: str) -> str | None:
+    """Why the engine would stop at start-up with strategy `key` on transport `on` (flowrates.refusal)."""
+    from recipes.comm import flowrates
+
+    how = dict((k, h) for k, _, h in STRATEGY_ROWS)[key]
+    over = dict(kv.split("=", 1) for kv in how.split())
+    return flowrates.refusal(
+        balance=over.get("comm.balance") == "true",
+        level=over.get("comm.balance_level", "communicator"),
+        hierarchy=over.get("comm.hierarchy", "none"),
+        transport=on,
+    )
 
 
 def balance_lines(cfg, cluster: tm.Cluster, figures, flow_spread: float | None, grad_bytes: int) -> list[str]:
@@ -248,7 +275,8 @@ def balance_lines(cfg, cluster: tm.Cluster, figures, flow_spread: float | None, 
         ]
     if cluster.hosts < 2:
         return []
-    rates = flowrates.strategy_rates(hops, cluster.link_gbit, hosts=cluster.hosts)
+    rates = flowrates.strategy_rates(hops, cluster.link_gbit, hosts=cluster.hosts, local=cluster.gpus_per_host)
+    on = transport(cfg)
     wire = grad_bytes // 2 if cfg.comm.compression in ("fp16", "bf16") else grad_bytes
     lines = [
         "",
@@ -256,19 +284,35 @@ def balance_lines(cfg, cluster: tm.Cluster, figures, flow_spread: float | None, 
         f"{wire / 1e6:.1f} MB (the gradients, comm.compression={cfg.comm.compression}) over {cluster.hosts} hosts, "
         f"link {cluster.link_gbit:g} Gbit/s (recipes/comm/flowrates.py; data time, no latency or goodput).",
         "",
-        "| strategy | config | ring Gbit/s | allreduce ms | vs even |",
-        "|---|---|---:|---:|---:|",
+        f"| strategy | config | ring Gbit/s | allreduce ms | vs even | runs on {on} |",
+        "|---|---|---:|---:|---:|---|",
     ]
     for key, name, how in STRATEGY_ROWS:
         ms = 1e3 * flowrates.allreduce_seconds(wire, cluster.hosts, rates[key] * 1e3)
-        lines.append(f"| {name} | `{how}` | {rates[key]:.1f} | {ms:.1f} | {rates[key] / rates['even']:.2f}x |")
-    # hop-level costs more launches: communicator-level is chosen unless hop-level is clearly faster
-    best = "hop" if rates["hop"] > 1.05 * rates["comm"] else "comm"
+        runs = "yes" if refused(key, on) is None else "no: refused at start-up"
+        lines.append(f"| {name} | `{how}` | {rates[key]:.1f} | {ms:.1f} | {rates[key] / rates['even']:.2f}x | {runs} |")
+    # the rings cost more launches than communicator-level balancing: one is chosen only where it is clearly faster,
+    # and never one that the engine refuses on this config's transport
+    best = "comm"
+    for key in ("hop", "hier"):
+        if key in rates and refused(key, on) is None and rates[key] > 1.05 * rates[best]:
+            best = key
     if rates[best] < 1.05 * rates["even"]:
         lines.append("use: even striping; balancing gains under 5% on this network")
-    else:
-        how = dict((k, h) for k, _, h in STRATEGY_ROWS)[best]
-        lines.append(f"use: {how} ({rates[best] / rates['even']:.2f}x even striping's rate)")
+        return lines
+    how = dict((k, h) for k, _, h in STRATEGY_ROWS)[best]
+    lines.append(f"use: {how} ({rates[best] / rates['even']:.2f}x even striping's rate)")
+    if best == "hier":
+        from recipes.comm.stepmodel import hierarchical_seconds
+
+        net = cluster.network()
+        hier = hierarchical_seconds(wire, net, rates["hier"] * 1e3)
+        even = hierarchical_seconds(wire, net, rates["even"] * 1e3)
+        lines.append(
+            f"  predicted allreduce of one step's gradients: {1e3 * hier:.1f} ms against even striping's "
+            f"{1e3 * even:.1f} ms, with the reduce-scatter and all-gather inside each host at "
+            f"{cluster.intra_gbyte:g} GB/s (recipes/comm/stepmodel.py hierarchical_seconds; data time)"
+        )
     return lines
 
 

@@ -324,6 +324,108 @@ def scenario_hop_two(out: dict, args: list[str]) -> None:
     out["ends"] = [[local[1], remote[1]] for local, remote in ends]  # (local port, remote port): sends, then receives
 
 
+def _as_hosts() -> None:
+    """Simulated hosts on one machine: HOST_RANKS=L makes every L consecutive torchrun ranks one host (what
+    torchrun sets on a real cluster with --nproc-per-node L)."""
+    local = int(os.environ["HOST_RANKS"])
+    rank = int(os.environ["RANK"])
+    os.environ.update(LOCAL_WORLD_SIZE=str(local), LOCAL_RANK=str(rank % local))
+
+
+HIER = ("comm.backend=multistream", "comm.bucket_mb=0.004", "comm.balance=true", "comm.balance_level=hop")
+
+
+def scenario_hier(out: dict, args: list[str]) -> None:
+    """comm.hierarchy=host on simulated hosts: the exact mean and DDP's mean with equal shares and after a forced
+    re-plan whose every rank's row differs (fp32, fp16 wire); each ring's length; with HIER_BALANCE=1 the balancer on
+    paced loopback counters agreeing on every rank, and a resumed backend's table; then DEAD_RANKS leave mid-bucket
+    (dist.timeout_s=4)."""
+    from recipes.comm import tcpinfo
+    from recipes.comm.balance import listed
+
+    _as_hosts()
+    cfg = config(*args)
+    dist = setup(cfg, env=process_env(cfg.comm))
+    torch.manual_seed(0)
+    model = Net()
+    mean = exact_mean(model, dist.rank, dist.world_size, step=1)
+    out["scale"] = max(float(t.abs().max()) for t in mean)
+    ddp, _ = run_backend(config("comm.backend=ddp", "comm.bucket_cap_mb=0.002", *args), dist, model)
+    hier = [*HIER, "comm.hierarchy=host", "comm.streams=2"]
+    g, backend = run_backend(config(*hier, *args), dist, model)
+    ring = backend.engine.ring.inner
+    out["even"] = {"vs_mean": max_err(g, mean), "vs_ddp": max_err(g, ddp)}
+    out["ring"] = [ring.rank, ring.world, ring.left, ring.right, len(backend.groups), len(backend.engine.plan.buckets)]
+    rows = ((600, 400), (100, 900), (334, 666), (20, 980), (850, 150), (480, 520))
+    table = tuple(rows[r % len(rows)] for r in range(dist.world_size))
+    for extra in ([], ["comm.compression=fp16"]):
+        g, backend = run_backend(config(*hier, *extra, *args), dist, model, between=lambda b: b.replan(table))
+        out["replan/" + "/".join(extra)] = {
+            "vs_mean": max_err(g, mean),
+            "vs_ddp": max_err(g, ddp),
+            "table": listed(backend.engine.plan.hop_shares),
+            "ring_rows": listed(backend.engine.ring.inner.table),
+        }
+    if os.environ.get("HIER_BALANCE") != "1":
+        _leave_mid_bucket(out, config(*hier, "dist.timeout_s=4", *args), dist, model)
+        return
+    # the balancer on each rank's own connections, paced as in scenario_hop: row g delivers PATH_MB_S[g % 3]
+    cfg = config(*hier, "comm.balance_window=1", "comm.balance_min_gain=0", *args)
+    m = copy.deepcopy(model)
+    backend = create_allreduce(cfg.comm, dist, timeout_s=cfg.dist.timeout_s, model_name=cfg.model.name)
+    tm, _ = backend.prepare(m, None)
+    rates = {link.fd: PATH_MB_S[dist.rank % 3][k] * 1e6 for k, link in enumerate(backend.links)}
+    real = tcpinfo.Link.read
+    tcpinfo.Link.read = lambda self: _paced(real(self), rates.get(self.fd))
+    digests, errs = [], []
+    for step in range(4):
+        x, y = batch(dist.rank, step % 2)
+        for p in m.parameters():
+            p.grad = None
+        nn.functional.cross_entropy(tm(x), y).backward()
+        errs.append(max_err([p.grad for p in m.parameters()], exact_mean(model, dist.rank, dist.world_size, step % 2)))
+        backend.on_step_end(step + 1)
+        digests.append([backend.balance.version if backend.balance else 0, backend.engine.plan.digest()])
+    out["digests"] = digests
+    out["max_err"] = max(errs)
+    out["table"] = listed(backend.engine.plan.hop_shares)
+    state = backend.state_dict()
+    resumed = create_allreduce(cfg.comm, dist, timeout_s=cfg.dist.timeout_s, model_name=cfg.model.name)
+    resumed.load_state_dict(json.loads(json.dumps(state)))  # as a checkpoint carries it
+    resumed.prepare(copy.deepcopy(model), None)
+    out["resumed_table"] = listed(resumed.engine.plan.hop_shares)
+    out["resumed_rows"] = listed(resumed.engine.ring.inner.table)
+    _leave_mid_bucket(out, config(*hier, "dist.timeout_s=4", *args), dist, model)
+
+
+def _leave_mid_bucket(out: dict, cfg, dist, model: nn.Module) -> None:
+    """DEAD_RANKS (a local rank, or a whole host) leave inside their ring's second bucket, after the host's
+    reduce-scatter; every other rank records how it stopped."""
+    backend = create_allreduce(cfg.comm, dist, timeout_s=cfg.dist.timeout_s, model_name=cfg.model.name)
+    tm, _ = backend.prepare(copy.deepcopy(model), None)
+    x, y = batch(dist.rank)
+    nn.functional.cross_entropy(tm(x), y).backward()  # one good step
+    td.barrier()
+    if dist.rank in {int(r) for r in os.environ["DEAD_RANKS"].split(",")}:
+        ring, path = backend.engine.ring.inner, out.pop("_path")
+        whole = ring.allreduce
+
+        def leave(b, flat):
+            if b == 0:
+                return whole(b, flat)
+            Path(path).write_text(json.dumps({**out, "left": True}))
+            os._exit(0)
+
+        ring.allreduce = leave
+    t0 = time.monotonic()
+    try:
+        nn.functional.cross_entropy(tm(x), y).backward()
+        out["error"] = None
+    except Exception as e:  # noqa: BLE001 - the test checks the type and the text
+        out["error"] = f"{type(e).__name__}: {e}"
+    out["seconds"] = time.monotonic() - t0
+
+
 def scenario_horovod(out: dict, args: list[str]) -> None:
     cfg = config("comm.backend=horovod", *args)
     # under horovodrun: torch.distributed is bootstrapped from Horovod's environment (the backend's process env)

@@ -59,6 +59,7 @@ class _Engine:
         links: list | None = None,
         recv_links: list | None = None,
         recv_groups: list | None = None,
+        hierarchy=None,
     ):
         self.plan, self.params, self.groups, self.world = plan, params, groups, world
         self.timeout_s = timeout_s
@@ -112,21 +113,14 @@ class _Engine:
         # comm.balance_level=hop: every bucket goes whole to the hop-balanced ring (recipes/comm/hopring.py), whose
         # own thread runs the buckets in launch order; while measuring, each step reads the kernel's counters of the
         # K connections it sends on (`links`, recipes/comm/tcpinfo.py) and turns delayed ACKs off on the K it receives
-        # on (`recv_links`)
-        self.ring = (
-            HopRing(
-                groups,
-                rank,
-                world,
-                plan.hop_shares,
-                timeout_s,
-                links=links,
-                recv_links=recv_links,
-                recv_groups=recv_groups,
-            )
-            if plan.hop_shares is not None
-            else None
-        )
+        # on (`recv_links`); under comm.hierarchy=host (`hierarchy`, recipes/comm/hierarchy.py) the ring runs between
+        # hosts on each bucket's shard, between a reduce-scatter and an all-gather inside the host
+        ring_links = {"links": links, "recv_links": recv_links, "recv_groups": recv_groups}
+        self.ring = None
+        if plan.hop_shares is not None and hierarchy is not None:
+            self.ring = hierarchy.ring(groups, plan.hop_shares, timeout_s, **ring_links)
+        elif plan.hop_shares is not None:
+            self.ring = HopRing(groups, rank, world, plan.hop_shares, timeout_s, **ring_links)
         self.hop_seconds: list[list[float]] = []  # steps not yet read: per outgoing connection, busy s then bytes
         if serialize and self.ring is None:
             self._queue = queue.Queue()

@@ -60,18 +60,53 @@ def spread_hop(flow_spread: float, flows: int, flow: float) -> list[float]:
     return [flow] * (flows - 1) + [flow * flow_spread]
 
 
-def strategy_rates(hops: list[list[float]], link: float, *, hosts: int, seeds=range(200)) -> dict[str, float]:
+def hier_mbit(rates: list[list[float]], link_mbit: float, local: int) -> float:
+    """comm.hierarchy=host: the ring rate of `local` hop-balanced rings at once, one per local rank, each on its own
+    connections and 1/local of every bucket; every ring's hops are taken to look like `rates`, and together they
+    share the host's link."""
+    return min(min(link_mbit, local * sum(r)) for r in rates)
+
+
+def refusal(*, balance: bool, level: str, hierarchy: str, transport: str) -> str | None:
+    """Why multistream stops at start-up with these comm settings on `transport` (the process group's backend: nccl,
+    gloo); None where it runs them. The engine raises this text, and the advice (scripts/predict.py, the probe)
+    never names a setting it returns a reason for."""
+    hop = balance and level == "hop"
+    if hierarchy == "host" and not hop:
+        return (
+            "comm.hierarchy=host runs the hop-balanced ring between hosts: set comm.balance=true and "
+            "comm.balance_level=hop, or comm.hierarchy=none"
+        )
+    if hop and transport != "gloo" and hierarchy != "host":
+        return (
+            f"comm.balance_level=hop: the hop-balanced ring runs on gloo process groups, not {transport}. On GPU "
+            f"hosts set comm.hierarchy=host ({transport} inside the host, the ring on gloo between hosts), or use "
+            "comm.balance_level=communicator"
+        )
+    return None
+
+
+def strategy_rates(
+    hops: list[list[float]], link: float, *, hosts: int, seeds=range(200), local: int | None = None
+) -> dict[str, float]:
     """The ring's rate under each of STRATEGIES (units of the inputs) over a ring of `hosts` hosts.
 
     `hops` with one list per host is the ring itself (hops[h][k]: host h's k-th connection to host h-1). Otherwise
     they are patterns (the hops a probe measured, or one from `spread_hop`): every hop is one of them drawn at random,
     its connections in an order of their own, as ECMP hashes each connection independently; communicator-level
-    balancing depends on where each hop's slow connection falls, so every figure is the median over `seeds` draws."""
+    balancing depends on where each hop's slow connection falls, so every figure is the median over `seeds` draws.
+    Given `local` ranks per host, "hier" too: `hier_mbit`'s rings (comm.hierarchy=host; at one rank per host, the hop
+    ring on host copies of a GPU's gradients)."""
+    names = (*STRATEGIES, "hier") if local else STRATEGIES
+
+    def rates(ring):
+        return [ring_mbit(ring, link, s) for s in STRATEGIES] + ([hier_mbit(ring, link, local)] if local else [])
+
     if len(hops) == hosts:
-        return {s: ring_mbit(hops, link, s) for s in STRATEGIES}
+        return dict(zip(names, rates(hops), strict=True))
     rows = []
     for seed in seeds:
         rng = random.Random(f"strategy/{seed}")
         ring = [rng.sample(r, len(r)) for r in (rng.choice(hops) for _ in range(hosts))]
-        rows.append([ring_mbit(ring, link, s) for s in STRATEGIES])
-    return {s: statistics.median(c) for s, c in zip(STRATEGIES, zip(*rows, strict=True), strict=True)}
+        rows.append(rates(ring))
+    return {s: statistics.median(c) for s, c in zip(names, zip(*rows, strict=True), strict=True)}

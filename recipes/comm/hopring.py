@@ -10,7 +10,7 @@ its sockets. The step model's name for it is `hop` (recipes/comm/flowrates.py).
 
 At 2 ranks the left and right neighbour are the same host, and a connection of a group would carry pieces both ways.
 A connection's ACKs for one direction leave through the same queue as its data in the other direction, so where that
-direction is the slow one, the fast direction waits for its ACKs: in the network lab (`python -m scripts.netlab
+direction is the slow one, the fast direction waits for its ACKs: in the network lab (`python -m lab.netlab
 --hosts 2 --link-mbit 1000 --flow-mbit 333 --check --profile one-slow --both-ways`), the fast direction of each
 connection that is slow the other way carried 215 and 225 Mbit/s against 317-320 on the others. So at 2 ranks the
 backend opens 2K groups and each rank sends on K of them and receives on the other K (`recv_groups`), as NCCL gives
@@ -84,12 +84,13 @@ def _create_backend(store, rank: int, size: int, timeout: datetime.timedelta):
     return td.ProcessGroupGloo(store, rank, size, opts)
 
 
-def new_group(timeout: datetime.timedelta):
-    """A gloo process group over every rank, for the ring: its own TCP connection to every peer, but on the one
-    device (one event loop thread) that every group made here shares."""
+def new_group(timeout: datetime.timedelta, ranks: list[int] | None = None):
+    """A gloo process group over every rank (or `ranks`: one host's ring under comm.hierarchy=host), for the ring: its
+    own TCP connection to every peer, but on the one device (one event loop thread) that every group made here
+    shares. Every rank calls it for every group, in the same order, as torch.distributed.new_group requires."""
     if not hasattr(td.Backend, BACKEND.upper()):  # registering sets Backend.GLOO_HOP
         td.Backend.register_backend(BACKEND, _create_backend, devices=["cpu"])
-    return td.new_group(backend=BACKEND, timeout=timeout)
+    return td.new_group(ranks=ranks, backend=BACKEND, timeout=timeout)
 
 
 class HopRing:
@@ -107,6 +108,8 @@ class HopRing:
         links: list[Link] | None = None,
         recv_links: list[Link] | None = None,
         recv_groups: list | None = None,
+        label: str = "multistream hop ring",
+        member: str = "rank",
     ):
         if len(table) != world or any(len(row) != len(groups) for row in table):
             raise ValueError(f"hop shares: expected {world} rows of {len(groups)}, got {table}")
@@ -118,6 +121,8 @@ class HopRing:
         self.left, self.right = (rank - 1) % world, (rank + 1) % world
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.timeout_s = timeout_s
+        # how errors name the ring and its members (comm.hierarchy=host: a local rank's ring between hosts)
+        self.label, self.member = label, member
         self.links = list(links or [])  # per communicator, the connection to the left neighbour (measuring needs it)
         self.recv_links = list(recv_links or [])  # per communicator, the connection from the right neighbour
         self.measure = False
@@ -157,10 +162,11 @@ class HopRing:
         except OSError as e:
             raise CommError(f"multistream hop ring: reading a connection's TCP counters failed: {e}") from e
 
-    def submit(self, b: int, flat: torch.Tensor) -> None:
+    def submit(self, b: int, flat: torch.Tensor, before=None) -> None:
         """Reduce `flat` (bucket b, already divided by the world size) to the sum over ranks, in place, after every
-        bucket submitted before it."""
-        self._queues[b % LANES].put((b, flat))
+        bucket submitted before it; `before()`, if given, runs first on the lane's thread (comm.hierarchy=host: wait
+        for the host's reduce-scatter that fills `flat`)."""
+        self._queues[b % LANES].put((b, flat, before))
 
     def join(self) -> None:
         """Wait for every submitted bucket; a failed one raises its CommError here."""
@@ -184,9 +190,12 @@ class HopRing:
                 if item is None:
                     return
                 if self._error is None:  # after a failure, drain; join raises it
-                    self.allreduce(*item)
+                    b, flat, before = item
+                    if before is not None:
+                        before()
+                    self.allreduce(b, flat)
             except BaseException as e:  # noqa: BLE001 - handed to the training thread
-                self._error = e if isinstance(e, CommError) else CommError(f"multistream hop ring: {e}")
+                self._error = e if isinstance(e, CommError) else CommError(f"{self.label}: {e}")
             finally:
                 lane.task_done()
 
@@ -231,7 +240,7 @@ class HopRing:
             raise
         except Exception as e:
             raise CommError(
-                f"multistream hop ring: bucket {b}, {step.phase} step {step.s}, between rank {self.rank} and its "
+                f"{self.label}: bucket {b}, {step.phase} step {step.s}, between {self.member} {self.rank} and its "
                 f"neighbours {self.left} and {self.right} failed: {e}. A peer died or stalled; point-to-point sends "
                 f"give up after dist.timeout_s={self.timeout_s:g} s"
             ) from e

@@ -27,7 +27,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from base.errors import CommError, ConfigError, PlanMismatchError
 from recipes.comm import balance as balancing
-from recipes.comm import concurrency, hopring, ncclenv, tcpinfo
+from recipes.comm import concurrency, flowrates, hierarchy, hopring, ncclenv, tcpinfo
 from recipes.comm import tuner as tuning
 from recipes.comm.base import BackendDefaults
 from recipes.comm.engine import _Engine
@@ -70,6 +70,7 @@ class MultiStreamBackend(BackendDefaults):
         self._bytes = 0
         self.concurrency: concurrency.Decision | None = None
         self._hop = bool(c.balance) and c.balance_level == "hop"  # the hop-balanced ring (recipes/comm/hopring.py)
+        self.hierarchy: hierarchy.Hierarchy | None = None  # comm.hierarchy=host: the ring between hosts only
         # the hop balancer's test of each re-plan: the window's mean step (host clock between on_step_end calls),
         # and (the plan before the re-plan, its window's step) until the next window says whether it stays
         self._hop_mark: float | None = None
@@ -119,13 +120,24 @@ class MultiStreamBackend(BackendDefaults):
         facts = concurrency.probe(td.get_backend())
         self.concurrency = concurrency.decide(c.concurrency, facts)
         self.graph_serial = concurrency.graph_serial_reasons(facts)  # captured NCCL collectives would not overlap
+        # the same rule as the advice's (scripts/predict.py never names a setting refused here)
+        why = flowrates.refusal(
+            balance=bool(c.balance), level=c.balance_level, hierarchy=c.hierarchy, transport=td.get_backend()
+        )
+        if why is not None:
+            raise ConfigError(why)
         if self._hop:
-            if td.get_backend() != "gloo":
-                raise ConfigError(
-                    f"comm.balance_level=hop: the hop-balanced ring runs on gloo process groups (CPU hosts, the "
-                    f"network lab), not {td.get_backend()}: no GPU has run it. Use comm.balance_level=communicator"
+            if c.hierarchy == "host":
+                d = self.dist
+                everyone = all_gather_object((d.local_rank, d.local_world_size), d)
+                lay = hierarchy.layout_of(d.rank, d.world_size, d.local_rank, d.local_world_size, everyone)
+                self.hierarchy = hierarchy.Hierarchy(lay, self.timeout_s, d.device)
+                self._note(
+                    f"multistream balance: hierarchical, {td.get_backend()} inside each host ({lay.local} ranks), "
+                    f"a hop-balanced ring per local rank between the {lay.hosts} hosts on the K communicators"
                 )
-            self._note("multistream balance: hop level, a ring of point-to-point sends on the K communicators")
+            else:
+                self._note("multistream balance: hop level, a ring of point-to-point sends on the K communicators")
         else:
             self._note(f"multistream concurrency: {self.concurrency.why}")
         shares = None
@@ -181,32 +193,46 @@ class MultiStreamBackend(BackendDefaults):
     def one_way(self) -> bool:
         """Each connection carries data one way: the hop-balanced ring at 2 ranks, whose one neighbour is both left
         and right, sends on K groups and receives on K others (recipes/comm/hopring.py says why)."""
-        return self._hop and self.dist.world_size == 2
+        return self._hop and self._ring()[1] == 2
+
+    def _ring(self) -> tuple[int, int, int, int]:
+        """This rank's ring under hop level: (its place, length, left and right neighbours' global ranks); every rank
+        without a hierarchy, local rank l of every host under comm.hierarchy=host."""
+        if self.hierarchy is not None:
+            lay = self.hierarchy.layout
+            return (lay.host, lay.hosts, *lay.neighbours())
+        r, w = self.dist.rank, self.dist.world_size
+        return r, w, (r - 1) % w, (r + 1) % w
 
     def _create_groups(self, k: int) -> None:
         timeout = datetime.timedelta(seconds=self.timeout_s)
         # Connect every communicator now, one at a time, instead of lazily mid-backward. Each sums its own ones
         # (int32, so the check is exact: every entry must be the world size, whatever W and K are).
         n = 2 * k if self.one_way else k
-        probe = torch.ones(n, dtype=torch.int32, device=self.dist.device)
+        # the hop ring's groups are gloo on the host's CPU, also under comm.hierarchy=host on GPUs
+        probe = torch.ones(n, dtype=torch.int32, device="cpu" if self._hop else self.dist.device)
         groups, opened = [], []
         with collective_guard("multistream: communicator check"):
             for i in range(n):
                 before = tcpinfo.sockets() if self._hop else {}
-                groups.append(hopring.new_group(timeout) if self._hop else td.new_group(timeout=timeout))
+                if self.hierarchy is not None:
+                    groups.append(self.hierarchy.new_ring_group(timeout))
+                else:
+                    groups.append(hopring.new_group(timeout) if self._hop else td.new_group(timeout=timeout))
                 td.all_reduce(probe[i : i + 1], group=groups[i])
                 if self._hop:  # the TCP connections this communicator opened (recipes/comm/tcpinfo.py)
                     opened.append(tcpinfo.opened(before))
         # one way: rank 0 sends on the first K and receives on the other K, rank 1 the other way round
-        sends = list(range(k, n)) if self.one_way and self.dist.rank == 1 else list(range(k))
-        recvs = list(range(k)) if self.one_way and self.dist.rank == 1 else list(range(n - k, n))
+        place, size = self._ring()[:2] if self._hop else (self.dist.rank, self.dist.world_size)
+        sends = list(range(k, n)) if self.one_way and place == 1 else list(range(k))
+        recvs = list(range(k)) if self.one_way and place == 1 else list(range(n - k, n))
         self.groups, self.recv_groups = [groups[i] for i in sends], [groups[i] for i in recvs]
         got = probe.tolist()
-        bad = [i for i, v in enumerate(got) if v != self.dist.world_size]
+        bad = [i for i, v in enumerate(got) if v != size]
         if bad:
             raise CommError(
                 f"multistream: communicator check: communicator {bad[0]} summed {got[bad[0]]} ones, expected "
-                f"the world size {self.dist.world_size}"
+                f"its size {size}"
             )
         if self._hop:
             self.links, self.recv_links = self._find_links(opened, sends, recvs)
@@ -218,10 +244,9 @@ class MultiStreamBackend(BackendDefaults):
         on (`sends`, indices into `opened`: measured) and from its right neighbour on those it receives on (`recvs`:
         delayed ACKs turned off while measuring), found by address: one all-gather of every rank's local ends per
         communicator."""
-        w, rank = self.dist.world_size, self.dist.rank
-        if w == 1:
+        _, size, left, right = self._ring()
+        if size == 1:
             return [], []
-        left, right = (rank - 1) % w, (rank + 1) % w
         mine = [sorted({local for _, local, _ in conns.values()}) for conns in opened]
         everyone = all_gather_object(mine, self.dist)
         # per side: (the neighbour, {communicator: its connection to that neighbour}); at 2 ranks both sides are rank
@@ -290,6 +315,7 @@ class MultiStreamBackend(BackendDefaults):
             links=self.links[: plan.streams],
             recv_links=self.recv_links[: plan.streams],
             recv_groups=self.recv_groups[: plan.streams],
+            hierarchy=self.hierarchy,
         )
         self.settings = plan.settings
         self._note(f"multistream plan {plan.digest()[:12]}: {plan.describe()}, concurrency {self.concurrency.mode}")
@@ -306,6 +332,8 @@ class MultiStreamBackend(BackendDefaults):
             return None
         if self.tuner is not None and not self.tuner.done:
             return "the multistream tuner measures eager steps"
+        if self.hierarchy is not None:  # the trainer keeps the phase eager: the ring runs on the host's CPUs
+            return "comm.hierarchy=host (its ring between hosts runs on pinned host copies, on helper threads)"
         if self._hop:
             return "comm.balance_level=hop (its ring's helper thread waits on the host)"
         if self.concurrency.mode == "serialize":
@@ -535,7 +563,8 @@ class MultiStreamBackend(BackendDefaults):
                 why = f"stretch {b.stretches} of at most {balancing.MAX_STRETCHES}: the next window's step decides"
         b.close(decision)
         slow = "".join(
-            f"; host {h}'s connection {c} to host {(h - 1) % w} delivers {decision.rates[h][c] / 1e6:.2f} MB/s, "
+            f"; {self._sender(h)}'s connection {c} to {self._sender(h, -1)} delivers "
+            f"{decision.rates[h][c] / 1e6:.2f} MB/s, "
             f"{decision.rates[h][c] / statistics.median(decision.rates[h]):.2f}x the median of its hop: a slow path"
             for h, c in decision.slow
         )
@@ -554,6 +583,14 @@ class MultiStreamBackend(BackendDefaults):
                 f"{describe_table(b.current)}{slow}",
                 log,
             )
+
+    def _sender(self, row: int, step: int = 0) -> str:
+        """How a log line names the hop table's row `row` (its sending rank), or with step=-1 its left neighbour: host
+        h, or under comm.hierarchy=host host h's local rank l."""
+        if self.hierarchy is None:
+            return f"host {(row + step) % self.dist.world_size}"
+        lay = self.hierarchy.layout
+        return f"host {(row // lay.local + step) % lay.hosts}'s local rank {row % lay.local}"
 
     def _new_balance(self) -> balancing.BalanceState:
         return balancing.BalanceState(self.settings.streams, hops=self.dist.world_size if self._hop else 0)

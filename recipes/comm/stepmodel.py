@@ -454,6 +454,17 @@ def predict_step(
     )
 
 
+def hierarchical_seconds(nbytes: float, net: Network, ring_mbit: float) -> float:
+    """comm.hierarchy=host, the data time of one allreduce of `nbytes`: a reduce-scatter and an all-gather inside the
+    host (2(G-1)/G x nbytes at `intra_gbyte`, as every message's intra-host stage here), then G rings between the
+    hosts, one per local rank, each of length `hosts` on 1/G of the bytes; `ring_mbit` is the G rings' rate together
+    (recipes/comm/flowrates.py's hier_mbit), so the inter-host part is 2(H-1)/H x nbytes at it."""
+    g, h = net.gpus_per_host, net.hosts
+    intra = 2 * (g - 1) / g * nbytes / (net.intra_gbyte * 1e9) if g > 1 else 0.0
+    inter = 2 * (h - 1) / h * nbytes * 8 / (ring_mbit * 1e6) if h > 1 else 0.0
+    return intra + inter
+
+
 def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
     out: list[list[float]] = []
     for s, e in sorted(spans):

@@ -216,8 +216,15 @@ class MultistreamConfig(Fusion, NcclFlows):
         "communicator",
         help="balance: communicator = each communicator's share of every bucket (its collectives go at its slowest "
         "hop); hop = a ring of point-to-point sends whose every hop cuts its chunk over its own K connections "
-        "(recipes/comm/hopring.py; gloo only), which pays at any number of hosts; at 2 ranks it opens 2K "
-        "communicators, K for each direction",
+        "(recipes/comm/hopring.py; gloo, or between hosts under hierarchy=host), which pays at any number of "
+        "hosts; at 2 ranks in a ring it opens 2K communicators, K for each direction",
+    )
+    hierarchy: Literal["none", "host"] = _f(
+        "none",
+        help="balance_level hop: none = one ring over every rank; host = a reduce-scatter among each host's ranks "
+        "(the default backend: NCCL on GPUs), the hop ring on each shard between hosts (one ring per local rank, "
+        "gloo, pinned host copies on GPUs), an all-gather inside the host (recipes/comm/hierarchy.py); the only way "
+        "hop level runs on NCCL",
     )
     balance_window: int = _f(4, help="balance: steps measured before each re-plan decision", domain=">0 <=10000")
     balance_min_gain: float = _f(

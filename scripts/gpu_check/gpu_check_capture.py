@@ -19,6 +19,8 @@ Cases, in order; the rows are written after every case, so a run cut off keeps w
               host copy of the batch taken when DALI produced it
   speedup     graphed against eager at 96 and 128 px (per-GPU batch 256): wall-time ratio >= SPEEDUP_MIN, graphed
               wall/kernel <= WALL_PER_KERNEL_MAX
+  hierarchy   comm.hierarchy=host's GPU-only part: two processes on the GPU, each its own host, equal to DDP's mean
+              (scripts/gpu_check/gpu_check_hier.py)
 
 --smoke runs every case on the CPU at tiny sizes. Capturing needs CUDA: where torch.cuda's graph API is not stood in
 for, the capturing cases are skipped with that reason (the test installs tests/support.py's FakeCudaGraphs and runs
@@ -36,10 +38,11 @@ import time
 import weakref
 from pathlib import Path
 
+from scripts.gpu_check.gpu_check_hier import case_hierarchy
 from scripts.gpu_check.gpu_check_rows import guard, judged, markdown_table, row
 
 CONFIG = "configs/dawnbench_158s_resnet50d.yaml"
-CASES = ["phases", "optimizers", "wrapped", "churn", "dali", "speedup"]
+CASES = ["phases", "optimizers", "wrapped", "churn", "dali", "speedup", "hierarchy"]
 PHASE_SIZES, PHASE_BATCH = (96, 128, 224, 288), 64  # the record's phase changes; a small batch keeps it quick
 PHASE_REPLAYS = 2  # replays after each capture
 CAPTURE_MAX_S = 60.0  # one capture (cuDNN's autotuning of the new shape is in the warm-up steps before it)
@@ -515,6 +518,7 @@ CHECKS = {
     "churn": case_churn,
     "dali": case_dali,
     "speedup": case_speedup,
+    "hierarchy": case_hierarchy,  # comm.hierarchy=host's GPU-only part: scripts/gpu_check/gpu_check_hier.py
 }
 
 

@@ -36,6 +36,32 @@ def test_158s_plan_prints_1159_iterations_and_writes_the_plot(tmp_path, capsys):
     with Image.open(png) as im:
         assert im.format == "PNG" and im.size[0] >= 600 and im.size[1] >= 600
     assert not (tmp_path / "no-imagenet-here").exists()
+    # which allreduce, and where the probe's uneven flows point
+    assert (
+        "allreduce, all 4 phases: multistream over comm.streams=4 nccl communicators, even striping "
+        "(comm.balance=false); where the link probe finds uneven flows on multi-GPU hosts, "
+        "OVERRIDES='comm.balance=true comm.balance_level=hop comm.hierarchy=host' (docs/allreduce.md)"
+    ) in out
+
+
+def test_158s_plan_says_which_allreduce_runs_and_a_refused_one(tmp_path, capsys):
+    """The record's config under the hierarchical ring: its line, every phase eager; the flat hop ring on NCCL is
+    said to be refused at start-up, with the engine's own reason."""
+    base = ["-c", str(ROOT / "configs/dawnbench_158s.yaml"), "--plan", "--num-images", "1281167"]
+    base += [f"run.out_dir={tmp_path}", "comm.balance=true", "comm.balance_level=hop"]
+    assert train.main([*base, "comm.hierarchy=host"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "allreduce, all 4 phases: the hierarchical ring (comm.hierarchy=host): a reduce-scatter and an all-gather on "
+        "nccl inside each of 16 hosts (8 ranks), between them a hop-balanced gloo ring per local rank of 16 members"
+    ) in out
+    assert out.count("eager: comm.balance_level=hop: its ring runs on helper threads that wait on the host") == 4
+    assert train.main(base) == 0
+    out = capsys.readouterr().out
+    assert (
+        "allreduce, every phase: refused at start-up: comm.balance_level=hop: the hop-balanced ring runs on gloo "
+        "process groups, not nccl. On GPU hosts set comm.hierarchy=host"
+    ) in out
 
 
 def test_8gpu_plan_and_explicit_sizes(tmp_path, capsys):

@@ -146,6 +146,12 @@ def _decide(*overrides, device="cuda", world=1, optimizer="hybrid", micro_batche
 def test_graph_decision_says_why_it_stays_eager():
     assert _decide("run.cuda_graph=true") == (True, "")
     assert _decide("run.cuda_graph=true", "comm.backend=multistream", world=8) == (True, "")
+    # the hop ring, flat or between hosts (comm.hierarchy=host), waits on the host: the phase stays eager
+    hier = ("comm.backend=multistream", "comm.balance=true", "comm.balance_level=hop", "comm.hierarchy=host")
+    assert _decide("run.cuda_graph=true", *hier, world=8) == (
+        False,
+        "comm.balance_level=hop: its ring runs on helper threads that wait on the host",
+    )
     assert _decide("run.cuda_graph=false") == (False, "run.cuda_graph=false")
     assert _decide("run.cuda_graph=true", device="cpu") == (False, "no CUDA device (cpu)")
     assert "gradient accumulation (2 micro-batches" in _decide("run.cuda_graph=true", micro_batches=2)[1]

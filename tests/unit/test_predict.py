@@ -179,9 +179,20 @@ def test_uneven_connections_show_even_striping_against_balancing(tmp_path, capsy
     assert (
         "Uneven connections: the slowest at 0.33 of the median (measured by the link probe on 2 hops: each pair" in out
     )
-    assert "| even striping (as NCCL and DDP do) | `comm.balance=false` | 13.2 | 62.0 | 1.00x |" in out
-    assert "| communicator-level balancing | `comm.balance=true` | 26.6 | 30.7 | 2.02x |" in out
-    assert "| hop-level balancing | `comm.balance=true comm.balance_level=hop` | 32.0 | 25.6 | 2.42x |" in out
+    assert "| even striping (as NCCL and DDP do) | `comm.balance=false` | 13.2 | 62.0 | 1.00x | yes |" in out
+    assert "| communicator-level balancing | `comm.balance=true` | 26.6 | 30.7 | 2.02x | yes |" in out
+    # the record's config runs on NCCL: the flat hop ring is shown, refused, and the hierarchical ring is named
+    hop = "| hop-level balancing | `comm.balance=true comm.balance_level=hop` | 32.0 | 25.6 | 2.42x |"
+    assert f"{hop} no: refused at start-up |" in out
+    hier = "`comm.balance=true comm.balance_level=hop comm.hierarchy=host` | 32.0 | 25.6 | 2.42x | yes |"
+    assert hier in out
+    assert "use: comm.balance=true comm.balance_level=hop comm.hierarchy=host (2.42x even striping's rate)" in out
+    # 2(H-1)/H x 102.2 MB at 32 Gbit/s between hosts plus 2(G-1)/G x 102.2 MB at 150 GB/s inside: 25.55 + 1.19 ms
+    assert "predicted allreduce of one step's gradients: 26.7 ms against even striping's 63.1 ms" in out
+    # on CPU hosts (gloo) the flat hop ring runs, and is the cheaper of two equal rates
+    assert predict.main([*argv, "--network", str(slow), "run.device=cpu"]) == 0
+    out = capsys.readouterr().out
+    assert f"{hop} yes |" in out
     assert "use: comm.balance=true comm.balance_level=hop (2.42x even striping's rate)" in out
     even = _probe_file(tmp_path, [8.0, 8.2, 8.0, 7.9], [8.0] * 4)
     assert predict.main([*argv, "--network", str(even)]) == 0
@@ -194,3 +205,42 @@ def test_uneven_connections_show_even_striping_against_balancing(tmp_path, capsy
     assert "| hop-level balancing | `comm.balance=true comm.balance_level=hop` | 32.0 |" in out
     assert predict.main([*argv, "--network", str(slow), "--flow-spread", "0.5"]) == 2
     assert "drop --flow-spread" in capsys.readouterr().err
+
+
+def test_the_advice_never_names_a_setting_the_engine_refuses():
+    """Whatever the spread, the hosts and the transport: the `use:` line is a setting that flowrates.refusal (the
+    engine's start-up rule) lets run on the config's transport; the record's 16 x 8 H100 preset at 0.33 gets the
+    hierarchical ring."""
+    from recipes import timemodel as tm
+    from recipes.comm import flowrates
+    from recipes.comm.link_figures import LinkFigures
+    from recipes.config import load_config
+
+    figures = LinkFigures(32.0, 10.0, 50.0, "")
+    seen = set()
+    for device in ("cuda", "cpu"):
+        cfg = load_config(str(ROOT / "configs" / "presets" / "h100_16x8.yaml"), [f"run.device={device}"])
+        for gpus in (1, 8):
+            for spread in (0.2, 0.33, 0.5, 0.8):
+                lines = predict.balance_lines(cfg, tm.Cluster(16, gpus), figures, spread, 102_200_000)
+                use = next(ln for ln in lines if ln.startswith("use: "))
+                seen.add(use.split(" (")[0])
+                if "even striping;" in use:
+                    continue
+                over = dict(kv.split("=", 1) for kv in use.split(" (")[0].removeprefix("use: ").split())
+                why = flowrates.refusal(
+                    balance=over["comm.balance"] == "true",
+                    level=over.get("comm.balance_level", "communicator"),
+                    hierarchy=over.get("comm.hierarchy", "none"),
+                    transport="gloo" if device == "cpu" else "nccl",
+                )
+                assert why is None, (device, gpus, spread, use)
+                if (device, gpus, spread) == ("cuda", 8, 0.33):
+                    assert use.startswith("use: comm.balance=true comm.balance_level=hop comm.hierarchy=host (2.42x")
+    # the grid reaches every kind of advice: the flat ring on CPU, the hierarchy on GPUs (at one GPU per host too:
+    # NCCL refuses the flat ring), even striping where balancing gains under 5%
+    assert seen == {
+        "use: comm.balance=true comm.balance_level=hop",
+        "use: comm.balance=true comm.balance_level=hop comm.hierarchy=host",
+        "use: even striping; balancing gains under 5% on this network",
+    }, seen
