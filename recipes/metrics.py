@@ -67,7 +67,12 @@ IMAGES_PER_S = Metric(
     "images_per_s", "images/s", "rate", "training images (all ranks; AugMix views not counted twice)", "{:8.1f} img/s"
 )
 LR = Metric("lr", "", "last", "the schedule's learning rate (recipes/schedule.py)", console="lr {:.4g}")
-MOMENTUM = Metric("momentum", "", "last", "the schedule's momentum (recipes/schedule.py; Lamb does not read it)")
+MOMENTUM = Metric(
+    "momentum",
+    "",
+    "last",
+    "the schedule's momentum (recipes/schedule.py); none for an optimizer that reads none (its record: Lamb, AdamW)",
+)
 ETA = Metric("eta_seconds", "s", "estimate", "recipes/epoch_clock.py: the time left to the plan's end", "eta {}")
 
 # Every log window, in the step line's order.

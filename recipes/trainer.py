@@ -167,8 +167,8 @@ class Trainer:
         self.train_model.train()
         i = start - 1
         for i, (x, y) in enumerate(batches, start=start):
-            lr, mom = plan.lr(st.step), plan.momentum(st.step)
-            set_lr_momentum(self.optimizer, lr, mom)
+            hp = plan.logged(st.step)
+            set_lr_momentum(self.optimizer, hp[LR.name], hp.get(MOMENTUM.name))
             shape = (tuple(x.shape), info.micro_batches)
             if cfg.run.compile != "none" and shape not in self._compiled:  # this step compiles: minutes, no boundary
                 self._compiled.add(shape)
@@ -177,8 +177,8 @@ class Trainer:
             else:
                 values = self.steps(x, y, st, self.log, info.micro_batches)
             update_ema(self.ema, self.model, st.step)
-            images = y.numel() * self.dist.world_size // max(1, cfg.data.aug_splits)  # images, not views
-            clock.add(images, values, {LR.name: lr, MOMENTUM.name: mom})
+            images = y.numel() * self.dist.world_size // max(1, cfg.data.get("aug_splits", 0))  # images, not views
+            clock.add(images, values, hp)  # lr, and momentum where the optimizer reads one
             done = i + 1 == info.steps
             logged = (i + 1) % cfg.log.every_steps == 0 or done
             if logged:

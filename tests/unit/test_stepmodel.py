@@ -127,7 +127,9 @@ def test_recommend_picks_enough_streams_for_the_flow_cap():
 
 def test_tuner_starts_from_the_model_and_reports_what_measurement_changed():
     specs = specs_of(*[2] * 50)
-    cfg = load_config(None, ["comm.tune_start=model", "comm.link_gbit=32", "comm.flow_gbit=10"])
+    cfg = load_config(
+        None, ["comm.backend=multistream", "comm.tune_start=model", "comm.link_gbit=32", "comm.flow_gbit=10"]
+    )
     space = tuning.search_space([4, 8, 16], [1, 2, 4], [1, 2])
     ranked = tuning.model_ranking(specs, space, 16, 8, cfg.comm)
     t = tuner(
@@ -148,6 +150,6 @@ def test_tuner_starts_from_the_model_and_reports_what_measurement_changed():
 
 
 def test_model_start_needs_the_link():
-    cfg = load_config(None, ["comm.tune_start=model"])
+    cfg = load_config(None, ["comm.backend=multistream", "comm.tune_start=model"])
     with pytest.raises(ConfigError, match="comm.link_gbit"):
         tuning.model_ranking(specs_of(1), [Settings(8, 4, 2)], 2, 1, cfg.comm)
