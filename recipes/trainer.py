@@ -166,7 +166,7 @@ class Trainer:
         batches = self.data.train_batches(info, start_step=start)
         self.train_model.train()
         i = start - 1
-        for i, (x, y) in enumerate(batches, start=start):
+        for i, (x, y) in enumerate(clock.timed(batches), start=start):  # each next(): the step's data wait
             hp = plan.logged(st.step)
             set_lr_momentum(self.optimizer, hp[LR.name], hp.get(MOMENTUM.name))
             shape = (tuple(x.shape), info.micro_batches)
