@@ -20,7 +20,6 @@ from pathlib import Path
 
 import torch
 
-from base import registry
 from base.errors import ConfigError, Preempted
 from data import create_input
 from models import create_model
@@ -43,7 +42,8 @@ from recipes.rundir.directory import open_run
 from recipes.rundir.outputs import RunOutputs
 from recipes.rundir.payload import State
 from recipes.schedule import Schedule
-from recipes.steps import GraphStep, StepRunner, create_criterion, describe_graph_decisions, phase_graph_decisions
+from recipes.step_builder import build_step
+from recipes.steps import describe_graph_decisions, phase_graph_decisions
 from recipes.timemodel import calibrated_compute
 
 
@@ -132,21 +132,17 @@ class Trainer:
         if cfg.run.cuda_graph is not False and dist.device.type == "cuda":
             for line in describe_graph_decisions(cfg.run.cuda_graph, cfg.phases, decisions):
                 self.log.info(line)
-        kw = dict(dist=dist, capture=True) if capture else {}
-        self.steps = (functools.partial(GraphStep, **kw) if capture else StepRunner)(
+        self.steps = build_step(
+            cfg,
             model=model,
             train_model=self.train_model,
             optimizer=self.optimizer,
-            optim=registry.OPTIMIZERS[cfg.optim.name],
-            scaler=self.scaler,
             comm=self.comm,
-            criterion=create_criterion(cfg),
+            scaler=self.scaler,
             device=dist.device,
-            amp=cfg.run.amp,
-            on_nonfinite=cfg.run.on_nonfinite,
-            timeout_s=cfg.dist.timeout_s,
-            backend=cfg.comm.backend,
-            clip_grad_norm=cfg.optim.clip_grad_norm,
+            graph=capture,
+            capture=capture,
+            **({"dist": dist} if capture else {}),
         )
         self.log.info(
             f"run {self.run_dir}: {dist.world_size} process(es) on {dist.device}, model {cfg.model.name} "
