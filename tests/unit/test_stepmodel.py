@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from support import drive_tuner, tuner
 
+from base import registry
 from base.errors import ConfigError
 from recipes.comm import stepmodel as sm
 from recipes.comm import tuner as tuning
@@ -65,7 +66,7 @@ def test_full_overlap_hides_communication():
 def test_a_per_flow_cap_that_does_not_bind_changes_nothing():
     specs = specs_of(*[4] * 12)
     comp = sm.no_overlap(specs)
-    for backend, kw in [("ddp", {}), ("multistream", {"settings": Settings(8, 4, 2)}), ("per-tensor", {})]:
+    for backend, kw in [*((n, sm.backend_kwargs(n)) for n in registry.ALLREDUCE_BACKENDS), ("per-tensor", {})]:
         free = sm.predict_step(backend, specs, comp, net(4, link=10.0), **kw).step_s
         loose = sm.predict_step(backend, specs, comp, net(4, link=10.0, flow=10.0), **kw).step_s
         assert loose == pytest.approx(free, rel=1e-9)
