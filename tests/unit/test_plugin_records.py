@@ -128,3 +128,16 @@ def test_a_backend_that_always_sends_bf16_is_predicted_at_two_bytes(record_cfg):
     for compression in ("none", "fp16"):  # comm.compression does not reach it
         cfg = dataclasses.replace(record_cfg, comm=dataclasses.replace(record_cfg.comm, compression=compression))
         assert {b.label: b for b in tm.backends(cfg)}[bf16.label].kwargs["compression"] == "bf16"
+
+
+def test_the_docs_tables_list_every_registered_backend_and_optimizer():
+    """docs/allreduce.md's backend tables and docs/recipe.md's optimizer table are written from the records
+    (scripts/gen_config_reference.py; its --check is tests/unit/test_config.py's): each names every record."""
+    for doc, block, table in (
+        ("allreduce.md", "backends", registry.ALLREDUCE_BACKENDS),
+        ("allreduce.md", "backend-measures", registry.ALLREDUCE_BACKENDS),
+        ("recipe.md", "optimizers", registry.OPTIMIZERS),
+    ):
+        text = (ROOT / "docs" / doc).read_text()
+        rows = text.split(f"<!-- {block}:begin")[1].split(f"<!-- {block}:end")[0].splitlines()[3:]
+        assert [row.split(" | ")[0].strip("| `") for row in rows] == list(table), (doc, block)
