@@ -426,7 +426,7 @@ def case_dali(rows: list[dict], probe: Probe) -> None:
         rows.append(row(name, "skip: nvidia.dali does not import (requirements: DALI)"))
         return
     size, batch = (16, 8) if probe.smoke else (32, 32)
-    prefetch = probe.bench.cfg.data.dali_prefetch
+    prefetch = probe.bench.cfg.data.as_part("dali").dali_prefetch  # its config's, whichever pipeline it chose
     cfg = small_cfg(probe, "optim.name=hybrid")
     runner = small_runner(probe, cfg, graph=True, comm=_NoComm())
     pipe = _noise_pipeline(probe, size, batch, prefetch)
