@@ -87,6 +87,11 @@ class Allreduce(_Plugin):
     # here), or comm.compression's when it reads that key (`compression`); "fp16"/"bf16" = always that (a backend
     # whose hook always sends bf16 is predicted at 2 bytes per element whatever comm.compression says).
     wire_dtype: str | None = None
+    # What it is, in one line, and what its CommStats' wait_seconds and bytes count: docs/allreduce.md's tables are
+    # written from these (scripts/gen_config_reference.py).
+    about: str = ""
+    comm_wait: str = "not measured (null)"
+    comm_bytes: str = "bucket buffers, in the wire dtype"
 
     @property
     def compression(self) -> bool:
@@ -121,6 +126,7 @@ ALLREDUCE_BACKENDS = {
             comm_window="first bucket -> last bucket reduced",
             bucket_key="bucket_cap_mb",
             step_model="recipes.comm.stepmodel:DDP",
+            about="PyTorch DistributedDataParallel (`comm.bucket_cap_mb`, `comm.static_graph`): the reference",
         ),
         # DDP with torch's bf16 compression hook: DDP's buckets at 2 bytes per element. Each average is rounded to bf16
         # (2^-8 relative) before the sum, so its weights after the GPU check's 10 SGD steps (lr 0.05, momentum 0.9,
@@ -137,6 +143,8 @@ ALLREDUCE_BACKENDS = {
             bucket_key="bucket_cap_mb",
             step_model="recipes.comm.stepmodel:DDP",
             wire_dtype="bf16",
+            about="DDP with torch's bf16 compression hook: DDP's buckets at 2 bytes per element, each average rounded "
+            "to bf16",
         ),
         Allreduce(
             "multistream",
@@ -145,6 +153,10 @@ ALLREDUCE_BACKENDS = {
             "recipes.config.plugins:MultistreamConfig",
             comm_window="backward + sync",
             step_model="recipes.comm.stepmodel:MULTISTREAM",
+            about="ours (the record's technique): balanced fused buckets, each sliced over K communicators, no "
+            "per-step negotiation, optional auto-tuning",
+            comm_wait="the engine's wait for its slices after backward",
+            comm_bytes="wire buffers",
         ),
         Allreduce(
             "horovod",
@@ -155,6 +167,9 @@ ALLREDUCE_BACKENDS = {
             comm_window="first gradient -> synchronize()",
             launcher="horovodrun",
             step_model="recipes.comm.stepmodel:HOROVOD",
+            about="the baseline: real `horovod.torch` (DistributedOptimizer + parameter broadcast) under `horovodrun`",
+            comm_wait="time inside `synchronize()`",
+            comm_bytes="gradients in the wire dtype",
         ),
     )
 }
@@ -251,6 +266,8 @@ class Optimizer(_Plugin):
     tensor_hparams: bool = False
     # Where a GPU run proved its step captured ("H200, torch 2.11, 2026-12-04"); "" = no GPU run has.
     graph_proven: str = ""
+    # Its update of a tensor w with gradient g, in one line: docs/recipe.md's table is written from it.
+    about: str = ""
 
     @property
     def capturable(self) -> bool:
@@ -265,15 +282,48 @@ OPTIMIZERS = {
     r.name: r
     for r in (
         Optimizer(
-            "sgd", "recipes.optim:build_sgd", _OPTIM + "SGDConfig"
+            "sgd",
+            "recipes.optim:build_sgd",
+            _OPTIM + "SGDConfig",
+            about="`torch.optim.SGD(fused=True)`: d = g + wd w; buf = m buf + d; w -= lr (d + m buf) (Nesterov)",
         ),  # torch's fused SGD: momentum read on the host
-        Optimizer("lars", "recipes.optim:build_lars", _OPTIM + "LarsConfig", tensor_hparams=True),
-        Optimizer("hybrid", "recipes.optim:build_hybrid", _OPTIM + "HybridConfig", tensor_hparams=True),
+        Optimizer(
+            "lars",
+            "recipes.optim:build_lars",
+            _OPTIM + "LarsConfig",
+            tensor_hparams=True,
+            about="the same with d = r (g + wd w), r = eta norm(w) / (norm(g) + wd norm(w)) per tensor (1 if a norm "
+            "is 0); `optim.lars_momentum` below",
+        ),
+        Optimizer(
+            "hybrid",
+            "recipes.optim:build_hybrid",
+            _OPTIM + "HybridConfig",
+            tensor_hparams=True,
+            about='the record\'s "LARS with rectified adaptive LR": `lars` with r clipped to [`optim.trust_clip_min`, '
+            "`optim.trust_clip_max`]",
+        ),
         # timm's Lamb has no found_inf: the step decides on the host
-        Optimizer("lamb", "recipes.optim:build_lamb", _OPTIM + "LambConfig", skips_on_device=False),
+        Optimizer(
+            "lamb",
+            "recipes.optim:build_lamb",
+            _OPTIM + "LambConfig",
+            skips_on_device=False,
+            about="timm's `Lamb` (betas 0.9/0.999, eps 1e-6, its own global gradient clipping off: "
+            "`optim.clip_grad_norm` clips for every optimizer, "
+            "[metrics.md](metrics.md#gradient-clipping-optimclip_grad_norm)); refuses decay without adaptation",
+        ),
         # torch's AdamW reads lr on the host (a float); its fused step takes a 0-dim found_inf only, and the unfused one
         # is given the same skip (recipes/optim.py)
-        Optimizer("adamw", "recipes.optim:build_adamw", _OPTIM + "AdamWConfig", skip_flag_shape=()),
+        Optimizer(
+            "adamw",
+            "recipes.optim:build_adamw",
+            _OPTIM + "AdamWConfig",
+            skip_flag_shape=(),
+            about="`torch.optim.AdamW` (`optim.betas`, `optim.eps`; decoupled decay): fused on CUDA (`optim.fused: "
+            "auto`), the per-parameter loop elsewhere, which skips a non-finite step on the device as the fused kernel "
+            "does",
+        ),
     )
 }
 

@@ -151,8 +151,8 @@ def entry(
     if d.cost_per_hour is not None:
         e["costPerHour"] = d.cost_per_hour
     e["timestamp"] = (day or datetime.date.today()).isoformat()
-    momentum = {"momentum": o.momentum_schedule, "max_momentum": o.momentum}
-    if o.momentum_end is not None and o.momentum_schedule != "constant":
+    momentum = {"momentum": o.momentum_schedule, "max_momentum": o.momentum} if o.get("momentum") is not None else {}
+    if momentum and o.momentum_end is not None and o.momentum_schedule != "constant":
         momentum = {
             "momentum": o.momentum_schedule,
             "max_momentum": max(o.momentum, o.momentum_end),
@@ -161,7 +161,7 @@ def entry(
     misc = {
         "optimizer": o.name,
         **_trust_ratio(o),
-        "use_nesterov": o.nesterov,
+        "use_nesterov": o.get("nesterov", False),
         "weight_decay": o.weight_decay,
         "no_bn_bias_decay": o.no_bn_decay,
         "smooth_label": o.label_smoothing,
@@ -238,9 +238,10 @@ def write_entry(path: Path, cfg: Config, summary: dict, dist, commit: str = "") 
     not qualify, so that it cannot be taken for a result); prints `qualification_line`."""
     hardware = hardware_description(dist.world_size, dist.local_world_size, dist.device)
     counted = (summary.get("val_count") or 0) + (summary.get("val_excluded") or 0)
-    if counted == IMAGENET_VAL_IMAGES and (Path(cfg.data.root) / "val").is_dir():
+    root = cfg.data.get("root")  # None: a pipeline that makes its own images
+    if counted == IMAGENET_VAL_IMAGES and root is not None and (Path(root) / "val").is_dir():
         # only a run whose count is ImageNet's pays for the 50,000 stat calls (a fraction of a second)
-        summary = {**summary, "val_files": distinct_files(Path(cfg.data.root) / "val")}
+        summary = {**summary, "val_files": distinct_files(Path(root) / "val")}
     e = entry(cfg, summary, hardware, commit=commit, environment=collect())
     write_json(path, e, indent=4)
     stem = file_stem(cfg, dist.world_size, dist.local_world_size, dist.device)

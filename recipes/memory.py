@@ -170,5 +170,5 @@ def accumulation(cfg) -> dict:
         "accumulate": cfg.run.accumulate,
         "max_gpu_batch": cfg.run.max_gpu_batch,
         "max_gpu_batch_by_size": cfg.run.max_gpu_batch_by_size,
-        "aug_splits": cfg.data.aug_splits,
+        "aug_splits": cfg.data.get("aug_splits", 0),  # a pipeline without timm's AugMix: no splits
     }

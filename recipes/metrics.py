@@ -24,6 +24,8 @@ HOW = {
     "in `skipped_steps`) is left out, not averaged in; none (`-`, null) if no step was finite",
     "rate": "training images of all ranks / training seconds, on the host",
     "last": "the host's value at the window's last step",
+    "host_mean": "the host's seconds per step, summed over the steps on the host, divided by the steps",
+    "host_share": "the host's seconds over the training seconds (checkpoints not counted): a share of the step",
     "estimate": "the epoch's seconds per step so far x the plan's steps left",
     "epoch": "one value per epoch",
 }
@@ -67,11 +69,24 @@ IMAGES_PER_S = Metric(
     "images_per_s", "images/s", "rate", "training images (all ranks; AugMix views not counted twice)", "{:8.1f} img/s"
 )
 LR = Metric("lr", "", "last", "the schedule's learning rate (recipes/schedule.py)", console="lr {:.4g}")
-MOMENTUM = Metric("momentum", "", "last", "the schedule's momentum (recipes/schedule.py; Lamb does not read it)")
+MOMENTUM = Metric(
+    "momentum",
+    "",
+    "last",
+    "the schedule's momentum (recipes/schedule.py); none for an optimizer that reads none (its record: Lamb, AdamW)",
+)
 ETA = Metric("eta_seconds", "s", "estimate", "recipes/epoch_clock.py: the time left to the plan's end", "eta {}")
 
+# Measured on the host around each step's `next()` of the input pipeline's batches (recipes/epoch_clock.py `timed`):
+# the time the training loop waited for its input. A share near 0: the input keeps up; near 1: the run is input-bound.
+_WAIT = "the host's wait for the input pipeline's next batch (around `next()` of its batches), per step"
+DATA_WAIT = Metric("data_wait_ms", "ms", "host_mean", _WAIT, console="data wait {:.1f} ms")
+DATA_WAIT_SHARE = Metric(
+    "data_wait_share", "", "host_share", "the data wait's share of the step: is the run input-bound?", "({:.0%})"
+)
+
 # Every log window, in the step line's order.
-WINDOW = (IMAGES_PER_S, LOSS, GRAD_NORM, LR, ETA, MOMENTUM)
+WINDOW = (IMAGES_PER_S, LOSS, GRAD_NORM, LR, ETA, MOMENTUM, DATA_WAIT, DATA_WAIT_SHARE)
 DEVICE_SUMS = tuple(m for m in WINDOW if m.how in ("mean", "finite_mean"))  # the step's named device values
 
 # Every epoch: a history row. The training ones are the epoch's windows together (EpochClock.epoch(): the steps
@@ -92,6 +107,8 @@ EPOCH = (
     Metric("images_per_s", "images/s", "rate", IMAGES_PER_S.source),
     Metric("loss", "nats", "mean", LOSS.source),
     Metric("grad_norm", "", "finite_mean", GRAD_NORM.source),
+    Metric(DATA_WAIT.name, DATA_WAIT.unit, DATA_WAIT.how, DATA_WAIT.source),
+    Metric(DATA_WAIT_SHARE.name, DATA_WAIT_SHARE.unit, DATA_WAIT_SHARE.how, DATA_WAIT_SHARE.source),
     Metric("top1", "%", "epoch", "validation top-1 accuracy, every validation image counted once", reads="top1"),
     Metric("top5", "%", "epoch", "validation top-5 accuracy", reads="top5"),
     Metric("val_loss", "nats", "epoch", "validation cross-entropy (no label smoothing)", reads="loss"),
@@ -165,6 +182,8 @@ SUMMARY = (
     Total("final_ema_top5", "ema_top5", "last"),
     Total("val_count", "val_count", "last"),  # validation images counted (data.val_blacklist excluded)
     Total(IMAGES_PER_S.name, IMAGES_PER_S.name, "rate", "images/s (training)", "{:.1f}"),
+    Total(DATA_WAIT.name, DATA_WAIT.name, "mean", "data wait per step (ms)", "{:.1f}"),
+    Total(DATA_WAIT_SHARE.name, DATA_WAIT_SHARE.name, "mean", "data wait, share of the step", "{:.1%}"),
     Total("skipped_steps", "skipped_steps", "run", "skipped steps (inf/nan gradients)"),
     Total("restarts", "restarts", "run"),
     Total("redone_steps", "redone_steps", "run"),

@@ -187,14 +187,15 @@ OPTIMIZERS = registry.OPTIMIZERS  # optim.name -> "recipes.optim:build_<name>"
 def create_optimizer(cfg, model: nn.Module) -> torch.optim.Optimizer:
     """Build the optimizer named by `cfg.name` over the model's parameter groups."""
     build = registry.load(OPTIMIZERS, cfg.name, "optim.name", "optimizer")
-    groups = param_groups(model, cfg.weight_decay, cfg.no_bn_decay, cfg.adapt_bn_bias)
+    groups = param_groups(model, cfg.weight_decay, cfg.no_bn_decay, cfg.get("adapt_bn_bias", False))
     return build(cfg, groups)
 
 
-def set_lr_momentum(optimizer: torch.optim.Optimizer, lr: float, momentum: float) -> None:
+def set_lr_momentum(optimizer: torch.optim.Optimizer, lr: float, momentum: float | None) -> None:
+    """The schedule's values of this step into every group (momentum None: the optimizer reads none)."""
     for g in optimizer.param_groups:
         g["lr"] = lr
-        if "momentum" in g:
+        if momentum is not None and "momentum" in g:
             g["momentum"] = momentum
 
 

@@ -12,9 +12,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from base import registry
 from base.errors import ConfigError
 from data.sharding import steps_per_epoch  # the sharding rule decides the steps per epoch
 from recipes.config import OptimConfig, Phase
+from recipes.metrics import LR, MOMENTUM
 
 
 def _warmup_then_decay(step: float, warm: float, last: float, start: float, peak: float, end: float) -> float:
@@ -40,6 +42,11 @@ def micro_batches(per_gpu: int, accumulate: int = 1, max_gpu_batch: int | None =
     return None
 
 
+def _show(value: float | None) -> str:
+    """A table's number, or "-" where the optimizer has none (momentum under Lamb or AdamW)."""
+    return "-" if value is None else f"{value:.4g}"
+
+
 @dataclass(frozen=True)
 class Point:
     step: int
@@ -47,7 +54,7 @@ class Point:
     image_size: int
     batch_size: int
     lr: float
-    momentum: float
+    momentum: float | None  # None: the optimizer reads no momentum
 
 
 @dataclass(frozen=True)
@@ -165,15 +172,29 @@ class Schedule:
             value *= self.batch_size(step) / 256
         return value
 
-    def momentum(self, step: float) -> float:
+    @property
+    def reads_momentum(self) -> bool:
+        """The optimizer reads optim.momentum (its record's config declares it); Lamb and AdamW have Adam's betas."""
+        return "momentum" in registry.OPTIMIZERS[self.optim.name].reads
+
+    def momentum(self, step: float) -> float | None:
         """constant; linear from momentum to momentum_end over the run; cyclic: momentum -> momentum_end over the
-        warm-up (while the LR rises) and back to momentum at the last iteration (while the LR decays)."""
+        warm-up (while the LR rises) and back to momentum at the last iteration (while the LR decays). None for an
+        optimizer that reads no momentum: nothing to set, log or plot."""
+        if not self.reads_momentum:
+            return None
         o = self.optim
         if o.momentum_schedule == "constant" or o.momentum_end is None:
             return o.momentum
         if o.momentum_schedule == "linear":
             return _warmup_then_decay(step, 0.0, self.last_step, o.momentum, o.momentum, o.momentum_end)
         return _warmup_then_decay(step, self.warmup_steps(), self.last_step, o.momentum, o.momentum_end, o.momentum)
+
+    def logged(self, step: float) -> dict[str, float]:
+        """The schedule's values the log shows at `step`, by metric name (recipes/metrics.py): the learning rate, and
+        the momentum where the optimizer reads one."""
+        mom = self.momentum(step)
+        return {LR.name: self.lr(step), **({MOMENTUM.name: mom} if mom is not None else {})}
 
     def global_step(self, epoch: int, iteration: int) -> int:
         """Global step of `iteration` (0-based) in `epoch` (0-based); steps per epoch depend on the phase."""
@@ -216,7 +237,7 @@ class Schedule:
             lines.append(
                 f"{pi:>5}  {ep:>3}-{ep + p.epochs - 1:<3}  {p.image_size:>7}  {val:<6} {p.batch_size:>6}  "
                 f"{info.steps:>8}  {info.steps * p.epochs:>5}  {self.lr(info.first_step):<8.4g}  "
-                f"{self.momentum(info.first_step):.4g}"
+                f"{_show(self.momentum(info.first_step))}"
             )
             if accum:
                 lines[-1] = f"{lines[-1]:<79}  {info.micro_batches} x {self.micro_batch(ep)}"

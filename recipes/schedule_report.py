@@ -87,7 +87,7 @@ def plot_plan(plan: Schedule, title: str = "") -> bytes:
     steps = sorted(bounds | {int(s) for s in np.linspace(0, plan.last_step, 2000)})
     series = [
         ("learning rate", plan.lr),
-        ("momentum", plan.momentum),
+        *([("momentum", plan.momentum)] if plan.reads_momentum else []),
         ("image size (px)", plan.image_size),
         ("global batch", plan.batch_size),
     ]

@@ -31,10 +31,10 @@ from recipes.metrics import GRAD_NORM, LOSS
 
 def create_criterion(cfg: Config) -> nn.Module:
     """Label-smoothed cross-entropy; with AugMix views (data.aug_splits), timm's JSD consistency loss on top."""
-    if cfg.data.aug_splits:
+    if splits := cfg.data.get("aug_splits", 0):  # a pipeline without timm's AugMix makes no views
         from timm.loss import JsdCrossEntropy
 
-        return JsdCrossEntropy(num_splits=cfg.data.aug_splits, smoothing=cfg.optim.label_smoothing)
+        return JsdCrossEntropy(num_splits=splits, smoothing=cfg.optim.label_smoothing)
     return nn.CrossEntropyLoss(label_smoothing=cfg.optim.label_smoothing)
 
 

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import torch
 
-from base import registry
 from base.errors import ConfigError, Preempted
 from data import create_input
 from models import create_model
@@ -43,7 +42,8 @@ from recipes.rundir.directory import open_run
 from recipes.rundir.outputs import RunOutputs
 from recipes.rundir.payload import State
 from recipes.schedule import Schedule
-from recipes.steps import GraphStep, StepRunner, create_criterion, describe_graph_decisions, phase_graph_decisions
+from recipes.step_builder import build_step
+from recipes.steps import describe_graph_decisions, phase_graph_decisions
 from recipes.timemodel import calibrated_compute
 
 
@@ -132,21 +132,17 @@ class Trainer:
         if cfg.run.cuda_graph is not False and dist.device.type == "cuda":
             for line in describe_graph_decisions(cfg.run.cuda_graph, cfg.phases, decisions):
                 self.log.info(line)
-        kw = dict(dist=dist, capture=True) if capture else {}
-        self.steps = (functools.partial(GraphStep, **kw) if capture else StepRunner)(
+        self.steps = build_step(
+            cfg,
             model=model,
             train_model=self.train_model,
             optimizer=self.optimizer,
-            optim=registry.OPTIMIZERS[cfg.optim.name],
-            scaler=self.scaler,
             comm=self.comm,
-            criterion=create_criterion(cfg),
+            scaler=self.scaler,
             device=dist.device,
-            amp=cfg.run.amp,
-            on_nonfinite=cfg.run.on_nonfinite,
-            timeout_s=cfg.dist.timeout_s,
-            backend=cfg.comm.backend,
-            clip_grad_norm=cfg.optim.clip_grad_norm,
+            graph=capture,
+            capture=capture,
+            **({"dist": dist} if capture else {}),
         )
         self.log.info(
             f"run {self.run_dir}: {dist.world_size} process(es) on {dist.device}, model {cfg.model.name} "
@@ -166,9 +162,9 @@ class Trainer:
         batches = self.data.train_batches(info, start_step=start)
         self.train_model.train()
         i = start - 1
-        for i, (x, y) in enumerate(batches, start=start):
-            lr, mom = plan.lr(st.step), plan.momentum(st.step)
-            set_lr_momentum(self.optimizer, lr, mom)
+        for i, (x, y) in enumerate(clock.timed(batches), start=start):  # each next(): the step's data wait
+            hp = plan.logged(st.step)
+            set_lr_momentum(self.optimizer, hp[LR.name], hp.get(MOMENTUM.name))
             shape = (tuple(x.shape), info.micro_batches)
             if cfg.run.compile != "none" and shape not in self._compiled:  # this step compiles: minutes, no boundary
                 self._compiled.add(shape)
@@ -177,8 +173,8 @@ class Trainer:
             else:
                 values = self.steps(x, y, st, self.log, info.micro_batches)
             update_ema(self.ema, self.model, st.step)
-            images = y.numel() * self.dist.world_size // max(1, cfg.data.aug_splits)  # images, not views
-            clock.add(images, values, {LR.name: lr, MOMENTUM.name: mom})
+            images = y.numel() * self.dist.world_size // max(1, cfg.data.get("aug_splits", 0))  # images, not views
+            clock.add(images, values, hp)  # lr, and momentum where the optimizer reads one
             done = i + 1 == info.steps
             logged = (i + 1) % cfg.log.every_steps == 0 or done
             if logged:

@@ -1,9 +1,10 @@
 #!/usr/bin/env python
 """Rewrite the config reference table in docs/config.md from the schema (recipes/config/schema.py), its plug-in
-tables from the records (base/registry.py), the metrics table of docs/metrics.md from recipes/metrics.py, and
-the exit-code table of docs/reproduce.md from recipes/exit_codes.py.
+tables from the records (base/registry.py), the backend tables of docs/allreduce.md and the optimizer table of
+docs/recipe.md from the records too, the metrics table of docs/metrics.md from recipes/metrics.py, and the exit-code
+table of docs/reproduce.md from recipes/exit_codes.py.
 
-python scripts/gen_config_reference.py          # update docs/config.md, docs/metrics.md and docs/reproduce.md
+python scripts/gen_config_reference.py          # update those docs pages
 python scripts/gen_config_reference.py --check  # exit 1 if either is out of date
 """
 
@@ -18,7 +19,7 @@ sys.path.insert(0, str(ROOT))
 
 from recipes import exit_codes  # noqa: E402
 from recipes.config import reference_table  # noqa: E402
-from recipes.config.reference import plugin_tables  # noqa: E402
+from recipes.config.reference import backend_measures_table, backend_table, optimizer_table, plugin_tables  # noqa: E402
 from recipes.metrics import reference_table as metrics_table  # noqa: E402
 
 # docs file -> its generated blocks
@@ -26,6 +27,8 @@ DOCS = {
     "config.md": {"config-reference": reference_table, "plugins": plugin_tables},
     "metrics.md": {"metrics": metrics_table},
     "reproduce.md": {"exit-codes": exit_codes.table},
+    "allreduce.md": {"backends": backend_table, "backend-measures": backend_measures_table},
+    "recipe.md": {"optimizers": optimizer_table},
 }
 
 

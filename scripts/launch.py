@@ -398,13 +398,13 @@ def preflight(job: Job, cfg, args) -> int:
     if not problems:
         blacklist = None
         folders = registry.INPUT_PIPELINES[cfg.data.backend].reads_folders
-        if cfg.data.val_blacklist and folders and not args.probe_network:
+        if folders and cfg.data.val_blacklist and not args.probe_network:
             blacklist = str(blacklist_path(cfg.data.root, cfg.data.val_blacklist))
         reports, problems = run_preflight(job, job.data_paths, blacklist, args.check_timeout)
     if not problems:
         first = next(iter(reports.values()))
         train = first["data"].get(job.data_paths[0]) if job.data_paths else None
-        classes = train[0] if train else cfg.data.synthetic_classes
+        classes = train[0] if train else cfg.data.get("synthetic_classes", 1000)  # no folders: ImageNet's 1000
         need = 0
         if not args.probe_network:
             need = checkpoint_bytes(cfg.model, classes, job.world_size, cfg.checkpoint.keep)
@@ -437,7 +437,7 @@ def wants_probe(args, job: Job, cfg, run_dir: Path) -> bool:
     """--probe-network; or an auto-tuned run whose tuner starts from the step-time model, on several hosts."""
     if args.probe_network:
         return True
-    model_tuned = cfg.comm.autotune and cfg.comm.tune_start == "model" and job.engine == "torchrun"
+    model_tuned = cfg.comm.get("autotune") and cfg.comm.get("tune_start") == "model" and job.engine == "torchrun"
     return model_tuned and len(job.hosts) > 1 and not args.no_probe
 
 

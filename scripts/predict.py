@@ -81,7 +81,7 @@ def recommend_settings(cfg, phases, cluster, rates, prof, row: tm.Backend) -> Se
     the time model's `row` of a backend the tuner tunes."""
     from recipes.comm.tuner import search_space
 
-    c = cfg.comm
+    c = cfg.comm.as_part(row.name)  # the row's backend with the config's comm values
     best = None
     for s in search_space(c.tune_bucket_mb, c.tune_streams, c.tune_slices):
         be = tm.Backend(row.label, row.name, {**row.kwargs, "settings": s})
@@ -251,13 +251,18 @@ def refused(key: str, on: str) -> str | None:
     )
 
 
+def _balancer(cfg):
+    """cfg.comm as the backend that reads comm.balance (its record) would read it, whichever backend is chosen."""
+    return cfg.comm.as_part(next(n for n, r in registry.ALLREDUCE_BACKENDS.items() if "balance" in r.reads))
+
+
 def balance_lines(cfg, cluster: tm.Cluster, figures, flow_spread: float | None, grad_bytes: int) -> list[str]:
     """Even striping against balancing on this network: a table when its connections are uneven (the probe's spread
     below flowrates.UNEVEN) or --flow-spread asks; one line for a probe that found them even; nothing otherwise."""
     from recipes.comm import flowrates
 
     if flow_spread is not None:
-        k = cfg.comm.streams
+        k = _balancer(cfg).streams
         flow = cluster.flow_gbit or cluster.link_gbit / k
         hops = [flowrates.spread_hop(flow_spread, k, flow)]
         where = f"--flow-spread {flow_spread:g}: one of comm.streams={k} connections per hop at that share of {flow:g}"
@@ -277,11 +282,12 @@ def balance_lines(cfg, cluster: tm.Cluster, figures, flow_spread: float | None, 
         return []
     rates = flowrates.strategy_rates(hops, cluster.link_gbit, hosts=cluster.hosts, local=cluster.gpus_per_host)
     on = transport(cfg)
-    wire = grad_bytes // 2 if cfg.comm.compression in ("fp16", "bf16") else grad_bytes
+    compression = _balancer(cfg).compression
+    wire = grad_bytes // 2 if compression in ("fp16", "bf16") else grad_bytes
     lines = [
         "",
         f"Uneven connections: the slowest at {spread:.2f} of the median ({where}); a ring allreduce of "
-        f"{wire / 1e6:.1f} MB (the gradients, comm.compression={cfg.comm.compression}) over {cluster.hosts} hosts, "
+        f"{wire / 1e6:.1f} MB (the gradients, comm.compression={compression}) over {cluster.hosts} hosts, "
         f"link {cluster.link_gbit:g} Gbit/s (recipes/comm/flowrates.py; data time, no latency or goodput).",
         "",
         f"| strategy | config | ring Gbit/s | allreduce ms | vs even | runs on {on} |",

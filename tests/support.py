@@ -260,7 +260,7 @@ FOLDER_PIPELINES = [n for n, r in registry.INPUT_PIPELINES.items() if r.reads_fo
 
 # The contract of an optimizer a test builds by hand (base/registry.py's records are the trainer's): torch's
 # unfused optimizers have no found_inf, so the step decides on the host.
-HOST_DECIDES = registry.Optimizer("torch-unfused", "", (), skips_on_device=False)
+HOST_DECIDES = registry.Optimizer("made_up_torch_unfused", "", (), skips_on_device=False)
 
 
 def optim_record(optimizer: torch.optim.Optimizer) -> registry.Optimizer:

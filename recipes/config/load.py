@@ -162,13 +162,13 @@ MAX_VAL_RESIZE = 8192
 def _validate(cfg: Config) -> None:
     """Checks that involve several keys (one key's own range is its domain, checked in _build): the schema's declared
     rules (recipes/config/rules.py), and those of the input pipeline's records."""
-    if cfg.data.aug_splits == 1:
+    if cfg.data.get("aug_splits") == 1:
         raise ConfigError(f"data.aug_splits: expected 0 (off) or an integer >= 2, got {cfg.data.aug_splits}")
     # Refused, not only warned (recipes/config/inert.py): augmentation the pipeline does not run would train
     # something else than the config says, and aug_splits also changes the loss (JSD) whatever the pipeline.
     pipeline = registry.INPUT_PIPELINES[cfg.data.backend]
     for key in ("auto_augment", "aug_splits"):
-        if getattr(cfg.data, key) and key not in pipeline.reads:
+        if cfg.data.unread.get(key):
             readers = [r.name for r in registry.INPUT_PIPELINES.values() if key in r.reads]
             raise ConfigError(
                 f"data.{key}: timm's PIL augmentations run on data.backend={'/'.join(readers)} only, "
@@ -177,13 +177,13 @@ def _validate(cfg: Config) -> None:
     check_all(cfg)  # the rules the schema's fields declare (`cross=`), each written once
     for i, phase in enumerate(cfg.phases):
         size = phase.val_image_size or phase.image_size
-        if round(size / cfg.data.val_crop_ratio) > MAX_VAL_RESIZE:
+        if "val_crop_ratio" in pipeline.reads and round(size / cfg.data.val_crop_ratio) > MAX_VAL_RESIZE:
             raise ConfigError(
                 f"data.val_crop_ratio: {cfg.data.val_crop_ratio} makes phase {i}'s validation resize the shorter "
                 f"side to {round(size / cfg.data.val_crop_ratio):,} px for a {size} px crop (at most "
                 f"{MAX_VAL_RESIZE:,})"
             )
-    for name, root in cfg.data.roots.items():
+    for name, root in cfg.data.get("roots", {}).items():
         if not _is_name(name) or not root.strip():
             raise ConfigError(f"data.roots: expected names mapped to non-empty paths, got {show(name)}: {show(root)}")
 

@@ -102,3 +102,37 @@ def plugin_tables() -> str:
     rows += _reads_table("data", "input pipeline")
     rows += _reads_table("model", "model")
     return "\n".join(rows)
+
+
+def backend_table() -> str:
+    """docs/allreduce.md's table of the registered allreduce backends: what each is, what starts it, its wire format."""
+    rows = ["| backend | what it is | started by | wire format |", "|---|---|---|---|"]
+    for r in registry.ALLREDUCE_BACKENDS.values():
+        wire = r.wire_dtype or ("`comm.compression`" if r.compression else "the gradients' dtype")
+        rows.append(f"| `{r.name}` | {r.about} | {r.launcher} | {wire} |")
+    return "\n".join(rows)
+
+
+def backend_measures_table() -> str:
+    """docs/allreduce.md's table of what each backend's CommStats time and count (its record's comm_* fields)."""
+    rows = [
+        "| backend | window (`comm_seconds`) | `wait_seconds` (after backward ended) | `bytes` |",
+        "|---|---|---|---|",
+    ]
+    for r in registry.ALLREDUCE_BACKENDS.values():
+        rows.append(f"| `{r.name}` | {r.comm_window} | {r.comm_wait} | {r.comm_bytes} |")
+    return "\n".join(rows)
+
+
+def optimizer_table() -> str:
+    """docs/recipe.md's table of the registered optimizers: each update, and what its step reads and can do."""
+    rows = [
+        "| name | update of a tensor w with gradient g | reads momentum | a non-finite step is skipped | CUDA graph |",
+        "|---|---|---|---|---|",
+    ]
+    for r in registry.OPTIMIZERS.values():
+        momentum = "yes" if "momentum" in r.reads else "no (not logged)"
+        skip = "on the device" if r.skips_on_device else "on the host"
+        graph = ("proven: " + r.graph_proven if r.graph_proven else "capturable") if r.capturable else "no"
+        rows.append(f"| `{r.name}` | {r.about} | {momentum} | {skip} | {graph} |")
+    return "\n".join(rows)

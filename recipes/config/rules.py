@@ -23,7 +23,8 @@ class Rule:
 
 def trust_clip(optim) -> None:
     """The hybrid optimizer's clip of the layer trust ratio is an interval: optim.trust_clip_min <= trust_clip_max."""
-    if optim.trust_clip_min > optim.trust_clip_max:
+    lo, hi = optim.get("trust_clip_min"), optim.get("trust_clip_max")
+    if lo is not None and hi is not None and lo > hi:
         raise ConfigError(
             f"optim.trust_clip_min: {optim.trust_clip_min} is above optim.trust_clip_max ({optim.trust_clip_max})"
         )

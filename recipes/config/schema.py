@@ -52,14 +52,41 @@ def own_class(record) -> type:
 
 @functools.cache
 def knob_fields(seam: str) -> dict[str, tuple[dataclasses.Field, Any]]:
-    """Every part's own key of a seam ("optim"): name -> (its field, its type), in the records' order."""
+    """Every part's own key of a seam ("optim"): name -> (its field, its type), in the records' order. A key two parts
+    read is one declaration, in a class both inherit (recipes/config/plugins.py): a second declaration of a name (in
+    another class, or in the section itself) is a TypeError naming both, so no part is validated against another's
+    domain or default."""
+    shared = set(registry.SEAMS[seam].shared)
     out: dict[str, tuple[dataclasses.Field, Any]] = {}
+    where: dict[str, type] = {}
     for record in registry.SEAMS[seam].records.values():
         cls = own_class(record)
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
+            home = _declaring_class(cls, f.name)
+            if f.name in shared:
+                raise TypeError(f"{seam}.{f.name}: declared by the section and again by {home.__qualname__}")
+            if f.name in where and where[f.name] is not home:
+                first = where[f.name]
+                raise TypeError(
+                    f"{seam}.{f.name}: declared by {first.__qualname__} ({_declaration(out[f.name])}) and again by "
+                    f"{home.__qualname__} ({_declaration((f, hints[f.name]))}): declare it once, in a class both "
+                    "inherit"
+                )
+            where[f.name] = home
             out.setdefault(f.name, (f, hints[f.name]))
     return out
+
+
+def _declaring_class(cls: type, name: str) -> type:
+    """The class of `cls`'s bases (itself included) whose body declares field `name`."""
+    return next(c for c in cls.__mro__ if name in vars(c).get("__annotations__", {}))
+
+
+def _declaration(field_type: tuple[dataclasses.Field, Any]) -> str:
+    f, tp = field_type
+    domain = f.metadata.get("domain", "")
+    return f"{_type_name(tp)}, default {default_of(f)!r}" + (f", domain {domain!r}" if domain else "")
 
 
 def default_of(f: dataclasses.Field) -> Any:
@@ -81,27 +108,41 @@ class PluginSection:
     """A seam's section: its fields are the keys every part of the seam reads; `own` is the chosen part's config (an
     instance of its record's `config` class), written and read flat: `CommConfig(backend="multistream", streams=8)`
     holds `own=MultistreamConfig(streams=8, ...)`, and `.streams` reads it. Another part's keys given to it are kept in
-    `unread` (inert: said, and marked by --print-config, recipes/config/inert.py). Code outside the chosen part that
-    reads another part's key (the schedule's momentum under lamb, the time model's multistream row under ddp) gets the
-    value given, or that key's default."""
+    `unread` (inert: said, and marked by --print-config, recipes/config/inert.py). Reading another part's key is an
+    AttributeError naming the key, the chosen part and the parts that read it: code that may run under any part asks
+    `get(key, absent)`, and code that describes another part (the time model's rows) asks `as_part(name)`."""
 
     SEAM: ClassVar[str] = ""  # its name in base/registry.py SEAMS
     own: Any
     unread: dict[str, Any]
 
     def _choose(self, knobs: dict[str, Any]) -> None:
-        """Build `own` for the part the choosing key names: the keys it shares with the current `own`, then `knobs`."""
+        """Build `own` for the part the choosing key names: the keys it shares with the current `own` (or given to it
+        before, in `unread`), then `knobs`. The old part's keys the new one does not read, when not at their default,
+        stay in `unread`, so choosing the old part again restores them."""
         seam = registry.SEAMS[self.SEAM]
         key = seam.key
         record = seam.records.get(getattr(self, key))  # an unknown name (built in code): its factory says so
         cls = own_class(record) if record is not None else NoKnobs
-        old, mine = self.__dict__.get("own"), {f.name for f in dataclasses.fields(cls)}
-        keep = {k: getattr(old, k) for k in mine if old is not None and hasattr(old, k)}
+        mine = {f.name for f in dataclasses.fields(cls)}
         wrong = [k for k in knobs if k not in knob_fields(self.SEAM)]
         if wrong:
             raise TypeError(f"{type(self).__name__}: unexpected keys {', '.join(wrong)}")
-        object.__setattr__(self, "own", cls(**{**keep, **{k: v for k, v in knobs.items() if k in mine}}))
-        object.__setattr__(self, "unread", {k: v for k, v in knobs.items() if k not in mine})
+        old, before = self.__dict__.get("own"), dict(self.__dict__.get("unread", {}))
+        if old is not None:
+            for k, v in vars(old).items():
+                if k in mine or v != default_of(knob_fields(self.SEAM)[k][0]):
+                    before[k] = v
+        given = {**before, **knobs}
+        object.__setattr__(self, "own", cls(**{k: v for k, v in given.items() if k in mine}))
+        object.__setattr__(self, "unread", {k: v for k, v in given.items() if k not in mine})
+
+    def _not_read(self, name: str) -> AttributeError:
+        readers = [r.name for r in registry.SEAMS[self.SEAM].records.values() if name in r.reads]
+        return AttributeError(
+            f"{self.SEAM}.{name}: not a key of {self.choice} (read by {', '.join(readers) or 'none'}); "
+            f"ask {self.SEAM}.get({name!r}, <value where not read>) or {self.SEAM}.as_part(<name>)"
+        )
 
     def __getattr__(self, name: str) -> Any:
         d = self.__dict__
@@ -109,10 +150,8 @@ class PluginSection:
             raise AttributeError(name)
         if name in {f.name for f in dataclasses.fields(d["own"])}:
             return getattr(d["own"], name)
-        if name in d.get("unread", {}):
-            return d["unread"][name]
         if name in knob_fields(self.SEAM):
-            return default_of(knob_fields(self.SEAM)[name][0])
+            raise self._not_read(name)
         raise AttributeError(f"'{type(self).__name__}' has no key {name!r}")
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -125,6 +164,22 @@ class PluginSection:
             setattr(d["own"], name, value)
         else:
             raise AttributeError(f"{self.SEAM}.{name}: not a key of the chosen part ({self.choice})")
+
+    def get(self, name: str, absent: Any = None) -> Any:
+        """The chosen part's value of `name`, or `absent` where it does not read that key (another part's key); a name
+        no part declares is an AttributeError."""
+        if name in {f.name for f in dataclasses.fields(self)} or name in vars(self.own):
+            return getattr(self, name)
+        if name in knob_fields(self.SEAM):
+            return absent
+        raise AttributeError(f"'{type(self).__name__}' has no key {name!r}")
+
+    def as_part(self, name: str) -> PluginSection:
+        """A copy of this section with `name` chosen: the keys the two parts share, and the values given for the other
+        part's keys (`unread`), carried over (the time model's row of a backend that is not the chosen one)."""
+        other = copy.deepcopy(self)
+        setattr(other, registry.SEAMS[self.SEAM].key, name)
+        return other
 
     @property
     def choice(self) -> str:

@@ -152,7 +152,7 @@ def eval_config(
     (validated_phase), at the requested resolution, reading `<data_root>/val` (without the checkpoint's
     data.val_blacklist images, or `val_blacklist`'s; '' counts every image)."""
     cfg = config_from_checkpoint(ck)
-    data = {"val_batch_size": batch_size, "workers": min(cfg.data.workers, 2)}
+    data = {"val_batch_size": batch_size, "workers": min(cfg.data.get("workers", 1), 2)}
     if val_blacklist is not None:
         data["val_blacklist"] = val_blacklist
     if data_root:

@@ -103,7 +103,11 @@ def backends(cfg=None) -> list[Backend]:
     c = cfg.comm if cfg is not None else None
     out = []
     for rec in registry.ALLREDUCE_BACKENDS.values():
-        kwargs = {**sm.backend_kwargs(rec.name, c), "compression": rec.wire(c.compression if c else "none")}
+        own = c.as_part(rec.name) if c is not None else None  # this row's backend, with the config's comm values
+        kwargs = {
+            **sm.backend_kwargs(rec.name, own),
+            "compression": rec.wire(own.get("compression", "none") if own else "none"),
+        }
         for flows in rec.time_flows:
             out.append(Backend(rec.row_label(flows), rec.name, {**kwargs, **({"flows": flows} if flows > 1 else {})}))
     return out

@@ -145,10 +145,9 @@ def small_runner(probe: Probe, cfg, *, graph: bool, comm=None, capture: bool | N
     torch = probe.torch
     from torch import nn
 
-    from base import registry
     from recipes.comm import create_allreduce
     from recipes.optim import create_optimizer
-    from recipes.steps import GraphStep, StepRunner
+    from recipes.step_builder import build_step
     from scripts.gpu_check.gpu_check_worker import net
 
     torch.manual_seed(0)
@@ -157,22 +156,14 @@ def small_runner(probe: Probe, cfg, *, graph: bool, comm=None, capture: bool | N
     if comm is None:
         comm = create_allreduce(cfg.comm, probe.bench.dist, timeout_s=cfg.dist.timeout_s, model_name=cfg.model.name)
     train_model, opt = comm.prepare(model, opt)
-    kw = dict(
-        model=model,
-        train_model=train_model,
-        optimizer=opt,
-        optim=registry.OPTIMIZERS[cfg.optim.name],
-        scaler=torch.amp.GradScaler(probe.device.type, enabled=False),
-        comm=comm,
-        criterion=nn.CrossEntropyLoss(),
-        device=probe.device,
-        on_nonfinite="skip",
-        backend=cfg.comm.backend,
-    )
+    parts = dict(model=model, train_model=train_model, optimizer=opt, comm=comm, device=probe.device)
+    fixed = dict(criterion=nn.CrossEntropyLoss(), on_nonfinite="skip")  # the probe's own: plain loss, skip a bad step
+    scaler = torch.amp.GradScaler(probe.device.type, enabled=False)
     if graph:
         capture = probe.capture if capture is None else capture
-        return probe.track(GraphStep(capture=capture, warmup=warmup, dist=probe.bench.dist, **kw))
-    return probe.track(StepRunner(**kw))
+        extra = dict(warmup=warmup, dist=probe.bench.dist)
+        return probe.track(build_step(cfg, **parts, scaler=scaler, graph=True, capture=capture, **fixed, **extra))
+    return probe.track(build_step(cfg, **parts, scaler=scaler, **fixed))
 
 
 def small_batches(probe: Probe, n: int) -> list:
@@ -438,7 +429,7 @@ def case_dali(rows: list[dict], probe: Probe) -> None:
         rows.append(row(name, "skip: nvidia.dali does not import (requirements: DALI)"))
         return
     size, batch = (16, 8) if probe.smoke else (32, 32)
-    prefetch = probe.bench.cfg.data.dali_prefetch
+    prefetch = probe.bench.cfg.data.as_part("dali").dali_prefetch  # its config's, whichever pipeline it chose
     cfg = small_cfg(probe, "optim.name=hybrid")
     runner = small_runner(probe, cfg, graph=True, comm=_NoComm())
     pipe = _noise_pipeline(probe, size, batch, prefetch)

@@ -92,35 +92,22 @@ class Bench:
         backend engaged on the one-rank group, or with `bare` no allreduce wrapper (load_ddp), or `comm`, a stand-in
         backend object (gpu_check_capture's)."""
         torch = self.torch
-        from base import registry
         from recipes.comm import create_allreduce
         from recipes.optim import create_optimizer
-        from recipes.steps import GraphStep, StepRunner, create_criterion
+        from recipes.step_builder import build_step
 
         cfg = self.cfg
         model = copy.deepcopy(self.base)
         opt = create_optimizer(cfg.optim, model)
-        named = {}  # a stand-in is no registered backend: StepRunner's messages keep their default name
+        named = {"backend": "stand-in"}  # a stand-in is no registered backend: the step's messages say so
         if comm is None:
             comm_cfg = load_ddp(cfg) if bare else cfg.comm
             comm = create_allreduce(comm_cfg, self.dist, timeout_s=cfg.dist.timeout_s, model_name=cfg.model.name)
             named["backend"] = comm_cfg.backend
         train_model, opt = comm.prepare(model, opt)
-        kw = dict(
-            model=model,
-            train_model=train_model,
-            optimizer=opt,
-            optim=registry.OPTIMIZERS[cfg.optim.name],
-            scaler=torch.amp.GradScaler(self.device.type, enabled=self.amp == "fp16"),
-            comm=comm,
-            criterion=create_criterion(cfg),
-            device=self.device,
-            amp=self.amp,
-            **named,
-        )
-        if graph:
-            return GraphStep(capture=self.capture, **kw)
-        return StepRunner(**kw)
+        scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp == "fp16")
+        parts = dict(model=model, train_model=train_model, optimizer=opt, comm=comm, scaler=scaler, device=self.device)
+        return build_step(cfg, **parts, graph=graph, capture=graph and self.capture, amp=self.amp, **named)
 
     def batch(self, size: int, batch: int):
         torch = self.torch

@@ -15,12 +15,11 @@ import torch.multiprocessing as mp
 from support import ROOT, FakeCudaGraphs
 from torch import nn
 
-from base import registry
 from recipes.config import load_config
 from recipes.distributed import DistInfo
 from recipes.optim import create_optimizer, set_lr_momentum
 from recipes.rundir.payload import State
-from recipes.steps import GraphStep
+from recipes.step_builder import build_step
 
 TIMEOUT_S = 3.0
 UNWATCHED_S = 60  # how long the stand-in's replayed collective waits for a dead peer: nothing watches it
@@ -70,18 +69,19 @@ def _worker(rank: int, world: int, tmp: str, mode: str) -> None:
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.LazyLinear(3))
     model(torch.zeros(2, 3, 6, 6))
     cfg = load_config(ROOT / "configs/dawnbench_158s.yaml", ["run.device=cpu"])
-    runner = GraphStep(
-        capture=True,
-        warmup=1,
-        dist=DistInfo(rank, world, 0, 1, torch.device("cpu")),
+    runner = build_step(
+        cfg,
         model=model,
         train_model=model,
         optimizer=create_optimizer(cfg.optim, model),
-        optim=registry.OPTIMIZERS[cfg.optim.name],
-        scaler=torch.amp.GradScaler("cpu", enabled=False),
         comm=_Comm(),
-        criterion=nn.CrossEntropyLoss(),
+        scaler=torch.amp.GradScaler("cpu", enabled=False),
         device=torch.device("cpu"),
+        graph=True,
+        capture=True,
+        warmup=1,
+        dist=DistInfo(rank, world, 0, 1, torch.device("cpu")),
+        amp="none",  # no autocast on the CPU
         timeout_s=TIMEOUT_S,
         on_nonfinite="skip",
     )

@@ -34,6 +34,11 @@ def test_every_sink_carries_the_records_names(tiny_root, tmp_path, capsys):
     assert [set(r) for r in history] == [epoch_names] * 2
     assert saved["history"] == history == summary["history"]
     assert saved["images_per_s"] > 0 and all(r["grad_norm"] > 0 for r in history)
+    # the data wait (is the run input-bound?): a number between 0 and the mean step's time, and its share of it
+    step_ms = saved["train_seconds"] / history[-1]["step"] * 1000
+    assert 0 < saved["data_wait_ms"] < step_ms and 0 < saved["data_wait_share"] < 1
+    assert saved["data_wait_ms"] == pytest.approx(sum(r["data_wait_ms"] for r in history) / len(history))
+    assert window["data_wait_ms"] > 0 and f"data wait {window['data_wait_ms']:.1f} ms" in lines[-1]
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

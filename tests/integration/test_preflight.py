@@ -73,8 +73,9 @@ def test_a_pipeline_needs_the_package_its_record_names(monkeypatch):
     assert assess(no_dali, _exp()).problems == [
         "host a: data.backend=dali, but its package nvidia.dali is not installed (make install)"
     ]
-    dali = dataclasses.replace(registry.INPUT_PIPELINES["dali"], env_version="")
-    monkeypatch.setitem(registry.INPUT_PIPELINES, "dali", dali)
+    monkeypatch.setitem(
+        registry.INPUT_PIPELINES, "dali", dataclasses.replace(registry.INPUT_PIPELINES["dali"], env_version="")
+    )
     assert assess(no_dali, _exp()).problems == []
 
 

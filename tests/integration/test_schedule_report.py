@@ -157,7 +157,7 @@ def test_quickstart_stays_cpu_sized():
 def test_exponent_without_a_dot_is_a_number(tmp_path):
     """YAML 1.1 reads 8e-4 as a string; the config accepts it as the number users mean."""
     f = tmp_path / "c.yaml"
-    f.write_text("optim:\n  eta: 8e-4\n  trust_clip_min: 1E-5\n")
+    f.write_text("optim:\n  name: hybrid\n  eta: 8e-4\n  trust_clip_min: 1E-5\n")
     cfg = load_config(f, ["optim.final_lr=2e-1"])
     assert (cfg.optim.eta, cfg.optim.trust_clip_min, cfg.optim.final_lr) == (8e-4, 1e-5, 0.2)
 

@@ -30,7 +30,7 @@ RECIPE_BOTTOM = ["recipes", "recipes.rundir.files", "recipes.comm.stats", "recip
 RECIPE_BOTTOM += ["recipes.metrics", "recipes.exit_codes"]
 RECIPE_PARTS = ["recipes.lars", "recipes.optim", "recipes.schedule", "recipes.schedule_report", "recipes.distributed"]
 RECIPE_PARTS += ["recipes.rundir", "recipes.logger", "recipes.dawnbench", "recipes.comm"]
-RECIPE_PARTS += ["recipes.steps", "recipes.epoch_clock", "recipes.preemption", "recipes.ema"]
+RECIPE_PARTS += ["recipes.steps", "recipes.step_builder", "recipes.epoch_clock", "recipes.preemption", "recipes.ema"]
 RECIPE_PARTS += ["recipes.report", "recipes.timemodel", "recipes.memory"]
 LAYERS: list[tuple[str, list[str]]] = [
     ("base", ["base"]),

@@ -42,4 +42,6 @@ def test_only_the_horovod_backend_reads_horovodrun_environment(monkeypatch):
     monkeypatch.delenv("HOROVOD_RANK")
     assert backend_class("horovod").process_env(cfg.comm) == {} == backend_class("ddp").process_env(cfg.comm)
     # multistream: only NCCL's implicit launch order (its overlap rule, tests/unit/test_comm_concurrency.py)
-    assert backend_class("multistream").process_env(cfg.comm) == {"NCCL_LAUNCH_ORDER_IMPLICIT": "1"}
+    assert backend_class("multistream").process_env(cfg.comm.as_part("multistream")) == {
+        "NCCL_LAUNCH_ORDER_IMPLICIT": "1"
+    }

@@ -100,6 +100,7 @@ def test_bad_enum_is_a_config_error():
 # The model's starting point: calibrated compute (recipes/timemodel/) and the link probe's figures.
 
 RECORD = ["comm.tune_start=model", "comm.link_gbit=32", "comm.flow_gbit=10"]
+MS = "comm.backend=multistream"  # the tuner is multistream's: its keys are that backend's
 
 
 @pytest.fixture(scope="module")
@@ -195,13 +196,15 @@ def probe_file(tmp_path, **kw):
 def test_the_link_probes_file_replaces_the_config_link(tmp_path, record):
     cfg, specs, _, space = record
     f = probe_file(tmp_path)
-    probed = load_config(None, [*RECORD, f"comm.network_file={f}"]).comm
+    probed = load_config(None, [*RECORD, MS, f"comm.network_file={f}"]).comm
     link = tuning.link_figures(probed)
     assert (link.link_gbit, link.flow_gbit, link.latency_us) == (3.1, 0.98, 48.2)
     assert str(f) in link.source and "2 hosts" in link.source
     slow = tuning.model_ranking(specs, space, 16, 8, probed)
     assert slow[0][1] > 5 * tuning.model_ranking(specs, space, 16, 8, cfg.comm)[0][1]  # 3.1 against 32 Gbit/s
-    nocap = tuning.link_figures(load_config(None, [f"comm.network_file={probe_file(tmp_path, flow_gbit=None)}"]).comm)
+    nocap = tuning.link_figures(
+        load_config(None, [MS, f"comm.network_file={probe_file(tmp_path, flow_gbit=None)}"]).comm
+    )
     assert nocap.flow_gbit is None
 
 
@@ -225,12 +228,12 @@ def test_a_bad_probe_file_is_a_one_line_config_error(tmp_path, text, key):
     f = tmp_path / "network.json"
     f.write_text(text)
     with pytest.raises(ConfigError) as e:
-        tuning.link_figures(load_config(None, [f"comm.network_file={f}"]).comm)
+        tuning.link_figures(load_config(None, [MS, f"comm.network_file={f}"]).comm)
     assert "\n" not in str(e.value) and str(f) in str(e.value) and key in str(e.value)
     with pytest.raises(ConfigError, match="does not exist"):
-        tuning.link_figures(load_config(None, [f"comm.network_file={tmp_path / 'none.json'}"]).comm)
+        tuning.link_figures(load_config(None, [MS, f"comm.network_file={tmp_path / 'none.json'}"]).comm)
     with pytest.raises(ConfigError, match="expected a regular file"):
-        tuning.link_figures(load_config(None, ["comm.network_file=/dev/zero"]).comm)
+        tuning.link_figures(load_config(None, [MS, "comm.network_file=/dev/zero"]).comm)
 
 
 def test_a_measured_gpu_profile_replaces_the_published_rates(tmp_path, record):

@@ -63,17 +63,17 @@ def test_multistream_against_ddp_fails_above_1e_4(monkeypatch, tmp_path, max_dif
 def test_a_lossy_backend_states_its_own_tolerance(monkeypatch, tmp_path):
     """Per backend, not one max over all: a bf16-wire backend passes at its own 1e-2 while multistream is still held
     to 1e-4 (one max of 5e-3 over both would have failed both, or passed both at 1e-2)."""
-    lossy = registry.Allreduce("lossy", "x:Y", "lossy", "", wire_dtype="fp16", reference_atol=1e-2)
-    monkeypatch.setitem(registry.ALLREDUCE_BACKENDS, "lossy", lossy)
-    rows = _allreduce_rows(monkeypatch, tmp_path, max_diff={"multistream": 5e-5, "lossy": 5e-3})
+    lossy = registry.Allreduce("made_up_lossy", "x:Y", "made_up_lossy", "", wire_dtype="fp16", reference_atol=1e-2)
+    monkeypatch.setitem(registry.ALLREDUCE_BACKENDS, "made_up_lossy", lossy)
+    rows = _allreduce_rows(monkeypatch, tmp_path, max_diff={"multistream": 5e-5, "made_up_lossy": 5e-3})
     by = {(r["name"].split(" ")[0], r["name"].split(", ")[-1]): r for r in rows}
-    assert {k[0] for k in by} == {"multistream", "lossy"}
+    assert {k[0] for k in by} == {"multistream", "made_up_lossy"}
     assert all(r["result"] == "pass" for r in rows), rows
     assert {r["threshold"] for r in rows} == {"<= 0.0001 max |w| diff", "<= 0.01 max |w| diff"}
     (tmp_path / "b").mkdir()
-    rows = _allreduce_rows(monkeypatch, tmp_path / "b", max_diff={"multistream": 2e-4, "lossy": 5e-3})
+    rows = _allreduce_rows(monkeypatch, tmp_path / "b", max_diff={"multistream": 2e-4, "made_up_lossy": 5e-3})
     results = {r["name"].split(" ")[0]: r["result"] for r in rows}
-    assert results == {"multistream": "fail: 0.0002 > 0.0001", "lossy": "pass"}
+    assert results == {"multistream": "fail: 0.0002 > 0.0001", "made_up_lossy": "pass"}
 
 
 def _latency_rows(monkeypatch, tmp_path: Path, agreement: dict[str, float]) -> list[dict]:

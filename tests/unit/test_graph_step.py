@@ -22,6 +22,7 @@ from recipes.memory import accumulation
 from recipes.optim import create_optimizer, set_lr_momentum
 from recipes.rundir.payload import State
 from recipes.schedule import Schedule
+from recipes.step_builder import build_step
 from recipes.steps import GraphStep, StepRunner, graph_decision, phase_graph_decisions
 
 
@@ -434,17 +435,18 @@ def test_every_shipped_config_captures_only_a_body_without_host_reads(monkeypatc
             monkeypatch.undo()
             monkeypatch.setattr(td, "all_reduce", lambda t, group=None, async_op=False: _Done())
             fake = _fake(monkeypatch)
-            runner = GraphStep(
-                capture=True,
-                warmup=1,
+            runner = build_step(
+                cfg,
                 model=model,
                 train_model=model,
                 optimizer=create_optimizer(opt_cfg, model),
-                optim=registry.OPTIMIZERS[cfg.optim.name],
-                scaler=torch.amp.GradScaler("cpu", init_scale=2.0**8, enabled=cfg.run.amp == "fp16"),
                 comm=NoComm(),
-                criterion=nn.CrossEntropyLoss(label_smoothing=0.1),
+                scaler=torch.amp.GradScaler("cpu", init_scale=2.0**8, enabled=cfg.run.amp == "fp16"),
                 device=torch.device("cpu"),
+                graph=True,
+                capture=True,
+                warmup=1,
+                amp="none",  # no autocast on the CPU: fp16's scaler and skip run, in fp32
                 on_nonfinite="skip",
             )
             _watch(fake, runner, model)

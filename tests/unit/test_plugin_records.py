@@ -89,38 +89,55 @@ def test_every_plugin_key_is_read_by_some_plugin():
 def test_a_backend_variant_is_one_record(monkeypatch, record_cfg):
     """A DDP variant that sends fp16 (another comm hook) registered as a record only: the step model, the time
     model's row, --plan's prediction and compare_runs' label follow from it, with no other list to edit."""
-    variant = registry.Allreduce("ddp_fp16", "recipes.comm.ddp:DDPBackend", "ddp fp16", "", wire_dtype="fp16")
+    variant = registry.Allreduce("made_up_ddp_fp16", "recipes.comm.ddp:DDPBackend", "ddp fp16", "", wire_dtype="fp16")
     variant = dataclasses.replace(variant, step_model=registry.ALLREDUCE_BACKENDS["ddp"].step_model)
-    monkeypatch.setitem(registry.ALLREDUCE_BACKENDS, "ddp_fp16", variant)
+    monkeypatch.setitem(registry.ALLREDUCE_BACKENDS, "made_up_ddp_fp16", variant)
     specs = [sm.TensorSpec(f"g{i}", (1 << 20,), "float32") for i in range(8)]
     comp, net = sm.no_overlap(specs, 0.1), sm.Network(4, 8, 32.0, 10.0, 50e-6)
-    half = sm.predict_step("ddp_fp16", specs, comp, net, compression="fp16", **sm.backend_kwargs("ddp_fp16"))
+    half = sm.predict_step(
+        "made_up_ddp_fp16", specs, comp, net, compression="fp16", **sm.backend_kwargs("made_up_ddp_fp16")
+    )
     full = sm.predict_step("ddp", specs, comp, net, **sm.backend_kwargs("ddp"))
     assert half.messages == full.messages and 0.1 < half.step_s < full.step_s  # DDP's buckets, half the bytes
     cfg = dataclasses.replace(record_cfg, comm=dataclasses.replace(record_cfg.comm, compression="fp16"))
     rows = {b.label: b for b in tm.backends(cfg)}
-    assert rows["ddp fp16"].name == "ddp_fp16" and rows["ddp fp16"].kwargs["compression"] == "fp16"
-    cfg = dataclasses.replace(cfg, comm=dataclasses.replace(cfg.comm, backend="ddp_fp16"))
+    assert rows["ddp fp16"].name == "made_up_ddp_fp16" and rows["ddp fp16"].kwargs["compression"] == "fp16"
+    cfg = dataclasses.replace(cfg, comm=dataclasses.replace(cfg.comm, backend="made_up_ddp_fp16"))
     seconds, what = tm.predicted_seconds(cfg, 128, "v100-32gb")
     assert seconds is not None and ", ddp fp16, " in what
-    summary = {"comm_backend": "ddp_fp16", "world_size": 2, "comm": {"backend": "ddp_fp16", "settings": {}}}
+    summary = {
+        "comm_backend": "made_up_ddp_fp16",
+        "world_size": 2,
+        "comm": {"backend": "made_up_ddp_fp16", "settings": {}},
+    }
     assert compare_runs.backend_label(compare_runs.Run(Path("r"), summary, {}, [])) == "ddp fp16"
 
 
-def test_a_backend_that_always_sends_bf16_is_predicted_at_two_bytes(monkeypatch, record_cfg):
+def test_a_backend_that_always_sends_bf16_is_predicted_at_two_bytes(record_cfg):
     """A record's wire dtype is what the time model's bytes read: a DDP variant whose hook always sends bf16 (it
     does not read comm.compression) is predicted at 2 bytes per element, in predict_step and in the time model's row."""
-    ddp = registry.ALLREDUCE_BACKENDS["ddp"]
-    bf16 = dataclasses.replace(ddp, name="ddp_bf16", label="ddp bf16", time_flows=(1,), wire_dtype="bf16")
-    monkeypatch.setitem(registry.ALLREDUCE_BACKENDS, "ddp_bf16", bf16)
+    bf16 = next(r for r in BACKENDS if r.wire_dtype == "bf16")  # registered: DDP with torch's bf16 hook
     specs = [sm.TensorSpec(f"g{i}", (1 << 20,), "float32") for i in range(8)]
     comp, net = sm.no_overlap(specs, 0.1), sm.Network(4, 8, 32.0, 10.0, 50e-6)
-    half = sm.messages("ddp_bf16", specs, comp, **sm.backend_kwargs("ddp_bf16"))
+    half = sm.messages(bf16.name, specs, comp, **sm.backend_kwargs(bf16.name))
     full = sm.messages("ddp", specs, comp, **sm.backend_kwargs("ddp"))
     assert [2 * m.nbytes for m in half] == [m.nbytes for m in full]
-    step = sm.predict_step("ddp_bf16", specs, comp, net, **sm.backend_kwargs("ddp_bf16"))
+    step = sm.predict_step(bf16.name, specs, comp, net, **sm.backend_kwargs(bf16.name))
     assert step.step_s < sm.predict_step("ddp", specs, comp, net, **sm.backend_kwargs("ddp")).step_s
     assert step.settings.endswith(", wire bf16")
     for compression in ("none", "fp16"):  # comm.compression does not reach it
         cfg = dataclasses.replace(record_cfg, comm=dataclasses.replace(record_cfg.comm, compression=compression))
-        assert {b.label: b for b in tm.backends(cfg)}["ddp bf16"].kwargs["compression"] == "bf16"
+        assert {b.label: b for b in tm.backends(cfg)}[bf16.label].kwargs["compression"] == "bf16"
+
+
+def test_the_docs_tables_list_every_registered_backend_and_optimizer():
+    """docs/allreduce.md's backend tables and docs/recipe.md's optimizer table are written from the records
+    (scripts/gen_config_reference.py; its --check is tests/unit/test_config.py's): each names every record."""
+    for doc, block, table in (
+        ("allreduce.md", "backends", registry.ALLREDUCE_BACKENDS),
+        ("allreduce.md", "backend-measures", registry.ALLREDUCE_BACKENDS),
+        ("recipe.md", "optimizers", registry.OPTIMIZERS),
+    ):
+        text = (ROOT / "docs" / doc).read_text()
+        rows = text.split(f"<!-- {block}:begin")[1].split(f"<!-- {block}:end")[0].splitlines()[3:]
+        assert [row.split(" | ")[0].strip("| `") for row in rows] == list(table), (doc, block)

@@ -115,9 +115,9 @@ def test_every_backend_is_modelled_and_checked_by_the_gpu_check():
 
 
 def test_a_new_torchrun_backend_joins_the_gpu_checks_equality_runs(monkeypatch):
-    fp16 = registry.Allreduce("ddp_fp16", "recipes.comm.ddp:DDPBackend", "ddp fp16", "", wire_dtype="fp16")
-    monkeypatch.setitem(registry.ALLREDUCE_BACKENDS, "ddp_fp16", fp16)
-    assert registry.compared_with_reference()[-1] == "ddp_fp16"
+    fp16 = registry.Allreduce("made_up_ddp_fp16", "recipes.comm.ddp:DDPBackend", "ddp fp16", "", wire_dtype="fp16")
+    monkeypatch.setitem(registry.ALLREDUCE_BACKENDS, "made_up_ddp_fp16", fp16)
+    assert registry.compared_with_reference()[-1] == "made_up_ddp_fp16"
 
 
 def test_a_prediction_for_a_network_the_rates_were_not_measured_on_says_so():

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 from support import ROOT
 
+from base import registry
 from base.errors import ConfigError
 from recipes.config import load_config
+from recipes.metrics import window_scalars
 from recipes.schedule import Schedule, steps_per_epoch
 
 IMAGENET = 1_281_167
@@ -130,3 +132,17 @@ def test_one_image_per_process_at_32_px_is_refused_before_batchnorm_meets_it(wor
         return
     with pytest.raises(ConfigError, match=r"^phases.0: a micro-batch of 1 image per process at 32 px .* at least 8"):
         make()
+
+
+@pytest.mark.parametrize("name", list(registry.OPTIMIZERS))
+def test_momentum_is_scheduled_and_logged_only_for_an_optimizer_that_reads_it(name):
+    """Lamb and AdamW have Adam's betas: no momentum is computed, set, shown in --plan's table or logged (the log
+    window's values and its TensorBoard scalars) for an optimizer whose record's config has none."""
+    reads = "momentum" in registry.OPTIMIZERS[name].reads
+    plan = record_plan(f"optim.name={name}")
+    assert (plan.momentum(0) is not None) == reads == ("momentum" in plan.logged(0)) == plan.reads_momentum
+    assert plan.logged(0)["lr"] == plan.lr(0)
+    first_row = plan.table().splitlines()[1].split()
+    assert first_row[-1] == ("0.98" if reads else "-")  # the record's cyclic momentum starts at 0.98
+    window = {"lr": 0.1, **plan.logged(0)}
+    assert ("train/momentum" in window_scalars(window)) == reads

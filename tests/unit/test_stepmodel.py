@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from support import drive_tuner, tuner
 
+from base import registry
 from base.errors import ConfigError
 from recipes.comm import stepmodel as sm
 from recipes.comm import tuner as tuning
@@ -65,7 +66,7 @@ def test_full_overlap_hides_communication():
 def test_a_per_flow_cap_that_does_not_bind_changes_nothing():
     specs = specs_of(*[4] * 12)
     comp = sm.no_overlap(specs)
-    for backend, kw in [("ddp", {}), ("multistream", {"settings": Settings(8, 4, 2)}), ("per-tensor", {})]:
+    for backend, kw in [*((n, sm.backend_kwargs(n)) for n in registry.ALLREDUCE_BACKENDS), ("per-tensor", {})]:
         free = sm.predict_step(backend, specs, comp, net(4, link=10.0), **kw).step_s
         loose = sm.predict_step(backend, specs, comp, net(4, link=10.0, flow=10.0), **kw).step_s
         assert loose == pytest.approx(free, rel=1e-9)
@@ -127,7 +128,9 @@ def test_recommend_picks_enough_streams_for_the_flow_cap():
 
 def test_tuner_starts_from_the_model_and_reports_what_measurement_changed():
     specs = specs_of(*[2] * 50)
-    cfg = load_config(None, ["comm.tune_start=model", "comm.link_gbit=32", "comm.flow_gbit=10"])
+    cfg = load_config(
+        None, ["comm.backend=multistream", "comm.tune_start=model", "comm.link_gbit=32", "comm.flow_gbit=10"]
+    )
     space = tuning.search_space([4, 8, 16], [1, 2, 4], [1, 2])
     ranked = tuning.model_ranking(specs, space, 16, 8, cfg.comm)
     t = tuner(
@@ -148,6 +151,6 @@ def test_tuner_starts_from_the_model_and_reports_what_measurement_changed():
 
 
 def test_model_start_needs_the_link():
-    cfg = load_config(None, ["comm.tune_start=model"])
+    cfg = load_config(None, ["comm.backend=multistream", "comm.tune_start=model"])
     with pytest.raises(ConfigError, match="comm.link_gbit"):
         tuning.model_ranking(specs_of(1), [Settings(8, 4, 2)], 2, 1, cfg.comm)

@@ -7,6 +7,7 @@ import torch
 from support import optim_record
 from torch import nn
 
+from base import registry
 from base.errors import TrainingError
 from recipes.rundir.payload import State
 from recipes.steps import StepRunner
@@ -89,3 +90,32 @@ def test_finite_steps_settle_without_counting():
         run(*good, st, log)
     run.settle(st, log)
     assert (st.step, st.skipped_steps, log.warnings, run.pending) == (3, 0, [], [])
+
+
+def test_the_builder_hands_the_step_the_configs_settings():
+    """build_step: one place maps the config to the step (the trainer, the GPU check and the tests use it); an
+    override wins, and graph=True is a GraphStep."""
+    from recipes.config import load_config
+    from recipes.step_builder import build_step
+    from recipes.steps import GraphStep
+
+    cfg = load_config(
+        None,
+        [
+            "optim.name=lars",
+            "run.on_nonfinite=skip",
+            "dist.timeout_s=12",
+            "optim.clip_grad_norm=2",
+            "comm.backend=multistream",
+        ],
+    )
+    model = nn.Linear(3, 2)
+    parts = dict(model=model, train_model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), comm=_Comm())
+    parts |= dict(scaler=torch.amp.GradScaler("cpu", enabled=False), device=torch.device("cpu"))
+    runner = build_step(cfg, **parts)
+    assert type(runner) is StepRunner and runner.optim is registry.OPTIMIZERS["lars"]
+    settings = (runner.on_nonfinite, runner.timeout_s, runner.clip_grad_norm, runner.backend)
+    assert settings == ("skip", 12.0, 2.0, "multistream")
+    assert runner.criterion.label_smoothing == cfg.optim.label_smoothing
+    graph = build_step(cfg, **parts, graph=True, warmup=5, timeout_s=3.0)
+    assert type(graph) is GraphStep and not graph.capture and graph.warmup == 5 and graph.timeout_s == 3.0
