@@ -12,6 +12,7 @@ base/reader.py.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -172,15 +173,25 @@ def check_target(path: str | Path, what: str, error: type[Exception] = RunDirErr
     return path
 
 
-def write_output(path: str | Path, data: bytes | str, what: str, error: type[Exception] = RunDirError) -> None:
-    """A tool's output file (a prediction, a plot, a comparison, a data tool's control file): checked, written
-    atomically, never through a link; a full disk or a read-only folder is one line."""
+def write_output(
+    path: str | Path, data: bytes | str, what: str, error: type[Exception] = RunDirError, *, durable: bool = True
+) -> None:
+    """A tool's output file (a prediction, a plot, a comparison, a data tool's control file, a generated image):
+    checked, written atomically, never through a link; a full disk or a read-only folder is one line."""
     path = check_target(path, what, error)
     try:
-        write_atomic(path, data, error=error)
+        write_atomic(path, data, durable=durable, error=error)
     except OSError as e:
         why = e.strerror or e
         raise error(f"{what}: cannot write '{path}': {why}; check the folder's permissions and free space") from None
+
+
+def encoded(image, **save_args) -> bytes:
+    """A PIL image's file bytes, encoded in memory (`save_args`: PIL's, `format=` included), so that an image is
+    written through write_output like any other file and PIL never opens a path itself."""
+    buf = io.BytesIO()
+    image.save(buf, **save_args)
+    return buf.getvalue()
 
 
 def open_new(path: str | Path, what: str, error: type[Exception] = RunDirError) -> IO[bytes]:
