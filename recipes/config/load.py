@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 import re
 import reprlib
 import types
@@ -315,7 +316,7 @@ def parse_yaml(text: str):
 
 
 def _read_yaml(path: Path) -> dict:
-    if not path.is_file():
+    if not os.path.lexists(path):  # a FIFO or a folder is there: the reader says what it is
         raise ConfigError(f"{path}: config file not found")
     data = reader.read_bytes(path, what="config file", error=ConfigError, max_bytes=MAX_CONFIG_BYTES)
     try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import math
+import os
 import time
 import types
 import typing
@@ -18,11 +19,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import train
-from base.errors import ConfigError
+from base.errors import CheckpointError, ConfigError
 from data.sharding import train_shard
 from recipes.config import Config, load_config
 from recipes.config.load import MAX_VAL_RESIZE, MAX_YAML_VALUES
 from recipes.config.schema import domain_rule, field_of, section_fields
+from recipes.rundir import checkpoint_files
 from recipes.schedule import Schedule
 
 # capsys is read (and so emptied) once per example.
@@ -395,3 +397,15 @@ def test_longest_plan_prints_and_plots_quickly(tmp_path, capsys):
     assert rc == 0 and time.monotonic() - start < 60
     assert "total: 10000000000000 iterations in 10000 epochs" in capsys.readouterr().out
     assert (tmp_path / "run_plan.png").stat().st_size > 0
+
+
+def test_a_fifo_given_as_config_or_checkpoint_is_not_a_regular_file(tmp_path, capsys):
+    """A FIFO was "not found" (and a checkpoint FIFO would hang torch.load)."""
+    fifo = tmp_path / "c.yaml"
+    os.mkfifo(fifo)
+    assert train.main(["--print-config", "-c", str(fifo)]) == 2
+    assert "is not a regular file (a FIFO, device or socket): expected a regular file" in _one_line(
+        capsys.readouterr().err
+    )
+    with pytest.raises(CheckpointError, match="is not a regular file"):
+        checkpoint_files.load(fifo)

@@ -267,3 +267,13 @@ def test_an_oom_line_of_another_pid_is_not_blamed_on_this_rank():
     assert oom_record(f"{other}\n{longer}\n", 14700) is None
     assert oom_record(f"{other}\n{cgroup}\n", 14700) == cgroup
     assert oom_record(f"{other}\n{OOM_LINE}\n", 14700) == OOM_LINE
+
+
+@pytest.mark.parametrize("value", ["٣", "1_000", "+3", "3.0", "1234567"])
+def test_slots_are_ascii_digits(tmp_path, value):
+    """int() read slots=٣ as 3 processes and slots=1_000 as 1,000."""
+    f = tmp_path / "hosts"
+    f.write_text(f"node01 slots={value}\n")
+    with pytest.raises(HostError) as e:
+        parse_hostfile(f)
+    assert str(e.value) == f"{f}:1: slots must be an integer, got {ascii(value)} (ASCII digits, at most 6)"
