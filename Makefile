@@ -59,7 +59,7 @@ CUDA = $(or $(value DAWNBENCH_CUDA),cu130)
 # Compared exactly, blanks included: ' cu130 ' (or a tab, a trailing newline) names no REQS_ list, and pip then
 # installed no torch at all.
 ifneq (x$(words $(CUDA))x$(CUDA)x,x1x$(filter cu130 cu126,$(CUDA))x)
-$(error CUDA='$(subst $(newline),\n,$(CUDA))': expected cu130 (the default: CUDA 13, Turing and newer) or cu126 (CUDA 12.6: Volta/V100 and older drivers), exactly one word)
+$(error CUDA=$(subst $(newline),\n,$(CUDA)): expected cu130 (the default: CUDA 13, Turing and newer) or cu126 (CUDA 12.6: Volta/V100 and older drivers), exactly one word)
 endif
 # WHEELHOUSE=folder (or DAWNBENCH_WHEELHOUSE): install from a folder that `make wheelhouse` filled, with no package
 # index at all (HPC nodes, GPU machines lent for checks). The folder is made for one CUDA variant (its cuda-variant.txt).
