@@ -16,6 +16,26 @@ $(foreach v,$(.VARIABLES),$(if $(and $(filter command line,$(origin $(v))),$(fin
   $(call dollar_fix,$(v)))))
 $(foreach v,$(USER_VARS),$(if $(and $(filter environment%,$(origin $(v))),$(findstring $$,$(value $(v)))),\
   $(error $(v): a value with '$$' in the environment is expanded by make; unset $(v), or set it without '$$')))
+# The names pasted into a command as they are (a path in front of /bin/python, the interpreter that makes the venv,
+# and the $(shell cat $(VENV)/.installed) below, which runs even under `make -n`): a given value must be a path of
+# safe characters (letters, digits, / . _ - +), so that ';', '&', '|', a backtick, a quote, a blank or a newline
+# never reaches a shell. Checked on $(value) before anything expands; the defaults are the Makefile's own.
+PATH_VARS := VENV PY PYTHON_SYS
+SAFE_CHARS := a b c d e f g h i j k l m n o p q r s t u v w x y z A B C D E F G H I J K L M N O P Q R S T U V W X Y Z \
+  0 1 2 3 4 5 6 7 8 9 / . _ - +
+unsafe = $(if $(2),$(call unsafe,$(subst $(firstword $(2)),,$(1)),$(wordlist 2,99,$(2))),$(1))
+empty :=
+blank := $(empty) $(empty)
+tab := $(empty)	$(empty)
+define newline
+
+
+endef
+not_a_path = $(or $(call unsafe,$(1),$(SAFE_CHARS)),$(findstring $(blank),$(1)),$(findstring $(tab),$(1)),\
+  $(findstring $(newline),$(1)),$(if $(1),,empty))
+$(foreach v,$(PATH_VARS),$(if $(filter command line environment%,$(origin $(v))),$(if $(call not_a_path,$(value $(v))),\
+  $(error $(v)='$(subst $(newline),\n,$(value $(v)))': expected a path of letters, digits and / . _ - + (it is pasted \
+  into shell commands as it is); use a path without blanks or shell characters))))
 PYTHON_SYS ?= $(shell command -v python3.11 || command -v python3)
 VENV       ?= .venv
 PY         := $(VENV)/bin/python
@@ -36,8 +56,10 @@ qw = $(foreach w,$(1),$(call q,$(w)))
 # (requirements-cu126.txt), for Volta (V100) and older drivers. From the command line or DAWNBENCH_CUDA.
 CUDA = $(or $(value DAWNBENCH_CUDA),cu130)
 # Exactly one word of the list: 'cu130 ;touch x' or 'cu126 cu130' holds a valid word, and is refused all the same.
-ifneq ($(words $(CUDA))$(filter-out cu130 cu126,$(CUDA)),1)
-$(error CUDA=$(CUDA): expected cu130 (the default: CUDA 13, Turing and newer) or cu126 (CUDA 12.6: Volta/V100 and older drivers), exactly one word)
+# Compared exactly, blanks included: ' cu130 ' (or a tab, a trailing newline) names no REQS_ list, and pip then
+# installed no torch at all.
+ifneq (x$(words $(CUDA))x$(CUDA)x,x1x$(filter cu130 cu126,$(CUDA))x)
+$(error CUDA=$(subst $(newline),\n,$(CUDA)): expected cu130 (the default: CUDA 13, Turing and newer) or cu126 (CUDA 12.6: Volta/V100 and older drivers), exactly one word)
 endif
 # WHEELHOUSE=folder (or DAWNBENCH_WHEELHOUSE): install from a folder that `make wheelhouse` filled, with no package
 # index at all (HPC nodes, GPU machines lent for checks). The folder is made for one CUDA variant (its cuda-variant.txt).
@@ -130,8 +152,10 @@ lint: install
 format: install
 	$(VENV)/bin/ruff format . && $(VENV)/bin/ruff check --fix .
 
+# Only what the Makefile makes with its defaults: the run folders, the default sample, pytest's cache. A SAMPLE given
+# elsewhere is the user's to remove (an inherited SAMPLE=/data/mine once made `make clean` delete that folder).
 clean:
-	rm -rf runs $(call q,$(SAMPLE)) .pytest_cache
+	rm -rf runs data/sample .pytest_cache
 
 # --- Reproduce the record on a cluster (scripts/launch.py; docs/reproduce.md) -------------------
 # HOSTS=hostfile ("host [slots=N] [addr=IP]" per line; omit inside a SLURM allocation), DATA=ImageNet root,

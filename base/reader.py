@@ -82,6 +82,9 @@ def parse_json(text: str, *, what: str, error: type[Exception] = ValueError):
         return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
     except json.JSONDecodeError as e:
         raise error(f"{what} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
+    except RecursionError:
+        # json's decoder recurses once per bracket: a few thousand nested ones exhaust Python's stack
+        raise error(f"{what} is nested too deeply: expected the file's own shape") from None
     except ValueError as e:
         raise error(f"{what} is not strict JSON: {e}") from None
 

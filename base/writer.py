@@ -12,6 +12,7 @@ base/reader.py.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -31,9 +32,18 @@ def refuse_link(path: Path, error: type[Exception] = RunDirError) -> None:
     """Raise `error` when `path` is a symbolic link (a planted file the run must not write through)."""
     if path.is_symlink():
         raise error(
-            f"'{path}' is a symbolic link (to '{os.readlink(path)}'): a run writes only its own files; "
+            f"'{path}' is a symbolic link (to '{_link_target(path)}'): a run writes only its own files; "
             "remove the link or choose another run directory"
         )
+
+
+def _link_target(path: Path | str, dir_fd: int | None = None) -> str:
+    """Where the link `path` points, for an error line; a link removed or replaced since it was seen (a race with
+    whoever planted it) must still give that line, never a FileNotFoundError traceback."""
+    try:
+        return os.readlink(path, dir_fd=dir_fd)
+    except OSError:
+        return "?, changed while being checked"
 
 
 def _kind(mode: int) -> str | None:
@@ -62,10 +72,14 @@ def refuse_irregular(path: Path, what: str | None = None, error: type[Exception]
     if stat.S_ISLNK(mode):
         if what is None:
             refuse_link(path, error)
-        raise error(f"{what}: '{path}' is a symbolic link (to '{os.readlink(path)}'): give a path that is not")
+        raise error(f"{what}: '{path}' is a symbolic link (to '{_link_target(path)}'): give a path that is not")
     kind = _kind(mode)
     if kind is not None:
         raise error(f"{what + ': ' if what else ''}'{path}' is {kind}: expected a regular file or a new name")
+
+
+def _before_rename(folder_fd: int, name: str) -> None:
+    """Called between the checks and the rename (tests swap the folder here to prove the rename cannot follow)."""
 
 
 def write_atomic(
@@ -74,23 +88,56 @@ def write_atomic(
     """Write `data` as `path`: the old complete file or the new complete file, never a mix, never through a link,
     never over a device, FIFO or directory.
 
-    durable=False skips the fsync: after a power loss the file may be the old one (the rename is still atomic)."""
+    The folder is resolved once and opened; the temp file, the check of the name, the rename and the fsync all work
+    relative to that open folder, so a folder swapped for a link while the file is written cannot send the output
+    (or a stray temp file) anywhere else. durable=False skips the fsyncs: after a power loss the file may be the old
+    one (the rename is still atomic)."""
     path = Path(path)
     refuse_irregular(path, error=error)
     if isinstance(data, str):
         data = data.encode()
-    tmp = temp_path(path)
-    tmp.unlink(missing_ok=True)  # our own leftover (same pid): never a file of someone else's
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    name, tmp = path.name, temp_path(path).name
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
+        try:
+            os.unlink(tmp, dir_fd=folder)  # our own leftover (same pid): never a file of someone else's
+        except FileNotFoundError:
+            pass
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=folder)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                if durable:
+                    os.fsync(f.fileno())
+            _before_rename(folder, name)
+            _refuse_irregular_at(folder, name, path, error)  # planted in the folder since the first check
+            os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
             if durable:
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
+                os.fsync(folder)  # the rename itself survives a power loss
+        finally:
+            try:
+                os.unlink(tmp, dir_fd=folder)
+            except FileNotFoundError:
+                pass
     finally:
-        tmp.unlink(missing_ok=True)
+        os.close(folder)
+
+
+def _refuse_irregular_at(folder: int, name: str, path: Path, error: type[Exception]) -> None:
+    """refuse_irregular for `name` inside the open folder `folder` (`path`: how errors name it)."""
+    try:
+        mode = os.lstat(name, dir_fd=folder).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(mode):
+        raise error(
+            f"'{path}' is a symbolic link (to '{_link_target(name, folder)}'): a run writes only its own files; "
+            "remove the link or choose another run directory"
+        )
+    kind = _kind(mode)
+    if kind is not None:
+        raise error(f"'{path}' is {kind}: expected a regular file or a new name")
 
 
 def finite(value):
@@ -126,15 +173,25 @@ def check_target(path: str | Path, what: str, error: type[Exception] = RunDirErr
     return path
 
 
-def write_output(path: str | Path, data: bytes | str, what: str, error: type[Exception] = RunDirError) -> None:
-    """A tool's output file (a prediction, a plot, a comparison, a data tool's control file): checked, written
-    atomically, never through a link; a full disk or a read-only folder is one line."""
+def write_output(
+    path: str | Path, data: bytes | str, what: str, error: type[Exception] = RunDirError, *, durable: bool = True
+) -> None:
+    """A tool's output file (a prediction, a plot, a comparison, a data tool's control file, a generated image):
+    checked, written atomically, never through a link; a full disk or a read-only folder is one line."""
     path = check_target(path, what, error)
     try:
-        write_atomic(path, data, error=error)
+        write_atomic(path, data, durable=durable, error=error)
     except OSError as e:
         why = e.strerror or e
         raise error(f"{what}: cannot write '{path}': {why}; check the folder's permissions and free space") from None
+
+
+def encoded(image, **save_args) -> bytes:
+    """A PIL image's file bytes, encoded in memory (`save_args`: PIL's, `format=` included), so that an image is
+    written through write_output like any other file and PIL never opens a path itself."""
+    buf = io.BytesIO()
+    image.save(buf, **save_args)
+    return buf.getvalue()
 
 
 def open_new(path: str | Path, what: str, error: type[Exception] = RunDirError) -> IO[bytes]:

@@ -157,9 +157,12 @@ def _write_atomic(src, out: Path) -> int:
     return out.stat().st_size
 
 
-def _within_budget(written: int, read: int, archive: str) -> None:
-    """Raise DataError when the bytes extracted outgrow the archive's bytes read (a compression bomb)."""
+def _within_budget(written: int, read: int, archive: str, unfinished: list[Path] = ()) -> None:
+    """Raise DataError when the bytes extracted outgrow the archive's bytes read (a compression bomb), after removing
+    `unfinished`: the images of the part not yet marked done (a refused bomb left hundreds of MB behind)."""
     if written > RATIO * read + _SLACK:
+        for path in unfinished:
+            path.unlink(missing_ok=True)
         raise DataError(
             f"'{archive}': {written:,} bytes extracted from {read:,} bytes read, over {RATIO}x: ImageNet's JPEGs do "
             "not compress that well; refusing to extract more (a compression bomb, or not ImageNet's archive)"
@@ -198,12 +201,12 @@ def extract_train(train_tar: Path, dst: Path, *, stream=None) -> int:
                         continue
                     folder = make_folder(dst / "train" / wnid, "--dst")
                     inner_where = f"{where}: {name}"
-                    written = 0
+                    written, unfinished = 0, []
                     with tarfile.open(fileobj=outer.extractfile(member), mode="r|") as inner:
                         for im in _members(inner, inner_where, MAX_IMAGE_BYTES):
-                            size = _write_atomic(inner.extractfile(im), folder / _plain_name(im.name, inner_where))
-                            progress.bytes += size
-                            _within_budget(progress.bytes, raw.tell(), where)
+                            unfinished.append(folder / _plain_name(im.name, inner_where))
+                            progress.bytes += _write_atomic(inner.extractfile(im), unfinished[-1])
+                            _within_budget(progress.bytes, raw.tell(), where, unfinished)
                             written += 1
                             progress.images += 1
                             progress.update(raw.tell())
@@ -242,6 +245,7 @@ def extract_val(val_tar: Path, dst: Path, val_wnids: list[str], *, stream=None) 
     progress = Progress("val", val_tar.stat().st_size, stream=stream)
     where = str(val_tar)
     labels = lambda n: val_wnids[n - 1] if 1 <= n <= len(val_wnids) else None  # noqa: E731
+    unfinished: list[Path] = []  # this run's images (the split is marked done only at the end)
     with open(val_tar, "rb") as raw:
         try:
             with tarfile.open(fileobj=raw, mode="r|*") as tar:
@@ -252,8 +256,9 @@ def extract_val(val_tar: Path, dst: Path, val_wnids: list[str], *, stream=None) 
                         progress.skipped += 1  # written by an interrupted run (files appear complete or not at all)
                         continue
                     make_folder(out.parent, "--dst")
+                    unfinished.append(out)
                     progress.bytes += _write_atomic(tar.extractfile(member), out)
-                    _within_budget(progress.bytes, raw.tell(), where)
+                    _within_budget(progress.bytes, raw.tell(), where, unfinished)
                     progress.images += 1
                     progress.update(raw.tell())
         except READ_ERRORS as e:

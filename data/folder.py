@@ -77,11 +77,23 @@ _INDEX = re.compile(r"[0-9]{1,9}")  # the devkit's list is 9 kB (1,762 indices o
 
 
 def distinct_files(folder: str | Path) -> int:
-    """How many distinct images the files under `folder` are: distinct files (device and inode, links followed) with
-    distinct contents (size and a hash of the first 8 KiB, where a JPEG's entropy-coded data has begun), so a folder
-    of 50,000 links to, or copies of, one image is 1, and ImageNet's validation set 50,000."""
+    """How many distinct images the files in `folder`'s class folders are: distinct files (device and inode, links
+    followed) with distinct contents (size and a hash of the first 8 KiB, where a JPEG's entropy-coded data has
+    begun), so a folder of 50,000 links to, or copies of, one image is 1, and ImageNet's validation set 50,000.
+
+    Only the loader's own layout is read, `<folder>/<class>/<image>`, two levels: a class folder may be a link (as
+    the loader allows), but nothing deeper is entered, so links to `..` cannot make the walk endless (it ran
+    forever, at the end of a run, before the run's entry was written)."""
     seen, contents = set(), set()
-    for dirpath, _, names in os.walk(folder, followlinks=True):
+    try:
+        classes = sorted(e.path for e in os.scandir(folder) if e.is_dir())
+    except OSError:
+        return 0  # no folder to count: the loader reports it
+    for dirpath in classes:
+        try:
+            names = sorted(e.name for e in os.scandir(dirpath) if not e.is_dir())
+        except OSError:
+            continue
         for name in names:
             if name.lower().endswith(IMAGE_EXTENSIONS):
                 path = os.path.join(dirpath, name)

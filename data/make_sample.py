@@ -23,7 +23,7 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from base.errors import DataError  # noqa: E402
-from base.writer import to_json, write_output  # noqa: E402
+from base.writer import encoded, to_json, write_output  # noqa: E402
 
 # The first ImageNet synsets, so folder names look like the real thing.
 WNIDS = [
@@ -104,7 +104,9 @@ def write_split(out: Path, split: str, classes: int, per_class: int, seed: int) 
         folder.mkdir(parents=True, exist_ok=True)
         for i in range(per_class):
             rng = np.random.default_rng([seed, 0 if split == "train" else 1, c, i])
-            make_image(c, classes, rng).save(folder / f"{WNIDS[c]}_{i:05d}.JPEG", quality=90)
+            image = encoded(make_image(c, classes, rng), format="JPEG", quality=90)
+            # a sample is remade from its seed: no fsync per image
+            write_output(folder / f"{WNIDS[c]}_{i:05d}.JPEG", image, "make_sample.py --out", DataError, durable=False)
             n += 1
     return n
 
@@ -116,7 +118,8 @@ def write_odd_files(out: Path, classes: int, seed: int) -> list[str]:
     for c, (mode, fmt, tag) in enumerate([("CMYK", "JPEG", "cmyk"), ("L", "JPEG", "gray"), ("RGB", "PNG", "png")]):
         label = c % classes
         path = out / "train" / WNIDS[label] / f"{WNIDS[label]}_odd_{tag}.JPEG"
-        make_image(label, classes, rng).convert(mode).save(path, format=fmt)
+        image = encoded(make_image(label, classes, rng).convert(mode), format=fmt)
+        write_output(path, image, "make_sample.py --out", DataError, durable=False)
         written.append(str(path.relative_to(out)))
     return written
 

@@ -48,7 +48,7 @@ from base.errors import ConfigError, RunDirError  # noqa: E402
 from base.writer import check_target, write_output  # noqa: E402
 from recipes.comm.stats import CommStats  # noqa: E402
 from recipes.config import to_yaml  # noqa: E402
-from recipes.config.load import parse_yaml  # noqa: E402
+from recipes.config.load import MAX_CONFIG_BYTES, parse_yaml  # noqa: E402
 from recipes.config.schema import Config, not_training_keys  # noqa: E402
 from recipes.rundir import files as run_files  # noqa: E402
 from recipes.rundir.writer import figure_bytes  # noqa: E402
@@ -211,9 +211,12 @@ def _read_config(path: Path) -> dict:
     """A run's config.yaml, parsed as the config loader parses YAML (no aliases, depth and size bounded), each
     section a mapping and `phases` a list of mappings, as train.py writes it."""
     try:
-        config = parse_yaml(reader.read_text(path, what="run config", error=CompareError)) or {}
-    except (yaml.YAMLError, ConfigError):
+        text = reader.read_text(path, what="run config", error=CompareError, max_bytes=MAX_CONFIG_BYTES)
+        config = parse_yaml(text) or {}
+    except yaml.YAMLError:
         raise CompareError(f"{path}: not valid YAML (or nested or repeated beyond a config's size)") from None
+    except ConfigError as e:  # the loader's own bounds (aliases, depth, numbers): its line says which
+        raise CompareError(f"{path}: {e}") from None
     if not isinstance(config, dict):
         raise CompareError(f"{path}: expected a mapping of config sections")
     for key, value in config.items():

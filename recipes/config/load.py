@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 import re
 import reprlib
 import types
@@ -196,6 +197,8 @@ def _validate(cfg: Config) -> None:
 # billions. The composed node graph is small (an alias is one shared node), so its expanded size is counted
 # there, before anything is constructed.
 MAX_YAML_VALUES = 100_000
+# A config is a few KB; YAML's pure-Python scanner takes about 2 s a megabyte, so a larger file is refused unread.
+MAX_CONFIG_BYTES = 1024 * 1024
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
@@ -223,6 +226,49 @@ class _StrictLoader(yaml.SafeLoader):
                 )
             seen[key] = key_node.start_mark
         return super().construct_mapping(node, deep)
+
+
+# A config's numbers fit in 64 bits: a longer one is a mistake, and a few thousand digits are a traceback in int()
+# (Python's 4,300-digit limit) or an overflow later.
+MAX_NUMBER_CHARS = 40
+_INT_TAG, _FLOAT_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+# YAML 1.2's numbers, as YAML 1.1's (0x, 0o-style octal, underscores) but without base 60: `1:30` is the string
+# '1:30' (the schema then says what it expected), not 90, and a 2.4 MB `1:1:...:1` is never multiplied out.
+_INT_RE = re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$")
+_FLOAT_RE = re.compile(
+    r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9_]+(?:[eE][-+][0-9]+)?"
+    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+)
+
+
+def _number_text(loader: yaml.SafeLoader, node) -> None:
+    """Refuse a number too long to be a config's, or a base-60 one given with an explicit `!!int`/`!!float`."""
+    text = node.value
+    where = f"line {node.start_mark.line + 1}: "
+    if len(text) > MAX_NUMBER_CHARS:
+        raise ConfigError(f"{where}a number of {len(text):,} characters: expected at most {MAX_NUMBER_CHARS}")
+    if ":" in text:
+        raise ConfigError(f"{where}{text!r} is not a number (base 60 is YAML 1.1's, not read here)")
+
+
+def _construct_int(loader, node):
+    _number_text(loader, node)
+    return yaml.SafeLoader.construct_yaml_int(loader, node)
+
+
+def _construct_float(loader, node):
+    _number_text(loader, node)
+    return yaml.SafeLoader.construct_yaml_float(loader, node)
+
+
+_StrictLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in (_INT_TAG, _FLOAT_TAG)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_StrictLoader.add_implicit_resolver(_INT_TAG, _INT_RE, list("-+0123456789"))
+_StrictLoader.add_implicit_resolver(_FLOAT_TAG, _FLOAT_RE, list("-+0123456789."))
+_StrictLoader.add_constructor(_INT_TAG, _construct_int)
+_StrictLoader.add_constructor(_FLOAT_TAG, _construct_float)
 
 
 def _expanded_size(root) -> int:
@@ -270,9 +316,9 @@ def parse_yaml(text: str):
 
 
 def _read_yaml(path: Path) -> dict:
-    if not path.is_file():
+    if not os.path.lexists(path):  # a FIFO or a folder is there: the reader says what it is
         raise ConfigError(f"{path}: config file not found")
-    data = reader.read_bytes(path, what="config file", error=ConfigError)  # a regular file of at most 16 MiB
+    data = reader.read_bytes(path, what="config file", error=ConfigError, max_bytes=MAX_CONFIG_BYTES)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:

@@ -101,8 +101,10 @@ def verify(path: Path) -> None:
 
 def load(path: str | Path, check: bool = True) -> dict:
     path = Path(path)
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise CheckpointError(f"checkpoint '{path}' not found")
+    if not path.is_file():  # a FIFO would hang torch.load, a folder be its own traceback
+        raise CheckpointError(f"checkpoint '{path}' is not a regular file (a folder, FIFO or device)")
     if check:
         verify(path)
     try:

@@ -24,7 +24,7 @@ from recipes.rundir import checkpoint_files as ckpt
 from recipes.rundir.directory import RunDir
 from recipes.rundir.payload import Checkpoint, ModelInfo, State
 from recipes.rundir.resume import agree_state, compare
-from recipes.rundir.state_checks import optimizer_state_problem, scaler_state_problem
+from recipes.rundir.state_checks import comm_state_problem, optimizer_state_problem, scaler_state_problem
 from recipes.schedule import Schedule
 
 
@@ -174,7 +174,7 @@ class Checkpointer:
                 notes.append(f"checkpoint.resume=force: {fresh[name]}: the {name} state starts afresh")
                 continue
             state = getattr(ck, name) or {}
-            problem = scaler_state_problem(state) if name == "scaler" else None
+            problem = {"scaler": scaler_state_problem, "comm": comm_state_problem}.get(name, lambda _: None)(state)
             if problem is None:
                 try:
                     getattr(parts, name).load_state_dict(state)

@@ -79,6 +79,11 @@ def read_run_id(run_dir: Path) -> str | None:
     except RunDirError:
         if path.is_symlink() or not path.is_file():
             raise
+        if path.stat().st_size > 64 << 10:  # no run writes that: someone's file, never overwritten unasked
+            raise RunDirError(
+                f"'{path}' is {path.stat().st_size:,} bytes: a run's run.json is about 100; move it away or "
+                "choose another run directory"
+            ) from None
         return None  # a regular file that is not a run's run.json: the run writes its own over it
     return run_id if isinstance(run_id, str) and files.RUN_ID.match(run_id) else None  # it names previous/<id>/
 

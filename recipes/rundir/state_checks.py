@@ -1,8 +1,11 @@
-"""A checkpoint's optimizer and grad-scaler state checked against the run's parts before a step uses them.
+"""A checkpoint's optimizer, grad-scaler and allreduce (comm) state checked against the run's parts before a step
+uses them.
 
 `torch.optim.Optimizer.load_state_dict` checks only that the parameter groups have the same sizes; a momentum buffer
 of another shape or dtype goes through, and torch's fused SGD then reads past its memory (a segfault, exit 139).
-GradScaler's `load_state_dict` takes any number. Each check returns what is wrong, in words, or None.
+GradScaler's `load_state_dict` takes any number, and multistream's takes any settings and share table (negative or
+infinite shares were tracebacks when the plan was built; `streams: 1000` hung creating a thousand process groups).
+Each check returns what is wrong, in words, or None.
 """
 
 from __future__ import annotations
@@ -10,6 +13,9 @@ from __future__ import annotations
 import math
 
 import torch
+
+from recipes.comm.balance import SHARE_TOTAL
+from recipes.config.schema import CommConfig, domain_rule, domain_text, section_fields
 
 
 def _scalar(value) -> float | None:
@@ -73,3 +79,59 @@ def _short(value) -> str:
     else:
         text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+# multistream's balancer counters: key -> the largest value a run can reach (a re-plan per window, for years)
+_BALANCE_COUNTS = {"version": 10**9, "replans": 10**9, "quiet": 10**9, "stretches": 10**9}
+_MAX_HOPS = 65536  # the hop table has a row per host: more hosts than any cluster
+
+
+def comm_state_problem(state) -> str | None:
+    """What is wrong with an allreduce backend's state_dict (an empty one, of a backend that keeps none, is fine):
+    multistream's (bucket_mb, streams, slices) in comm's own domains, and its balancer's shares a table of the
+    checkpoint's own shape (a row of `streams` positive integers summing to SHARE_TOTAL, one row per hop at hop
+    level) with bounded counters."""
+    if not state or not {"bucket_mb", "streams", "slices", "balance"} & set(state):
+        return None  # no backend state, or another backend's (its own load_state_dict judges it)
+    fields = {k: f for k, (f, _) in section_fields(CommConfig).items()}
+    for name, kind in (("bucket_mb", float), ("streams", int), ("slices", int)):
+        if name not in state:
+            return f"has no key '{name}'"
+        v = state[name]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not isinstance(v, int)):
+            return f"key '{name}' must be {'an integer' if kind is int else 'a number'}, got {_short(v)}"
+        domain = fields[name].metadata["domain"]
+        if not all(domain_rule(word)[0](v) for word in domain.split()) or not math.isfinite(v):
+            return f"key '{name}' must be in comm.{name}'s domain ({domain_text(domain)}), got {_short(v)}"
+    balance = state.get("balance")
+    return None if balance is None else _balance_problem(balance, state["streams"])
+
+
+def _count(value, most: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= most
+
+
+def _balance_problem(balance, streams: int) -> str | None:
+    if not isinstance(balance, dict):
+        return f"key 'balance' must be a mapping, got {type(balance).__name__}"
+    hops = balance.get("hops", 0)
+    if not _count(hops, _MAX_HOPS):
+        return f"key 'balance.hops' must be an integer in 0..{_MAX_HOPS}, got {_short(hops)}"
+    for key, most in _BALANCE_COUNTS.items():
+        if key in balance and not _count(balance[key], most):
+            return f"key 'balance.{key}' must be an integer in 0..{most:,}, got {_short(balance[key])}"
+    if "settled" in balance and not isinstance(balance["settled"], bool):
+        return f"key 'balance.settled' must be true or false, got {_short(balance['settled'])}"
+    shares = balance.get("shares")
+    if shares is None:
+        return None
+    rows = shares if hops else [shares]
+    shape = f"{hops} rows of {streams} shares" if hops else f"{streams} shares"
+    if not isinstance(shares, list) or len(rows) != max(hops, 1):
+        return f"key 'balance.shares' must be {shape} (comm.streams={streams}), got {_short(shares)}"
+    for row in rows:
+        if not isinstance(row, list) or len(row) != streams:
+            return f"key 'balance.shares' must be {shape} (comm.streams={streams}), got a row {_short(row)}"
+        if not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in row) or sum(row) != SHARE_TOTAL:
+            return f"key 'balance.shares' must be positive integers summing to {SHARE_TOTAL}, got {_short(row)}"
+    return None

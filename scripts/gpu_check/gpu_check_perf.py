@@ -25,6 +25,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from base.writer import encoded, write_output
 from scripts.gpu_check.gpu_check_rows import guard, judged, markdown_table, row
 from scripts.gpu_check.gpu_check_timing import median_ms, time_calls
 
@@ -214,7 +215,8 @@ def make_jpegs(root: Path, *, classes: int, per_class: int, val_per_class: int, 
     def one(job):
         path, seed = job
         small = np.random.default_rng(seed).integers(0, 256, (size[1] // 4, size[0] // 4, 3), dtype=np.uint8)
-        Image.fromarray(small).resize(size, Image.BILINEAR).save(path, quality=quality)
+        image = Image.fromarray(small).resize(size, Image.BILINEAR)
+        write_output(path, encoded(image, format="JPEG", quality=quality), "gpu check JPEG", durable=False)
 
     jobs = []
     for split, n in (("train", per_class), ("val", val_per_class)):

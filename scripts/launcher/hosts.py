@@ -62,10 +62,10 @@ def _host(name: str, slots: int | None, addr: str | None, where: str) -> Host:
 
 
 def _int(text: str, where: str, what: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise HostError(f"{where}: {what} must be an integer, got '{text}'") from None
+    # ASCII digits only: int() also reads '٣' (Arabic-Indic 3) and '1_000', which no hostfile means
+    if not re.fullmatch(r"[0-9]{1,6}", text):
+        raise HostError(f"{where}: {what} must be an integer, got {ascii(text)} (ASCII digits, at most 6)")
+    return int(text)
 
 
 def parse_hostfile(path: str | Path) -> list[Host]:

@@ -194,6 +194,7 @@ def _first_buffer(opt_state: dict) -> tuple[int, str]:
         ("step", "state 'step' must be a finite count >= 0, got -1.0"),
         ("scale", "entry 'scaler' key 'scale' must be a finite number > 0, got -1.0"),
         ("interval", "entry 'scaler' key 'growth_interval' must be an integer >= 1, got 0"),
+        ("comm", r"entry 'comm' key 'streams' must be in comm.streams's domain \(> 0, <= 64\), got 1000"),
     ],
 )
 def test_optimizer_and_scaler_state_are_checked_against_the_run_at_load(good, tiny_root, tmp_path, change, expected):
@@ -208,8 +209,10 @@ def test_optimizer_and_scaler_state_are_checked_against_the_run_at_load(good, ti
         bad["optimizer"]["state"][idx]["step"] = torch.tensor(-1.0)
     elif change == "scale":
         bad["scaler"] = {"scale": -1.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000}
-    else:
+    elif change == "interval":
         bad["scaler"] = {"scale": 1.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 0}
+    else:  # checked at the door whatever the run's backend: 1,000 streams hung creating process groups
+        bad["comm"] = {"bucket_mb": 8.0, "streams": 1000, "slices": 1}
     path = tmp_path / "bad.pt"
     torch.save(bad, path)
     with pytest.raises(CheckpointError) as e:

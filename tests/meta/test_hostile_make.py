@@ -116,6 +116,13 @@ def test_cuda_is_exactly_one_word_of_its_list(tmp_path, route, value):
     assert not (tmp_path / "ran").exists()
 
 
+@pytest.mark.parametrize("value", [" cu130 ", "cu130 ", "\tcu130", "cu130\n", "cu126\t"])
+def test_cuda_with_blanks_is_refused_not_installed_without_torch(value):
+    """' cu130 ' held one word of the list, named no REQS_ list, and pip installed no torch (exit 0)."""
+    p = _make(["install"], {"DAWNBENCH_CUDA": value})
+    assert p.returncode == 2 and "exactly one word.  Stop." in p.stderr, p.stderr
+
+
 @pytest.mark.parametrize("cuda", ["cu130", "cu126"])
 def test_cuda_is_quoted_where_the_recipes_use_it(tmp_path, cuda):
     venv = tmp_path / "venv"
@@ -129,3 +136,100 @@ def test_cuda_is_quoted_where_the_recipes_use_it(tmp_path, cuda):
     )
     assert p.returncode == 0, p.stderr
     assert f"grep -sqx '{cuda}' " in p.stdout and f"echo '{cuda}' > {venv}/.installed" in p.stdout, p.stdout
+
+
+PATH_VARS = re.search(r"^PATH_VARS := (.*)$", MAKEFILE, re.M).group(1).split()
+# Where each variable is pasted into a command (a new variable fails the coverage test until it is placed here).
+USED_BY = {
+    "NPROC": "quickstart",
+    "SAMPLE": "quickstart",
+    "RUN_DIR": "quickstart",
+    "PYTEST_ARGS": "test",
+    "HOROVOD_NCCL": "wheelhouse",
+    "GPU_CHECK_OUT": "gpu-check",
+    "GPU_CHECK_WORK": "gpu-check",
+    "NCCL_PRESET": "baseline-ddp-flows",
+    "RUNS": "compare",
+    **{v: "reproduce-158s" for v in ENV_ROUTE if v != "CUDA"},
+}
+REFUSED = {*PATH_VARS, "CUDA"}
+# ('$' has its own refusal, in the tests above.)
+SHELL_PAYLOADS = [
+    "x; touch {m} #",
+    "x `touch {m}` y",
+    "x & touch {m}",
+    "x | touch {m}",
+    "x ' y \" z",
+    "x\ntouch {m}",
+    "x\ttouch {m}",
+]
+
+
+def _words(stdout: str) -> list[str]:
+    """The shell words of make -n's output: ';', '&' and '|' outside quotes are words of their own."""
+    lex = shlex.shlex(stdout.replace("\\\n", " "), posix=True, punctuation_chars=True)
+    lex.whitespace_split, lex.commenters = True, ""
+    return list(lex)
+
+
+def test_every_user_variable_is_placed():
+    assert set(USER_VARS + ENV_ROUTE) == set(USED_BY) | REFUSED
+
+
+@pytest.mark.parametrize("var", sorted(set(USER_VARS + ENV_ROUTE)))
+def test_shell_characters_in_every_variable_are_quoted_or_refused(var, tmp_path):
+    """`;`, backticks, `&`, `|`, quotes, blanks and newlines: a pasted path variable is refused with one line before
+    anything expands (VENV='x;touch M;#' ran the touch through $(shell cat $(VENV)/.installed), even under -n); every
+    other variable reaches the command as one quoted shell word (or, HOROVOD_NCCL, is only compared)."""
+    marker = tmp_path / "ran"
+    for payload in SHELL_PAYLOADS:
+        value = payload.format(m=marker)
+        for route in ("command line", "environment") if var in PATH_VARS else ("command line",):
+            args, env = ([f"{var}={value}"], None) if route == "command line" else ([], {var: value})
+            p = _make([USED_BY.get(var, "lint"), *args], env)
+            assert not marker.exists(), f"{var}={value!r}: make ran it"
+            if var in REFUSED:
+                errors = [ln for ln in p.stderr.splitlines() if "***" in ln]
+                assert p.returncode == 2 and len(errors) == 1, (value, p.stderr)
+                assert errors[0].split("*** ")[1].startswith(f"{var}="), errors[0]
+                assert "expected" in errors[0], errors[0]
+                continue
+            assert p.returncode == 0, (var, value, p.stderr)
+            if var == "HOROVOD_NCCL":
+                assert value not in p.stdout
+                continue
+            words = _words(p.stdout)
+            pieces = value.split() if var == "RUNS" else [value]  # RUNS: a list of paths, each quoted on its own
+            for piece in pieces:
+                assert any(piece in w for w in words), (var, value, piece, words)
+
+
+def test_a_failing_pip_install_fails_make_at_that_line(tmp_path):
+    """The pip line's own status stops make there, not later through check_install (which then checked a venv
+    that pip had left half-installed)."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    calls = tmp_path / "calls"
+    python = venv / "bin" / "python"
+    python.write_text(
+        f'#!/bin/sh\necho "$*" >> {calls}\n'
+        'case "$*" in *"pip install"*) echo ERROR: no matching distribution; exit 7;; esac\nexit 0\n'
+    )
+    python.chmod(0o755)
+    p = subprocess.run(
+        ["make", "-B", "--no-print-directory", f"{venv}/.installed", f"VENV={venv}"],
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if k != "DAWNBENCH_WHEELHOUSE"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 2 and "ERROR: no matching distribution" in p.stdout, p.stderr
+    assert [ln.split()[:3] for ln in calls.read_text().splitlines()] == [["-m", "pip", "install"]]
+    assert not (venv / ".installed").exists()
+
+
+def test_clean_removes_only_what_the_makefile_made(tmp_path):
+    """An inherited SAMPLE=/data/mine made `make clean` delete that folder."""
+    p = _make(["clean"], {"SAMPLE": str(tmp_path / "mine")})
+    assert p.returncode == 0 and p.stdout.strip() == "rm -rf runs data/sample .pytest_cache", p.stdout

@@ -4,8 +4,11 @@ pin and importable, and the requirement files name every module the project impo
 from __future__ import annotations
 
 import ast
+import os
 import sys
+from pathlib import Path
 
+import pytest
 from support import ROOT
 
 from scripts import check_install
@@ -63,3 +66,61 @@ def test_every_module_the_project_imports_is_checked_by_make_install():
     assert {"torch", "yaml", "PIL", "nvidia", "scipy", "matplotlib", "hypothesis"} <= set(found)
     unchecked = {m: f for m, f in found.items() if m not in checked | OPTIONAL}
     assert unchecked == {}, f"imported but in no requirement file (or check_install.IMPORTS): {unchecked}"
+
+
+def test_includes_are_followed_and_a_bom_hides_nothing(tmp_path):
+    """CI1: `-r` includes are read (in each of pip's spellings); a byte-order mark once hid the first requirement."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.txt").write_text("\ufeffpillow==1.0\n--requirement=c.txt\n")
+    (tmp_path / "sub" / "c.txt").write_text("numpy\n")
+    (tmp_path / "a.txt").write_bytes("\ufeffpyyaml\n-r sub/b.txt\n-rsub/c.txt\n".encode())
+    assert check_install.requirements([tmp_path / "a.txt"]) == [
+        ("pyyaml", None),
+        ("pillow", "1.0"),
+        ("numpy", None),
+        ("numpy", None),
+    ]
+
+
+def test_a_pin_is_compared_whole(monkeypatch):
+    """CI2: 2.14.10 installed does not satisfy a 2.14.1 pin (nor 2.14.1+cu126 a plain 2.14.1)."""
+    versions = {"torch": "2.14.10", "torchvision": "2.14.1+cu126"}
+    monkeypatch.setattr(check_install.importlib.metadata, "version", lambda name: versions[name])
+    assert check_install.problems([("torch", "2.14.1"), ("torchvision", "2.14.1")]) == [
+        "torch: 2.14.10 installed, the requirements pin 2.14.1",
+        "torchvision: 2.14.1+cu126 installed, the requirements pin 2.14.1",
+    ]
+
+
+def _fifo(tmp_path):
+    os.mkfifo(tmp_path / "fifo.txt")
+    return tmp_path / "fifo.txt"
+
+
+@pytest.mark.parametrize(
+    "make, words",
+    [
+        (lambda t: t / "none.txt", "does not exist"),
+        (lambda t: t, "is not a regular file"),
+        (_fifo, "is not a regular file"),
+        (lambda t: Path("/dev/zero"), "is not a regular file"),
+        (lambda t: (t / "big.txt").write_bytes(b"#" * (2 << 20)) and t / "big.txt", "expected at most 1,048,576"),
+        (lambda t: (t / "l1.txt").write_bytes(b"caf\xe9\n") and t / "l1.txt", "is not UTF-8 text (byte 3)"),
+        (lambda t: (t / "self.txt").write_text("-r self.txt\n") and t / "self.txt", "includes itself"),
+    ],
+)
+def test_a_requirement_file_that_is_not_one_is_one_line(tmp_path, capsys, make, words):
+    """A FIFO hung, /dev/zero filled memory, a self-include was a RecursionError, a missing or Latin-1 file a
+    traceback."""
+    path = make(tmp_path)
+    assert check_install.main(["-r", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("check_install: requirement file '") and words in err, err
+
+
+def test_includes_deeper_than_the_limit_are_refused(tmp_path):
+    for i in range(12):
+        (tmp_path / f"r{i}.txt").write_text(f"-r r{i + 1}.txt\n")
+    (tmp_path / "r12.txt").write_text("pyyaml\n")
+    with pytest.raises(check_install.RequirementsError, match="-r includes more than 8 deep"):
+        check_install.requirements([tmp_path / "r0.txt"])

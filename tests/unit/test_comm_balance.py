@@ -145,3 +145,17 @@ def test_hop_state_round_trips_and_refuses_another_world_or_level():
         bal.BalanceState.from_state(2, s.to_state())
     with pytest.raises(ValueError, match="shares are for 2 communicators over 3 hops, not 3 over 3"):
         bal.BalanceState.from_state(3, s.to_state(), hops=3)
+
+
+def test_a_gain_of_exactly_min_gain_keeps_the_plan():
+    """B3: the plan changes only for a gain of *more than* comm.balance_min_gain; at the boundary it is kept, at
+    both levels (a re-plan costs a new plan on every rank for nothing)."""
+    even = list(bal.even_shares(4))
+    seconds = [c / r for c, r in zip(even, [1.0, 1.0, 1.0, 1 / 3], strict=True)]
+    gain = bal.rebalance(even, seconds, 0.0).gain
+    assert gain > 0.5
+    assert bal.rebalance(even, seconds, gain).shares is None
+    assert bal.rebalance(even, seconds, gain - 1e-9).shares == (296, 296, 296, 112)
+    hop_gain = bal.rebalance_hops([even, even], [seconds, seconds], 0.0).gain
+    assert bal.rebalance_hops([even, even], [seconds, seconds], hop_gain).shares is None
+    assert bal.rebalance_hops([even, even], [seconds, seconds], hop_gain - 1e-9).shares is not None

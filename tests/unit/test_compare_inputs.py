@@ -25,7 +25,9 @@ BAD_SUMMARY = [
     ("config.yaml", "- 1\n", "expected a mapping"),
     ("config.yaml", "comm: 5\n", "section 'comm': expected a mapping, got 5"),
     ("config.yaml", "phases: [1]\n", "'phases': expected a list of mappings"),
-    ("config.yaml", "a: " + "[" * 5000 + "]" * 5000 + "\n", "not valid YAML"),  # the config parser's depth bound
+    ("config.yaml", "a: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),  # the config parser's depth bound
+    ("config.yaml", "run:\n  seed: " + "9" * 5000 + "\n", "line 2: a number of 5,000 characters: expected at most 40"),
+    ("config.yaml", "run: {}\n" + "#" * (1 << 20), "expected at most 1,048,576"),
     ("summary.json", json.dumps({"world_size": 1, "comm_backend": [1]}), "'comm_backend': expected a backend name"),
 ]
 

@@ -192,3 +192,18 @@ def test_the_per_phase_table_shows_the_spread_of_its_epochs(tmp_path, capsys):
     assert rows["a"]["phase 0 (32 px)"] == "100.0 (90.0-110.0, 3 epochs)"
     assert rows["one"]["phase 0 (32 px)"] == "100.0"
     assert "a difference between runs within that spread is noise" in out
+
+
+def test_scaling_efficiency_is_left_out_against_a_partial_single_process_run(tmp_path, capsys):
+    """CR2: a 1-process run stopped at epoch 1 of 2 ran only its fastest or slowest phase: efficiency against it
+    means nothing, so it is n/a; against the whole run it is 170 / (2 x 100)."""
+    one = fake_run_dir(tmp_path / "one", "ddp", epochs=2)
+    _summary(one, world_size=1, images_per_s=100.0, epochs=1, planned_epochs=2, partial=True)
+    other = fake_run_dir(tmp_path / "other", "ddp", epochs=2)
+    _summary(other, images_per_s=170.0)
+    png = tmp_path / "c.png"
+    assert compare_runs.main([str(one), str(other), "--plot", str(png)]) == 0
+    assert _rows(capsys.readouterr().out)["other"]["scaling efficiency"] == "n/a"
+    _summary(one, epochs=2, planned_epochs=2, partial=False)
+    assert compare_runs.main([str(one), str(other), "--plot", str(png)]) == 0
+    assert _rows(capsys.readouterr().out)["other"]["scaling efficiency"] == "85.0%"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import math
+import os
 import time
 import types
 import typing
@@ -18,11 +19,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import train
-from base.errors import ConfigError
+from base.errors import CheckpointError, ConfigError
 from data.sharding import train_shard
 from recipes.config import Config, load_config
 from recipes.config.load import MAX_VAL_RESIZE, MAX_YAML_VALUES
 from recipes.config.schema import domain_rule, field_of, section_fields
+from recipes.rundir import checkpoint_files
 from recipes.schedule import Schedule
 
 # capsys is read (and so emptied) once per example.
@@ -96,6 +98,47 @@ def test_deep_nesting_is_one_line(tmp_path, capsys):
     path.write_text("comm:\n  tune_streams: " + "[" * 5000 + "]" * 5000 + "\n")
     assert train.main(["--print-config", "-c", str(path)]) == 2
     _one_line(capsys.readouterr().err)
+
+
+# -- numbers: YAML 1.2, bounded --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("route", ["file", "override"])
+@pytest.mark.parametrize(
+    "value, words",
+    [
+        ("1:30", "optim.lr: expected a number, got '1:30'"),  # YAML 1.1 read 90.0
+        ("-1:30:00", "optim.lr: expected a number, got '-1:30:00'"),
+        ("1:30.5", "optim.lr: expected a number, got '1:30.5'"),
+        ("9" * 5000, "a number of 5,000 characters: expected at most 40"),  # a traceback in int()
+        ("0." + "1" * 60, "a number of 62 characters: expected at most 40"),
+        ("!!int 1:30", "'1:30' is not a number (base 60 is YAML 1.1's, not read here)"),
+    ],
+)
+def test_numbers_are_yaml_1_2_and_bounded(tmp_path, capsys, route, value, words):
+    if route == "file":
+        path = tmp_path / "c.yaml"
+        path.write_text(f"optim:\n  lr: {value}\n")
+        args = ["-c", str(path)]
+    else:
+        args = [f"optim.lr={value}"]
+    assert train.main(["--print-config", *args]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert words in line, line
+    assert (str(tmp_path / "c.yaml") in line) if route == "file" else line.startswith("error: ConfigError: optim.lr")
+
+
+def test_a_megabytes_long_base_60_number_is_refused_unread(tmp_path, capsys):
+    """2.4 MB of `1:1:...:1` hung the loader (YAML 1.1 multiplies base-60 digits out); a config is a few KB."""
+    path = tmp_path / "c.yaml"
+    path.write_text("seed: " + ":".join(["1"] * 1_200_000) + "\n")
+    assert train.main(["--print-config", "-c", str(path)]) == 2
+    assert "bytes: expected at most 1,048,576" in _one_line(capsys.readouterr().err)
+
+
+def test_ordinary_numbers_still_read_as_numbers():
+    cfg = load_config(None, ["optim.lr=0.5", "optim.weight_decay=5e-5", "optim.momentum=.9", "data.workers=0x4"])
+    assert (cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.momentum, cfg.data.workers) == (0.5, 5e-5, 0.9, 4)
 
 
 # -- merge keys ---------------------------------------------------------------------------------------------
@@ -354,3 +397,15 @@ def test_longest_plan_prints_and_plots_quickly(tmp_path, capsys):
     assert rc == 0 and time.monotonic() - start < 60
     assert "total: 10000000000000 iterations in 10000 epochs" in capsys.readouterr().out
     assert (tmp_path / "run_plan.png").stat().st_size > 0
+
+
+def test_a_fifo_given_as_config_or_checkpoint_is_not_a_regular_file(tmp_path, capsys):
+    """A FIFO was "not found" (and a checkpoint FIFO would hang torch.load)."""
+    fifo = tmp_path / "c.yaml"
+    os.mkfifo(fifo)
+    assert train.main(["--print-config", "-c", str(fifo)]) == 2
+    assert "is not a regular file (a FIFO, device or socket): expected a regular file" in _one_line(
+        capsys.readouterr().err
+    )
+    with pytest.raises(CheckpointError, match="is not a regular file"):
+        checkpoint_files.load(fifo)

@@ -256,3 +256,24 @@ def test_horovodruns_failed_rank_is_named_and_its_code_kept(tmp_path):
     failed = next(line for line in out.getvalue().splitlines() if " failed: " in line)
     assert failed.startswith("launch: host node01 (10.0.0.1) failed: rank 1: killed by SIGKILL after ")
     assert job_module.horovod_failure("Process 3 exit with status code 3.") == job_module.RankFailure("3", "", 3, None)
+
+
+def test_an_oom_line_of_another_pid_is_not_blamed_on_this_rank():
+    """L3: the kernel log of a busy host holds other processes' OOM kills; only this rank's pid is its cause."""
+    oom_record = job_module.oom_record
+    other = "[ 812.4] Out of memory: Killed process 14701 (python) total-vm:9000kB, anon-rss:8000kB"
+    longer = "[ 812.5] Out of memory: Killed process 147000 (python) total-vm:9000kB"
+    cgroup = "[ 813.0] oom-kill:constraint=CONSTRAINT_MEMCG,task=python,pid=14700,uid=0"
+    assert oom_record(f"{other}\n{longer}\n", 14700) is None
+    assert oom_record(f"{other}\n{cgroup}\n", 14700) == cgroup
+    assert oom_record(f"{other}\n{OOM_LINE}\n", 14700) == OOM_LINE
+
+
+@pytest.mark.parametrize("value", ["٣", "1_000", "+3", "3.0", "1234567"])
+def test_slots_are_ascii_digits(tmp_path, value):
+    """int() read slots=٣ as 3 processes and slots=1_000 as 1,000."""
+    f = tmp_path / "hosts"
+    f.write_text(f"node01 slots={value}\n")
+    with pytest.raises(HostError) as e:
+        parse_hostfile(f)
+    assert str(e.value) == f"{f}:1: slots must be an integer, got {ascii(value)} (ASCII digits, at most 6)"

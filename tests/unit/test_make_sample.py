@@ -5,8 +5,11 @@ from __future__ import annotations
 import hashlib
 import json
 
+import pytest
 from PIL import Image
 
+from base.errors import DataError
+from data.make_sample import WNIDS
 from data.make_sample import main as make_sample
 
 
@@ -47,3 +50,16 @@ def test_odd_files(tmp_path):
         with Image.open(f) as im:
             kinds[f.stem.rsplit("_", 1)[1]] = (im.format, im.mode)
     assert kinds == {"cmyk": ("JPEG", "CMYK"), "gray": ("JPEG", "L"), "png": ("PNG", "RGB")}
+
+
+def test_an_image_name_planted_as_a_link_is_refused_and_its_target_untouched(tmp_path):
+    """PIL's Image.save(path) wrote through a link planted at an image's name; images go through the one writer."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine\n")
+    folder = tmp_path / "s" / "train" / WNIDS[0]
+    folder.mkdir(parents=True)
+    (folder / f"{WNIDS[0]}_00000.JPEG").symlink_to(victim)
+    with pytest.raises(DataError) as e:
+        make_sample(["--out", str(tmp_path / "s"), "--classes", "2", "--train-per-class", "1", "--val-per-class", "1"])
+    assert str(e.value).startswith(f"make_sample.py --out: '{folder / WNIDS[0]}_00000.JPEG' is a symbolic link")
+    assert victim.read_text() == "mine\n"

@@ -244,3 +244,54 @@ def test_the_advice_never_names_a_setting_the_engine_refuses():
         "use: comm.balance=true comm.balance_level=hop comm.hierarchy=host",
         "use: even striping; balancing gains under 5% on this network",
     }, seen
+
+
+def _probe_doc(**pair_changes):
+    from scripts.launcher.netprobe import summarize
+
+    pair = {"a": "h0", "b": "h1", "ranks": [0, 1], "one_flow_gbit": 10.0, "n_flows_gbit": 32.0, "latency_us": 80.0}
+    pair["connections_gbit"] = {"a_to_b": [8.0] * 4, "b_to_a": [8.0] * 4}
+    doc = summarize(["h0", "h1"], [pair], 4, 1.0)
+    doc["pairs"][0].update(pair_changes)  # after summarize, which reads the lists
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        (
+            {"pairs": 5},
+            "pairs: expected a list of at most 10,000 host pairs (scripts/launch.py --probe-network), got 5",
+        ),
+        ({"pairs": {"a": 1}}, "pairs: expected a list of at most 10,000 host pairs"),
+        ({"pairs": [5]}, "pairs[0]: expected an object (one host pair)"),
+        ({"connections_gbit": [1, 2]}, "pairs[0].connections_gbit: expected an object with a_to_b and b_to_a"),
+        ({"connections_gbit": {"a_to_b": [8.0] * 4, "b_to_a": [8.0] * 3}}, "expected 4 rates, as every other"),
+        ({"connections_gbit": {"a_to_b": [8.0] * 100_000, "b_to_a": [8.0]}}, "got '100,000 rates'"),
+        ({"connections_gbit": {"a_to_b": [1e-300] * 4, "b_to_a": [8.0] * 4}}, "in comm.flow_gbit's domain (>= 0.001"),
+        ({"connections_gbit": {"a_to_b": [1e300] * 4, "b_to_a": [8.0] * 4}}, "in comm.flow_gbit's domain"),
+        ({"connections_gbit": {"a_to_b": [True] * 4, "b_to_a": [8.0] * 4}}, "in comm.flow_gbit's domain"),
+    ],
+)
+def test_a_network_file_of_another_shape_is_one_line(tmp_path, capsys, change, words):
+    """Unequal connection lists or `pairs: 5` were tracebacks, a connection of 1e-300 printed a 300-digit speed-up,
+    100,000 connections hung: shapes, lengths and bounds as the probe writes them."""
+    doc = _probe_doc(**{k: v for k, v in change.items() if k != "pairs"})
+    if "pairs" in change:
+        doc["pairs"] = change["pairs"]
+    f = tmp_path / "network.json"
+    f.write_text(json.dumps(doc))
+    assert predict.main(["--network", str(f), "--hosts", "2", "--gpu", "v100", "--record-s", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: --network: {f}: ") and words in err, err
+
+
+def test_the_measured_time_is_printed_without_terminal_escapes(tmp_path, capsys):
+    doc = _probe_doc()
+    doc["measured"] = "2026-01-01\x1b]0;pwned\x07\x1b[2J"
+    f = tmp_path / "network.json"
+    f.write_text(json.dumps(doc))
+    assert predict.main(["--network", str(f), "--hosts", "2", "--gpu", "v100", "--record-s", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out
+    assert "measured 2026-01-01\\x1b]0;pwned\\x07\\x1b[2J)" in out

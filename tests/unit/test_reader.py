@@ -103,3 +103,34 @@ def _tuned():
     t = tuner([Settings(16, 3, 2)], Settings(4, 1, 1))
     drive_tuner(t, lambda s: 1.0 / s.streams)
     return t
+
+
+@pytest.mark.parametrize("opening", ["[", '{"a":'])
+def test_deeply_nested_brackets_are_one_line_not_a_recursion_error(tmp_path, opening):
+    """60 KB of nested brackets exhaust json's recursion: every tool that reads a JSON file reported a traceback."""
+    p = tmp_path / "progress.json"
+    p.write_text(opening * 60_000)
+    with pytest.raises(ConfigError) as e:
+        reader.read_json(p, what="progress file", error=ConfigError)
+    assert str(e.value) == f"progress file '{p}' is nested too deeply: expected the file's own shape"
+
+
+@pytest.mark.parametrize(
+    "text, kind",
+    [('"x"', "str"), ("5", "int"), ("1.5", "float"), ("null", "NoneType"), ("[]", "list"), ("true", "bool")],
+)
+def test_json_that_is_not_an_object_is_one_line(tmp_path, text, kind):
+    p = tmp_path / "summary.json"
+    p.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        reader.read_json_object(p, what="summary", error=ConfigError)
+    assert str(e.value) == f"summary '{p}' holds a JSON {kind}: expected an object ({{...}})"
+
+
+def test_the_size_cap_admits_a_file_of_exactly_the_cap(tmp_path):
+    p = tmp_path / "cap.json"
+    p.write_bytes(b"{}" + b" " * 98)
+    assert reader.read_json_object(p, what="x", max_bytes=100) == {}
+    p.write_bytes(b"{}" + b" " * 99)
+    with pytest.raises(ValueError, match="is 101 bytes: expected at most 100"):
+        reader.read_json_object(p, what="x", max_bytes=100)

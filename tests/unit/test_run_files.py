@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 import yaml
 
+from base.errors import RunDirError
 from recipes.config import load_config
 from recipes.distributed import DistInfo
 from recipes.rundir import files
@@ -86,3 +88,19 @@ def test_progress_is_not_fsynced_but_the_run_record_is(tmp_path, monkeypatch):
     out.progress(5, 0)
     assert synced == [] and json.loads((tmp_path / files.PROGRESS).read_text()) == {"step": 5, "epoch": 0}
     assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name]
+
+
+def test_a_run_json_over_its_cap_is_refused_not_overwritten(tmp_path):
+    """A 2 GB sparse run.json was taken as "not a run's": the resume started a new run at step 0 over the old one."""
+    with open(tmp_path / files.RUN, "wb") as f:
+        f.truncate(2 << 30)
+    with pytest.raises(RunDirError) as e:
+        write_run_file(tmp_path, "run-2")
+    assert str(e.value) == (
+        f"'{tmp_path / files.RUN}' is 2,147,483,648 bytes: a run's run.json is about 100; move it away or choose "
+        "another run directory"
+    )
+    assert (tmp_path / files.RUN).stat().st_size == 2 << 30
+    (tmp_path / files.RUN).write_text("not json")  # small and not a run's: the run writes its own over it
+    write_run_file(tmp_path, "run-2")
+    assert read_run_id(tmp_path) == "run-2"

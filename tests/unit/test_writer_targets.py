@@ -9,6 +9,7 @@ import stat
 
 import pytest
 
+from base import writer
 from base.errors import RunDirError
 from base.writer import check_target, write_atomic, write_output
 
@@ -72,3 +73,55 @@ def test_a_folder_that_refuses_the_write_is_one_line_saying_what_to_check():
         and msg.startswith("--json: cannot write '/proc/dawnbench-out.json': ")
         and msg.endswith("; check the folder's permissions and free space")
     ), msg
+
+
+def test_a_folder_swapped_for_a_link_mid_write_cannot_redirect_the_output(tmp_path, monkeypatch):
+    """The folder is opened once: swapping it for a link to another folder between the checks and the rename (a
+    race a planted process can win) leaves the other folder untouched, with no output and no stray temp file."""
+    run, other = tmp_path / "run", tmp_path / "elsewhere"
+    run.mkdir()
+    other.mkdir()
+
+    def swap(folder_fd, name):
+        run.rename(tmp_path / "run.moved")
+        run.symlink_to(other)
+
+    monkeypatch.setattr(writer, "_before_rename", swap)
+    write_atomic(run / "summary.json", "{}\n")
+    assert list(other.iterdir()) == []
+    assert [p.name for p in (tmp_path / "run.moved").iterdir()] == ["summary.json"]
+    assert (tmp_path / "run.moved" / "summary.json").read_text() == "{}\n"
+
+
+def test_a_link_planted_at_the_name_mid_write_is_refused_and_nothing_is_left(tmp_path, monkeypatch):
+    target = tmp_path / "summary.json"
+    monkeypatch.setattr(writer, "_before_rename", lambda fd, name: target.symlink_to("/etc/passwd"))
+    with pytest.raises(RunDirError) as e:
+        write_atomic(target, "{}\n")
+    assert str(e.value).startswith(f"'{target}' is a symbolic link (to '/etc/passwd'): a run writes only its own")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"] and target.is_symlink()
+
+
+def test_a_link_that_vanishes_between_lstat_and_readlink_is_still_one_line(tmp_path, monkeypatch):
+    """The readlink after lstat races whoever planted the link: it was a FileNotFoundError traceback."""
+    target = tmp_path / "out.png"
+    target.symlink_to(tmp_path / "x")
+
+    def gone(*args, **kwargs):
+        raise FileNotFoundError(2, "No such file or directory")
+
+    monkeypatch.setattr(writer.os, "readlink", gone)
+    for call in (lambda: check_target(target, "--plot"), lambda: write_atomic(target, b"png")):
+        with pytest.raises(RunDirError) as e:
+            call()
+        assert "is a symbolic link (to '?, changed while being checked')" in str(e.value)
+
+
+def test_a_missing_output_folder_is_refused_before_any_work(tmp_path):
+    target = tmp_path / "no" / "such" / "out.json"
+    with pytest.raises(RunDirError) as e:
+        check_target(target, "--out")
+    assert str(e.value) == f"--out: the folder '{tmp_path / 'no' / 'such'}' does not exist"
+    with pytest.raises(RunDirError) as e:
+        write_output(target, "{}", "--out")
+    assert str(e.value) == f"--out: the folder '{tmp_path / 'no' / 'such'}' does not exist"
