@@ -16,6 +16,7 @@ device (torch's clip_grad_norm_ without its host check). A step returns its name
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from contextlib import nullcontext
 
@@ -25,7 +26,7 @@ from torch import nn
 from base import registry
 from base.errors import TrainingError
 from recipes.config import Config
-from recipes.distributed import DistInfo, collective_guard, failed_ranks
+from recipes.distributed import DistInfo, abort_process_groups, collective_guard, failed_ranks
 from recipes.metrics import GRAD_NORM, LOSS
 
 
@@ -206,7 +207,9 @@ class GraphStep(StepRunner):
     - Replayed collectives are not watched by the process group's watchdog, so `settle` issues a watched collective
       before it reads replayed results: a dead peer fails within `dist.timeout_s` instead of blocking the host.
     - The host runs at most `ahead` steps ahead of the device (a ring of events), and each loader batch is held
-      until the event after its copy into the static buffers has completed.
+      until the event after its copy into the static buffers has completed. That wait polls its event with a
+      deadline of `dist.timeout_s`: a replayed collective whose peer died never completes, and nothing else watches
+      it, so on expiry the process groups are aborted and the step stops with one line naming the wait.
     A step of several micro-batches (accumulation) runs StepRunner's eager step.
     """
 
@@ -233,7 +236,7 @@ class GraphStep(StepRunner):
         self.seen = 0  # eager steps of the current key so far
         self.said: str | None = None  # the last reason logged for running eager
         self.side = torch.cuda.Stream(self.device) if capture else None  # the eager steps' one side stream
-        self.inflight: deque = deque()  # (event after the step, its batch) of steps the device may still run
+        self.inflight: deque = deque()  # (event after the step, the step, its batch) of steps the device may still run
         self.replayed = 0  # replays since the last watched collective
 
     def _body(self, x: torch.Tensor, y: torch.Tensor, out: torch.Tensor) -> None:
@@ -275,7 +278,7 @@ class GraphStep(StepRunner):
     def __call__(self, x: torch.Tensor, y: torch.Tensor, st, log=None, micro_batches: int = 1) -> dict:
         if micro_batches != 1:  # accumulation: the eager step (a phase the trainer's decision keeps eager)
             return super().__call__(x, y, st, log, micro_batches)
-        self._bound_run_ahead()
+        self._bound_run_ahead(st.step)
         ask = getattr(self.comm, "capture_key", None)
         key = (tuple(x.shape), x.dtype, tuple(y.shape), y.dtype, None if ask is None else ask())
         if key != self.key:  # a new phase or backend plan: new static buffers, captured again (old graph dropped)
@@ -303,7 +306,7 @@ class GraphStep(StepRunner):
         if self.capture:  # the batch lives until the device has copied it
             event = torch.cuda.Event()
             event.record(torch.cuda.current_stream(self.device))
-            self.inflight.append((event, x, y))
+            self.inflight.append((event, st.step, x, y))
         loss, flag, scale, norm = saved.unbind()
         self.pending.append((st.step, st.epoch, flag, loss, scale if self.scaler.is_enabled() else None))
         st.step += 1
@@ -311,12 +314,24 @@ class GraphStep(StepRunner):
         self.comm.on_step_end(st.step, log)
         return {LOSS.name: loss, GRAD_NORM.name: norm}
 
-    def _bound_run_ahead(self) -> None:
+    def _bound_run_ahead(self, step: int) -> None:
         """Wait until at most `ahead` - 1 earlier steps may still run on the device (the host stays close: the
-        loader's zero-copy buffers are reused a few batches later)."""
+        loader's zero-copy buffers are reused a few batches later). Each wait polls its event for at most
+        `dist.timeout_s`: `event.synchronize()` would block forever behind a replayed collective of a dead peer."""
         while len(self.inflight) >= self.ahead:
-            event, _, _ = self.inflight.popleft()
-            event.synchronize()
+            event, done, _, _ = self.inflight[0]
+            deadline, pause = time.monotonic() + self.timeout_s, 1e-5
+            while not event.query():
+                if time.monotonic() >= deadline:
+                    abort_process_groups()  # NCCL: ends the kernels that wait for the dead peer
+                    raise TrainingError(
+                        f"run.cuda_graph: step {step}: the run-ahead wait for step {done} to finish on the device "
+                        f"took over dist.timeout_s={self.timeout_s:g}: a peer is dead or hung in a replayed "
+                        "collective; process groups aborted"
+                    )
+                time.sleep(pause)
+                pause = min(pause * 2, 1e-3)  # a GPU-bound step finishes within a step's time: poll finely first
+            self.inflight.popleft()
 
     def settle(self, st, log) -> None:
         """A watched collective first when graphs were replayed since the last one (their collectives are not
