@@ -126,6 +126,7 @@ def print_plan(
         micro_batches=plan.phase_micro_batches(),
         device_type=device,
         world_size=world,
+        dali=cfg.data.backend == "dali",
     )
     print("\n".join(describe_graph_decisions(cfg.run.cuda_graph, cfg.phases, decisions)))
     out = Path(png) if png else Path(cfg.run.out_dir) / f"{cfg.run.name}_plan.png"

@@ -25,6 +25,7 @@ from torch import nn
 
 from base import registry
 from base.errors import TrainingError
+from recipes import proofs as proofs_
 from recipes.config import Config
 from recipes.distributed import DistInfo, abort_process_groups, collective_guard, failed_ranks
 from recipes.metrics import GRAD_NORM, LOSS
@@ -398,12 +399,21 @@ def total_grad_norm(model: nn.Module, device: torch.device) -> torch.Tensor:
 
 
 def graph_decision(
-    run, comm, *, optim: str, device_type: str, world_size: int, micro_batches: int = 1
+    run,
+    comm,
+    *,
+    optim: str,
+    device_type: str,
+    world_size: int,
+    micro_batches: int = 1,
+    dali: bool = False,
+    proofs: list[proofs_.Proof] | None = None,
 ) -> tuple[bool, str]:
     """(capture the step as a CUDA graph?, why not) for one phase, from the run section, the comm section, the
-    optimizer's name, the device type, the world size and the phase's micro-batches per step. Each part's record
-    (base/registry.py) says whether it can be captured and whether a GPU run has proven it: run.cuda_graph=true
-    captures what can be, auto (the default) only what has been proven, false nothing."""
+    optimizer's name, the device type, the world size, the phase's micro-batches per step and whether DALI feeds
+    it. Each part's record (base/registry.py) says whether it can be captured; run.cuda_graph=true captures what
+    can be, auto (the default) only where a GPU proof of every part covers the run's scope (recipes/proofs.py;
+    `proofs`: docs/data/gpu-proofs.json unless given), false nothing."""
     if run.cuda_graph is False:
         return False, "run.cuda_graph=false"
     registry.check_name(registry.OPTIMIZERS, optim, "optim.name", "optimizer")  # a config built in code
@@ -422,24 +432,32 @@ def graph_decision(
     ]
     why = [r for bad, r in reasons if bad]
     if not why and run.cuda_graph == "auto":
-        unproven = [f"optim.name={optim}"] if not opt.graph_proven else []
-        unproven += [f"comm.backend={comm.backend}"] if wraps and not back.graph_proven else []
-        if unproven:
+        parts = [f"optim.name={optim}"] + ([f"comm.backend={comm.backend}"] if wraps else [])
+        scope = proofs_.Scope(world_size=world_size, dali=dali, torch=torch.__version__)
+        known = proofs_.load_proofs() if proofs is None else proofs
+        missing = [m for m in (proofs_.missing_scope(p, scope, known) for p in parts) if m is not None]
+        if missing:
             why.append(
-                f"no GPU run has proven the captured step with {' and '.join(unproven)} "
-                "(run.cuda_graph=true captures it; docs/gpu.md)"
+                f"no GPU proof covers this run ({'; '.join(missing)}; run.cuda_graph=true captures it; docs/gpu.md)"
             )
     return (False, "; ".join(why)) if why else (True, "")
 
 
 def phase_graph_decisions(
-    run, comm, *, optim: str, micro_batches: list[int], device_type: str, world_size: int
+    run,
+    comm,
+    *,
+    optim: str,
+    micro_batches: list[int],
+    device_type: str,
+    world_size: int,
+    dali: bool = False,
+    proofs: list[proofs_.Proof] | None = None,
 ) -> list[tuple[bool, str]]:
     """`graph_decision` for each phase, given each phase's micro-batches per step (recipes.schedule.Schedule)."""
-    return [
-        graph_decision(run, comm, optim=optim, device_type=device_type, world_size=world_size, micro_batches=m)
-        for m in micro_batches
-    ]
+    known = proofs_.load_proofs() if proofs is None else proofs
+    kw = dict(optim=optim, device_type=device_type, world_size=world_size, dali=dali, proofs=known)
+    return [graph_decision(run, comm, micro_batches=m, **kw) for m in micro_batches]
 
 
 def describe_graph_decisions(cuda_graph, phases, decisions: list[tuple[bool, str]]) -> list[str]:

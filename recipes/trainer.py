@@ -127,6 +127,7 @@ class Trainer:
             micro_batches=self.plan.phase_micro_batches(),
             device_type=dist.device.type,
             world_size=dist.world_size,
+            dali=cfg.data.backend == "dali",
         )
         capture = any(ok for ok, _ in decisions)
         if cfg.run.cuda_graph is not False and dist.device.type == "cuda":

@@ -174,6 +174,10 @@ def main(argv: list[str] | None = None) -> int:
         "complete": False,  # True once the check ended (a run cut off leaves False and the rows so far)
         "rows": rows,
     }
+    if "capture" in parts:  # what a proof written from this report records (scripts/gpu_check/prove.py)
+        from scripts.gpu_check.gpu_check_capture import scope_fields
+
+        report.update(scope_fields())
 
     def save() -> None:
         from base.writer import write_output

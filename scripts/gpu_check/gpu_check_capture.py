@@ -528,6 +528,16 @@ def run_cases(rows: list[dict], probe: Probe, *, write, cases: list[str] | None 
         print(f"capture: {case} done in {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
 
 
+def scope_fields() -> dict:
+    """What a proof written from this probe's report records of where it ran (recipes/proofs.py): NCCL, the
+    driver, the commit and the world size of the probe's process group (one rank)."""
+    from recipes.environment import collect
+    from recipes.rundir.outputs import git_commit
+
+    env = collect()
+    return {"nccl": env.nccl or "none", "driver": env.driver or "none", "commit": git_commit(), "world_size": 1}
+
+
 def check_capture(rows: list[dict], write) -> None:
     """gpu_check.py's `capture` part on cuda:0: its rows in gpu_check.json, written after every case."""
     probe = Probe("cuda", smoke=False)
@@ -550,7 +560,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     probe = Probe("cpu" if args.smoke else "cuda", smoke=args.smoke)
     device = torch.cuda.get_device_name(0) if probe.cuda else "cpu"
-    report = {"device": device, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "smoke": args.smoke}
+    report = {"gpu": device, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "smoke": args.smoke}
+    report.update(scope_fields())
     rows: list[dict] = []
     report["rows"] = rows
     out = Path(args.out)

@@ -130,7 +130,7 @@ def test_the_cli_smoke_without_a_stand_in_skips_what_needs_cuda(tmp_path):
     p = subprocess.run([*cmd, "--cases", "phases", "optimizers"], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert p.returncode == 0, p.stdout + p.stderr
     report = json.loads(out.read_text())
-    assert report["device"] == "cpu" and report["smoke"] is True
+    assert report["gpu"] == "cpu" and report["smoke"] is True
     got = _by_name(report["rows"])
     need = "skip: capturing needs CUDA (the test runs it under a CPU stand-in)"
     assert [got[n] for n in got if n.startswith("capture phases:")] == [need] * 3

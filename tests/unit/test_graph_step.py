@@ -159,7 +159,7 @@ def test_graph_decision_says_why_it_stays_eager():
     assert engaged[0] is False and "comm.backend=ddp wraps the model" in engaged[1]
     # auto: only what a GPU run proved; none has yet
     ok, why = _decide()
-    assert not ok and why.startswith("no GPU run has proven the captured step with optim.name=hybrid")
+    assert not ok and why.startswith("no GPU proof covers this run (optim.name=hybrid: no GPU run has proven it")
     with pytest.raises(TrainingError, match="decides on the host"):
         GraphStep(
             capture=False,
