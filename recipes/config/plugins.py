@@ -15,7 +15,7 @@ from typing import Literal
 
 from base import registry
 from recipes.config.fields import _FACTOR, _f
-from recipes.config.rules import TRUST_CLIP
+from recipes.config.rules import HOP_ON_HOST, TRUST_CLIP
 
 NcclPreset = Literal[tuple(registry.NCCL_PRESETS)]
 
@@ -218,6 +218,7 @@ class MultistreamConfig(Fusion, NcclFlows):
         "hop); hop = a ring of point-to-point sends whose every hop cuts its chunk over its own K connections "
         "(recipes/comm/hopring.py; gloo only), which pays at any number of hosts; at 2 ranks it opens 2K "
         "communicators, K for each direction",
+        cross=HOP_ON_HOST,
     )
     balance_window: int = _f(4, help="balance: steps measured before each re-plan decision", domain=">0 <=10000")
     balance_min_gain: float = _f(
