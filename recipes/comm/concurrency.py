@@ -117,6 +117,41 @@ def decide(requested: str, f: Facts) -> Decision:
     return Decision("serialize", f"serialize (auto fell back): {'; '.join(reasons)}")
 
 
+def agree(requested: str, facts: list[Facts], hosts: list[str]) -> tuple[Decision, list[str]]:
+    """The mode every rank runs and why captured collectives would serialize, from every rank's facts (all-gathered
+    at start-up, so each rank computes the same answer): the most conservative of the ranks' own decisions, naming
+    the host (and rank) whose facts made it, where the ranks differ. Hosts that decided alone would issue
+    mismatched collectives on the same communicators. `overlap` asked for where any rank is unsafe: a ConfigError
+    naming that host."""
+    decisions = []
+    for r, f in enumerate(facts):
+        try:
+            decisions.append(decide(requested, f))
+        except ConfigError as e:
+            raise ConfigError(f"{e} (on {hosts[r]}, rank {r})") from None
+    serial = [r for r, d in enumerate(decisions) if d.mode == "serialize"]
+    if not serial:
+        decision = decisions[0]
+    elif len(serial) == len(decisions):
+        decision = decisions[serial[0]]
+    else:
+        r = serial[0]
+        others = len(decisions) - len(serial)
+        decision = Decision(
+            "serialize",
+            f"{decisions[r].why} (on {hosts[r]}, rank {r}; {others} other rank(s) could overlap, and every rank "
+            "serializes with it)",
+        )
+    graph: list[str] = []
+    reasons = [graph_serial_reasons(f) for f in facts]
+    for r, own in enumerate(reasons):
+        for why in own:
+            where = "" if all(why in o for o in reasons) else f" (on {hosts[r]}, rank {r})"
+            if not any(g.startswith(why) for g in graph):
+                graph.append(why + where)
+    return decision, graph
+
+
 def process_env(requested: str, environ=os.environ) -> dict[str, str]:
     """What multistream sets before the process group exists: NCCL's implicit launch order, unless the user
     set the variable (their value wins; `decide` then judges it)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 import statistics
 import time
 from contextlib import contextmanager
@@ -116,9 +117,11 @@ class MultiStreamBackend(BackendDefaults):
                     f"multistream autotune: up to {self.tuner.max_candidates} candidates ({c.tune_method}), "
                     f"{c.tune_warmup_steps} warm-up steps, then {self.tuner.steps_per_trial} steps each"
                 )
-        facts = concurrency.probe(td.get_backend())
-        self.concurrency = concurrency.decide(c.concurrency, facts)
-        self.graph_serial = concurrency.graph_serial_reasons(facts)  # captured NCCL collectives would not overlap
+        # every rank's facts (driver, NCCL, MPS, environment), agreed: the same mode and slices on every host
+        gathered = all_gather_object((socket.gethostname(), concurrency.probe(td.get_backend())), self.dist)
+        hosts, facts = [h for h, _ in gathered], [f for _, f in gathered]
+        # graph_serial: captured NCCL collectives would not overlap on some rank
+        self.concurrency, self.graph_serial = concurrency.agree(c.concurrency, facts, hosts)
         if self._hop:
             if td.get_backend() != "gloo":
                 raise ConfigError(

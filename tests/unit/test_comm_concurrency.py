@@ -56,6 +56,25 @@ def test_overlap_refuses_and_auto_falls_back_where_the_rule_breaks(change, named
     assert d.mode == "serialize" and named in d.why and "auto fell back" in d.why
 
 
+def test_ranks_with_different_facts_run_the_same_mode_and_the_log_names_the_host_that_differed():
+    """Each rank computes `agree` from the same all-gathered facts: an old driver on one host serializes every rank,
+    and the line names that host; graph-serial reasons of one host count for all."""
+    old = cc.Facts(**{**SAFE_NCCL.__dict__, "cuda_driver": 12020})  # R535: CUDA 12.2
+    hosts = ["node-a", "node-b"]
+    for facts in ([SAFE_NCCL, old], [old, SAFE_NCCL]):
+        mode, graph = cc.agree("auto", facts, hosts)
+        bad = facts.index(old)
+        assert mode.mode == "serialize" and mode.why == (
+            "serialize (auto fell back): CUDA 12020 < 12030: NCCL orders communicators by completion there, so "
+            f"they would not overlap anyway (on {hosts[bad]}, rank {bad}; 1 other rank(s) could overlap, and every "
+            "rank serializes with it)"
+        )
+        assert graph == [f"CUDA driver 12020 < 12090 serializes communicators in a graph (on {hosts[bad]}, rank {bad})"]
+    assert cc.agree("auto", [SAFE_NCCL, SAFE_NCCL], hosts) == (cc.decide("auto", SAFE_NCCL), [])
+    with pytest.raises(ConfigError, match=r"comm.concurrency=overlap: .* \(on node-b, rank 1\)$"):
+        cc.agree("overlap", [SAFE_NCCL, old], hosts)
+
+
 def test_the_order_variable_is_set_before_the_group_unless_the_user_set_it(monkeypatch):
     assert cc.process_env("auto", {}) == {cc.ORDER_ENV: "1"} == cc.process_env("overlap", {})
     assert cc.process_env("auto", {cc.ORDER_ENV: "0"}) == {}  # the user's value wins (and decide() judges it)
