@@ -460,6 +460,20 @@ def phase_graph_decisions(
     return [graph_decision(run, comm, micro_batches=m, **kw) for m in micro_batches]
 
 
+def after_backend(decisions: list[tuple[bool, str]], comm) -> list[tuple[bool, str]]:
+    """The phases' decisions once the allreduce backend is prepared: where it blocks capture for good
+    (`capture_blocked_for_good`: multistream's hop ring, serialize, communicators a graph would serialize), every
+    phase eager with that reason, so the trainer builds StepRunner (float lr/momentum, no static input copy, no
+    run-ahead wait) rather than a GraphStep that would run its eager body for the whole run."""
+    if not any(ok for ok, _ in decisions):
+        return decisions
+    ask = getattr(comm, "capture_blocked_for_good", None)
+    why = None if ask is None else ask()
+    if why is None:
+        return decisions
+    return [(False, f"{why}; capture can never happen in this run") for _ in decisions]
+
+
 def describe_graph_decisions(cuda_graph, phases, decisions: list[tuple[bool, str]]) -> list[str]:
     """One line per phase: 'phase 0 (96 px): captured ...' or 'phase 0 (96 px): eager: <why>'."""
     return [

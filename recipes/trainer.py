@@ -43,7 +43,14 @@ from recipes.rundir.directory import open_run
 from recipes.rundir.outputs import RunOutputs
 from recipes.rundir.payload import State
 from recipes.schedule import Schedule
-from recipes.steps import GraphStep, StepRunner, create_criterion, describe_graph_decisions, phase_graph_decisions
+from recipes.steps import (
+    GraphStep,
+    StepRunner,
+    after_backend,
+    create_criterion,
+    describe_graph_decisions,
+    phase_graph_decisions,
+)
 from recipes.timemodel import calibrated_compute
 
 
@@ -129,6 +136,7 @@ class Trainer:
             world_size=dist.world_size,
             dali=cfg.data.backend == "dali",
         )
+        decisions = after_backend(decisions, self.comm)  # blocked for good: StepRunner, not an eager GraphStep
         capture = any(ok for ok, _ in decisions)
         if cfg.run.cuda_graph is not False and dist.device.type == "cuda":
             for line in describe_graph_decisions(cfg.run.cuda_graph, cfg.phases, decisions):

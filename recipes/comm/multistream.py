@@ -322,6 +322,21 @@ class MultiStreamBackend(BackendDefaults):
         self.engine.timing = False
         return None
 
+    def capture_blocked_for_good(self) -> str | None:
+        """Why no step of this run can ever be captured (None: it may be, once the tuner and balancer are done): the
+        hop ring and `serialize` wait on the host, and K communicators a graph would serialize stay K when no tuner
+        can change them. The trainer then builds StepRunner instead of GraphStep."""
+        if self.engine is None:
+            return None
+        if self._hop:
+            return "comm.balance_level=hop (its ring's helper thread waits on the host)"
+        if self.concurrency.mode == "serialize":
+            return "comm.concurrency=serialize (its helper thread waits on the host)"
+        if self.graph_serial and self.tuner is None and self.engine.plan.streams > 1:
+            why = "; ".join(self.graph_serial)
+            return f"{self.engine.plan.streams} communicators would run one at a time inside a graph: {why}"
+        return None
+
     def capture_key(self):
         """The plan's identity (settings and shares): a captured step replays one plan's buffers and communicators,
         so recipes/steps.py's GraphStep captures again when a re-plan changes it (re-plans happen between steps

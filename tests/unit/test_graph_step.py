@@ -510,3 +510,34 @@ def test_every_shipped_config_captures_only_a_body_without_host_reads(monkeypatc
             assert len(fake.captured) == 1 and fake.replays == 2, path
             seen[key] = path
     assert {k[0] for k in seen} == {"hybrid"}  # the record's optimizer: the shipped configs that can capture
+
+
+def test_a_backend_that_blocks_capture_for_good_gets_the_step_runner_not_an_eager_graph_step():
+    """multistream's hop ring, serialize, or K communicators a graph would serialize with no tuner to change K:
+    every phase eager with that reason (the trainer then builds StepRunner); a tuner that may still pick K=1 keeps
+    the decision."""
+    from types import SimpleNamespace
+
+    from recipes.comm import concurrency as cc
+    from recipes.comm.multistream import MultiStreamBackend
+    from recipes.distributed import DistInfo
+    from recipes.steps import after_backend
+
+    cfg = load_config(None, ["comm.backend=multistream", "run.device=cpu"])
+    ms = MultiStreamBackend(cfg.comm, DistInfo(0, 2, 0, 1, torch.device("cpu")), timeout_s=30.0, model_name="x")
+    ms.engine = SimpleNamespace(plan=SimpleNamespace(streams=4))
+    ms.concurrency, ms.graph_serial, ms.tuner = cc.Decision("overlap", "overlap"), [], None
+    decisions = [(True, ""), (False, "gradient accumulation (2 micro-batches: run.accumulate/max_gpu_batch)")]
+    assert after_backend(decisions, ms) == decisions  # nothing blocks for good
+    ms.graph_serial = ["CUDA driver 12080 < 12090 serializes communicators in a graph"]
+    want = (
+        "4 communicators would run one at a time inside a graph: CUDA driver 12080 < 12090 serializes communicators "
+        "in a graph; capture can never happen in this run"
+    )
+    assert after_backend(decisions, ms) == [(False, want), (False, want)]
+    ms.tuner = object()  # the tuner may still choose one communicator
+    assert after_backend(decisions, ms) == decisions
+    ms.concurrency = cc.Decision("serialize", "serialize (asked for)")
+    serial = "comm.concurrency=serialize (its helper thread waits on the host); capture can never happen in this run"
+    assert after_backend(decisions, ms) == [(False, serial)] * 2
+    assert after_backend(decisions, NoComm()) == decisions  # a backend that states nothing
