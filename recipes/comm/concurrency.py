@@ -117,6 +117,22 @@ def decide(requested: str, f: Facts) -> Decision:
     return Decision("serialize", f"serialize (auto fell back): {'; '.join(reasons)}")
 
 
+DRIVER_BRANCH = {MIN_LAUNCH_ORDER_CUDA: "R545", MIN_GRAPH_DRIVER: "R575"}  # the first Linux driver of CUDA 12.3, 12.9
+
+
+def driver_conditions() -> list[str]:
+    """What multistream on NCCL needs of the driver, for `train.py --plan` (the driver is read only at start-up)."""
+    return [
+        f"multistream on NCCL: the K communicators overlap only with NCCL >= 2.26 and a CUDA 12.3 driver or newer "
+        f"({DRIVER_BRANCH[MIN_LAUNCH_ORDER_CUDA]}+); on an older driver (R535, common on V100 fleets) "
+        "comm.concurrency=auto falls back to serialize: one collective in flight and a host round trip per slice, "
+        "so the K connections never carry data together. Advice: a driver of R545 or newer before a multi-node run",
+        f"run.cuda_graph with multistream: a captured step keeps the communicators overlapping only with NCCL >= "
+        f"2.27.3 and a CUDA 12.9 driver ({DRIVER_BRANCH[MIN_GRAPH_DRIVER]}+); on older ones the step stays eager "
+        "(StepRunner where K cannot change)",
+    ]
+
+
 def agree(requested: str, facts: list[Facts], hosts: list[str]) -> tuple[Decision, list[str]]:
     """The mode every rank runs and why captured collectives would serialize, from every rank's facts (all-gathered
     at start-up, so each rank computes the same answer): the most conservative of the ranks' own decisions, naming

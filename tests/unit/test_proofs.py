@@ -70,7 +70,7 @@ def test_a_one_rank_proof_without_dali_leaves_a_two_rank_dali_run_eager_and_says
     assert proofs.lacks(proof, other_torch) == ["torch 2.11 (proven on 2.14.1+cu130)"]
 
 
-def test_plan_names_the_missing_scope(tmp_path, capsys, monkeypatch):
+def test_plan_names_the_missing_scope_and_the_driver_conditions(tmp_path, capsys, monkeypatch):
     import recipes.schedule_report as report
     import train
 
@@ -84,7 +84,11 @@ def test_plan_names_the_missing_scope(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(report, "plot_plan", lambda *a, **k: b"")
     plan = ["-c", str(ROOT / "configs/dawnbench_158s.yaml"), "--plan", "--world-size", "2"]
     assert train.main([*plan, f"run.out_dir={tmp_path}", f"data.root={tmp_path / 'none'}"]) == 0
-    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("run.cuda_graph=")]
+    out = capsys.readouterr().out
+    lines = [ln for ln in out.splitlines() if ln.startswith("run.cuda_graph=")]
+    # the record's multistream on NCCL: what the driver decides, with the advice
+    assert "overlap only with NCCL >= 2.26 and a CUDA 12.3 driver or newer (R545+); on an older driver (R535" in out
+    assert "a captured step keeps the communicators overlapping only with NCCL >= 2.27.3 and a CUDA 12.9 driver" in out
     assert lines and all(
         "optim.name=hybrid: its proof does not cover world size 2 (proven at 1) and the DALI input pipeline" in ln
         for ln in lines
