@@ -278,17 +278,19 @@ class _Engine:
 
     def _wait_per_communicator(self) -> None:
         """On a GPU, while measuring: each communicator's slices are waited for on a stream of its own, where an
-        event then marks when that communicator was done; backward's stream waits for all of those streams."""
+        event then marks when that communicator was done; backward's stream waits for all of those streams. A
+        measuring stream does not wait for backward's first: a communicator done before backward ends reads its own
+        time, not backward's (a communicator that carried nothing this step reads 0)."""
         if self._meas_streams is None:
             self._meas_streams = [torch.cuda.Stream(self.device) for _ in self.groups]
         current = torch.cuda.current_stream(self.device)
         done = [None] * len(self.groups)
         for k, side in enumerate(self._meas_streams):
-            side.wait_stream(current)
+            mine = [(b, j, work) for b, j, kk, work in self.works if kk == k]
+            if not mine:
+                continue
             with torch.cuda.stream(side):
-                for b, j, kk, work in self.works:
-                    if kk != k:
-                        continue
+                for b, j, work in mine:
                     try:
                         work.wait()
                     except Exception as e:

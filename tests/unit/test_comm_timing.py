@@ -103,3 +103,50 @@ def test_the_balancer_waits_on_the_host_once_per_window():
             b.window, b.steps, b.skip = [], 0, 1
     assert windows == [[0.3, 0.5], [0.3, 0.5]]
     assert FakeEvent.syncs == 2  # one per window; every step read with a wait would make 8
+
+
+def test_a_communicator_done_before_backward_reads_its_own_time(monkeypatch):
+    """On a GPU each communicator's slices are waited for on a measuring stream of its own: one done at 4 s while
+    backward runs until 10 s reads 4 s, not backward's end (streams modelled by when their queued work ends)."""
+    from contextlib import contextmanager
+
+    class Stream:
+        def __init__(self, device=None):
+            self.t = 0.0  # when the work queued on it so far ends
+
+        def wait_stream(self, other):
+            self.t = max(self.t, other.t)
+
+    backward = Stream()
+    backward.t = 10.0
+    state = {"current": backward}
+
+    @contextmanager
+    def on(stream):
+        state["current"], before = stream, state["current"]
+        yield
+        state["current"] = before
+
+    class Work:
+        def __init__(self, end):
+            self.end = end
+
+        def wait(self):  # NCCL: the current stream waits for the collective's end
+            state["current"].t = max(state["current"].t, self.end)
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: state["current"])
+    monkeypatch.setattr(torch.cuda, "stream", on)
+    engine = SimpleNamespace(
+        _meas_streams=None,
+        groups=[0, 1, 2],
+        device=torch.device("cuda"),
+        works=[(0, 0, 0, Work(3.0)), (1, 0, 0, Work(4.0)), (1, 1, 1, Work(12.0))],  # communicator 2 carried nothing
+        clock=SimpleNamespace(mark=lambda: state["current"].t),
+        t_start=1.0,
+        comm_marks=[],
+        joined=None,
+    )
+    _Engine._wait_per_communicator(engine)
+    assert engine.comm_marks == [(1.0, [4.0, 12.0, None])]
+    assert backward.t == 12.0 and engine.joined == 12.0  # backward's stream waited for every communicator
