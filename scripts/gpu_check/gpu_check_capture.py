@@ -20,6 +20,9 @@ Cases, in order; the rows are written after every case, so a run cut off keeps w
               host copy of the batch taken when DALI produced it
   speedup     graphed against eager at 96 and 128 px (per-GPU batch 256): wall-time ratio >= SPEEDUP_MIN, graphed
               wall/kernel <= WALL_PER_KERNEL_MAX, and the graphed step launched at least KERNELS_MIN of eager's kernels
+  questions   answers, not judgements ('n/a' rows with the numbers): does this build's allocator refuse a capture
+              into a dropped graph's pool; hybrid LARS's step time with float against tensor lr/momentum; the
+              reserved memory after a capture and after an evaluation pass, against recipes/memory.py's estimate
 
 Each case runs in its own process (a capture that raises leaves its thread on the capture stream, and the next case
 would measure there). A skipped case fails the part unless --allow-skip; the report lists what was skipped.
@@ -43,7 +46,7 @@ from pathlib import Path
 from scripts.gpu_check.gpu_check_rows import guard, judged, markdown_table, row
 
 CONFIG = "configs/dawnbench_158s_resnet50d.yaml"
-CASES = ["phases", "optimizers", "wrapped", "churn", "dali", "speedup"]
+CASES = ["phases", "optimizers", "wrapped", "churn", "dali", "speedup", "questions"]
 PHASE_SIZES, PHASE_BATCH = (96, 128, 224, 288), 64  # the record's phase changes; a small batch keeps it quick
 PHASE_REPLAYS = 2  # replays after each capture
 CAPTURE_MAX_S = 60.0  # one capture (cuDNN's autotuning of the new shape is in the warm-up steps before it)
@@ -574,6 +577,96 @@ def case_speedup(rows: list[dict], probe: Probe) -> None:
             rows.append(judged(ratio, wpk, "wall/kernel", at_most=WALL_PER_KERNEL_MAX, reference=kshown, why=work))
 
 
+# --- g. the open questions, answered on this build ---------------------------------------------------------------
+QUESTION_STEPS = 20
+
+
+def case_questions(rows: list[dict], probe: Probe) -> None:
+    torch = probe.torch
+    names = {
+        "pool": "capture questions: a second capture into a dropped graph's pool (pool=the old handle)",
+        "lars": f"capture questions: hybrid LARS step, float vs tensor lr/momentum ({QUESTION_STEPS} steps)",
+        "memory": "capture questions: reserved GiB after a capture at 96 px, and after an evaluation pass",
+    }
+    if not probe.cuda:
+        rows += [row(n, NEED_CUDA) for n in names.values()]
+        return
+    from recipes.optim import set_lr_momentum
+    from recipes.rundir.payload import State
+
+    bench = probe.bench
+    with guard(rows, names["pool"]):  # the allocator's `use_count > 0` assert on torch 2.11 (gpu-capture-review 1.1)
+        x = torch.randn(64, 64, device=probe.device)
+        w = torch.randn(64, 64, device=probe.device)
+        pool = torch.cuda.graph_pool_handle()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool):
+            y = x @ w
+        del g, y
+        try:
+            g2 = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g2, pool=pool):
+                y = x @ w
+            g2.replay()
+            answer = "accepted: this build reuses the pool (a fresh pool per capture stays the rule)"
+        except RuntimeError as e:
+            answer = f"refused: {str(e).splitlines()[0][:160]}"
+        rows.append(row(names["pool"], f"n/a: {answer}"))
+    with guard(rows, names["lars"]):
+        times = {}
+        for kind in ("float", "tensor"):
+            runner = probe.track(bench.runner(graph=False))
+            opt = runner.optimizer
+            for p in runner.model.parameters():
+                p.grad = torch.randn_like(p) * 1e-3
+            hp = [
+                {k: torch.tensor(g[k], device=probe.device) for k in ("lr", "momentum") if k in g}
+                for g in opt.param_groups
+            ]
+            for i in range(QUESTION_STEPS + 3):  # 3 warm-up steps make the momentum buffers and workspaces
+                if i == 3:
+                    probe.sync()
+                    t = time.perf_counter()
+                set_lr_momentum(opt, 0.1, 0.9)
+                if kind == "tensor":
+                    for g, h in zip(opt.param_groups, hp, strict=True):
+                        g.update(h)
+                opt.step()
+            probe.sync()
+            times[kind] = (time.perf_counter() - t) / QUESTION_STEPS * 1000
+            del runner
+        shown = f"float {times['float']:.3f} ms, tensor {times['tensor']:.3f} ms per optimizer step"
+        rows.append(row(names["lars"], f"n/a: {shown}", times["tensor"] / times["float"], "x float", reference=shown))
+    with guard(rows, names["memory"]):
+        from recipes import memory
+
+        gc.collect()
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_reserved() / 2**30
+        runner, st = probe.track(bench.runner(graph=True)), State()
+        x, y = bench.batch(PHASE_SIZES[0], PHASE_BATCH)
+        for _ in range(runner.warmup + 2):
+            set_lr_momentum(runner.optimizer, 0.1, 0.9)
+            runner(x, y, st, probe.log)
+        runner.settle(st, probe.log)
+        probe.sync()
+        captured = torch.cuda.memory_reserved() / 2**30
+        runner.model.eval()
+        with torch.no_grad(), runner.amp_ctx():
+            runner.model(x)
+        probe.sync()
+        after_eval = torch.cuda.memory_reserved() / 2**30
+        runner.model.train()
+        est = memory.need(
+            bench.cfg.model.name, image_size=PHASE_SIZES[0], micro_batch=PHASE_BATCH, per_gpu_batch=PHASE_BATCH,
+            amp=bench.amp, captured=True,
+        )  # fmt: skip
+        shown = f"before {base:.2f}, after the capture {captured:.2f}, after eval {after_eval:.2f} GiB reserved; "
+        shown += f"estimated step {est.total / 2**30:.2f} GiB (graph pool {est.graph_pool / 2**30:.2f})"
+        graph = "captured" if runner.graph is not None else f"eager ({runner.said})"
+        rows.append(row(names["memory"], f"n/a: {graph}; {shown}", after_eval - base, "GiB", reference=shown))
+
+
 CHECKS = {
     "phases": case_phases,
     "optimizers": case_optimizers,
@@ -581,6 +674,7 @@ CHECKS = {
     "churn": case_churn,
     "dali": case_dali,
     "speedup": case_speedup,
+    "questions": case_questions,
 }
 
 

@@ -64,6 +64,8 @@ def test_every_case_runs_under_the_stand_in_and_is_written_after_each(probe, tmp
     assert got[dali] == ("pass" if _dali() else "skip: nvidia.dali does not import (requirements: DALI)")
     speed = [n for n in got if n.startswith("capture speedup:")]
     assert len(speed) == 2 and all(got[n] == f"n/a: {cap.SMOKE}" for n in speed)  # CPU timings are not judged
+    questions = [n for n in got if n.startswith("capture questions:")]
+    assert len(questions) == 3 and all(got[n] == cap.NEED_CUDA for n in questions)  # the allocator's answers need CUDA
     assert not [r for r in rows if r["result"].startswith("fail")]
     # one write per case, each holding every row so far: a run cut off keeps what it measured
     assert len(written) == len(cap.CASES) and written[-1] == [r["name"] for r in rows]
