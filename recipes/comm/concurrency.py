@@ -133,6 +133,29 @@ def driver_conditions() -> list[str]:
     ]
 
 
+def driver_fallback(driver: str | None) -> list[str]:
+    """What a host's NVIDIA kernel driver (e.g. '535.183.01') costs multistream on NCCL, with the advice: below
+    R545 (CUDA 12.3) comm.concurrency=auto falls back to serialize; below R575 (CUDA 12.9) a captured step's
+    communicators run one at a time. [] for a newer driver or none."""
+    try:
+        branch = int(str(driver).split(".")[0])
+    except ValueError:
+        return []
+    out = []
+    if branch < 545:
+        out.append(
+            f"driver {driver} (R{branch}) is older than R545 (CUDA 12.3): multistream's comm.concurrency=auto falls "
+            "back to serialize there, one collective in flight and a host round trip per slice; install R545 or "
+            "newer for the K connections to carry data together"
+        )
+    if branch < 575:
+        out.append(
+            f"driver {driver} (R{branch}) is older than R575 (CUDA 12.9): a captured step would run multistream's "
+            "communicators one at a time, so the step stays eager (run.cuda_graph)"
+        )
+    return out
+
+
 def agree(requested: str, facts: list[Facts], hosts: list[str]) -> tuple[Decision, list[str]]:
     """The mode every rank runs and why captured collectives would serialize, from every rank's facts (all-gathered
     at start-up, so each rank computes the same answer): the most conservative of the ranks' own decisions, naming
