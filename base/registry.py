@@ -67,9 +67,6 @@ class Allreduce(_Plugin):
     # recipes/steps.py graph_decision): it engages across ranks, or on one rank with comm.engage_single_rank. "" = it
     # can. A backend that does not engage (one rank) adds nothing to the step.
     graph_refusal: str = ""
-    # Where a GPU run proved the step captured with it engaged ("H200, torch 2.11, 2026-12-04"); "" = no GPU run
-    # has. run.cuda_graph=auto captures only proven parts.
-    graph_proven: str = ""
     # The largest |weight| difference from the reference backend (REFERENCE_BACKEND) the GPU check accepts after
     # its fp32 equality steps: summation order only for an exact mean; a lossy wire format needs its own.
     reference_atol: float = 1e-4
@@ -264,8 +261,6 @@ class Optimizer(_Plugin):
     # Its step reads `lr` and `momentum` given as 0-dim device tensors with no host read, so a CUDA graph can
     # capture it and each replay reads the schedule's values of that step. torch's SGD reads momentum on the host.
     tensor_hparams: bool = False
-    # Where a GPU run proved its step captured ("H200, torch 2.11, 2026-12-04"); "" = no GPU run has.
-    graph_proven: str = ""
     # Its update of a tensor w with gradient g, in one line: docs/recipe.md's table is written from it.
     about: str = ""
 

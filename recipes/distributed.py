@@ -185,6 +185,18 @@ def teardown() -> None:
     wait_for_gloo_workers()
 
 
+def abort_process_groups() -> None:
+    """Abort every process group without waiting for its work: NCCL aborts its communicators, which ends kernels
+    still waiting for a dead peer (a replayed collective nothing watches). Used right before a TrainingError; a
+    backend that cannot abort (gloo raises) is left to the process's exit."""
+    if not td.is_initialized():
+        return
+    try:
+        td.distributed_c10d._abort_process_group()
+    except (RuntimeError, ValueError, NotImplementedError):
+        pass  # the error that follows names the wait; the exit tears the group down
+
+
 def wait_for_gloo_workers(timeout_s: float = 2.0, tasks: Path = Path("/proc/self/task")) -> bool:
     """Sleep (the GIL free) until every gloo worker thread of this process sleeps, twice in a row: a thread
     still freeing a collective either runs or, with the GIL free, is woken to take it, so two quiet looks 10 ms

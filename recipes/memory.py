@@ -13,6 +13,10 @@ size, the autocast dtype (`run.amp`) and the model:
     input         the whole per-GPU batch of images as the input pipeline hands it over (accumulation cuts it on
                   the GPU), 2 bytes per value under fp16/bf16, 4 otherwise
     overhead      CUDA context, cuDNN workspaces and allocator fragmentation: 1.5 GiB, and 10% of the GPU kept free
+    graph pool    a phase whose step is captured (run.cuda_graph, recipes/steps.py graph_decision) keeps the step's
+                  tensors in the graph's private pool for the whole phase, beside what eager work (evaluation, the
+                  warm-up steps of the next size) takes from the ordinary cache: its activations once more (our
+                  estimate; the capture probe measures the reserved memory after a capture)
 
 A check against published runs: NVIDIA's examples train ResNet-50 with AMP at 256 images per V100 16 GB at 224 px
 (estimate: 13.9 of 14.4 usable GiB: the largest that fits is 266), and the record ran 128 per V100 32 GB at 288 px
@@ -87,19 +91,24 @@ class Need:
     states: int
     input: int
     overhead: int = OVERHEAD_BYTES
+    graph_pool: int = 0  # a captured step's private pool (0: the phase runs eagerly)
 
     @property
     def total(self) -> int:
-        return self.activations + self.states + self.input + self.overhead
+        return self.activations + self.states + self.input + self.overhead + self.graph_pool
 
 
-def need(model_name: str, *, image_size: int, micro_batch: int, per_gpu_batch: int, amp: str) -> Need:
-    """The estimate for one phase (micro_batch: images per forward; per_gpu_batch: images per optimizer step)."""
+def need(
+    model_name: str, *, image_size: int, micro_batch: int, per_gpu_batch: int, amp: str, captured: bool = False
+) -> Need:
+    """The estimate for one phase (micro_batch: images per forward; per_gpu_batch: images per optimizer step;
+    captured: the step is one CUDA graph, whose pool holds its activations)."""
     share = 1.0 if amp == "none" else HALF_SHARE
     act = activation_bytes_per_pixel(model_name) * image_size**2 * micro_batch * share
     value_bytes = 4 if amp == "none" else 2
     inp = per_gpu_batch * 3 * image_size**2 * value_bytes
-    return Need(int(act), parameter_count(model_name) * STATE_BYTES_PER_PARAM, int(inp))
+    pool = int(act) if captured else 0
+    return Need(int(act), parameter_count(model_name) * STATE_BYTES_PER_PARAM, int(inp), graph_pool=pool)
 
 
 def usable_bytes(total_bytes: int) -> int:
@@ -113,17 +122,38 @@ def gpu_memory_bytes(name: str) -> int:
     return int(GPU_MEMORY_GIB[name] * GIB)
 
 
-def largest_micro_batch(model_name: str, *, image_size: int, per_gpu_batch: int, amp: str, gpu_bytes: int) -> int:
+def largest_micro_batch(
+    model_name: str, *, image_size: int, per_gpu_batch: int, amp: str, gpu_bytes: int, captured: bool = False
+) -> int:
     """The most images per forward that fit `gpu_bytes` at this phase (0 if not even one)."""
     one = need(model_name, image_size=image_size, micro_batch=1, per_gpu_batch=per_gpu_batch, amp=amp)
     room = usable_bytes(gpu_bytes) - (one.total - one.activations)
-    return max(0, int(room // max(one.activations, 1)))
+    per_image = one.activations * (2 if captured else 1)
+    return max(0, int(room // max(per_image, 1)))
 
 
-def check_fits(cfg, plan, gpu_bytes: int, gpu_label: str) -> list[str]:
-    """One line per phase that will not fit, naming the phase and the accumulation (run.max_gpu_batch) that fits."""
+def captured_phases(cfg, plan) -> list[bool]:
+    """Per phase, whether its step would be captured on a GPU (recipes/steps.py's decision for this config)."""
+    from recipes.steps import phase_graph_decisions
+
+    decisions = phase_graph_decisions(
+        cfg.run,
+        cfg.comm,
+        optim=cfg.optim.name,
+        micro_batches=plan.phase_micro_batches(),
+        device_type="cuda",
+        world_size=plan.world_size,
+        dali=cfg.data.backend == "dali",
+    )
+    return [ok for ok, _ in decisions]
+
+
+def check_fits(cfg, plan, gpu_bytes: int, gpu_label: str, captured: list[bool] | None = None) -> list[str]:
+    """One line per phase that will not fit, naming the phase and the accumulation (run.max_gpu_batch) that fits.
+    `captured`: per phase, whether its step is a CUDA graph (default: the config's decision on a GPU)."""
     from recipes.schedule import micro_batches
 
+    captured = captured_phases(cfg, plan) if captured is None else captured
     problems, seen = [], set()
     for e in plan.epochs:
         if e.phase_index in seen:
@@ -131,11 +161,14 @@ def check_fits(cfg, plan, gpu_bytes: int, gpu_label: str) -> list[str]:
         seen.add(e.phase_index)
         per_gpu, micro = e.phase.batch_size // plan.world_size, plan.micro_batch(e.epoch)
         size = e.phase.image_size
-        n = need(cfg.model.name, image_size=size, micro_batch=micro, per_gpu_batch=per_gpu, amp=cfg.run.amp)
+        graph = captured[e.phase_index]
+        n = need(
+            cfg.model.name, image_size=size, micro_batch=micro, per_gpu_batch=per_gpu, amp=cfg.run.amp, captured=graph
+        )
         if n.total <= usable_bytes(gpu_bytes):
             continue
         fits = largest_micro_batch(
-            cfg.model.name, image_size=size, per_gpu_batch=per_gpu, amp=cfg.run.amp, gpu_bytes=gpu_bytes
+            cfg.model.name, image_size=size, per_gpu_batch=per_gpu, amp=cfg.run.amp, gpu_bytes=gpu_bytes, captured=graph
         )
         a = micro_batches(per_gpu, cfg.run.accumulate, fits) if fits else None
         fix = (
@@ -146,7 +179,9 @@ def check_fits(cfg, plan, gpu_bytes: int, gpu_label: str) -> list[str]:
         )
         problems.append(
             f"phases.{e.phase_index} ({size} px, {per_gpu} images per GPU as {e.micro_batches} x {micro}) needs "
-            f"~{n.total / GIB:.1f} GiB, {gpu_label} has {gpu_bytes / GIB:.0f} GiB ({USABLE:.0%} usable): {fix}"
+            f"~{n.total / GIB:.1f} GiB"
+            + (f" (of which the CUDA graph's pool ~{n.graph_pool / GIB:.1f} GiB)" if n.graph_pool else "")
+            + f", {gpu_label} has {gpu_bytes / GIB:.0f} GiB ({USABLE:.0%} usable): {fix}"
         )
     return problems
 

@@ -163,9 +163,14 @@ def print_plan(
         micro_batches=plan.phase_micro_batches(),
         device_type=device,
         world_size=world,
+        dali=cfg.data.backend == "dali",
     )
     print("\n".join(describe_graph_decisions(cfg.run.cuda_graph, cfg.phases, decisions)))
     print("\n".join(allreduce_lines(cfg, world, len(cfg.phases))))
+    if device == "cuda" and cfg.comm.backend == "multistream":  # NCCL: what the driver decides (read at start-up)
+        from recipes.comm.concurrency import driver_conditions
+
+        print("\n".join(driver_conditions()))
     out = Path(png) if png else Path(cfg.run.out_dir) / f"{cfg.run.name}_plan.png"
     out.parent.mkdir(parents=True, exist_ok=True)
     # never through a planted link, never half-written

@@ -16,6 +16,7 @@ device (torch's clip_grad_norm_ without its host check). A step returns its name
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from contextlib import nullcontext
 
@@ -24,8 +25,9 @@ from torch import nn
 
 from base import registry
 from base.errors import TrainingError
+from recipes import proofs as proofs_
 from recipes.config import Config
-from recipes.distributed import DistInfo, collective_guard, failed_ranks
+from recipes.distributed import DistInfo, abort_process_groups, collective_guard, failed_ranks
 from recipes.metrics import GRAD_NORM, LOSS
 
 
@@ -206,7 +208,9 @@ class GraphStep(StepRunner):
     - Replayed collectives are not watched by the process group's watchdog, so `settle` issues a watched collective
       before it reads replayed results: a dead peer fails within `dist.timeout_s` instead of blocking the host.
     - The host runs at most `ahead` steps ahead of the device (a ring of events), and each loader batch is held
-      until the event after its copy into the static buffers has completed.
+      until the event after its copy into the static buffers has completed. That wait polls its event with a
+      deadline of `dist.timeout_s`: a replayed collective whose peer died never completes, and nothing else watches
+      it, so on expiry the process groups are aborted and the step stops with one line naming the wait.
     A step of several micro-batches (accumulation) runs StepRunner's eager step.
     """
 
@@ -233,7 +237,7 @@ class GraphStep(StepRunner):
         self.seen = 0  # eager steps of the current key so far
         self.said: str | None = None  # the last reason logged for running eager
         self.side = torch.cuda.Stream(self.device) if capture else None  # the eager steps' one side stream
-        self.inflight: deque = deque()  # (event after the step, its batch) of steps the device may still run
+        self.inflight: deque = deque()  # (event after the step, the step, its batch) of steps the device may still run
         self.replayed = 0  # replays since the last watched collective
 
     def _body(self, x: torch.Tensor, y: torch.Tensor, out: torch.Tensor) -> None:
@@ -275,7 +279,7 @@ class GraphStep(StepRunner):
     def __call__(self, x: torch.Tensor, y: torch.Tensor, st, log=None, micro_batches: int = 1) -> dict:
         if micro_batches != 1:  # accumulation: the eager step (a phase the trainer's decision keeps eager)
             return super().__call__(x, y, st, log, micro_batches)
-        self._bound_run_ahead()
+        self._bound_run_ahead(st.step)
         ask = getattr(self.comm, "capture_key", None)
         key = (tuple(x.shape), x.dtype, tuple(y.shape), y.dtype, None if ask is None else ask())
         if key != self.key:  # a new phase or backend plan: new static buffers, captured again (old graph dropped)
@@ -303,7 +307,7 @@ class GraphStep(StepRunner):
         if self.capture:  # the batch lives until the device has copied it
             event = torch.cuda.Event()
             event.record(torch.cuda.current_stream(self.device))
-            self.inflight.append((event, x, y))
+            self.inflight.append((event, st.step, x, y))
         loss, flag, scale, norm = saved.unbind()
         self.pending.append((st.step, st.epoch, flag, loss, scale if self.scaler.is_enabled() else None))
         st.step += 1
@@ -311,12 +315,24 @@ class GraphStep(StepRunner):
         self.comm.on_step_end(st.step, log)
         return {LOSS.name: loss, GRAD_NORM.name: norm}
 
-    def _bound_run_ahead(self) -> None:
+    def _bound_run_ahead(self, step: int) -> None:
         """Wait until at most `ahead` - 1 earlier steps may still run on the device (the host stays close: the
-        loader's zero-copy buffers are reused a few batches later)."""
+        loader's zero-copy buffers are reused a few batches later). Each wait polls its event for at most
+        `dist.timeout_s`: `event.synchronize()` would block forever behind a replayed collective of a dead peer."""
         while len(self.inflight) >= self.ahead:
-            event, _, _ = self.inflight.popleft()
-            event.synchronize()
+            event, done, _, _ = self.inflight[0]
+            deadline, pause = time.monotonic() + self.timeout_s, 1e-5
+            while not event.query():
+                if time.monotonic() >= deadline:
+                    abort_process_groups()  # NCCL: ends the kernels that wait for the dead peer
+                    raise TrainingError(
+                        f"run.cuda_graph: step {step}: the run-ahead wait for step {done} to finish on the device "
+                        f"took over dist.timeout_s={self.timeout_s:g}: a peer is dead or hung in a replayed "
+                        "collective; process groups aborted"
+                    )
+                time.sleep(pause)
+                pause = min(pause * 2, 1e-3)  # a GPU-bound step finishes within a step's time: poll finely first
+            self.inflight.popleft()
 
     def settle(self, st, log) -> None:
         """A watched collective first when graphs were replayed since the last one (their collectives are not
@@ -383,12 +399,21 @@ def total_grad_norm(model: nn.Module, device: torch.device) -> torch.Tensor:
 
 
 def graph_decision(
-    run, comm, *, optim: str, device_type: str, world_size: int, micro_batches: int = 1
+    run,
+    comm,
+    *,
+    optim: str,
+    device_type: str,
+    world_size: int,
+    micro_batches: int = 1,
+    dali: bool = False,
+    proofs: list[proofs_.Proof] | None = None,
 ) -> tuple[bool, str]:
     """(capture the step as a CUDA graph?, why not) for one phase, from the run section, the comm section, the
-    optimizer's name, the device type, the world size and the phase's micro-batches per step. Each part's record
-    (base/registry.py) says whether it can be captured and whether a GPU run has proven it: run.cuda_graph=true
-    captures what can be, auto (the default) only what has been proven, false nothing."""
+    optimizer's name, the device type, the world size, the phase's micro-batches per step and whether DALI feeds
+    it. Each part's record (base/registry.py) says whether it can be captured; run.cuda_graph=true captures what
+    can be, auto (the default) only where a GPU proof of every part covers the run's scope (recipes/proofs.py;
+    `proofs`: docs/data/gpu-proofs.json unless given), false nothing."""
     if run.cuda_graph is False:
         return False, "run.cuda_graph=false"
     registry.check_name(registry.OPTIMIZERS, optim, "optim.name", "optimizer")  # a config built in code
@@ -410,12 +435,13 @@ def graph_decision(
     ]
     why = [r for bad, r in reasons if bad]
     if not why and run.cuda_graph == "auto":
-        unproven = [f"optim.name={optim}"] if not opt.graph_proven else []
-        unproven += [f"comm.backend={comm.backend}"] if wraps and not back.graph_proven else []
-        if unproven:
+        parts = [f"optim.name={optim}"] + ([f"comm.backend={comm.backend}"] if wraps else [])
+        scope = proofs_.Scope(world_size=world_size, dali=dali, torch=torch.__version__)
+        known = proofs_.load_proofs() if proofs is None else proofs
+        missing = [m for m in (proofs_.missing_scope(p, scope, known) for p in parts) if m is not None]
+        if missing:
             why.append(
-                f"no GPU run has proven the captured step with {' and '.join(unproven)} "
-                "(run.cuda_graph=true captures it; docs/gpu.md)"
+                f"no GPU proof covers this run ({'; '.join(missing)}; run.cuda_graph=true captures it; docs/gpu.md)"
             )
     return (False, "; ".join(why)) if why else (True, "")
 
@@ -425,13 +451,34 @@ def _hop_ring(comm) -> bool:
 
 
 def phase_graph_decisions(
-    run, comm, *, optim: str, micro_batches: list[int], device_type: str, world_size: int
+    run,
+    comm,
+    *,
+    optim: str,
+    micro_batches: list[int],
+    device_type: str,
+    world_size: int,
+    dali: bool = False,
+    proofs: list[proofs_.Proof] | None = None,
 ) -> list[tuple[bool, str]]:
     """`graph_decision` for each phase, given each phase's micro-batches per step (recipes.schedule.Schedule)."""
-    return [
-        graph_decision(run, comm, optim=optim, device_type=device_type, world_size=world_size, micro_batches=m)
-        for m in micro_batches
-    ]
+    known = proofs_.load_proofs() if proofs is None else proofs
+    kw = dict(optim=optim, device_type=device_type, world_size=world_size, dali=dali, proofs=known)
+    return [graph_decision(run, comm, micro_batches=m, **kw) for m in micro_batches]
+
+
+def after_backend(decisions: list[tuple[bool, str]], comm) -> list[tuple[bool, str]]:
+    """The phases' decisions once the allreduce backend is prepared: where it blocks capture for good
+    (`capture_blocked_for_good`: multistream's hop ring, serialize, communicators a graph would serialize), every
+    phase eager with that reason, so the trainer builds StepRunner (float lr/momentum, no static input copy, no
+    run-ahead wait) rather than a GraphStep that would run its eager body for the whole run."""
+    if not any(ok for ok, _ in decisions):
+        return decisions
+    ask = getattr(comm, "capture_blocked_for_good", None)
+    why = None if ask is None else ask()
+    if why is None:
+        return decisions
+    return [(False, f"{why}; capture can never happen in this run") for _ in decisions]
 
 
 def describe_graph_decisions(cuda_graph, phases, decisions: list[tuple[bool, str]]) -> list[str]:

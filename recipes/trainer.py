@@ -43,7 +43,7 @@ from recipes.rundir.outputs import RunOutputs
 from recipes.rundir.payload import State
 from recipes.schedule import Schedule
 from recipes.step_builder import build_step
-from recipes.steps import describe_graph_decisions, phase_graph_decisions
+from recipes.steps import after_backend, describe_graph_decisions, phase_graph_decisions
 from recipes.timemodel import calibrated_compute
 
 
@@ -127,7 +127,9 @@ class Trainer:
             micro_batches=self.plan.phase_micro_batches(),
             device_type=dist.device.type,
             world_size=dist.world_size,
+            dali=cfg.data.backend == "dali",
         )
+        decisions = after_backend(decisions, self.comm)  # blocked for good: StepRunner, not an eager GraphStep
         capture = any(ok for ok, _ in decisions)
         if cfg.run.cuda_graph is not False and dist.device.type == "cuda":
             for line in describe_graph_decisions(cfg.run.cuda_graph, cfg.phases, decisions):

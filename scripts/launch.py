@@ -414,6 +414,7 @@ def preflight(job: Job, cfg, args) -> int:
             input_backend=cfg.data.backend,
             data_dirs=job.data_paths,
             need_bytes=need,
+            multistream=cfg.comm.backend == "multistream",
         )
         verdict = assess(reports, exp)
         for line in verdict.lines[:-1]:

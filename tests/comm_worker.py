@@ -276,6 +276,30 @@ def scenario_hop(out: dict, args: list[str]) -> None:
         nn.functional.cross_entropy(tm(x), y).backward()
         backend.on_step_end(step + 1)
     out["reverted"] = [listed(backend.engine.plan.hop_shares) == listed(even), backend.balance.settled]
+    # clocks that differ: each rank reads its own step time, (rank + 1) s a step; a trial whose "before" (1.5 s)
+    # lies between them is judged on the slowest rank's time (the window's MAX), so every rank takes the same table
+    from recipes.comm import multistream
+
+    backend.balance.settled, backend.engine.measure = False, True
+    backend.replan(tuple(tuple(reversed(r)) for r in even))
+    backend._hop_trial = (even, 1.5)
+    calls, real_clock = [0], time.perf_counter
+
+    def clock():
+        calls[0] += 1
+        return real_clock() + calls[0] * (dist.rank + 1)
+
+    multistream.time = type("Clock", (), {"perf_counter": staticmethod(clock)})
+    try:
+        for step in range(10, 13):
+            x, y = batch(dist.rank, 0)
+            for p in m.parameters():
+                p.grad = None
+            nn.functional.cross_entropy(tm(x), y).backward()
+            backend.on_step_end(step + 1)
+    finally:
+        multistream.time = time
+    out["clocks_differ"] = [listed(backend.engine.plan.hop_shares), backend.balance.settled]
     out["stats"] = backend.stats().settings
     state = backend.state_dict()
     resumed = create_allreduce(cfg.comm, dist, timeout_s=cfg.dist.timeout_s, model_name=cfg.model.name)

@@ -355,7 +355,15 @@ class FakeCudaGraphs:
     left a float is frozen, a 0-dim tensor is read afresh. Memory pools follow the caching allocator's rule: a pool
     whose graphs are all gone but which still holds a live block cannot be captured into again; a library workspace
     made by the first matmul on the shared capture stream (cuBLAS's) is such a block. `fail_capture` makes captures
-    raise. Counts: streams made, captures, replays, events synchronized."""
+    raise. A capture refuses `.item()`, `.tolist()` and `.numpy()` (each a device-to-host copy).
+
+    Streams order work as CUDA's do: a stream remembers the tensors it wrote (in-place writes under
+    `torch.cuda.stream(s)`), and until another stream has called `wait_stream(s)` those tensors hold NaN there (the
+    stale bytes a real read could see; integer tensors are only remembered), so a read without the wait shows up as a
+    non-finite value. Events complete when `tail()` says the work enqueued before their record has finished
+    (always, unless a test sets `tail`): `query()` answers at once, `synchronize()` blocks until then (for at most
+    `block_s`, then raises, where a real one would block for good). Counts: streams made, captures, replays, events
+    waited for (seen complete by `query` or `synchronize`)."""
 
     def __init__(self, written, fail_capture: bool = False):
         self.written = written  # () -> the tensors a step may write (parameters, buffers, optimizer state, scaler)
@@ -367,24 +375,49 @@ class FakeCudaGraphs:
         self.pools: dict[int, dict] = {}  # the allocator's live pools: id -> {"graphs": n, "blocks": [weakref]}
         self.workspaces: dict[int, torch.Tensor] = {}  # a library's workspace per stream (cuBLAS's)
         self.capture_stream = object()  # torch.cuda.graph's default capture stream: one for every capture
+        self.tail = lambda: True  # () -> whether the work enqueued so far has finished (a test may hold it back)
+        self.block_s = 60.0  # how long a stand-in `Event.synchronize` blocks on unfinished work before it raises
+        self.main = self.current = None  # the default stream, and the thread's current one (set by `install`)
 
     def install(self, setattr) -> None:
         """Replace torch.cuda's names (`setattr`: monkeypatch.setattr, undone by the test)."""
         fake = self
 
         class Stream:
-            def __init__(self, device=None):
-                fake.streams += 1
+            def __init__(self, device=None, counted=True):
+                fake.streams += counted
+                self.unsynced: dict[int, tuple] = {}  # id -> (tensor it wrote, the value written) not yet waited for
 
             def wait_stream(self, other):
-                pass
+                if other is not self:
+                    other._publish()
+
+            def _publish(self) -> None:
+                """Another stream has waited for this one: what it wrote is visible (the values come back)."""
+                with torch.no_grad():
+                    for t, value in self.unsynced.values():
+                        t.copy_(value)
+                self.unsynced.clear()
 
         class Event:
+            def __init__(self, *a, **kw):
+                self.done, self.seen = (lambda: True), False
+
             def record(self, stream=None):
-                pass
+                self.done = fake.tail
+
+            def query(self):
+                if self.done() and not self.seen:
+                    self.seen = True
+                    fake.synced += 1
+                return self.seen
 
             def synchronize(self):
-                fake.synced += 1
+                deadline = time.monotonic() + fake.block_s
+                while not self.query():
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"stand-in Event.synchronize: work unfinished after {fake.block_s:g} s")
+                    time.sleep(0.01)
 
         class CUDAGraph:
             def __init__(self):
@@ -403,8 +436,9 @@ class FakeCudaGraphs:
 
         setattr(torch.cuda, "Stream", Stream)
         setattr(torch.cuda, "Event", Event)
-        setattr(torch.cuda, "current_stream", lambda device=None: Stream.__new__(Stream))
-        setattr(torch.cuda, "stream", lambda s: _null())
+        self.main = self.current = Stream(counted=False)
+        setattr(torch.cuda, "current_stream", lambda device=None: fake.current)
+        setattr(torch.cuda, "stream", lambda s: _OnStream(fake, s))
         setattr(torch.cuda, "CUDAGraph", CUDAGraph)
         setattr(torch.cuda, "graph_pool_handle", lambda: fake._new_pool())
         setattr(torch.cuda, "graph", lambda graph, pool=None, **kw: _Capture(fake, graph, pool))
@@ -439,12 +473,55 @@ class FakeCudaGraphs:
         return pid
 
 
-class _null:
+class _OnStream:
+    """`with torch.cuda.stream(s)`: `s` is current; it sees its own earlier writes, and the tensors written in place
+    inside hold NaN for every other stream until one waits for `s` (FakeCudaGraphs' stream rule)."""
+
+    def __init__(self, fake: FakeCudaGraphs, stream):
+        self.fake, self.stream = fake, stream
+
     def __enter__(self):
-        return self
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        fake, stream = self.fake, self.stream
+        written = self.written = {}
+        self.prev, fake.current = fake.current, stream
+        stream._publish()  # a stream reads what it wrote itself
+
+        class Writes(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                out = func(*args, **kwargs)
+                for t in _written_args(func, args, kwargs):
+                    written[id(t)] = t
+                return out
+
+        self.mode = Writes()
+        self.mode.__enter__()
+        return stream
 
     def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+        self.fake.current = self.prev
+        with torch.no_grad():
+            for t in self.written.values():
+                self.stream.unsynced[id(t)] = (t, t.detach().clone())
+                if t.is_floating_point():
+                    t.fill_(float("nan"))
         return False
+
+
+def _written_args(func, args, kwargs) -> list[torch.Tensor]:
+    """The tensors an aten op writes in place (its schema's mutable arguments)."""
+    out = []
+    for i, a in enumerate(func._schema.arguments):
+        if a.alias_info is None or not a.alias_info.is_write:
+            continue
+        value = kwargs.get(a.name) if a.kwarg_only or i >= len(args) else args[i]
+        for t in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(t, torch.Tensor):
+                out.append(t)
+    return out
 
 
 def _refill(func, args, out, result) -> None:
@@ -466,6 +543,13 @@ _NO_KERNEL = (
     torch.ops.aten.new_empty_strided,
 )
 _MATMULS = (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm)
+
+
+def _refused(name: str):
+    def read(self, *a, **kw):
+        raise RuntimeError(f"operation not permitted when stream is capturing (Tensor.{name}: a host read)")
+
+    return read
 
 
 class _Capture:
@@ -503,9 +587,14 @@ class _Capture:
 
         self.mode = Record()
         self.mode.__enter__()
+        self.host_reads = {name: getattr(torch.Tensor, name) for name in ("tolist", "numpy")}
+        for name in self.host_reads:  # no aten op: refused by name, as CUDA refuses the copy they make
+            setattr(torch.Tensor, name, _refused(name))
         return self
 
     def __exit__(self, *exc):
+        for name, real in self.host_reads.items():
+            setattr(torch.Tensor, name, real)
         self.mode.__exit__(*exc)
         with torch.no_grad():  # a capture ran no kernel: what the body wrote is as it was
             for t, b in self.before:

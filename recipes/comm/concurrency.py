@@ -117,6 +117,80 @@ def decide(requested: str, f: Facts) -> Decision:
     return Decision("serialize", f"serialize (auto fell back): {'; '.join(reasons)}")
 
 
+DRIVER_BRANCH = {MIN_LAUNCH_ORDER_CUDA: "R545", MIN_GRAPH_DRIVER: "R575"}  # the first Linux driver of CUDA 12.3, 12.9
+
+
+def driver_conditions() -> list[str]:
+    """What multistream on NCCL needs of the driver, for `train.py --plan` (the driver is read only at start-up)."""
+    return [
+        f"multistream on NCCL: the K communicators overlap only with NCCL >= 2.26 and a CUDA 12.3 driver or newer "
+        f"({DRIVER_BRANCH[MIN_LAUNCH_ORDER_CUDA]}+); on an older driver (R535, common on V100 fleets) "
+        "comm.concurrency=auto falls back to serialize: one collective in flight and a host round trip per slice, "
+        "so the K connections never carry data together. Advice: a driver of R545 or newer before a multi-node run",
+        f"run.cuda_graph with multistream: a captured step keeps the communicators overlapping only with NCCL >= "
+        f"2.27.3 and a CUDA 12.9 driver ({DRIVER_BRANCH[MIN_GRAPH_DRIVER]}+); on older ones the step stays eager "
+        "(StepRunner where K cannot change)",
+    ]
+
+
+def driver_fallback(driver: str | None) -> list[str]:
+    """What a host's NVIDIA kernel driver (e.g. '535.183.01') costs multistream on NCCL, with the advice: below
+    R545 (CUDA 12.3) comm.concurrency=auto falls back to serialize; below R575 (CUDA 12.9) a captured step's
+    communicators run one at a time. [] for a newer driver or none."""
+    try:
+        branch = int(str(driver).split(".")[0])
+    except ValueError:
+        return []
+    out = []
+    if branch < 545:
+        out.append(
+            f"driver {driver} (R{branch}) is older than R545 (CUDA 12.3): multistream's comm.concurrency=auto falls "
+            "back to serialize there, one collective in flight and a host round trip per slice; install R545 or "
+            "newer for the K connections to carry data together"
+        )
+    if branch < 575:
+        out.append(
+            f"driver {driver} (R{branch}) is older than R575 (CUDA 12.9): a captured step would run multistream's "
+            "communicators one at a time, so the step stays eager (run.cuda_graph)"
+        )
+    return out
+
+
+def agree(requested: str, facts: list[Facts], hosts: list[str]) -> tuple[Decision, list[str]]:
+    """The mode every rank runs and why captured collectives would serialize, from every rank's facts (all-gathered
+    at start-up, so each rank computes the same answer): the most conservative of the ranks' own decisions, naming
+    the host (and rank) whose facts made it, where the ranks differ. Hosts that decided alone would issue
+    mismatched collectives on the same communicators. `overlap` asked for where any rank is unsafe: a ConfigError
+    naming that host."""
+    decisions = []
+    for r, f in enumerate(facts):
+        try:
+            decisions.append(decide(requested, f))
+        except ConfigError as e:
+            raise ConfigError(f"{e} (on {hosts[r]}, rank {r})") from None
+    serial = [r for r, d in enumerate(decisions) if d.mode == "serialize"]
+    if not serial:
+        decision = decisions[0]
+    elif len(serial) == len(decisions):
+        decision = decisions[serial[0]]
+    else:
+        r = serial[0]
+        others = len(decisions) - len(serial)
+        decision = Decision(
+            "serialize",
+            f"{decisions[r].why} (on {hosts[r]}, rank {r}; {others} other rank(s) could overlap, and every rank "
+            "serializes with it)",
+        )
+    graph: list[str] = []
+    reasons = [graph_serial_reasons(f) for f in facts]
+    for r, own in enumerate(reasons):
+        for why in own:
+            where = "" if all(why in o for o in reasons) else f" (on {hosts[r]}, rank {r})"
+            if not any(g.startswith(why) for g in graph):
+                graph.append(why + where)
+    return decision, graph
+
+
 def process_env(requested: str, environ=os.environ) -> dict[str, str]:
     """What multistream sets before the process group exists: NCCL's implicit launch order, unless the user
     set the variable (their value wins; `decide` then judges it)."""

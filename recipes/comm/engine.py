@@ -104,6 +104,7 @@ class _Engine:
                     last[plan.communicator(b, j)] = b
         self._measure_from = min(last.values(), default=0)
         self.comm_marks: list[tuple] = []  # steps not yet read: (start mark, [done mark per communicator])
+        self.joined = None  # on a GPU: a mark after the newest measured step's communicators, on backward's stream
         self._meas_streams = None
         self.serialize = serialize
         self._queue: queue.Queue | None = None
@@ -271,17 +272,19 @@ class _Engine:
 
     def _wait_per_communicator(self) -> None:
         """On a GPU, while measuring: each communicator's slices are waited for on a stream of its own, where an
-        event then marks when that communicator was done; backward's stream waits for all of those streams."""
+        event then marks when that communicator was done; backward's stream waits for all of those streams. A
+        measuring stream does not wait for backward's first: a communicator done before backward ends reads its own
+        time, not backward's (a communicator that carried nothing this step reads 0)."""
         if self._meas_streams is None:
             self._meas_streams = [torch.cuda.Stream(self.device) for _ in self.groups]
         current = torch.cuda.current_stream(self.device)
         done = [None] * len(self.groups)
         for k, side in enumerate(self._meas_streams):
-            side.wait_stream(current)
+            mine = [(b, j, work) for b, j, kk, work in self.works if kk == k]
+            if not mine:
+                continue
             with torch.cuda.stream(side):
-                for b, j, kk, work in self.works:
-                    if kk != k:
-                        continue
+                for b, j, work in mine:
                     try:
                         work.wait()
                     except Exception as e:
@@ -289,6 +292,7 @@ class _Engine:
                 done[k] = self.clock.mark()
             current.wait_stream(side)
         self.comm_marks.append((self.t_start, done))
+        self.joined = self.clock.mark()  # reached once every communicator of every step marked so far is done
 
     def read_communicators(self, wait: bool) -> list[list[float]]:
         """Per finished step (oldest first), the seconds from its first gradient to each communicator's last slice
@@ -298,6 +302,8 @@ class _Engine:
         if self.ring is not None:
             out, self.hop_seconds = self.hop_seconds, []
             return out
+        if wait and self.joined is not None and self.comm_marks:
+            self.clock.wait(self.joined)  # one host wait for them all, not one per communicator and step
         out = []
         while self.comm_marks:
             start, done = self.comm_marks[0]
@@ -307,6 +313,11 @@ class _Engine:
             out.append(secs)
             self.comm_marks.pop(0)
         return out
+
+    def read_window(self, left: int) -> list[list[float]]:
+        """`read_communicators` for the balancer, counting on the host: without a wait while fewer than `left`
+        steps (what the window still needs) are marked, so the host waits once per window, at its last step."""
+        return self.read_communicators(wait=len(self.comm_marks) >= left)
 
     def read(self, wait: bool) -> list[tuple[float, float]]:
         """(backward + sync, of which waiting) seconds of finished steps, oldest first; `wait`: of every step."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 import statistics
 import time
 from contextlib import contextmanager
@@ -117,9 +118,11 @@ class MultiStreamBackend(BackendDefaults):
                     f"multistream autotune: up to {self.tuner.max_candidates} candidates ({c.tune_method}), "
                     f"{c.tune_warmup_steps} warm-up steps, then {self.tuner.steps_per_trial} steps each"
                 )
-        facts = concurrency.probe(td.get_backend())
-        self.concurrency = concurrency.decide(c.concurrency, facts)
-        self.graph_serial = concurrency.graph_serial_reasons(facts)  # captured NCCL collectives would not overlap
+        # every rank's facts (driver, NCCL, MPS, environment), agreed: the same mode and slices on every host
+        gathered = all_gather_object((socket.gethostname(), concurrency.probe(td.get_backend())), self.dist)
+        hosts, facts = [h for h, _ in gathered], [f for _, f in gathered]
+        # graph_serial: captured NCCL collectives would not overlap on some rank
+        self.concurrency, self.graph_serial = concurrency.agree(c.concurrency, facts, hosts)
         # the same rule as the advice's (scripts/predict.py never names a setting refused here)
         why = flowrates.refusal(
             balance=bool(c.balance), level=c.balance_level, hierarchy=c.hierarchy, transport=td.get_backend()
@@ -347,6 +350,21 @@ class MultiStreamBackend(BackendDefaults):
         self.engine.timing = False
         return None
 
+    def capture_blocked_for_good(self) -> str | None:
+        """Why no step of this run can ever be captured (None: it may be, once the tuner and balancer are done): the
+        hop ring and `serialize` wait on the host, and K communicators a graph would serialize stay K when no tuner
+        can change them. The trainer then builds StepRunner instead of GraphStep."""
+        if self.engine is None:
+            return None
+        if self._hop:
+            return "comm.balance_level=hop (its ring's helper thread waits on the host)"
+        if self.concurrency.mode == "serialize":
+            return "comm.concurrency=serialize (its helper thread waits on the host)"
+        if self.graph_serial and self.tuner is None and self.engine.plan.streams > 1:
+            why = "; ".join(self.graph_serial)
+            return f"{self.engine.plan.streams} communicators would run one at a time inside a graph: {why}"
+        return None
+
     def capture_key(self):
         """The plan's identity (settings and shares): a captured step replays one plan's buffers and communicators,
         so recipes/steps.py's GraphStep captures again when a re-plan changes it (re-plans happen between steps
@@ -483,7 +501,8 @@ class MultiStreamBackend(BackendDefaults):
             eng.measure = True  # from the next step on
             return
         now, before = time.perf_counter(), b.steps
-        for secs in eng.read_communicators(wait=True):
+        # counted on the host: one wait per window (at its last step), not a host sync at every measured step
+        for secs in eng.read_window(b.skip + self.comm_cfg.balance_window - b.steps):
             b.add(secs)
         if self._hop and b.steps > before and self._hop_mark is not None:  # the whole step, as the ring's test
             self._hop_elapsed += now - self._hop_mark

@@ -35,6 +35,11 @@ class Stopwatch:
         event.record()
         return event
 
+    def wait(self, mark) -> None:
+        """Block the host until the device has reached `mark` (nothing on CPU: a mark there is already past)."""
+        if self.cuda and not mark.query():
+            mark.synchronize()
+
     def seconds(self, start, end, wait: bool = True) -> float | None:
         """Seconds from mark `start` to mark `end`; None if `end` is not reached yet and not `wait`."""
         if not self.cuda:

@@ -15,7 +15,7 @@ from typing import Literal
 
 from base import registry
 from recipes.config.fields import _FACTOR, _f
-from recipes.config.rules import TRUST_CLIP
+from recipes.config.rules import HOP_ON_HOST, TRUST_CLIP
 
 NcclPreset = Literal[tuple(registry.NCCL_PRESETS)]
 
@@ -218,6 +218,7 @@ class MultistreamConfig(Fusion, NcclFlows):
         "hop); hop = a ring of point-to-point sends whose every hop cuts its chunk over its own K connections "
         "(recipes/comm/hopring.py; gloo, or between hosts under hierarchy=host), which pays at any number of "
         "hosts; at 2 ranks in a ring it opens 2K communicators, K for each direction",
+        cross=HOP_ON_HOST,
     )
     hierarchy: Literal["none", "host"] = _f(
         "none",

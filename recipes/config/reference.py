@@ -133,6 +133,6 @@ def optimizer_table() -> str:
     for r in registry.OPTIMIZERS.values():
         momentum = "yes" if "momentum" in r.reads else "no (not logged)"
         skip = "on the device" if r.skips_on_device else "on the host"
-        graph = ("proven: " + r.graph_proven if r.graph_proven else "capturable") if r.capturable else "no"
+        graph = "capturable" if r.capturable else "no"  # captured only inside a GPU proof (recipes/proofs.py)
         rows.append(f"| `{r.name}` | {r.about} | {momentum} | {skip} | {graph} |")
     return "\n".join(rows)

@@ -50,9 +50,26 @@ def max_gpu_batch_by_size(cfg) -> None:
             raise ConfigError(f"run.max_gpu_batch_by_size.{size}: expected an integer >= 1 (images), got {cap}")
 
 
+def hop_level_on_host(cfg) -> None:
+    """comm.balance_level=hop runs its ring on gloo process groups: refused where the process group is NCCL
+    (dist.backend=nccl, or auto with run.device=cuda) unless a hierarchy runs the ring on the host
+    (comm.hierarchy=host). With run.device=auto the backend is known only at start-up, where multistream refuses it."""
+    comm = cfg.comm
+    if getattr(comm, "balance_level", "communicator") != "hop" or getattr(comm, "hierarchy", "none") == "host":
+        return
+    nccl = cfg.dist.backend == "nccl" or (cfg.dist.backend == "auto" and cfg.run.device == "cuda")
+    if nccl:
+        why = "dist.backend=nccl" if cfg.dist.backend == "nccl" else "dist.backend=auto with run.device=cuda: nccl"
+        raise ConfigError(
+            f"comm.balance_level=hop: the hop-balanced ring runs on gloo process groups, not NCCL ({why}); use "
+            "comm.balance_level=communicator on GPUs"
+        )
+
+
 BY_SIZE = Rule("run.max_gpu_batch_by_size: phases' image sizes, each at least 1 image", max_gpu_batch_by_size)
 TRUST_CLIP = Rule("optim.trust_clip_min <= optim.trust_clip_max", lambda cfg: trust_clip(cfg.optim))
 WARMUP = Rule("optim.warmup_epochs <= the schedule's epochs", warmup_within_schedule)
+HOP_ON_HOST = Rule("comm.balance_level=hop: not on NCCL unless comm.hierarchy=host", hop_level_on_host)
 
 
 def declared(cls: type) -> list[Rule]:

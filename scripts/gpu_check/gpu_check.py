@@ -112,7 +112,7 @@ def run_checks(rows: list[dict], work: Path, steps: int, gpus: int, profile: dic
     def capture():  # the CUDA-graph step's probe (gpu_check_capture.py): --out after every case
         from scripts.gpu_check.gpu_check_capture import check_capture
 
-        check_capture(rows, save)
+        check_capture(rows, save, allow_skip=profile.get("allow_skip", False))
 
     with contextlib.redirect_stdout(sys.stderr):
         if {"dali", "e2e", "eval"} & set(parts):
@@ -140,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{', '.join(ALONE)}",
     )
     ap.add_argument(
+        "--allow-skip", action="store_true", help="capture: a skipped case (DALI, Horovod) does not fail the part"
+    )
+    ap.add_argument(
         "--work", help="keep the sample data, runs and logs in a new folder inside this one (default: temporary)"
     )
     args = ap.parse_args(argv)
@@ -160,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     cap = torch.cuda.get_device_capability(0)
     dtype = "fp16"  # the record's AMP (configs/dawnbench_158s.yaml run.amp)
     profile = {"dtype": dtype, "rates": [], "speed_json": str(out.with_name("gpu_speed.json"))}
+    profile["allow_skip"] = args.allow_skip
     rows: list[dict] = []
     report = {
         "gpu": torch.cuda.get_device_name(0),
@@ -174,6 +178,10 @@ def main(argv: list[str] | None = None) -> int:
         "complete": False,  # True once the check ended (a run cut off leaves False and the rows so far)
         "rows": rows,
     }
+    if "capture" in parts:  # what a proof written from this report records (scripts/gpu_check/prove.py)
+        from scripts.gpu_check.gpu_check_capture import scope_fields
+
+        report.update(scope_fields(), allow_skip=args.allow_skip)
 
     def save() -> None:
         from base.writer import write_output

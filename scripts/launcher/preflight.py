@@ -94,6 +94,7 @@ class Expectation:
     data_dirs: list[str] = field(default_factory=list)  # [root/train, root/val, copy/train, ...]
     need_bytes: int = 0  # free space for checkpoints
     images: dict[str, int] | None = None  # {data dir: count}; None: ImageNet-1k's counts for 1000-class trees
+    multistream: bool = False  # comm.backend=multistream: the driver decides its concurrency (noted, not refused)
 
 
 @dataclass
@@ -169,6 +170,10 @@ def assess(reports: dict[str, dict], exp: Expectation) -> Assessment:
             f"driver {env.driver or 'none'}; images: {data or 'synthetic'}; "
             f"{_gib(free) + ' free' if free is not None else 'free space unknown'}"
         )
+        if uses_gpu and exp.multistream:
+            from recipes.comm.concurrency import driver_fallback
+
+            lines += [f"pre-flight [{host.ljust(width)}] note: {n}" for n in driver_fallback(env.driver)]
     # The same versions everywhere: the most common value is the reference, the others are named.
     for key, label in VERSION_LABELS.items():
         values = Counter(str(getattr(e, key)) for e in envs.values())

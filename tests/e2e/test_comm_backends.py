@@ -147,6 +147,8 @@ def test_hop_ring_is_the_exact_mean_and_every_rank_installs_the_same_hop_plan(tm
         assert r["stats"]["balance_level"] == "hop" and len(r["stats"]["shares"]) == 3
         assert r["resumed_same"]
         assert r["reverted"] == [True, True]  # a re-plan the step time did not confirm is taken back, and it settles
+        # ranks whose clocks read 1, 2 and 3 s a step judge a trial against 1.5 s on the slowest: all take it back
+        assert r["clocks_differ"] == [[[213, 787], [500, 500], [787, 213]], True]  # the table before the trial
         # proportional re-plans predicting nothing, a stretched table (s x (s / mean)^0.25) is tried, as a trial
         assert r["stretched"] == [[[213, 787], [500, 500], [787, 213]], 1, True]
     assert results[0]["digests"] == results[1]["digests"] == results[2]["digests"]

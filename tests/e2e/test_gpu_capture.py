@@ -66,6 +66,8 @@ def test_every_case_runs_under_the_stand_in_and_is_written_after_each(probe, tmp
     assert len(speed) == 2 and all(got[n] == f"n/a: {cap.SMOKE}" for n in speed)  # CPU timings are not judged
     hier = [n for n in got if n.startswith("capture hierarchy: 2 processes each its own host")]  # the CPU twin
     assert len(hier) == 1 and got[hier[0]] == "pass" and "(CPU twin, gloo)" in hier[0], rows
+    questions = [n for n in got if n.startswith("capture questions:")]
+    assert len(questions) == 3 and all(got[n] == cap.NEED_CUDA for n in questions)  # the allocator's answers need CUDA
     assert not [r for r in rows if r["result"].startswith("fail")]
     # one write per case, each holding every row so far: a run cut off keeps what it measured
     assert len(written) == len(cap.CASES) and written[-1] == [r["name"] for r in rows]
@@ -127,15 +129,20 @@ def test_a_backend_decision_that_would_capture_ddp_fails_its_row(probe, monkeypa
 
 
 def test_the_cli_smoke_without_a_stand_in_skips_what_needs_cuda(tmp_path):
+    """Each case in a process of its own, the rows gathered into one report that lists what was skipped."""
     out = tmp_path / "capture.json"
-    cmd = [sys.executable, "-m", "scripts.gpu_check.gpu_check_capture", "--smoke", "--out", str(out)]
+    cmd = [sys.executable, "-m", "scripts.gpu_check.gpu_check_capture", "--smoke", "--out", str(out), "--allow-skip"]
     p = subprocess.run([*cmd, "--cases", "phases", "optimizers"], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert p.returncode == 0, p.stdout + p.stderr
     report = json.loads(out.read_text())
-    assert report["device"] == "cpu" and report["smoke"] is True
+    assert report["gpu"] == "cpu" and report["smoke"] is True
+    assert report["world_size"] == 1 and {"nccl", "driver", "commit"} <= set(report)
     got = _by_name(report["rows"])
     need = "skip: capturing needs CUDA (the test runs it under a CPU stand-in)"
     assert [got[n] for n in got if n.startswith("capture phases:")] == [need] * 3
+    assert len(report["skipped"]) == list(got.values()).count(need) >= 4
+    assert all(s.endswith(f"({need})") for s in report["skipped"])
+    assert p.stderr.count("capture: phases done in") == 1 and p.stderr.count("capture: optimizers done in") == 1
     assert got["capture optimizers: optim.name=hybrid captured as its record says"] == need
     assert got["capture optimizers: optim.name=sgd refused as its record says"] == "pass"
     assert got["capture optimizers: optim.name=lamb refused as its record says"] == "pass"

@@ -1,6 +1,7 @@
 """The CUDA-graph step across two gloo ranks on CPU, with the stand-in graphs of tests/support.py: a capture that
-fails on one rank stops both ranks with the same line, and a peer that dies after the replays began makes the
-survivor fail within `dist.timeout_s`, naming the watched check, instead of blocking on replayed results."""
+fails on one rank stops both ranks with the same line; a peer that dies after a settled window and two more replays
+makes the survivor's next settle fail within `dist.timeout_s`, naming the watched check, instead of blocking on
+replayed results; a peer that dies between replays stops the survivor in its run-ahead wait within the timeout."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ class _Comm:
 
 def _install_peer_bound_replays(fake: FakeCudaGraphs, rank: int, store) -> None:
     """A replayed step's results exist once the peer has run the same replay (its captured collective); a host
-    read of a tensor waits for that with no watchdog, as a read after NCCL graph replays does."""
+    read of a tensor waits for that with no watchdog, as a read after NCCL graph replays does, and an event recorded
+    after the replay completes only then."""
     pending, original, graph_cls = [], torch.Tensor.tolist, torch.cuda.CUDAGraph
     count = [0]
 
@@ -41,6 +43,7 @@ def _install_peer_bound_replays(fake: FakeCudaGraphs, rank: int, store) -> None:
             super().replay()
             store.set(f"replay{rank}-{count[0]}", "1")
             pending.append(count[0])
+            fake.tail = lambda key=f"replay{1 - rank}-{count[0]}": store.check([key])
             count[0] += 1
 
     def tolist(t):
@@ -63,7 +66,7 @@ def _worker(rank: int, world: int, tmp: str, mode: str) -> None:
     )
     fake = FakeCudaGraphs(None, fail_capture=mode == "fail" and rank == 1)
     fake.install(lambda obj, name, value: setattr(obj, name, value))
-    if mode == "dead":
+    if mode != "fail":
         _install_peer_bound_replays(fake, rank, td.FileStore(f"{tmp}/replays", world))
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.LazyLinear(3))
@@ -94,18 +97,37 @@ def _worker(rank: int, world: int, tmp: str, mode: str) -> None:
     x, y = torch.randn(2, 3, 6, 6), torch.tensor([0, 1])
     st, start = State(), time.monotonic()
     result = "finished"
+
+    def step():
+        set_lr_momentum(runner.optimizer, 0.1, 0.9)
+        runner(x, y, st)
+
+    def leave(what: str):
+        with open(out, "w") as f:
+            f.write(f"{what}\n")
+        os._exit(0)  # dies without a word to its peer
+
     try:
-        for step in range(3):  # warm-up, capture (and its replay), one more replay
-            if mode == "dead" and rank == 1 and step == 2:
-                with open(out, "w") as f:
-                    f.write("left after 1 replay\n")
-                os._exit(0)  # dies without a word to its peer, one replay short of rank 0
-            set_lr_momentum(runner.optimizer, 0.1, 0.9)
-            runner(x, y, st)
-        if mode == "dead":
-            time.sleep(0.5)  # the peer is gone
+        step()  # warm-up
+        step()  # captured, and replayed (that is the step)
+        if mode == "settle":  # a settled window, two more replays, then the peer dies: the next settle is watched
+            runner.settle(st, None)
+            step()
+            step()
+            if rank == 1:
+                leave("left after 3 replays")
+            time.sleep(0.5)
             start = time.monotonic()
-        runner.settle(st, None)
+            runner.settle(st, None)
+        elif mode == "ahead":  # the peer dies one replay short; the survivor steps on and never settles
+            if rank == 1:
+                leave("left after 1 replay")
+            time.sleep(0.5)
+            start = time.monotonic()
+            for _ in range(4):  # step 2 replays, 3 waits for step 1 (done), 4 waits for step 2: the peer's is missing
+                step()
+        else:
+            runner.settle(st, None)
     except Exception as e:
         result = f"{type(e).__name__}: {e}"
         if not result.startswith("TrainingError"):
@@ -129,9 +151,19 @@ def test_a_capture_that_fails_on_one_rank_stops_both_with_the_same_line(tmp_path
     assert r0 == want and r1 == want
 
 
-def test_a_peer_dead_after_the_replays_began_fails_the_survivor_within_the_timeout(tmp_path):
-    (r0, seconds), (r1,) = _run(tmp_path, "dead")
-    assert r1 == "left after 1 replay"
+def test_a_peer_dead_after_a_settled_window_and_two_replays_fails_the_next_settle_within_the_timeout(tmp_path):
+    (r0, seconds), (r1,) = _run(tmp_path, "settle")
+    assert r1 == "left after 3 replays"
     assert r0.startswith("TrainingError: the CUDA-graph steps' check (watched all_reduce before reading replayed "), r0
     assert "a peer is dead or hung (dist.timeout_s=3)" in r0
-    assert float(seconds) < 5 * TIMEOUT_S  # a read of the replayed results would wait UNWATCHED_S (60 s)
+    assert float(seconds) < 5 * TIMEOUT_S  # an unwatched read of the replayed results would wait UNWATCHED_S (60 s)
+
+
+def test_a_peer_dead_between_replays_stops_the_survivor_in_the_run_ahead_wait_within_the_timeout(tmp_path):
+    (r0, seconds), (r1,) = _run(tmp_path, "ahead")
+    assert r1 == "left after 1 replay"
+    assert r0 == (
+        "TrainingError: run.cuda_graph: step 4: the run-ahead wait for step 2 to finish on the device took over "
+        "dist.timeout_s=3: a peer is dead or hung in a replayed collective; process groups aborted"
+    )
+    assert TIMEOUT_S <= float(seconds) < 5 * TIMEOUT_S  # a blocking wait would never return (stand-in: 60 s)

@@ -160,3 +160,19 @@ def test_the_instance_read_on_every_host_is_passed_to_the_ranks_unless_told():
     mixed = {"node01": _report(env=aws), "node02": _report(env={**aws, "instance_type": "p4d.24xlarge"})}
     assert instance_env(mixed, {}) == {"DAWNBENCH_PROVIDER": "aws"}  # one answer per value, or none
     assert instance_env({"node01": _report()}, {}) == {}  # not on a cloud (no metadata service answered)
+
+
+def test_a_multistream_run_notes_what_an_old_driver_costs():
+    """R535 (V100 fleets, a CUDA 12.6 build): multistream's auto concurrency falls back to serialize, and a captured
+    step would serialize; noted with the advice, not refused. R580: nothing to note."""
+    old = {"cuda": "12.6", "driver": "535.183.01"}
+    v = assess({"a": _report(env=old), "b": _report(env={"cuda": "12.6"})}, _exp(multistream=True))
+    notes = [ln for ln in v.lines if " note: " in ln]
+    assert notes == [
+        "pre-flight [a] note: driver 535.183.01 (R535) is older than R545 (CUDA 12.3): multistream's "
+        "comm.concurrency=auto falls back to serialize there, one collective in flight and a host round trip per "
+        "slice; install R545 or newer for the K connections to carry data together",
+        "pre-flight [a] note: driver 535.183.01 (R535) is older than R575 (CUDA 12.9): a captured step would run "
+        "multistream's communicators one at a time, so the step stays eager (run.cuda_graph)",
+    ]
+    assert [ln for ln in assess({"a": _report(env=old)}, _exp()).lines if " note: " in ln] == []  # not multistream

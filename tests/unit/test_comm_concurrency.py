@@ -28,7 +28,7 @@ SAFE_NCCL = cc.Facts("nccl", {cc.ORDER_ENV: "1"}, (2, 30, 7), 13000, 13000, Fals
 
 # -- the start-up decision -------------------------------------------------------------------------------------
 def test_default_is_auto_and_overlaps_only_where_the_rule_holds():
-    assert load_config(None, []).comm.concurrency == "auto"
+    assert load_config(None, ["comm.backend=multistream"]).comm.concurrency == "auto"
     assert cc.decide("auto", cc.Facts("gloo", {})).mode == "overlap"
     assert cc.decide("auto", SAFE_NCCL).mode == "overlap"
     assert cc.decide("overlap", SAFE_NCCL).mode == "overlap"
@@ -54,6 +54,25 @@ def test_overlap_refuses_and_auto_falls_back_where_the_rule_breaks(change, named
     assert "\n" not in str(e.value) and named in str(e.value) and "comm.concurrency=serialize" in str(e.value)
     d = cc.decide("auto", facts)
     assert d.mode == "serialize" and named in d.why and "auto fell back" in d.why
+
+
+def test_ranks_with_different_facts_run_the_same_mode_and_the_log_names_the_host_that_differed():
+    """Each rank computes `agree` from the same all-gathered facts: an old driver on one host serializes every rank,
+    and the line names that host; graph-serial reasons of one host count for all."""
+    old = cc.Facts(**{**SAFE_NCCL.__dict__, "cuda_driver": 12020})  # R535: CUDA 12.2
+    hosts = ["node-a", "node-b"]
+    for facts in ([SAFE_NCCL, old], [old, SAFE_NCCL]):
+        mode, graph = cc.agree("auto", facts, hosts)
+        bad = facts.index(old)
+        assert mode.mode == "serialize" and mode.why == (
+            "serialize (auto fell back): CUDA 12020 < 12030: NCCL orders communicators by completion there, so "
+            f"they would not overlap anyway (on {hosts[bad]}, rank {bad}; 1 other rank(s) could overlap, and every "
+            "rank serializes with it)"
+        )
+        assert graph == [f"CUDA driver 12020 < 12090 serializes communicators in a graph (on {hosts[bad]}, rank {bad})"]
+    assert cc.agree("auto", [SAFE_NCCL, SAFE_NCCL], hosts) == (cc.decide("auto", SAFE_NCCL), [])
+    with pytest.raises(ConfigError, match=r"comm.concurrency=overlap: .* \(on node-b, rank 1\)$"):
+        cc.agree("overlap", [SAFE_NCCL, old], hosts)
 
 
 def test_the_order_variable_is_set_before_the_group_unless_the_user_set_it(monkeypatch):
@@ -215,7 +234,7 @@ def test_communicator_probe_is_exact_for_odd_world_sizes_and_many_communicators(
         return t.mul_(world - 1 if calls["n"] == 5 else world)  # communicator 4 lost a rank
 
     monkeypatch.setattr(td, "all_reduce", one_short)
-    with pytest.raises(CommError, match=f"communicator 4 summed {world - 1} ones, expected the world size {world}"):
+    with pytest.raises(CommError, match=f"communicator 4 summed {world - 1} ones, expected its size {world}"):
         backend._create_groups(8)
 
 

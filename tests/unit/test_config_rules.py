@@ -16,7 +16,7 @@ TRUST = r"^optim.trust_clip_min: 0.5 is above optim.trust_clip_max \(0.25\)$"
 
 
 def test_the_schema_declares_each_rule_on_its_fields_and_the_loader_runs_them():
-    assert set(rules.declared(Config)) == {rules.BY_SIZE, rules.WARMUP, rules.TRUST_CLIP}
+    assert set(rules.declared(Config)) == {rules.BY_SIZE, rules.WARMUP, rules.TRUST_CLIP, rules.HOP_ON_HOST}
     assert field_of("optim.trust_clip_min").metadata["cross"] is rules.TRUST_CLIP
     assert field_of("optim.trust_clip_max").metadata["cross"] is rules.TRUST_CLIP
     with pytest.raises(ConfigError, match=TRUST):
@@ -49,3 +49,27 @@ def test_max_gpu_batch_by_size_names_phase_sizes_with_at_least_one_image():
         ConfigError, match=r"^run.max_gpu_batch_by_size.224: expected an integer >= 1 \(images\), got 0$"
     ):
         load_config(None, [two, "run.max_gpu_batch_by_size={224: 0}"])
+
+
+def test_hop_level_on_nccl_is_refused_at_load_before_anything_is_written(tmp_path):
+    import train
+
+    hop = ["comm.backend=multistream", "comm.balance=true", "comm.balance_level=hop"]
+    want = "comm.balance_level=hop: the hop-balanced ring runs on gloo process groups, not NCCL ({}); use "
+    want += "comm.balance_level=communicator on GPUs"
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [*hop, "dist.backend=nccl"])
+    assert str(e.value) == want.format("dist.backend=nccl")
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [*hop, "run.device=cuda"])
+    assert str(e.value) == want.format("dist.backend=auto with run.device=cuda: nccl")
+    load_config(None, [*hop, "run.device=cpu"])  # gloo: the network lab's hosts
+    load_config(None, [*hop, "run.device=auto"])  # known at start-up only, where multistream refuses NCCL
+    # a hierarchy that runs the ring on the host makes it legal (comm.hierarchy=host)
+    cfg = load_config(None, [*hop, "run.device=cpu"])
+    on_host = dataclasses.replace(cfg, dist=dataclasses.replace(cfg.dist, backend="nccl"))
+    object.__setattr__(on_host.comm, "hierarchy", "host")
+    rules.hop_level_on_host(on_host)
+    out = tmp_path / "runs"
+    assert train.main([*hop, "dist.backend=nccl", f"run.out_dir={out}"]) != 0
+    assert not out.exists()  # refused before the run directory

@@ -166,7 +166,7 @@ def test_graph_decision_says_why_it_stays_eager():
     assert engaged[0] is False and "comm.backend=ddp wraps the model" in engaged[1]
     # auto: only what a GPU run proved; none has yet
     ok, why = _decide()
-    assert not ok and why.startswith("no GPU run has proven the captured step with optim.name=hybrid")
+    assert not ok and why.startswith("no GPU proof covers this run (optim.name=hybrid: no GPU run has proven it")
     with pytest.raises(TrainingError, match="decides on the host"):
         GraphStep(
             capture=False,
@@ -274,18 +274,79 @@ def test_a_frozen_float_diverges_under_the_stand_in(monkeypatch):
     assert diff > 1e-4
 
 
-def test_a_host_read_inside_the_capture_is_refused(monkeypatch):
-    """The stand-in refuses a host read in the captured body, as CUDA does on a capturing stream."""
+@pytest.mark.parametrize(
+    "read,why",
+    [
+        (float, "(a host read of a tensor)"),
+        (lambda t: t.tolist()[0], "(Tensor.tolist: a host read)"),
+        (lambda t: float(t.numpy()[0]), "(Tensor.numpy: a host read)"),
+    ],
+)
+def test_a_host_read_inside_the_capture_is_refused(monkeypatch, read, why):
+    """The stand-in refuses a host read in the captured body (`.item()`, `.tolist()`, `.numpy()`), as CUDA does on
+    a capturing stream."""
     monkeypatch.setattr(td, "all_reduce", lambda t, group=None, async_op=False: _Done())
     model = _net()
     fake = _fake(monkeypatch)
     runner = _runner(partial(GraphStep, capture=True, warmup=0), model, amp="none", engine=False)
     _watch(fake, runner, model)
     orig = runner.grad_norm
-    runner.grad_norm = lambda: orig() * float(orig())  # a host read
+    runner.grad_norm = lambda: orig() * read(orig().detach().reshape(1))  # a host read
     (x, y), *_ = _batches()
+    log = _Log()
     with pytest.raises(TrainingError, match=r"capturing the training step for input \[4, 3, 8, 8\] failed on rank"):
-        runner(x, y, State(), _Log())
+        runner(x, y, State(), log)
+    refused = "RuntimeError: operation not permitted when stream is capturing"
+    assert log.warnings == [f"run.cuda_graph: this rank's capture failed: {refused} {why}"]
+
+
+def test_the_stand_in_streams_hide_a_write_until_another_stream_waits_for_it(monkeypatch):
+    """A write on the side stream is NaN to the main stream until `main.wait_stream(side)`; the side stream reads
+    its own writes; an event left unfinished stays unfinished."""
+    fake = _fake(monkeypatch)
+    main, side, t = torch.cuda.current_stream(), torch.cuda.Stream(), torch.ones(2)
+    with torch.cuda.stream(side):
+        t.add_(1)
+    assert torch.isnan(t).all()  # main reads before waiting: not the value written
+    with torch.cuda.stream(side):
+        assert t.tolist() == [2.0, 2.0]
+    main.wait_stream(side)
+    assert t.tolist() == [2.0, 2.0]
+    fake.tail, fake.block_s = (lambda: False), 0.05
+    event = torch.cuda.Event()
+    event.record(main)
+    assert not event.query()
+    with pytest.raises(RuntimeError, match="work unfinished after 0.05 s"):
+        event.synchronize()
+
+
+def test_the_run_ahead_wait_stops_within_the_timeout_when_the_device_never_finishes(monkeypatch):
+    """A step the device never finishes (a replayed collective whose peer died): the host's wait for it polls with
+    the deadline `dist.timeout_s`, aborts the process groups and stops with one line naming the step and the wait."""
+    import time
+
+    monkeypatch.setattr(td, "all_reduce", lambda t, group=None, async_op=False: _Done())
+    aborted = []
+    monkeypatch.setattr("recipes.steps.abort_process_groups", lambda: aborted.append(True))
+    model = _net()
+    fake = _fake(monkeypatch)
+    runner = _runner(partial(GraphStep, capture=True, warmup=1), model, amp="none", engine=False)
+    runner.timeout_s = 0.5
+    _watch(fake, runner, model)
+    batches, st = _batches(), State()
+    for x, y in batches[:2]:  # eager, then captured and replayed
+        runner(x, y, st, _Log())
+    fake.tail = lambda: False  # the device never finishes what is enqueued from here on
+    runner(*batches[2], st, _Log())  # waits for step 0: done
+    runner(*batches[3], st, _Log())  # waits for step 1: done
+    start = time.monotonic()
+    with pytest.raises(TrainingError) as e:
+        runner(*batches[4], st, _Log())  # waits for step 2: never done
+    assert str(e.value) == (
+        "run.cuda_graph: step 4: the run-ahead wait for step 2 to finish on the device took over "
+        "dist.timeout_s=0.5: a peer is dead or hung in a replayed collective; process groups aborted"
+    )
+    assert 0.5 <= time.monotonic() - start < 5.0 and aborted == [True]
 
 
 def test_a_phase_change_never_captures_into_a_pool_with_a_live_block(monkeypatch):
@@ -457,3 +518,34 @@ def test_every_shipped_config_captures_only_a_body_without_host_reads(monkeypatc
             assert len(fake.captured) == 1 and fake.replays == 2, path
             seen[key] = path
     assert {k[0] for k in seen} == {"hybrid"}  # the record's optimizer: the shipped configs that can capture
+
+
+def test_a_backend_that_blocks_capture_for_good_gets_the_step_runner_not_an_eager_graph_step():
+    """multistream's hop ring, serialize, or K communicators a graph would serialize with no tuner to change K:
+    every phase eager with that reason (the trainer then builds StepRunner); a tuner that may still pick K=1 keeps
+    the decision."""
+    from types import SimpleNamespace
+
+    from recipes.comm import concurrency as cc
+    from recipes.comm.multistream import MultiStreamBackend
+    from recipes.distributed import DistInfo
+    from recipes.steps import after_backend
+
+    cfg = load_config(None, ["comm.backend=multistream", "run.device=cpu"])
+    ms = MultiStreamBackend(cfg.comm, DistInfo(0, 2, 0, 1, torch.device("cpu")), timeout_s=30.0, model_name="x")
+    ms.engine = SimpleNamespace(plan=SimpleNamespace(streams=4))
+    ms.concurrency, ms.graph_serial, ms.tuner = cc.Decision("overlap", "overlap"), [], None
+    decisions = [(True, ""), (False, "gradient accumulation (2 micro-batches: run.accumulate/max_gpu_batch)")]
+    assert after_backend(decisions, ms) == decisions  # nothing blocks for good
+    ms.graph_serial = ["CUDA driver 12080 < 12090 serializes communicators in a graph"]
+    want = (
+        "4 communicators would run one at a time inside a graph: CUDA driver 12080 < 12090 serializes communicators "
+        "in a graph; capture can never happen in this run"
+    )
+    assert after_backend(decisions, ms) == [(False, want), (False, want)]
+    ms.tuner = object()  # the tuner may still choose one communicator
+    assert after_backend(decisions, ms) == decisions
+    ms.concurrency = cc.Decision("serialize", "serialize (asked for)")
+    serial = "comm.concurrency=serialize (its helper thread waits on the host); capture can never happen in this run"
+    assert after_backend(decisions, ms) == [(False, serial)] * 2
+    assert after_backend(decisions, NoComm()) == decisions  # a backend that states nothing

@@ -74,3 +74,25 @@ def test_nothing_fits_is_said_so():
 def test_an_unknown_gpu_names_the_choices():
     with pytest.raises(ConfigError, match="--gpu: expected one of v100, v100-32gb"):
         memory.gpu_memory_bytes("k80")
+
+
+def test_a_captured_phase_counts_its_graph_pool():
+    """NVIDIA's 256 images per V100 16 GB at 224 px fits eagerly (13.9 of 14.4 GiB) but not as a CUDA graph, whose
+    pool holds the step's activations again; the line names the pool and the micro-batch that fits then."""
+    eager, graph = (
+        _need(224, 256),
+        memory.need("resnet50", image_size=224, micro_batch=256, per_gpu_batch=256, amp="fp16", captured=True),
+    )
+    assert graph.graph_pool == eager.activations and graph.total == eager.total + eager.activations
+    cfg = _cfg("model.name=resnet50", "phases=[{epochs: 6, image_size: 224, batch_size: 256}]", "run.amp=fp16")
+    plan = Schedule(cfg.phases, cfg.optim, num_images=IMAGES, world_size=1, **memory.accumulation(cfg))
+    v100 = memory.gpu_memory_bytes("v100")
+    assert memory.check_fits(cfg, plan, v100, "v100", captured=[False]) == []
+    (line,) = memory.check_fits(cfg, plan, v100, "v100", captured=[True])
+    pool = eager.activations / memory.GIB
+    assert f"(of which the CUDA graph's pool ~{pool:.1f} GiB), v100 has 16 GiB" in line
+    fits = memory.largest_micro_batch(
+        "resnet50", image_size=224, per_gpu_batch=256, amp="fp16", gpu_bytes=v100, captured=True
+    )
+    assert 100 < fits < 140 and f"run.max_gpu_batch={fits}" in line  # about half of eager's 266
+    assert memory.captured_phases(cfg, plan) == [False]  # run.cuda_graph=auto: nothing proven, nothing captured
