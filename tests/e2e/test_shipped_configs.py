@@ -150,10 +150,12 @@ CROSSED = ("optim.name", "optim.lars_momentum", "run.amp", "run.channels_last", 
 
 
 def _get(cfg: Config, key: str):
+    section, name = key.rsplit(".", 1)
     value = cfg
-    for part in key.split("."):
+    for part in section.split("."):
         value = getattr(value, part)
-    return value
+    # a key of another plug-in than the chosen one (lars_momentum under sgd) is not read: None
+    return value.get(name) if hasattr(value, "get") else getattr(value, name)
 
 
 def _flat(tree: dict, prefix: str = "") -> list[str]:

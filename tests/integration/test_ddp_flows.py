@@ -12,9 +12,10 @@ import pytest
 from support import ROOT
 
 from base.errors import ConfigError
+from lab import netlab
 from recipes.comm import ncclenv
 from recipes.config import load_config
-from scripts import compare_runs, netlab
+from scripts import compare_runs
 
 
 def _comm(*over):
