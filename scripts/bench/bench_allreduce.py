@@ -36,6 +36,10 @@ import tempfile
 import time
 from pathlib import Path
 
+# Started as a file, Python puts only scripts/bench/ on the path: the repository goes first, so the imports
+# below (the repository's packages) resolve as they do under `python -m`.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
 from base import registry
 from base.writer import write_output
 from scripts import netlab

@@ -13,6 +13,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from pathlib import Path
+
+# Started as a file, Python puts only scripts/bench/ on the path: the repository goes first, so the imports
+# below (the repository's packages) resolve as they do under `python -m`.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from base import reader
 
