@@ -34,14 +34,22 @@ def missing_required(cfg: Config) -> list[str]:
     return [k for k in ("author", "author_email") if not getattr(cfg.dawnbench, k).strip()]
 
 
+def required_problem(cfg: Config) -> str | None:
+    """The line that stops a run whose entry would lack a field the format requires (None: nothing lacks)."""
+    missing = missing_required(cfg)
+    if not missing:
+        return None
+    return (
+        f"dawnbench.{missing[0]}: the DAWNBench entries format requires it (dawnbench.require=true); set "
+        f"{' '.join(f'dawnbench.{k}=...' for k in missing)}, or dawnbench.require=false for a run not to submit"
+    )
+
+
 def check_required(cfg: Config) -> None:
     """With dawnbench.require, refuse to start a run whose entry would lack a field the format requires."""
-    missing = missing_required(cfg)
-    if missing:
-        raise ConfigError(
-            f"dawnbench.{missing[0]}: the DAWNBench entries format requires it (dawnbench.require=true); set "
-            f"{' '.join(f'dawnbench.{k}=...' for k in missing)}, or dawnbench.require=false for a run not to submit"
-        )
+    problem = required_problem(cfg)
+    if problem:
+        raise ConfigError(problem)
 
 
 # DAWNBench's ImageNet training target and the validation set it is measured on (ILSVRC2012: 50,000 images,
@@ -259,6 +267,7 @@ __all__ = [
     "file_stem",
     "hardware_description",
     "missing_required",
+    "required_problem",
     "qualification",
     "qualification_line",
     "write_entry",
