@@ -245,6 +245,10 @@ def build_job(args) -> tuple[Job, object]:
     # What resumes this run, for the workers' preemption line: make's command when make started us, else ours.
     ours = shlex.join(["python", "scripts/launch.py", *getattr(args, "argv_seen", [])])
     env[RERUN_ENV] = os.environ.get(RERUN_ENV) or ours
+    # The DAWNBench entry's "deployment backend": how the ranks were really started (recipes/dawnbench.py).
+    env["DAWNBENCH_LAUNCHER"] = (
+        "scripts/launch.py (horovodrun)" if args.engine == "horovod" else "scripts/launch.py (torchrun c10d)"
+    )
     if args.provider:
         env["DAWNBENCH_PROVIDER"] = args.provider
     if args.instance_type:
