@@ -192,3 +192,21 @@ def test_the_per_phase_table_shows_the_spread_of_its_epochs(tmp_path, capsys):
     assert rows["a"]["phase 0 (32 px)"] == "100.0 (90.0-110.0, 3 epochs)"
     assert rows["one"]["phase 0 (32 px)"] == "100.0"
     assert "a difference between runs within that spread is noise" in out
+
+
+def test_a_run_stopped_mid_tuning_says_tuning_unfinished_not_kept(tmp_path, capsys):
+    """A run that ended with 5 of 10 candidates measured once showed the candidate under measurement as 'kept'."""
+    ddp = fake_run_dir(tmp_path / "ddp", "ddp")
+    ms = fake_run_dir(tmp_path / "multistream", "multistream")
+    summary = json.loads((ms / "summary.json").read_text())
+    tuner = {"tune_finished": False, "tune_measured": 5, "tune_candidates": 10}
+    summary["comm"]["settings"].update(tuner)
+    (ms / "summary.json").write_text(json.dumps(summary))
+    assert compare_runs.main([str(ddp), str(ms), "--plot", str(tmp_path / "c.png")]) == 0
+    rows = _rows(capsys.readouterr().out)
+    unfinished = "on (tuning unfinished (5 of 10 measured); its comm and img/s mix the candidates)"
+    assert rows["multistream"]["autotune"] == unfinished
+    summary["comm"]["settings"].update(tune_finished=True, tune_measured=10)
+    (ms / "summary.json").write_text(json.dumps(summary))
+    assert compare_runs.main([str(ddp), str(ms), "--plot", str(tmp_path / "c.png")]) == 0
+    assert _rows(capsys.readouterr().out)["multistream"]["autotune"] == "on (kept bucket_mb=8, streams=2, slices=1)"
