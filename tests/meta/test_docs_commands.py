@@ -329,6 +329,10 @@ def test_the_docs_show_commands():
     assert len(found) > 40
 
 
+# Every shown script's and module's --help and ten --plan/--print-config runs (each a Python start that imports
+# torch, in parallel): about a minute on 2 cores. An import break is caught sooner, by the not-slow
+# tests/meta/test_entry_points.py, whose starts this test shares in one session (support.started).
+@pytest.mark.slow
 def test_every_documented_command_fits_the_code(tmp_path):
     problems = check_docs(docs(), tmp_path)
     assert not problems, "commands in the docs that no longer fit the code:\n" + "\n".join(problems)
