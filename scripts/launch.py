@@ -362,6 +362,9 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"launch: error: {problem}", file=sys.stderr)
         return 2
+    if args.probe_network and len(job.hosts) < 2:  # the probe measures host pairs: one host has none
+        print(f"launch: --probe-network: one host ({job.hosts[0].name}): no link between hosts to measure; nothing run")
+        return 0
     if not args.no_check:
         rc = preflight(job, cfg, args)
         if rc:

@@ -381,6 +381,17 @@ def test_plan_is_the_dry_run_plus_every_check_that_would_stop_the_run(tmp_path, 
     assert not (tmp_path / "run").exists()
 
 
+def test_probe_network_on_one_host_says_there_is_nothing_to_measure(tmp_path, capsys):
+    """It once printed an empty matrix without a word."""
+    import launch as launch_module
+
+    argv = ["--hosts", "localhost", "--transport", "local", "--probe-network", "-c", "configs/quickstart.yaml"]
+    assert launch_module.main([*argv, "--run-dir", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "launch: --probe-network: one host (localhost): no link between hosts to measure; nothing run"
+    assert not (tmp_path / "run").exists()
+
+
 def test_an_auto_tuned_run_from_the_model_probes_the_links_first(tmp_path, tiny_root):
     common = ["--hostfile", str(two_local_hosts(tmp_path)), "--transport", "local", "--gpus-per-host", "1"]
     common += ["--run-dir", str(tmp_path / "r"), "--dry-run", "-c", "configs/quickstart.yaml", f"data.root={tiny_root}"]
