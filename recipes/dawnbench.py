@@ -156,6 +156,7 @@ def entry(
     day: datetime.date | None = None,
     commit: str = "",
     environment: Environment | None = None,
+    *,
     environ: dict | None = None,
 ) -> dict:
     """The JSON entry as a dict; `summary` is the trainer's summary (summary.json); `environment` (from
