@@ -181,7 +181,7 @@ CONFIG      = $(value DAWNBENCH_CONFIG)
 # without .yaml, which names the run directory (a preset never trains into, nor resumes, the record's directory).
 cfg = $(or $(CONFIG),$(1))
 cfg_name = $(basename $(notdir $(call cfg,$(1))))
-DRY_RUN = $(filter --dry-run,$(LAUNCH_ARGS))
+DRY_RUN = $(filter --dry-run --plan,$(LAUNCH_ARGS))
 # The make command that resumes a run (the launcher's "next:" line and the workers' preemption line name it).
 RERUN_MAKE = $(strip make $@$(foreach v,HOSTS DATA CONFIG RUN_DIR GPUS OVERRIDES,$(if $(filter command line,$(origin $(v))), $(v)=$(call q,$(value $(v))))))
 LAUNCH = DAWNBENCH_RERUN=$(call q,$(RERUN_MAKE)) $(PY) scripts/launch.py --python $(PY) --port $(call q,$(PORT)) $(if $(GPUS),--gpus-per-host $(call q,$(GPUS))) \

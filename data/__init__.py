@@ -48,14 +48,42 @@ def _scan(data, phases: list, classes: list[str] | None = None):
         # A copy not named in data.roots is found next to data.root: /data/imagenet-160 for root '160'.
         beside = copy_beside(data.root, phase.root)
         if not beside.is_dir():
-            size = f"--short-side {phase.root}" if phase.root.isdigit() else "--short-side N"
-            raise DataError(
-                f"phases.{i}.root: '{phase.root}' is not in data.roots (known: {', '.join(sorted(roots))}) and "
-                f"'{beside}' does not exist; make it with: python data/prepare.py --src {data.root} "
-                f"--dst {beside} {size}"
-            )
+            raise DataError(_no_copy(data, i, phase.root, sorted(roots)))
         roots[phase.root] = (scan_split(beside, "train", classes=train.classes), val)
     return train, val, roots
+
+
+def _no_copy(data, i: int, name: str, known: list[str]) -> str:
+    beside = copy_beside(data.root, name)
+    size = f"--short-side {name}" if name.isdigit() else "--short-side N"
+    return (
+        f"phases.{i}.root: '{name}' is not in data.roots (known: {', '.join(known)}) and '{beside}' does not exist; "
+        f"make it with: python data/prepare.py --src {data.root} --dst {beside} {size}"
+    )
+
+
+def missing_inputs(data, phases: list) -> list[str]:
+    """Every folder or file of the data section that is not there, each as the line that would stop the run when
+    its input pipeline starts (`train.py --plan` lists them all at once; a run stops at the first)."""
+    if not registry.INPUT_PIPELINES[data.backend].reads_folders:
+        return []
+    if not Path(data.root).is_dir():
+        return [f"dataset root '{data.root}' does not exist (set data.root or run `make sample`)"]
+    problems = []
+    if data.val_blacklist and not blacklist_path(data.root, data.val_blacklist).exists():
+        where = blacklist_path(data.root, data.val_blacklist)
+        devkit = "the devkit's data/ILSVRC2012_validation_blacklist.txt"
+        problems.append(f"data.val_blacklist: '{where}' not found ({devkit})")
+    known = sorted({"full", *data.roots})
+    for i, phase in enumerate(phases):
+        if phase.root in data.roots:
+            if not Path(data.roots[phase.root]).is_dir():
+                problems.append(f"data.roots.{phase.root}: '{data.roots[phase.root]}' is not a folder")
+        elif phase.root != "full" and not copy_beside(data.root, phase.root).is_dir():
+            line = _no_copy(data, i, phase.root, known)
+            if line not in problems and not any(f"'{phase.root}' is not in" in p for p in problems):
+                problems.append(line)
+    return problems
 
 
 def create_input(
@@ -72,4 +100,4 @@ def create_input(
     return pipeline(data, dist, run, *_scan(data, run.phases, val_classes))  # + train split, val split, roots
 
 
-__all__ = ["BasePipeline", "InputPipeline", "RunContext", "create_input"]
+__all__ = ["BasePipeline", "InputPipeline", "RunContext", "create_input", "missing_inputs"]

@@ -13,6 +13,7 @@ validation image evaluated), and an entry that is not has `.not-qualifying` in i
 from __future__ import annotations
 
 import datetime
+import os
 import platform
 import re
 from pathlib import Path
@@ -34,14 +35,22 @@ def missing_required(cfg: Config) -> list[str]:
     return [k for k in ("author", "author_email") if not getattr(cfg.dawnbench, k).strip()]
 
 
+def required_problem(cfg: Config) -> str | None:
+    """The line that stops a run whose entry would lack a field the format requires (None: nothing lacks)."""
+    missing = missing_required(cfg)
+    if not missing:
+        return None
+    return (
+        f"dawnbench.{missing[0]}: the DAWNBench entries format requires it (dawnbench.require=true); set "
+        f"{' '.join(f'dawnbench.{k}=...' for k in missing)}, or dawnbench.require=false for a run not to submit"
+    )
+
+
 def check_required(cfg: Config) -> None:
     """With dawnbench.require, refuse to start a run whose entry would lack a field the format requires."""
-    missing = missing_required(cfg)
-    if missing:
-        raise ConfigError(
-            f"dawnbench.{missing[0]}: the DAWNBench entries format requires it (dawnbench.require=true); set "
-            f"{' '.join(f'dawnbench.{k}=...' for k in missing)}, or dawnbench.require=false for a run not to submit"
-        )
+    problem = required_problem(cfg)
+    if problem:
+        raise ConfigError(problem)
 
 
 # DAWNBench's ImageNet training target and the validation set it is measured on (ILSVRC2012: 50,000 images,
@@ -125,6 +134,21 @@ def file_stem(cfg: Config, world_size: int, local_world_size: int, device: torch
     return "_".join([_slug(cfg.dawnbench.author), _slug(cfg.dawnbench.model or cfg.model.name), tag, "pytorch"])
 
 
+LAUNCHER_ENV = "DAWNBENCH_LAUNCHER"  # scripts/launch.py names itself and its engine here for every worker
+
+
+def deployment(environ: dict | None = None) -> str:
+    """How this process was started, for the entry's "deployment backend": what its environment shows."""
+    env = os.environ if environ is None else environ
+    if env.get(LAUNCHER_ENV):
+        return env[LAUNCHER_ENV]
+    if "HOROVOD_RANK" in env:
+        return "horovodrun"
+    if "TORCHELASTIC_RUN_ID" in env:
+        return "torchrun"
+    return "python train.py (one process)"
+
+
 def entry(
     cfg: Config,
     summary: dict,
@@ -132,6 +156,8 @@ def entry(
     day: datetime.date | None = None,
     commit: str = "",
     environment: Environment | None = None,
+    *,
+    environ: dict | None = None,
 ) -> dict:
     """The JSON entry as a dict; `summary` is the trainer's summary (summary.json); `environment` (from
     recipes.environment.collect()) adds the versions, driver, GPUs and instance both record entries list."""
@@ -192,7 +218,7 @@ def entry(
         "channels_last": cfg.run.channels_last,
         "distributed training backend": cfg.comm.backend,
         "input pipeline": cfg.data.backend,
-        "deployment backend": "scripts/launch.py (torchrun c10d / horovodrun)",
+        "deployment backend": deployment(environ),
         "processes": summary["world_size"],
         "epochs": summary["epochs"],
         "iterations": summary["steps"],
@@ -260,6 +286,7 @@ __all__ = [
     "file_stem",
     "hardware_description",
     "missing_required",
+    "required_problem",
     "qualification",
     "qualification_line",
     "write_entry",

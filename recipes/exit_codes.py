@@ -66,7 +66,8 @@ EXIT_CODES = (
         str(KILLED),
         "a rank was killed by SIGKILL: the launcher's failure line names the rank and host, and says whether the "
         "kernel's OOM killer did it (where it can read that host's kernel log), else a `kill -9` or a scheduler "
-        "past its grace period",
+        "past its grace period; or the launcher, stopped by Ctrl-C or SIGTERM, killed ranks that wrote no "
+        "checkpoint within its `--grace` (its `no checkpoint written:` line)",
         "rerun; it resumes from the last checkpoint written before the kill (killed for host memory: fewer "
         "`data.workers` first)",
     ),

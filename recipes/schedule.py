@@ -254,7 +254,8 @@ class Schedule:
         marks = {0, math.floor(w), math.ceil(w), self.last_step, *starts, *(s - 1 for s in starts if s > 0)}
         peak = max(sorted(m for m in marks if 0 <= m <= self.last_step), key=self.lr)
         warm = (
-            f"end of warm-up {self.lr(w):.4g} at step {w:.0f} (epoch {self.epoch_of_step(w):.2f})"
+            # warm-up may end inside a step (6.5): rounded, the step shown would not be where the LR peaks
+            f"end of warm-up {self.lr(w):.4g} at step {w:.10g} (epoch {self.epoch_of_step(w):.2f})"
             if w > 0
             else "no warm-up"
         )

@@ -140,6 +140,20 @@ def step_table(est) -> list[str]:
     return lines
 
 
+def startup_lines(cfg) -> list[str]:
+    """The checks a run makes before its first step (the entry's fields, the dataset, the blacklist, the
+    pre-resized copies), each that fails as the line that would stop it: a run stops at the first, the plan lists
+    every one."""
+    from data import missing_inputs
+    from recipes.dawnbench import required_problem
+
+    stops = [p for p in (required_problem(cfg),) if p] + missing_inputs(cfg.data, cfg.phases)
+    if not stops:
+        return ["start-up checks: none would stop this run here (dawnbench fields, data.root, blacklist, copies)"]
+    head = f"start-up checks: {len(stops)} would stop this run here (train.py stops at the first, exit 2):"
+    return [head, *(f"  {line}" for line in stops)]
+
+
 def print_plan(
     cfg, num_images: int | None, world_size: int | None, png: str | None = None, gpu: str | None = None
 ) -> int:
@@ -176,6 +190,7 @@ def print_plan(
     # never through a planted link, never half-written
     write_output(out, plot_plan(plan, plan_title(plan, gpu, cfg.run.amp)), "the plan's plot")
     print(f"plot: {out}")
+    print("\n".join(startup_lines(cfg)))
     if gpu is None:
         return 0
     lines, problems = hardware_table(cfg, plan, gpu)

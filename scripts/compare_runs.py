@@ -319,7 +319,11 @@ def _autotune(run: Run) -> str:
     if not comm.get("autotune"):
         return "off"
     stats = run.comm
-    chosen = {k: v for k, v in (stats.settings if stats else {}).items() if k in ("bucket_mb", "streams", "slices")}
+    settings = stats.settings if stats else {}
+    chosen = {k: v for k, v in settings.items() if k in ("bucket_mb", "streams", "slices")}
+    if settings.get("tune_finished") is False:  # stopped mid-search: the settings are a candidate, not a choice
+        measured, total = settings.get("tune_measured", "?"), settings.get("tune_candidates", "?")
+        return f"on (tuning unfinished ({measured} of {total} measured); its comm and img/s mix the candidates)"
     return "on" + (f" (kept {', '.join(f'{k}={v}' for k, v in chosen.items())})" if chosen else "")
 
 

@@ -131,6 +131,12 @@ def _parser() -> argparse.ArgumentParser:
     probe.add_argument("--probe-flows", type=int, default=4, help="N: parallel flows of the second measurement")
     probe.add_argument("--no-probe", action="store_true", help="an auto-tuned run keeps the config's link figures")
     ap.add_argument("--dry-run", action="store_true", help="print the commands for every host and exit")
+    ap.add_argument(
+        "--plan",
+        action="store_true",
+        help="--dry-run, plus every start-up check that would stop the run (the entry's author, the dataset, the "
+        "blacklist, the pre-resized copies; the data as this host sees it), listed at once",
+    )
     return ap
 
 
@@ -202,7 +208,7 @@ def build_job(args) -> tuple[Job, object]:
         overrides.append(f"comm.backend={theirs[0]}")
         cfg = load_config(args.config, overrides)
     missing = missing_required(cfg)
-    if missing and not args.probe_network:
+    if missing and not args.probe_network and not args.plan:  # --plan lists it with the other checks
         fix = " ".join(f"dawnbench.{k}=..." for k in missing)
         raise LaunchError(
             f"{' and '.join('dawnbench.' + k for k in missing)} required by {args.config} (dawnbench.require: true, "
@@ -239,6 +245,10 @@ def build_job(args) -> tuple[Job, object]:
     # What resumes this run, for the workers' preemption line: make's command when make started us, else ours.
     ours = shlex.join(["python", "scripts/launch.py", *getattr(args, "argv_seen", [])])
     env[RERUN_ENV] = os.environ.get(RERUN_ENV) or ours
+    # The DAWNBench entry's "deployment backend": how the ranks were really started (recipes/dawnbench.py).
+    env["DAWNBENCH_LAUNCHER"] = (
+        "scripts/launch.py (horovodrun)" if args.engine == "horovod" else "scripts/launch.py (torchrun c10d)"
+    )
     if args.provider:
         env["DAWNBENCH_PROVIDER"] = args.provider
     if args.instance_type:
@@ -313,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"launch: error: --args-text: {e}", file=sys.stderr)
         return 2
     args = _parser().parse_intermixed_args(argv)  # overrides may follow options, as with train.py
-    args.argv_seen = [a for a in argv if a != "--dry-run"]
+    args.argv_seen = [a for a in argv if a not in ("--dry-run", "--plan")]
+    args.dry_run = args.dry_run or args.plan
     sys.path.insert(0, str(REPO))
     from base.errors import ConfigError, RunDirError
     from recipes.rundir import files as run_files
@@ -339,6 +350,11 @@ def main(argv: list[str] | None = None) -> int:
             "versions, image counts and free disk"
         )
         print(f"launch: dry run: nothing started (the checks would ask every host for {checks})")
+        if args.plan:
+            from recipes.schedule_report import startup_lines
+
+            for line in startup_lines(cfg):  # the same checks train.py makes on each host before its first step
+                print(f"launch: plan: {line}")
         return 0
     from recipes.rundir.directory import not_a_run
 
@@ -346,6 +362,9 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"launch: error: {problem}", file=sys.stderr)
         return 2
+    if args.probe_network and len(job.hosts) < 2:  # the probe measures host pairs: one host has none
+        print(f"launch: --probe-network: one host ({job.hosts[0].name}): no link between hosts to measure; nothing run")
+        return 0
     if not args.no_check:
         rc = preflight(job, cfg, args)
         if rc:

@@ -4,6 +4,7 @@ auto-tuner's test driver."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import time
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -68,6 +70,23 @@ def run_context(cfg):
     from data import RunContext
 
     return RunContext(**input_args(cfg))
+
+
+@functools.cache
+def started(*argv: str, cwd: Path = ROOT) -> tuple[int, str]:
+    """(exit code, stdout and stderr) of a command started from the repository root as a user types it. Each
+    distinct command starts once per test session: the docs' commands and the entry points share their `--help`."""
+    env = quiet_env()
+    env.pop("PYTHONPATH", None)  # a user's shell has none: with the root on it, a script's missing bootstrap hides
+    p = subprocess.run(list(argv), cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
+    return p.returncode, p.stdout + p.stderr
+
+
+def start_all(commands, cwd: Path = ROOT) -> None:
+    """Start every command at once (a thread per subprocess, as many as the machine has cores, at least 4): each
+    is a Python start-up that imports torch, so in series they would take a second or two apiece."""
+    with ThreadPoolExecutor(max(4, os.cpu_count() or 1)) as pool:
+        list(pool.map(lambda argv: started(*argv, cwd=cwd), sorted(set(commands))))
 
 
 def free_port() -> int:

@@ -671,6 +671,10 @@ class MultiStreamBackend(BackendDefaults):
             "compression": c.compression,
             "concurrency": self.concurrency.mode if self.concurrency else c.concurrency,
         }
+        if self.tuner is not None:  # whether the settings above are its winner or a candidate it was measuring
+            settings["tune_finished"] = self.tuner.done
+            settings["tune_measured"] = len(self.tuner.trials)
+            settings["tune_candidates"] = self.tuner.max_candidates
         if self.balance is not None:
             settings["balance_replans"] = self.balance.replans
             settings["balance_level"] = "hop" if self._hop else "communicator"

@@ -22,6 +22,10 @@ from pathlib import Path
 
 import torch
 
+# Started as a file, Python puts only scripts/bench/ on the path: the repository goes first, so the imports
+# below (the repository's packages) resolve as they do under `python -m`.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
 from data.folder import scan_split
 from data.transforms import normalize
 from models import create_model

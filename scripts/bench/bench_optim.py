@@ -21,6 +21,10 @@ from pathlib import Path
 import torch
 from timm.optim import Lars
 
+# Started as a file, Python puts only scripts/bench/ on the path: the repository goes first, so the imports
+# below (the repository's packages) resolve as they do under `python -m`.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
 from base import registry
 from models import create_model
 from recipes.config import load_config

@@ -15,8 +15,13 @@ import contextlib
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
+
+# Started as a file, Python puts only scripts/bench/ on the path: the repository goes first, so the imports
+# below (the repository's packages) resolve as they do under `python -m`.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from recipes.config import load_config
 from recipes.metrics import IMAGES_PER_S

@@ -27,6 +27,10 @@ import tempfile
 import time
 from pathlib import Path
 
+# Started as a file, Python puts only scripts/gpu_check/ on the path: the repository goes first, so the imports
+# below (the repository's packages) resolve as they do under `python -m`.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
 from scripts.gpu_check.gpu_check_env import NO_GPU, probe  # noqa: F401  (NO_GPU: the no-GPU line, read by the tests)
 from scripts.gpu_check.gpu_check_rows import failed, judged, markdown_table, row
 

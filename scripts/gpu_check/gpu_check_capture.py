@@ -45,6 +45,10 @@ import time
 import weakref
 from pathlib import Path
 
+# Started as a file, Python puts only scripts/gpu_check/ on the path: the repository goes first, so the imports
+# below (the repository's packages) resolve as they do under `python -m`.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
 from scripts.gpu_check.gpu_check_hier import case_hierarchy
 from scripts.gpu_check.gpu_check_rows import guard, judged, markdown_table, row
 

@@ -25,6 +25,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+# Started as a file, Python puts only scripts/gpu_check/ on the path: the repository goes first, so the imports
+# below (the repository's packages) resolve as they do under `python -m`.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
 from base.writer import encoded, write_output
 from scripts.gpu_check.gpu_check_rows import guard, judged, markdown_table, row
 from scripts.gpu_check.gpu_check_timing import median_ms, time_calls

@@ -28,6 +28,10 @@ import time
 import traceback
 from pathlib import Path
 
+# Started as a file, Python puts only scripts/gpu_check/ on the path: the repository goes first, so the imports
+# below (the repository's packages) resolve as they do under `python -m`.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
 from scripts.gpu_check.gpu_check_timing import median_ms, seconds_per_call
 
 SIZES = (96, 128, 224, 288)

@@ -14,6 +14,7 @@ communicator still launches its kernels).
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 import sys
@@ -22,6 +23,10 @@ from pathlib import Path
 
 import torch
 from torch import nn
+
+# Started as a file, Python puts only scripts/gpu_check/ on the path: the repository goes first, so the imports
+# in main() (the repository's packages) resolve as they do under `python -m`.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def net() -> nn.Module:
@@ -68,7 +73,12 @@ def main() -> int:
     from recipes.config import load_config
     from recipes.distributed import DistInfo, _env_int, teardown
 
-    out, transport, steps = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", type=Path, help="where rank 0 writes the result (JSON)")
+    ap.add_argument("transport", choices=("cpu", "gloo", "nccl"))
+    ap.add_argument("steps", type=int)
+    args = ap.parse_args()
+    out, transport, steps = args.out, args.transport, args.steps
     rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
     local, local_world = _env_int("LOCAL_RANK", 0), _env_int("LOCAL_WORLD_SIZE", 1)
     if transport == "cpu":  # the same code on the CPU (the tests run it there)

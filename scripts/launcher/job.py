@@ -25,7 +25,7 @@ from typing import TextIO
 from launcher.guard import GRACE_S
 from launcher.hosts import Host
 
-from recipes.exit_codes import BAD_INPUT, CANNOT_START, FAILED, INTERRUPTED, PREEMPTED, SIGNALLED, TIMEOUT
+from recipes.exit_codes import BAD_INPUT, CANNOT_START, FAILED, INTERRUPTED, KILLED, PREEMPTED, SIGNALLED, TIMEOUT
 
 # Variables that tune communication: passed to every host, since ssh and srun do not carry our environment.
 FORWARD_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "HOROVOD_")
@@ -490,6 +490,7 @@ class _Host:
     def __init__(self, host: Host, argv: list[str], label: str, out: TextIO, lock: threading.Lock, log: Path):
         self.host, self.label, self.log = host, label, log
         self.report = _TorchrunReport()
+        self.preempted = False  # a rank said `preempted:` (recipes/cli.py): its checkpoint is written
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
         )
@@ -503,6 +504,7 @@ class _Host:
             for raw in self.proc.stdout:
                 f.write(raw)
                 f.flush()
+                self.preempted = self.preempted or b"preempted: " in raw
                 self._show(out, lock, self.report.filter(raw.decode(errors="replace").rstrip(), log))
         self._show(out, lock, self.report.flush())
 
@@ -603,9 +605,24 @@ def run(job: Job, log_dir: Path, out: TextIO, timeout: float | None = None) -> i
             if stop_reason or (timeout is not None and time.monotonic() - t0 > timeout):
                 what = f"got {stop_reason[0]}" if stop_reason else f"timeout of {timeout:g} s reached"
                 say(f"{what}: stopping all hosts")
-                stop_hosts([x for x in running if x.proc.poll() is None], job.grace)
-                say(next_step(job, EXIT_PREEMPTED, log_dir))
-                return INTERRUPTED if stop_reason else TIMEOUT
+                stopping = [x for x in running if x.proc.poll() is None]
+                stop_hosts(stopping, job.grace)
+                for x in stopping:
+                    x.thread.join(timeout=5)  # their last lines: the `preempted:` line among them
+                if all(x.preempted for x in stopping):
+                    say("the ranks wrote their checkpoint (their `preempted:` lines)")
+                    say(next_step(job, EXIT_PREEMPTED, log_dir))
+                    return INTERRUPTED if stop_reason else TIMEOUT
+                # No `preempted:` line: the ranks were killed (or died) before they wrote the checkpoint of the
+                # step they stopped at, so this stop wrote nothing and a rerun goes back to the last checkpoint.
+                silent = ", ".join(x.host.name for x in stopping if not x.preempted)
+                say(
+                    f"no checkpoint written: the ranks on {silent} did not say `preempted:` within the grace of "
+                    f"{job.grace:g} s and were killed; a rerun starts from the last checkpoint written before this "
+                    "stop (step 0 if there is none)"
+                )
+                say(next_step(job, KILLED, log_dir))
+                return KILLED if stop_reason else TIMEOUT
             time.sleep(0.1)
     finally:
         stop_hosts([x for x in running if x.proc.poll() is None], job.grace)

@@ -298,3 +298,5 @@ def test_trainer_multistream_matches_ddp_and_autotunes(tmp_path, tiny_root):
     assert "autotune/winner_ms" in tags and "autotune/winner_streams" in tags
     assert all(math.isfinite(e.value) and e.value > 0 for e in ev.Scalars("autotune/candidate_ms"))
     assert json.loads(cache.read_text())  # the winner is cached; the next run's start from it: the "tune" test above
+    settings = json.loads((ms_dir / "summary.json").read_text())["comm"]["settings"]
+    assert (settings["tune_finished"], settings["tune_measured"], settings["tune_candidates"]) == (True, 3, 3)

@@ -358,6 +358,40 @@ def test_overrides_may_follow_options_as_with_train_py(tmp_path, tiny_root):
     assert f"data.root={tiny_root} optim.lr=0.3 run.seed=3" in host_a
 
 
+def test_plan_is_the_dry_run_plus_every_check_that_would_stop_the_run(tmp_path, tiny_root, capsys):
+    """A 16 x 8 preset's `Plan first` line: what each host would run, and, at once, what would stop the run there
+    (the author the record requires, the blacklist, the pre-resized copy), starting nothing."""
+    import launch as launch_module
+
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("".join(f"node{i:02d} slots=8\n" for i in range(16)))
+    header = (ROOT / "configs/presets/h100_16x8.yaml").read_text().splitlines()[2]
+    words = header.split("(runs nothing): ", 1)[1].split()
+    assert words[:2] == ["python", "scripts/launch.py"] and words[-1] == "--plan"
+    argv = [a.replace("hosts.txt", str(hosts)) for a in words[2:]] + [f"data.root={tiny_root}"]
+    argv += ["--run-dir", str(tmp_path / "run"), "dawnbench.require=true"]
+    assert launch_module.main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert sum(ln.startswith("launch: [node") for ln in lines) == 16
+    plan = [ln.removeprefix("launch: plan: ") for ln in lines if ln.startswith("launch: plan: ")]
+    assert plan[0] == "start-up checks: 3 would stop this run here (train.py stops at the first, exit 2):"
+    assert plan[1].startswith("  dawnbench.author: the DAWNBench entries format requires it")
+    assert plan[2].startswith(f"  data.val_blacklist: '{tiny_root}/ILSVRC2012_validation_blacklist.txt' not found")
+    assert plan[3].startswith(f"  phases.0.root: '160' is not in data.roots (known: full) and '{tiny_root}-160'")
+    assert not (tmp_path / "run").exists()
+
+
+def test_probe_network_on_one_host_says_there_is_nothing_to_measure(tmp_path, capsys):
+    """It once printed an empty matrix without a word."""
+    import launch as launch_module
+
+    argv = ["--hosts", "localhost", "--transport", "local", "--probe-network", "-c", "configs/quickstart.yaml"]
+    assert launch_module.main([*argv, "--run-dir", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "launch: --probe-network: one host (localhost): no link between hosts to measure; nothing run"
+    assert not (tmp_path / "run").exists()
+
+
 def test_an_auto_tuned_run_from_the_model_probes_the_links_first(tmp_path, tiny_root):
     common = ["--hostfile", str(two_local_hosts(tmp_path)), "--transport", "local", "--gpus-per-host", "1"]
     common += ["--run-dir", str(tmp_path / "r"), "--dry-run", "-c", "configs/quickstart.yaml", f"data.root={tiny_root}"]

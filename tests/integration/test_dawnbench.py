@@ -11,7 +11,7 @@ from support import ROOT, tiny_config
 
 from base.errors import ConfigError
 from recipes.config import load_config
-from recipes.dawnbench import entry
+from recipes.dawnbench import LAUNCHER_ENV, entry
 from recipes.trainer import train
 
 RECORD = [
@@ -280,3 +280,17 @@ def test_50000_links_to_few_images_do_not_qualify_as_imagenet(tmp_path):
         "its 50,000 validation images are 1 distinct images (links to or copies of the same images), not ImageNet's "
         "validation set"
     ]
+
+
+def test_the_entry_names_how_the_run_was_really_launched():
+    """A plain `torchrun --standalone` run is no scripts/launch.py run: the entry says what started the ranks."""
+    cfg = load_config(ROOT / "configs" / "base.yaml", [])
+
+    def backend(environ: dict) -> str:
+        return entry(cfg, SUMMARY, "x", environ=environ)["misc"]["deployment backend"]
+
+    assert backend({"TORCHELASTIC_RUN_ID": "none", "RANK": "0"}) == "torchrun"
+    assert backend({"HOROVOD_RANK": "0"}) == "horovodrun"
+    assert backend({}) == "python train.py (one process)"
+    launched = {"TORCHELASTIC_RUN_ID": "x", LAUNCHER_ENV: "scripts/launch.py (torchrun c10d)"}
+    assert backend(launched) == "scripts/launch.py (torchrun c10d)"

@@ -12,6 +12,7 @@ from support import ROOT
 import train
 from recipes import memory
 from recipes.config import load_config
+from recipes.dawnbench import missing_required
 from recipes.schedule import Schedule
 from recipes.schedule_report import hardware_table
 
@@ -158,3 +159,45 @@ def test_the_plan_plot_names_the_gpu_the_dtype_and_the_accumulation(monkeypatch,
         "1159 iterations in 28 epochs, 16 processes\n"
         "GPU: h100, dtype: fp16, micro-batches x images per GPU by phase: 1 x 2048, 1 x 2048, 2 x 1024, 2 x 512"
     ]
+
+
+def _run_line(name: str) -> list[str]:
+    """A preset's `Run:` command (its header) as train.py's arguments."""
+    header = (ROOT / "configs" / "presets" / f"{name}.yaml").read_text().splitlines()[1]
+    words = header.split("Run: ", 1)[1].split()
+    return words[words.index("train.py") + 1 :]
+
+
+def test_a_presets_run_line_does_not_stop_for_the_entrys_author(sample_root, tmp_path, capsys):
+    """A preset is a first run, not a submission: its Run line as written leaves the author out and still starts
+    (dawnbench.require: false); the record configs keep refusing without one."""
+    argv = _run_line("h100_1gpu")
+    assert argv == ["-c", "configs/presets/h100_1gpu.yaml", "data.root=/data/imagenet"]
+    cfg = load_config(str(ROOT / argv[1]), argv[2:])
+    assert cfg.dawnbench.require is False and missing_required(cfg) == []
+    record = load_config(str(ROOT / "configs/dawnbench_8gpu.yaml"), [])
+    assert missing_required(record) == ["author", "author_email"]
+
+
+def test_plan_lists_every_start_up_check_that_would_stop_the_run_at_once(sample_root, tmp_path, capsys):
+    """The three rounds a user met one at a time (author, blacklist, the `<root>-160` copy) in one --plan."""
+    argv = [*_run_line("h100_1gpu")[:2], f"data.root={sample_root}", f"run.out_dir={tmp_path}", "--num-images", "800"]
+    assert train.main([*argv, "--plan", "dawnbench.require=true"]) == 0
+    out = capsys.readouterr().out
+    lines = out[out.index("start-up checks:") :].splitlines()
+    assert lines[0] == "start-up checks: 3 would stop this run here (train.py stops at the first, exit 2):"
+    assert lines[1].startswith("  dawnbench.author: the DAWNBench entries format requires it")
+    assert lines[2] == (
+        f"  data.val_blacklist: '{sample_root}/ILSVRC2012_validation_blacklist.txt' not found (the devkit's "
+        "data/ILSVRC2012_validation_blacklist.txt)"
+    )
+    assert lines[3] == (
+        f"  phases.0.root: '160' is not in data.roots (known: full) and '{sample_root}-160' does not exist; make "
+        f"it with: python data/prepare.py --src {sample_root} --dst {sample_root}-160 --short-side 160"
+    )
+    # What --plan lists is what the run stops with: the same line, the first of them.
+    assert train.main([*argv[:3], f"run.out_dir={tmp_path}", "run.device=cpu", "dawnbench.require=true"]) == 2
+    assert lines[1].strip() in capsys.readouterr().err
+    fixed = [f"data.roots={{160: {sample_root}}}", "data.val_blacklist=''"]
+    assert train.main([*argv, *fixed, "--plan"]) == 0
+    assert "start-up checks: none would stop this run here" in capsys.readouterr().out

@@ -249,40 +249,20 @@ def test_the_cycle_check_finds_a_cycle():
     assert import_cycles({"a": {"b"}, "b": set()}) == []
 
 
-# Entry points run as files (`python scripts/launch.py`, `python lab/netlab.py`): the repository root is not on the
-# path until they put it there. Everything else in scripts/ is imported as a package or run with
-# `python -m scripts.<package>.<module>`; every tool of lab/ starts both ways.
-RUN_AS_FILES = {"scripts/launch.py", "scripts/launcher/preflight.py", "scripts/predict.py"}
-RUN_AS_FILES |= {"scripts/compare_runs.py", "scripts/gen_config_reference.py", "scripts/gen_presets.py"}
-RUN_AS_FILES |= {"lab/netlab.py", "lab/predict_flows.py", "lab/timemodel_evidence.py", "lab/predict_lab.py"}
-RUN_AS_FILES |= {"lab/bench_allreduce.py", "lab/bench_balance_cost.py", "lab/uneven_tables.py"}
-
-
-def test_every_script_with_a_main_can_be_run_as_a_file():
-    """A file in scripts/ or lab/ with a `__main__` block is run as `python scripts/x.py` by someone: if it imports
-    the project it must put the root on the path (`python scripts/netlab.py` once died with ModuleNotFoundError)."""
-    missing = []
-    for path in sorted([*(ROOT / "scripts").glob("*.py"), *(ROOT / "lab").glob("*.py")]):
-        text = path.read_text()
-        rel = path.relative_to(ROOT).as_posix()
-        imports_project = any(
-            f"\nfrom {p}" in text or f"\nimport {p}" in text for p in ("scripts", "recipes", "data", "base", "lab")
-        )
-        if '__name__ == "__main__"' in text and imports_project and rel not in RUN_AS_FILES:
-            missing.append(rel)
-    assert not missing, f"run as files but never put the repository on sys.path: {missing}"
-    out = subprocess.run([sys.executable, str(ROOT / "lab/netlab.py"), "--help"], capture_output=True, text=True)
-    assert out.returncode == 0 and "usage: netlab.py" in out.stdout, out.stderr[-300:]
-
-
-def test_scripts_edit_sys_path_only_where_run_as_files():
+def test_only_entry_points_edit_sys_path():
+    """The two-line bootstrap belongs to scripts started as files (tests/meta/test_entry_points.py starts each
+    both ways); a module that is only imported gets the path from whoever runs it."""
     bad = []
-    for path in sorted([*(ROOT / "scripts").rglob("*.py"), *(ROOT / "lab").rglob("*.py")]):
+    for path in sorted(ROOT.rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if rel.startswith(("tests/", ".")) or "/." in rel:
+            continue  # the suite's own path set-up (tests/support.py), the venv
+        tree = ast.parse(path.read_text(), str(path))
+        is_entry = '__name__ == "__main__"' in path.read_text()
+        for node in ast.walk(tree):
             chain = node.func.value if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) else None
             if isinstance(chain, ast.Attribute) and chain.attr == "path" and getattr(chain.value, "id", "") == "sys":
-                if rel not in RUN_AS_FILES:
+                if not is_entry:
                     bad.append(f"{rel}:{node.lineno}")
     assert not bad, "sys.path edits where `python -m scripts...` or a package import does the job: " + ", ".join(bad)
 

@@ -207,3 +207,21 @@ def test_scaling_efficiency_is_left_out_against_a_partial_single_process_run(tmp
     _summary(one, epochs=2, planned_epochs=2, partial=False)
     assert compare_runs.main([str(one), str(other), "--plot", str(png)]) == 0
     assert _rows(capsys.readouterr().out)["other"]["scaling efficiency"] == "85.0%"
+
+
+def test_a_run_stopped_mid_tuning_says_tuning_unfinished_not_kept(tmp_path, capsys):
+    """A run that ended with 5 of 10 candidates measured once showed the candidate under measurement as 'kept'."""
+    ddp = fake_run_dir(tmp_path / "ddp", "ddp")
+    ms = fake_run_dir(tmp_path / "multistream", "multistream")
+    summary = json.loads((ms / "summary.json").read_text())
+    tuner = {"tune_finished": False, "tune_measured": 5, "tune_candidates": 10}
+    summary["comm"]["settings"].update(tuner)
+    (ms / "summary.json").write_text(json.dumps(summary))
+    assert compare_runs.main([str(ddp), str(ms), "--plot", str(tmp_path / "c.png")]) == 0
+    rows = _rows(capsys.readouterr().out)
+    unfinished = "on (tuning unfinished (5 of 10 measured); its comm and img/s mix the candidates)"
+    assert rows["multistream"]["autotune"] == unfinished
+    summary["comm"]["settings"].update(tune_finished=True, tune_measured=10)
+    (ms / "summary.json").write_text(json.dumps(summary))
+    assert compare_runs.main([str(ddp), str(ms), "--plot", str(tmp_path / "c.png")]) == 0
+    assert _rows(capsys.readouterr().out)["multistream"]["autotune"] == "on (kept bucket_mb=8, streams=2, slices=1)"

@@ -57,6 +57,10 @@ def test_the_plan_prints_the_lr_at_the_end_of_warm_up_and_at_its_peak(tmp_path):
     assert plan.table().splitlines()[-1] == (
         "lr: 0.1 at step 0, end of warm-up 0.8 at step 20 (epoch 2.00), peak 0.8 at step 20, 0 at the last step (59)"
     )
+    # Warm-up that ends inside a step says so: 0.65 epochs of 10 steps end at step 6.5, not "6".
+    half = load_config(_yaml(tmp_path, "optim: {lr: 0.8, warmup_epochs: 0.65, warmup_start_lr: 0.1}\n"), [PHASES])
+    line = Schedule(half.phases, half.optim, num_images=80, world_size=1).lr_summary()
+    assert ", end of warm-up 0.8 at step 6.5 (epoch 0.65)," in line
     linear = load_config(_yaml(tmp_path, "optim: {lr: 0.8, warmup_epochs: 0, lr_scaling: linear}\n"), [PHASES])
     line = Schedule(linear.phases, linear.optim, num_images=80, world_size=1).lr_summary()
     assert line.startswith("lr: 0.025 at step 0, no warm-up, peak 0.025 at step 0,")  # 0.8 x 8 / 256

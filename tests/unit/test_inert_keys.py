@@ -73,6 +73,23 @@ def test_print_config_marks_inert_keys_and_stays_the_same_config():
     assert "trust_clip_max" not in tree["optim"]  # hybrid's key, not given: not in lars's section
 
 
+def test_a_key_that_needs_another_keys_value_is_warned_and_marked_when_that_value_is_off():
+    """comm.balance_level=hop without comm.balance=true once ran plain multistream without a word."""
+    off = _cfg("comm.backend=multistream", "comm.balance_level=hop")
+    assert inert_settings(off) == [
+        "comm.balance_level='hop' is read only with comm.balance=true, which is off here: it changes nothing"
+    ]
+    text = marked_yaml(off)
+    assert "  balance_level: hop  # inert: read only with comm.balance=true" in text.splitlines()
+    assert "  balance_window: 4  # inert: read only with comm.balance=true" in text.splitlines()
+    assert "  tune_max_candidates: 10  # inert: read only with comm.autotune=true" in text.splitlines()
+    assert yaml.safe_load(text) == yaml.safe_load(to_yaml(off))
+    on = _cfg("comm.backend=multistream", "comm.balance=true", "comm.balance_level=hop", "comm.autotune=true")
+    assert inert_settings(on) == []
+    assert "# inert" not in marked_yaml(on)
+    assert inert_settings(_cfg("comm.backend=multistream")) == []  # defaults under an off switch: silent
+
+
 def test_cli_warns_once_per_inert_setting():
     cmd = [sys.executable, "train.py", "-c", "configs/quickstart.yaml", "--print-config", "optim.trust_clip_max=2"]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)

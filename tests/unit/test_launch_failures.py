@@ -277,3 +277,36 @@ def test_slots_are_ascii_digits(tmp_path, value):
     with pytest.raises(HostError) as e:
         parse_hostfile(f)
     assert str(e.value) == f"{f}:1: slots must be an integer, got {ascii(value)} (ASCII digits, at most 6)"
+
+
+@pytest.mark.parametrize(
+    ("on_stop", "expected"),
+    [
+        ("echo 'preempted: stopped by SIGTERM at step 4: checkpoint written'; exit 75", 130),
+        ("exit 143", 137),  # stopped without a word: nothing was written
+    ],
+)
+def test_a_stop_says_whether_the_ranks_wrote_their_checkpoint(on_stop, expected, tmp_path):
+    """SIGTERM to the launcher: 130 and the resume line only when every host's ranks said `preempted:`; else the
+    line that no checkpoint was written and the rerun goes back to the last one, and 137 (the table's 'killed')."""
+    import os
+    import signal
+    import threading
+
+    out = io.StringIO()
+    job = _job(f"echo training; read line; {on_stop}", f"echo training; read line; {on_stop}")
+    job.grace = 0.5
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    rc = run(job, tmp_path / "launch", out)
+    text = out.getvalue()
+    assert rc == expected, text
+    if expected == 130:
+        assert "launch: the ranks wrote their checkpoint (their `preempted:` lines)" in text
+        assert "no checkpoint written" not in text
+    else:
+        assert (
+            "launch: no checkpoint written: the ranks on node01, node02 did not say `preempted:` within the grace of "
+            "0.5 s and were killed; a rerun starts from the last checkpoint written before this stop (step 0 if "
+            "there is none)"
+        ) in text
+        assert "to resume from the checkpoint" not in text
