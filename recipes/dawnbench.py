@@ -239,7 +239,7 @@ def entry(
         hours = (summary["time_to_target_seconds"] or summary["train_seconds"]) / 3600
         misc["cost_usd"] = round(d.cost_per_hour * hours, 4)
     e["misc"] = misc
-    e["usedBlacklist"] = bool(cfg.data.val_blacklist)  # the devkit's blacklisted images were not counted
+    e["usedBlacklist"] = bool(cfg.data.get("val_blacklist", ""))  # the devkit's blacklisted images were not counted
     reasons = qualification(cfg, summary)
     e["qualifies"] = not reasons  # ours: a run that is no DAWNBench result says so at the top
     if reasons:

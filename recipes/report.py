@@ -50,7 +50,7 @@ def summarize(
         "val_excluded": val_excluded,  # blacklisted and undecodable (skipped) validation images, not counted
         "val_skipped": val_skipped,
         "train_skipped": train_skipped,
-        "val_blacklist": cfg.data.val_blacklist,
+        "val_blacklist": cfg.data.get("val_blacklist", ""),  # synthetic input reads no folders
         "num_classes": num_classes,
         "run_id": run_id,
         "resume_forced": st.forced,

@@ -160,7 +160,8 @@ def print_plan(
     source = "--num-images"
     if num_images is None:
         num_images = count_images(cfg)
-        source = f"counted in {cfg.data.root}"
+        folder = cfg.data.get("root")  # None: the synthetic input reads no folder
+        source = f"counted in {folder}" if folder is not None else "data.synthetic_size"
     if num_images is None:
         num_images, source = IMAGENET_TRAIN_IMAGES, "ImageNet-1k (data.root not found)"
     world = world_size or cfg.run.nodes * cfg.run.procs_per_node

@@ -210,7 +210,7 @@ def evaluate_checkpoint(
             amp=cfg.run.amp,
             val_classes=classes,
         )
-        _check_classes(pipe.classes, ck, cfg.data.root)
+        _check_classes(pipe.classes, ck, cfg.data.get("root", ""))
         model = TTA[tta](load_model(ck, cfg)).to(dist.device)
         if cfg.run.channels_last:
             model = model.to(memory_format=torch.channels_last)
@@ -218,14 +218,14 @@ def evaluate_checkpoint(
         # fp32 model, which runs without autocast: cast them to the model's own dtype.
         dtype = next(model.parameters()).dtype
         result = evaluate(model, ((x.to(dtype), y) for x, y in pipe.val_batches(phase)), dist)
-        result.update(blacklisted=getattr(pipe, "val_excluded", 0), val_blacklist=cfg.data.val_blacklist)
+        result.update(blacklisted=getattr(pipe, "val_excluded", 0), val_blacklist=cfg.data.get("val_blacklist", ""))
         pipe.close()
     finally:
         teardown()
     result.update(
         {
             "checkpoint": str(path),
-            "data": cfg.data.root,
+            "data": cfg.data.get("root", ""),
             "image_size": phase.val_image_size or phase.image_size,
             "image_size_from": "--image-size"
             if image_size

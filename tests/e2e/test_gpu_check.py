@@ -230,7 +230,7 @@ def test_the_json_is_written_after_every_part_and_every_capture_case(fake_gpu, m
 
     out, seen = tmp_path / "g.json", []
 
-    def cases(rows, write):
+    def cases(rows, write, allow_skip=False):
         for case in ("phases", "optimizers"):
             rows.append(judged(f"capture {case}", 1.0, "s", at_most=60.0))
             write()

@@ -191,3 +191,20 @@ def test_every_shipped_config_plans_its_cuda_graph_decision_per_phase(tmp_path, 
         assert len(lines) == len(cfg.phases)
         reason = "optim.name=sgd reads lr/momentum on the host" if cfg.optim.name == "sgd" else "no GPU run has"
         assert all(reason in ln or "eager: gradient accumulation" in ln for ln in lines), (path, lines)
+
+
+def test_plan_and_summary_of_a_synthetic_run_read_no_folder_key(tmp_path, capsys):
+    """The synthetic input reads no data.root or data.val_blacklist: --plan counts data.synthetic_size and the
+    summary records no blacklist, instead of asking the section for a key its plug-in does not read."""
+    from support import tiny_config
+
+    from recipes.trainer import train as run
+
+    args = ["-c", "configs/quickstart.yaml", "data.backend=synthetic", "--plan", f"run.out_dir={tmp_path}"]
+    assert train.main(args) == 0
+    assert "1,281,167 training images (data.synthetic_size)" in capsys.readouterr().out
+    cfg = tiny_config(
+        tmp_path, tmp_path, "data.backend=synthetic", "data.synthetic_size=24", "data.synthetic_classes=4"
+    )
+    summary = run(cfg)
+    assert summary["val_blacklist"] == ""
