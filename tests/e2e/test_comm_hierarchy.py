@@ -14,10 +14,11 @@ SAME_AS_DDP = 1e-7  # the same sums as DDP's allreduce, in another order
 
 
 TIMEOUT_S = 4  # dist.timeout_s of the worker's last backend, where ranks leave mid-bucket
-# what the survivors say: a dead local rank (rank 1 of 2 hosts x 2) is named by its host's reduce-scatter (rank 0)
-# and by its ring (rank 3); a dead host (host 2 of 3) by the rings of both local ranks
+# what the survivors say: a dead local rank (rank 1 of 2 hosts x 2) is named by its host's collectives (rank 0: the
+# reduce-scatter of the bucket it left in, or the all-gather of the one before, whichever reads the closed connection
+# first) and by its ring (rank 3); a dead host (host 2 of 3) by the rings of both local ranks
 SAID = {
-    2: {0: "the reduce-scatter among host 0's local ranks", 3: "ring of local rank 1: bucket"},
+    2: {0: "among host 0's local ranks failed", 3: "ring of local rank 1: bucket"},
     3: {0: "ring of local rank 0: bucket", 1: "ring of local rank 1: bucket", 3: "ring of local rank 1: bucket"},
 }
 
