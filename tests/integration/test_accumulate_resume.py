@@ -7,7 +7,7 @@ import pytest
 import torch
 from support import FOLDER_PIPELINES, tiny_config
 
-import recipes.trainer
+import recipes.step_builder
 from recipes.rundir import checkpoint_files as ckpt
 from recipes.trainer import train
 
@@ -27,7 +27,7 @@ class _Interrupted(Exception):
 
 def _criterion_failing_at(call: int):
     """create_criterion, but the `call`-th micro-batch's loss raises (the process dies mid-accumulation)."""
-    make = recipes.trainer.create_criterion
+    make = recipes.step_builder.create_criterion
     calls = {"n": 0}
 
     def create(cfg):
@@ -50,7 +50,7 @@ def test_a_run_interrupted_mid_accumulation_resumes_exactly(tiny_root, tmp_path,
     full = train(tiny_config(tiny_root, tmp_path / "a", *over))
     assert full["steps"] == 8
     with monkeypatch.context() as m:
-        m.setattr(recipes.trainer, "create_criterion", _criterion_failing_at(5 * 3 + 2))  # step 6, 2nd of 3
+        m.setattr(recipes.step_builder, "create_criterion", _criterion_failing_at(5 * 3 + 2))  # step 6, 2nd of 3
         with pytest.raises(_Interrupted):
             train(tiny_config(tiny_root, tmp_path / "b", *over))
     b = tmp_path / "b" / "tiny"

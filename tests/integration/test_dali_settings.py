@@ -17,7 +17,7 @@ from recipes.schedule import Schedule
 
 
 def test_defaults_follow_nvidias_mlperf_config():
-    cfg = load_config(None, [])
+    cfg = load_config(None, ["data.backend=dali"])
     assert (cfg.data.dali_prefetch, cfg.data.dali_hw_decoder_load) == (5, 0.99)
 
 
