@@ -15,6 +15,7 @@ ranks, all Horovod ones under one horovodrun, the one-GPU configs in one plain p
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -154,8 +155,18 @@ def _get(cfg: Config, key: str):
     value = cfg
     for part in section.split("."):
         value = getattr(value, part)
-    # a key of another plug-in than the chosen one (lars_momentum under sgd) is not read: None
-    return value.get(name) if hasattr(value, "get") else getattr(value, name)
+    if not hasattr(value, "get"):
+        return getattr(value, name)
+    # a key of another plug-in than the chosen one (lars_momentum under sgd) is not read: its declared default, the
+    # value the combination runs with when a test switches the plug-in ("quickstart as multistream")
+    from recipes.config.schema import knob_fields
+
+    unread = object()
+    got = value.get(name, unread)
+    if got is not unread:
+        return got
+    field = knob_fields(section.split(".")[-1])[name][0]
+    return field.default_factory() if field.default is dataclasses.MISSING else field.default
 
 
 def _flat(tree: dict, prefix: str = "") -> list[str]:
