@@ -18,6 +18,10 @@ import json
 import sys
 from pathlib import Path
 
+# Started as a file, Python puts only scripts/gpu_check/ on the path: the repository goes first, so the imports
+# below (the repository's packages) resolve as they do under `python -m`.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
 from base.errors import ConfigError
 from base.reader import read_json_object
 from base.writer import write_output
