@@ -31,7 +31,9 @@ def test_checkpoint_time_is_not_training_time_and_the_window_is_exact(monkeypatc
         clock.add(32, _values(loss, 2 * loss), {"lr": lr, "momentum": 0.9})
     w = clock.window(epoch_steps_done=2, steps_left=10)
     # 64 images in 2 s; 1 s per step so far, 10 steps to go
-    assert w == {"loss": 2.0, "grad_norm": 4.0, "images_per_s": 32.0, "eta_seconds": 10.0, "lr": 0.2, "momentum": 0.9}
+    no_wait = {"data_wait_ms": 0.0, "data_wait_share": 0.0}  # no input was timed (clock.timed): no wait
+    shown = {"loss": 2.0, "grad_norm": 4.0, "images_per_s": 32.0, "eta_seconds": 10.0, "lr": 0.2, "momentum": 0.9}
+    assert w == {**shown, **no_wait}
     clock.restart_window()
     with clock.paused():
         clock_time.now += 50.0  # a checkpoint
@@ -42,7 +44,7 @@ def test_checkpoint_time_is_not_training_time_and_the_window_is_exact(monkeypatc
     clock.stop()
     assert st.epoch_seconds == 4.0 and st.train_seconds == 7.0 + 4.0  # the 50 s are not training time
     assert st.images == st.epoch_images == 96
-    assert clock.epoch() == {"images_per_s": 24.0, "loss": 3.0, "grad_norm": 3.0}  # (2+6+1) / 3 steps
+    assert clock.epoch() == {"images_per_s": 24.0, "loss": 3.0, "grad_norm": 3.0, **no_wait}  # (2+6+1) / 3 steps
 
 
 def test_a_skipped_step_is_left_out_of_the_gradient_norm_not_out_of_the_loss(monkeypatch):
