@@ -187,6 +187,7 @@ SUMMARY = (
     Total("skipped_steps", "skipped_steps", "run", "skipped steps (inf/nan gradients)"),
     Total("restarts", "restarts", "run"),
     Total("redone_steps", "redone_steps", "run"),
+    Total("lost_seconds", "lost_seconds", "run"),  # not in wall_seconds: the redone steps' first run
 )
 
 

@@ -112,7 +112,12 @@ def _epochs(s: dict) -> str:
 
 
 def _restarts(s: dict) -> str:
-    return f"{s['restarts']} (resumed from a checkpoint after a failure; {s.get('redone_steps', 0)} step(s) redone)"
+    lost = s.get("lost_seconds") or 0.0
+    return (
+        f"{s['restarts']} (resumed from a checkpoint after a failure; {s.get('redone_steps', 0)} step(s) redone"
+        + (f"; {format_seconds(lost)} of work lost, not in the wall time" if lost else "")
+        + ")"
+    )
 
 
 def _accuracy(s: dict) -> str:

@@ -111,6 +111,7 @@ class Trainer:
         if cfg.checkpoint.enabled:
             self.checkpointer.check_space()
         self.state: State = self.checkpointer.restore(resume_from)
+        self._wall0: float | None = None  # fit()'s start, earlier sessions' wall time taken off
         self.out.start(cfg, self.run.run_id)  # after the resume checks: a refused start leaves the files as they were
         self.train_model, self.optimizer = self.comm.prepare(self.model, self.optimizer)
         parts.optimizer = self.optimizer  # the backend may wrap it (Horovod): checkpoints hold the wrapped one's state
@@ -184,7 +185,7 @@ class Trainer:
                 window = clock.window(i + 1, plan.total_steps - st.step)
                 self.log.step_line(epoch, len(plan.epochs), i + 1, info.steps, window)
                 self.log.scalars(st.step, **window_scalars(window))
-                self.out.progress(st.step, epoch, window)
+                self.out.progress(st.step, epoch, {**window, "wall_seconds": self._wall()})
                 clock.restart_window()
             # Preemption is agreed at the log window (already a host sync); at an epoch's end, after its checkpoint.
             stop = logged and not done and self.stop.agreed(self.dist, st.step, cfg.dist.timeout_s)
@@ -193,6 +194,7 @@ class Trainer:
             if cfg.checkpoint.enabled and (periodic or stop) and not done:
                 self.steps.settle(st, self.log)  # the checkpoint's skipped_steps are exact
                 with clock.paused():
+                    st.wall_seconds = self._wall()  # a resume from this step goes on from its wall time
                     self.checkpointer.save(st.step)  # mid-epoch: the data position is st.epoch_step
             if stop:
                 self._preempted()
@@ -215,11 +217,15 @@ class Trainer:
                 ev.update(ema_values(ema))
             return ev
 
+    def _wall(self) -> float:
+        """Wall-clock seconds of the run so far, earlier sessions included (fit() sets the start)."""
+        return self.state.wall_seconds if self._wall0 is None else time.perf_counter() - self._wall0
+
     def fit(self, stop_after_epochs: int | None = None) -> dict:
         """Train to the end of the plan (or stop after `stop_after_epochs` more epochs; a rerun resumes)."""
         cfg, st = self.cfg, self.state
         last_epoch = len(self.plan.epochs) if stop_after_epochs is None else st.epoch + stop_after_epochs
-        wall0 = time.perf_counter() - st.wall_seconds
+        self._wall0 = time.perf_counter() - st.wall_seconds
         epochs = len(self.plan.epochs)
         if st.epoch >= epochs:
             self.log.info(f"nothing to do: all {epochs} epochs are done (checkpoint in {self.run_dir})")
@@ -230,7 +236,7 @@ class Trainer:
             st.epoch += 1
             row = epoch_row(epoch=st.epoch, step=st.step, train_seconds=st.train_seconds, train=tr, val=ev)
             st.history.append(row)
-            st.wall_seconds = time.perf_counter() - wall0
+            st.wall_seconds = self._wall()
             row["wall_seconds"] = st.wall_seconds  # top-5 against wall-clock time (scripts/compare_runs.py)
             self.log.info(
                 f"epoch {st.epoch}/{epochs}  val top1 {ev['top1']:.2f}%  top5 {ev['top5']:.2f}%  "
@@ -247,7 +253,7 @@ class Trainer:
                 break
             if st.epoch < min(epochs, last_epoch) and self.stop.agreed(self.dist, st.step, cfg.dist.timeout_s):
                 self._preempted()
-        st.wall_seconds = time.perf_counter() - wall0
+        st.wall_seconds = self._wall()
         summary = self.summary()
         self.out.finish(cfg, summary)
         self.log.info(summary_table(summary))

@@ -335,6 +335,14 @@ def _val_count(run: Run) -> str:
     return "n/a" if n is None else f"{n}" + (f" ({excluded} blacklisted left out)" if excluded else "")
 
 
+def _restarted(s: dict) -> str:
+    """'restarted 1x: 5 steps redone, 12.3 s of work lost (not in its total time)'."""
+    lost = s.get("lost_seconds") or 0.0
+    return f"restarted {s['restarts']}x: {s.get('redone_steps', 0)} step(s) redone" + (
+        f", {lost:.1f} s of work lost (not in its total time)" if lost else ""
+    )
+
+
 def context(runs: list[Run], recipe: list[tuple], other: list[tuple]) -> str:
     """What sets the runs apart, as Markdown: status, data, validation, network and autotune per run, then every
     config difference."""
@@ -349,6 +357,8 @@ def context(runs: list[Run], recipe: list[tuple], other: list[tuple]) -> str:
             status = f"interrupted (up to epoch {r.summary['epochs']}{planned})"
         elif r.partial:
             status = f"partial ({r.summary['epochs']}{planned} epochs)"
+        if r.summary.get("restarts"):
+            status += f", {_restarted(r.summary)}"
         steps = r.summary.get("steps")
         root = r.config.get("data", {}).get("root", "?")
         lines.append(
@@ -511,6 +521,12 @@ PARTIAL = (
 )
 
 
+RESTARTED = (
+    "A restarted run resumed from a checkpoint after a failure: its total time counts the steps it redid once, not "
+    "their first run that the failure threw away (the status column gives that work); a clean run is not slower by it."
+)
+
+
 def markdown(runs: list[Run], rows: list[dict], *, forced: bool = False) -> str:
     head = (
         "| run | backend | processes | target | time to target | total time | images/s | images/s per process "
@@ -556,6 +572,8 @@ def markdown(runs: list[Run], rows: list[dict], *, forced: bool = False) -> str:
             ]
     if not all(run.whole for run in runs):
         lines += ["", PARTIAL]
+    if any(run.summary.get("restarts") for run in runs):
+        lines += ["", RESTARTED]
     windows = {r["comm_window"] for r in rows if r["comm_window"] != "-"}
     if len(windows) > 1:
         lines += [

@@ -19,6 +19,7 @@ from base.errors import CheckpointError, RunDirError
 from models.factory import check_compatible, describe_model
 from recipes.config import Config, to_dict
 from recipes.distributed import DistInfo, all_gather_object, collective_guard
+from recipes.metrics import format_seconds
 from recipes.optim import apply_config
 from recipes.rundir import checkpoint_files as ckpt
 from recipes.rundir.directory import RunDir
@@ -202,14 +203,22 @@ class Checkpointer:
         restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         lost = max(0, min(agreed.reached, plan.total_steps) - st.step)  # no rank logged a step the plan lacks
         redo = agreed.restarted or lost
+        # the lost steps' first run: between the checkpoint and the last logged step, not in wall_seconds
+        lost_s = max(0.0, agreed.reached_wall - st.wall_seconds) if lost else 0.0
         if redo:
             st.restarts += 1
             st.redone_steps += lost
+            st.lost_seconds += lost_s
         log.info(
             f"resumed from {path}: {st.epoch} epoch(s) + {st.epoch_step} step(s) into epoch {st.epoch + 1}, "
             f"{st.step} step(s) done, run {run.run_id}"
             + (f"; restart {restart} after a failure" if restart else "")
-            + (f"; the run had reached step {st.step + lost}: {lost} step(s) will be redone" if redo else "")
+            + (
+                f"; the run had reached step {st.step + lost}: {lost} step(s) will be redone"
+                + (f" ({format_seconds(lost_s)} of work lost)" if lost_s else "")
+                if redo
+                else ""
+            )
         )
         self.state = st
         return st

@@ -37,6 +37,7 @@ class State:
     epoch_images: int = 0
     restarts: int = 0  # recoveries from a checkpoint after a failure
     redone_steps: int = 0  # steps trained twice because they came after the last checkpoint
+    lost_seconds: float = 0.0  # wall time of the work a failure threw away (checkpoint to the last logged step)
     forced: list = field(default_factory=list)  # recipe differences accepted with checkpoint.resume=force
 
 

@@ -12,6 +12,7 @@ compared with the current one: a change that alters the training refuses with th
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 from dataclasses import dataclass
@@ -107,23 +108,26 @@ class Agreed:
     checkpoint: Checkpoint
     source: str  # "<path> on host <h> (rank r)"
     reached: int  # the highest step any rank's progress.json recorded (work done after the checkpoint)
+    reached_wall: float  # the run's wall-clock seconds at that step (0.0 where progress.json does not say)
     restarted: bool  # some agent restarted its workers (TORCHELASTIC_RESTART_COUNT > 0 on any rank)
 
 
-def _progress(run_dir: Path) -> tuple[int, str | None]:
-    """(the step this rank's progress.json recorded, why it was ignored): a hint, so a file that is not one a run
-    wrote (not strict JSON, a step that is not a count, a FIFO) counts as 0 with a warning, never as a number that
-    is not a step."""
+def _progress(run_dir: Path) -> tuple[int, float, str | None]:
+    """(the step this rank's progress.json recorded, the run's wall seconds then, why it was ignored): a hint, so a
+    file that is not one a run wrote (not strict JSON, a step that is not a count, a FIFO) counts as step 0 with a
+    warning, never as a number that is not a step; a wall time that is not a finite number >= 0 counts as 0.0."""
     path = run_dir / files.PROGRESS
     if not os.path.lexists(path):
-        return 0, None
+        return 0, 0.0, None
     try:
-        step = reader.read_json_object(path, what=files.PROGRESS, error=RunDirError, max_bytes=64 << 10).get("step")
+        value = reader.read_json_object(path, what=files.PROGRESS, error=RunDirError, max_bytes=64 << 10)
     except RunDirError as e:
-        return 0, f"{e}; ignored"
+        return 0, 0.0, f"{e}; ignored"
+    step, wall = value.get("step"), value.get("wall_seconds")
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        return 0, f"{files.PROGRESS} '{path}' has step {str(step)[:40]}: expected an integer >= 0; ignored"
-    return step, None
+        return 0, 0.0, f"{files.PROGRESS} '{path}' has step {str(step)[:40]}: expected an integer >= 0; ignored"
+    ok = isinstance(wall, int | float) and not isinstance(wall, bool) and math.isfinite(wall) and wall >= 0
+    return step, float(wall) if ok else 0.0, None
 
 
 def agree_state(run: RunDir, dist: DistInfo, resume_from: str | None, resume, warn) -> Agreed | None:
@@ -136,7 +140,7 @@ def agree_state(run: RunDir, dist: DistInfo, resume_from: str | None, resume, wa
     elif resume is not False and run.leader:
         local = ckpt.load_latest(run.path, warn=warn, run_id=None if run.legacy else run.run_id)
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    reached, why = _progress(run.path)
+    reached, reached_wall, why = _progress(run.path)
     if why:
         warn(why)
     mine = {
@@ -145,6 +149,7 @@ def agree_state(run: RunDir, dist: DistInfo, resume_from: str | None, resume, wa
         "step": None,
         "path": None,
         "reached": reached,
+        "reached_wall": reached_wall,
         "restart": restart,
     }
     if local is not None:
@@ -168,5 +173,6 @@ def agree_state(run: RunDir, dist: DistInfo, resume_from: str | None, resume, wa
         ck,
         f"{best['path']} on host {best['host']} (rank {best['rank']})",
         max(r["reached"] for r in reports),
+        max(reports, key=lambda r: r["reached"])["reached_wall"],
         any(r["restart"] for r in reports),
     )

@@ -42,9 +42,16 @@ def test_mid_epoch_resume_neither_repeats_nor_skips(tiny_root, tmp_path):
         if int(p.stem.split("-")[1]) > 6:  # "crash" after step 6, mid-way through epoch 2
             p.unlink()
     (b / "summary.json").unlink()
+    mid = ckpt.load(b / "ckpt-00000006.pt")["state"]
+    reached = json.loads((b / "progress.json").read_text())
+    # the mid-epoch checkpoint carries the wall time of its own step, not of the last epoch's end
+    assert mid["wall_seconds"] > mid["history"][0]["wall_seconds"] > 0
+    assert reached["step"] == 8 and reached["wall_seconds"] > mid["wall_seconds"]
     resumed = train(tiny_config(tiny_root, tmp_path / "b", *DET, "checkpoint.every_steps=1", "checkpoint.keep=100"))
     assert resumed["steps"] == full["steps"] == 8
     assert resumed["restarts"] == 1 and resumed["redone_steps"] == 2  # progress.json said step 8
+    # steps 7 and 8's first run, thrown away: from the checkpoint's wall time to progress.json's
+    assert resumed["lost_seconds"] == pytest.approx(reached["wall_seconds"] - mid["wall_seconds"], rel=1e-9)
     wa = ckpt.load(a / "ckpt-00000008.pt")["model"]
     wb = ckpt.load(b / "ckpt-00000008.pt")["model"]
     assert all(torch.equal(wa[k], wb[k]) for k in wa)  # the same samples, in the same order, once each

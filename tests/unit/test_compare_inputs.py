@@ -73,3 +73,17 @@ def test_an_interrupted_runs_meta_json_holds_a_process_count(tmp_path, capsys, v
     assert compare_runs.main([str(run)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{run / 'meta.json'}: 'world_size': expected an integer in [1," in err, err
+
+
+def test_a_restarted_run_says_what_its_total_time_leaves_out(tmp_path, capsys):
+    a, b = fake_run_dir(tmp_path / "a", "ddp"), fake_run_dir(tmp_path / "b", "multistream")
+    args = [str(a), str(b), "--plot", str(tmp_path / "c.png"), "--markdown", str(tmp_path / "t.md")]
+    assert compare_runs.main(args) == 0
+    assert "restarted 1x" not in capsys.readouterr().out
+    assert compare_runs.RESTARTED not in (tmp_path / "t.md").read_text()
+    summary = json.loads((b / "summary.json").read_text())
+    (b / "summary.json").write_text(json.dumps({**summary, "restarts": 1, "redone_steps": 5, "lost_seconds": 12.25}))
+    assert compare_runs.main(args) == 0
+    out = capsys.readouterr().out
+    assert "| finished, restarted 1x: 5 step(s) redone, 12.2 s of work lost (not in its total time) |" in out
+    assert compare_runs.RESTARTED in out

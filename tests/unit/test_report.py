@@ -108,6 +108,10 @@ def test_a_resumed_runs_table_shows_the_restart():
     assert "restarts" not in _rows(summary_table(_summary()))
     s = _summary(restarts=1, redone_steps=7)
     assert _rows(summary_table(s))["restarts"] == "1 (resumed from a checkpoint after a failure; 7 step(s) redone)"
+    s = _summary(restarts=1, redone_steps=7, lost_seconds=12.5)
+    assert _rows(summary_table(s))["restarts"] == (
+        "1 (resumed from a checkpoint after a failure; 7 step(s) redone; 0:00:12 of work lost, not in the wall time)"
+    )
 
 
 def test_a_metric_declared_for_the_summary_gets_its_key_and_row(monkeypatch):
