@@ -34,7 +34,16 @@ sys.path.insert(1, str(REPO))  # launcher/job.py takes the exit codes from recip
 
 from launcher.guard import GRACE_S  # noqa: E402
 from launcher.hosts import Host, HostError, parse_host_list, parse_hostfile, slurm_hosts  # noqa: E402
-from launcher.job import RERUN_ENV, Job, describe_run_dir, probe_shared_run_dir, run, run_checks, run_preflight  # noqa: E402
+from launcher.job import (  # noqa: E402
+    RERUN_ENV,
+    Job,
+    describe_run_dir,
+    exit_code,
+    probe_shared_run_dir,
+    run,
+    run_checks,
+    run_preflight,
+)
 from launcher.netprobe import MARK as NETPROBE_MARK  # noqa: E402
 from launcher.netprobe import network_overrides  # noqa: E402
 from launcher.transports import DEFAULT_SSH, TRANSPORTS, create_transport  # noqa: E402
@@ -449,7 +458,7 @@ def preflight(job: Job, cfg, args) -> int:
         for p in problems:
             print(f"launch: error: {p}", file=sys.stderr)
         print(f"launch: {len(problems)} problem(s) found; nothing was started", file=sys.stderr)
-        return 2
+        return exit_code(problems)
     return 0
 
 

@@ -15,6 +15,7 @@ import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -26,6 +27,7 @@ from launcher.guard import GRACE_S
 from launcher.hosts import Host
 
 from recipes.exit_codes import BAD_INPUT, CANNOT_START, FAILED, INTERRUPTED, KILLED, PREEMPTED, SIGNALLED, TIMEOUT
+from recipes.rundir import files as run_files
 
 # Variables that tune communication: passed to every host, since ssh and srun do not carry our environment.
 FORWARD_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "HOROVOD_")
@@ -239,12 +241,44 @@ class TransportError(RuntimeError):
     """The transport itself cannot be started (no ssh, no srun)."""
 
 
-def _unreachable(job: Job, host: Host, rc: int | None, out: str, err: str, timeout: float) -> str:
+class Problem(str):
+    """A check's one line, with the exit code the table gives for it (docs/reproduce.md, 'A run died'): bad input
+    unless a subclass says otherwise."""
+
+    code = BAD_INPUT
+
+
+class HostFailure(Problem):
+    """A host the transport could not reach, or whose check crashed: a failure, not bad input."""
+
+    code = FAILED
+
+
+class NoTransport(Problem):
+    """The transport's own program could not be started (no ssh, no srun)."""
+
+    code = CANNOT_START
+
+
+def exit_code(problems: list[str]) -> int:
+    """The code for a failed check: the transport missing first, then a host not reached, else bad input."""
+    codes = {getattr(p, "code", BAD_INPUT) for p in problems}
+    return next((c for c in (CANNOT_START, FAILED) if c in codes), BAD_INPUT)
+
+
+# What names this machine itself: a hostfile line `localhost slots=2` over ssh needs an ssh server here.
+_THIS_MACHINE = ("localhost", "127.0.0.1", "::1", "ip6-localhost")
+
+
+def _unreachable(job: Job, host: Host, rc: int | None, out: str, err: str, timeout: float) -> HostFailure:
     if rc is None:
-        return f"host {host.name}: no answer within {timeout:g} s ({job.transport.name} transport)"
+        return HostFailure(f"host {host.name}: no answer within {timeout:g} s ({job.transport.name} transport)")
     why = job.transport.failure(rc) or f"exit {rc}"
     tail = " | ".join((err.strip() or out.strip()).splitlines()[-3:])
-    return f"host {host.name}: not reachable through {job.transport.name}: {why}: {tail}"
+    hint = ""
+    if job.transport.name == "ssh" and host.name.lower() in (*_THIS_MACHINE, socket.gethostname().lower()):
+        hint = "; for this machine alone, add `--transport local` (no ssh)"
+    return HostFailure(f"host {host.name}: not reachable through {job.transport.name}: {why}: {tail}{hint}")
 
 
 def run_checks(job: Job, timeout: float) -> list[str]:
@@ -253,7 +287,7 @@ def run_checks(job: Job, timeout: float) -> list[str]:
     try:
         results = on_every_host(job, commands, timeout)
     except TransportError as e:
-        return [str(e)]
+        return [NoTransport(e)]
     problems = []
     for host, rc, out, err in results:
         marks = [ln[len(CHECK_MARK) :].strip() for ln in out.splitlines() if ln.startswith(CHECK_MARK)]
@@ -289,7 +323,7 @@ def run_preflight(
     try:
         results = on_every_host(job, [command] * len(job.hosts), timeout)
     except TransportError as e:
-        return {}, [str(e)]
+        return {}, [NoTransport(e)]
     reports, problems = {}, []
     for host, rc, out, err in results:
         line = next((ln for ln in out.splitlines() if ln.startswith(MARK)), None)
@@ -298,7 +332,7 @@ def run_preflight(
         elif rc is None or not err.strip():
             problems.append(_unreachable(job, host, rc, out, err, timeout))
         else:
-            problems.append(f"host {host.name}: the pre-flight failed: {err.strip().splitlines()[-1]}")
+            problems.append(HostFailure(f"host {host.name}: the pre-flight failed: {err.strip().splitlines()[-1]}"))
     return reports, problems
 
 
@@ -414,6 +448,19 @@ def describe_failure(job: Job, host: Host, failure: RankFailure) -> str:
         f"{what} (no OOM-killer record of pid {failure.pid} in the kernel log of {host.name}: a kill -9 or a scheduler "
         "past its grace period)"
     )
+
+
+def resume_point(job: Job) -> str:
+    """Where a rerun of a killed job starts: the step of the newest `ckpt-<step>.pt` in the run directory where this
+    machine sees it (the launcher runs on one of the hosts, or the folder is shared), else what the rerun looks for."""
+    path = Path(job.workdir) / job.run_dir
+    try:
+        steps = [int(m.group(1)) for p in path.iterdir() if (m := run_files.STEP_CHECKPOINT.match(p.name))]
+    except OSError:
+        return "the last checkpoint written before this stop (step 0 if there is none)"
+    if not steps:
+        return f"step 0 (no checkpoint in {path})"
+    return f"step {max(steps)} (the newest checkpoint in {path}; the steps after it are redone)"
 
 
 def next_step(job: Job, rc: int, log: Path) -> str:
@@ -618,8 +665,7 @@ def run(job: Job, log_dir: Path, out: TextIO, timeout: float | None = None) -> i
                 silent = ", ".join(x.host.name for x in stopping if not x.preempted)
                 say(
                     f"no checkpoint written: the ranks on {silent} did not say `preempted:` within the grace of "
-                    f"{job.grace:g} s and were killed; a rerun starts from the last checkpoint written before this "
-                    "stop (step 0 if there is none)"
+                    f"{job.grace:g} s and were killed; a rerun starts from {resume_point(job)}"
                 )
                 say(next_step(job, KILLED, log_dir))
                 return KILLED if stop_reason else TIMEOUT

@@ -466,11 +466,18 @@ def test_missing_data_and_unreachable_host_are_named_and_nothing_starts(tmp_path
         "configs/quickstart.yaml",
         timeout=180,
     )
-    assert p.returncode == 2
+    assert p.returncode == 1  # a host not reached is a failure (the exit-code table's 1), not bad input
     assert (
         "launch: error: host no-such-host.invalid: not reachable through ssh: ssh could not connect or lost the "
         "connection (exit 255): ssh: Could not resolve hostname no-such-host.invalid"
     ) in p.stderr
+    assert "--transport local" not in p.stderr
+
+    hostfile.write_text("localhost slots=2\n")  # this machine, over ssh: no ssh server answers here
+    p = launch("--hostfile", str(hostfile), "--check-timeout", "30", "-c", "configs/quickstart.yaml", timeout=180)
+    assert p.returncode == 1, p.stderr
+    assert "launch: error: host localhost: not reachable through ssh: " in p.stderr
+    assert p.stderr.rstrip().splitlines()[-2].endswith("; for this machine alone, add `--transport local` (no ssh)")
 
 
 # ---------------------------------------------------------------------------------------------------------

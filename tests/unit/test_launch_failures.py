@@ -28,6 +28,8 @@ def _job(*commands: str, rerun: str = "make reproduce-8gpu DATA='/d'"):
         transport=Local(),
         grace=5.0,
         env={RERUN_ENV: rerun},
+        workdir="/nonexistent-workdir",  # the run directory is not seen from here
+        run_dir="runs/r",
         commands=lambda: list(zip(hosts, commands, strict=True)),
     )
 
@@ -310,3 +312,20 @@ def test_a_stop_says_whether_the_ranks_wrote_their_checkpoint(on_stop, expected,
             "there is none)"
         ) in text
         assert "to resume from the checkpoint" not in text
+
+
+def test_a_killed_job_names_the_step_a_rerun_starts_from(tmp_path):
+    """Where the launcher sees the run directory, the grace line names the newest checkpoint's step."""
+    from launcher.job import resume_point
+
+    job = _job("true", "true")
+    job.workdir, job.run_dir = str(tmp_path), "runs/r"
+    assert resume_point(job) == "the last checkpoint written before this stop (step 0 if there is none)"
+    run = tmp_path / "runs" / "r"
+    run.mkdir(parents=True)
+    (run / "checkpoint.pt").write_bytes(b"")
+    assert resume_point(job) == f"step 0 (no checkpoint in {run})"
+    for step in (8, 12, 4):
+        (run / f"ckpt-{step:08d}.pt").write_bytes(b"")
+    (run / "ckpt-00000099.pt.tmp").write_bytes(b"")  # a save cut short is not a checkpoint
+    assert resume_point(job) == f"step 12 (the newest checkpoint in {run}; the steps after it are redone)"
