@@ -329,3 +329,22 @@ def test_a_killed_job_names_the_step_a_rerun_starts_from(tmp_path):
         (run / f"ckpt-{step:08d}.pt").write_bytes(b"")
     (run / "ckpt-00000099.pt.tmp").write_bytes(b"")  # a save cut short is not a checkpoint
     assert resume_point(job) == f"step 12 (the newest checkpoint in {run}; the steps after it are redone)"
+
+
+def test_a_failed_check_exits_with_the_tables_code():
+    """The transport's program missing: 127; a host not reached: 1; anything else a check finds: bad input, 2."""
+    from launcher.job import HostFailure, NoTransport, Problem, exit_code, run_checks
+
+    hosts = [SimpleNamespace(name="node01", addr="10.0.0.1")]
+    job = SimpleNamespace(
+        hosts=hosts,
+        transport=SimpleNamespace(name="ssh", argv=lambda host, command: ["/no/such/ssh", command]),
+        check_command=lambda first: "true",
+    )
+    problems = run_checks(job, 5.0)
+    assert problems == ["host node01: cannot run the ssh transport (/no/such/ssh): [Errno 2] No such file or "
+                        "directory: '/no/such/ssh'"]  # fmt: skip
+    assert exit_code(problems) == 127
+    assert exit_code([Problem("data"), HostFailure("host"), NoTransport("ssh")]) == 127
+    assert exit_code([Problem("data"), HostFailure("host")]) == 1
+    assert exit_code([Problem("data"), "a verdict's line"]) == 2
