@@ -299,9 +299,13 @@ def describe(job: Job, cfg) -> list[str]:
         )
     if job.engine == "torchrun":
         lines.append(f"rendezvous: c10d at {job.endpoint} (id {job.rdzv_id}), hosted by {job.hosts[0].name}")
+    # The transport's wrapping once, then each host's own command as its shell reads it: printing every host's
+    # whole argv quoted again nests the quotes past reading.
+    through = shlex.join(job.transport.argv(dataclasses.replace(job.hosts[0], name="HOST"), "COMMAND"))
+    lines.append(f"each host runs COMMAND through the {job.transport.name} transport: {through}")
     width = max(len(h.name) for h in job.hosts)
     for host, command in job.commands():
-        lines.append(f"[{host.name.ljust(width)}] {shlex.join(job.transport.argv(host, command))}")
+        lines.append(f"[{host.name.ljust(width)}] {command}")
     return lines
 
 

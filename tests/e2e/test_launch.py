@@ -286,6 +286,11 @@ def test_dry_run_prints_every_host_command_and_starts_nothing(tmp_path, tiny_roo
     assert "is_host=1" in per_host[0] and "is_host=0" in per_host[1]
     assert all("--nnodes 2 --nproc-per-node 1" in ln for ln in per_host)
     assert all("--grace 100 --" in ln and "--shutdown-timeout 100 " in ln for ln in per_host)  # time to checkpoint
+    # each host's command as its shell reads it (one level of quotes), the transport's wrapping named once
+    assert sum(ln.startswith("launch: each host runs COMMAND through the local transport: ") for ln in lines) == 1
+    for ln in per_host:
+        words = shlex.split(ln.split("] ", 1)[1])
+        assert words[:3] == ["cd", str(ROOT), "&&"] and "train.py" in words, words
     assert f"{tiny_root}/train, {tiny_root}/val" in lines[-1] and "nothing started" in lines[-1]
     assert not run_dir.exists()
 
