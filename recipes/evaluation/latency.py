@@ -173,8 +173,9 @@ def add_cost(results: dict, price_per_hour: float) -> None:
 
 
 def latency_table(results: dict, baseline: str | None = None, extra: dict[str, dict[str, str]] | None = None) -> str:
-    """Markdown table of run_protocol's results (one row per mode); `baseline` adds a 'vs <baseline>' column
-    (ratio of medians), `extra` more columns ({mode: {column: text}})."""
+    """Markdown table of run_protocol's results (one row per mode); `baseline` adds a 'latency vs <baseline>' column
+    (this mode's median over the baseline's: 0.50x takes half the time), `extra` more columns ({mode: {column:
+    text}})."""
     head = [
         "mode",
         "mean ms",
@@ -188,7 +189,7 @@ def latency_table(results: dict, baseline: str | None = None, extra: dict[str, d
         "agree top-5 %",
     ]
     if baseline in results:
-        head.append(f"vs {baseline}")
+        head.append(f"latency vs {baseline}")
     columns = list(next(iter(extra.values())).keys()) if extra else []
     head += columns
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

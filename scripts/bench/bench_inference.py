@@ -112,11 +112,12 @@ def bench_model(label: str, model, args, *, files, labels, calibration, device) 
         exact = min((m for m in FP32_EXACT if m in med), key=med.get, default=None)
         if exact:
             lines.append(
-                f"- best fp32-exact mode `{exact}`: {med[exact] / med['onnxruntime']:.2f}x ONNX Runtime (target <= 1.0)"
+                f"- best fp32-exact mode `{exact}`: {med[exact] / med['onnxruntime']:.2f}x ONNX Runtime's latency "
+                "(target <= 1.0)"
             )
         if "int8" in med:
             lines.append(
-                f"- `int8`: {med['int8'] / med['onnxruntime']:.2f}x ONNX Runtime fp32 (target <= 0.6), "
+                f"- `int8`: {med['int8'] / med['onnxruntime']:.2f}x ONNX Runtime fp32's latency (target <= 0.6), "
                 f"top-5 agreement {res['int8']['agreement_top5']:.1f}% (target >= 99%)"
             )
         if "int8" in med and "onnxruntime-int8" in med:

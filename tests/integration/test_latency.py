@@ -111,6 +111,11 @@ def test_latency_cli_writes_json_and_dawnbench_entry(tiny_checkpoint, tiny_root,
     printed = capsys.readouterr().out
     assert "| `none` |" in printed and "| `fuse` |" in printed and "cost (fuse): $" in printed
     res = json.loads(out.read_text())
+    # the ratio column says which way it reads: this mode's median latency over the baseline's
+    cells = {ln.split(" | ")[0]: [c.strip() for c in ln.strip("|").split("|")] for ln in printed.splitlines()}
+    head, row = cells["| mode"], cells["| `fuse`"]
+    median = {m: r["latency_ms"]["excluding_preprocessing"]["median"] for m, r in res["results"].items()}
+    assert row[head.index("latency vs none")] == f"{median['fuse'] / median['none']:.2f}x"
     assert (res["images"], res["batch_size"], res["image_size"], res["threads"]) == (12, 1, 32, 1)
     assert set(res["results"]) == {"none", "fuse"}
     # top-1 of the eager model on the same 12 images, counted here image by image
