@@ -85,6 +85,10 @@ def parser() -> OneLineParser:
         help="machine price in USD/hour: adds cost per image",
     )
     lat.add_argument("--hardware", help="hardware description for the DAWNBench entry (default: detected)")
+    lat.add_argument("--author", help="the entry's author (default: the checkpoint's dawnbench.author)")
+    lat.add_argument(
+        "--author-email", help="the entry's authorEmail (default: the checkpoint's dawnbench.author_email)"
+    )
     lat.add_argument("--entry", help="write the DAWNBench inference JSON entry (first --optimize mode) here")
     ex = ap.add_argument_group("export")
     ex.add_argument("--export", choices=["onnx"], help="write the model in this format (uint8 image in, logits out)")

@@ -115,6 +115,8 @@ def run_evaluate_cli(args) -> int:
                 device=args.device,
                 price_per_hour=args.price_per_hour,
                 hardware=args.hardware,
+                author=args.author,
+                author_email=args.author_email,
                 ema=args.ema,
             )
             print(
@@ -131,8 +133,13 @@ def run_evaluate_cli(args) -> int:
                         f"${k['excluding_preprocessing']:.3g} per 10,000 images excluding preprocessing; "
                         f"${k['including_preprocessing']:.3g} per 10,000 including it"
                     )
+            e = res["dawnbench"]
+            print(
+                "DAWNBench inference entry: "
+                + ("qualifies" if e["qualifies"] else "does NOT qualify: " + "; ".join(e["notQualifyingBecause"]))
+            )
             _write_json(args.out, res, "--out")
-            _write_json(args.entry, res["dawnbench"], "--entry")
+            _write_json(args.entry, e, "--entry")
             return 0
         if args.entry:
             raise ConfigError("--entry: the DAWNBench inference entry comes from --latency")

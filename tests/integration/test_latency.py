@@ -99,6 +99,8 @@ def test_latency_cli_writes_json_and_dawnbench_entry(tiny_checkpoint, tiny_root,
                 "3.6",
                 "--hardware",
                 "test box",
+                "--author",
+                "Ada Lovelace",
                 "--out",
                 str(out),
                 "--entry",
@@ -146,6 +148,12 @@ def test_latency_cli_writes_json_and_dawnbench_entry(tiny_checkpoint, tiny_root,
         assert key in e and type(e[key]) in ({int, float} if type(value) in (int, float) else {type(value)}), key
     assert e["misc"]["images"] == 12 and e["misc"]["all_validation_images"] is False
     assert e["misc"]["latency_including_preprocessing_ms"] > e["latency"]
+    # ours, as in the training entry: whether it is a DAWNBench result, and why not (the checkpoint names nobody)
+    assert (e["author"], e["authorEmail"], e["qualifies"]) == ("Ada Lovelace", "", False)
+    why = ["it measured 12 validation images, not ImageNet's 50,000 (--images 0 on the whole set)"]
+    why += ["its authorEmail is empty (--author, --author-email)"]
+    assert e["notQualifyingBecause"] == [r for r in e["notQualifyingBecause"] if r.startswith("its top-5 is")] + why
+    assert f"DAWNBench inference entry: does NOT qualify: {'; '.join(e['notQualifyingBecause'])}" in printed
 
 
 def test_latency_caps_images_and_refuses_torchrun(tiny_checkpoint, tiny_root, tmp_path, capsys, monkeypatch):
@@ -181,3 +189,15 @@ def test_prefetcher_delivers_every_image_on_the_device():
     got = [x for x in Prefetcher(dev)(host)]
     assert all(x.device.type == "cuda" for x in got)
     assert [int(x[0, 0, 0, 0]) for x in got] == list(range(5))
+
+
+def test_an_inference_entry_qualifies_on_the_whole_set_at_93_percent():
+    from recipes.evaluation.latency import inference_qualification
+
+    out = {"images": 50_000, "results": {"int8": {"top5": 93.0}}}
+    assert inference_qualification(out, "int8", "Ada", "ada@example.org") == []
+    out["results"]["int8"]["top5"] = 92.99
+    assert inference_qualification(out, "int8", "Ada", " ") == [
+        "its top-5 is 92.99%, under DAWNBench's 93%",
+        "its authorEmail is empty (--author, --author-email)",
+    ]
