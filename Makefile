@@ -55,11 +55,13 @@ qw = $(foreach w,$(1),$(call q,$(w)))
 # driver; on a machine without a GPU they run on the CPU. CUDA=cu126: the CUDA 12.6 builds of the same versions
 # (requirements-cu126.txt), for Volta (V100) and older drivers. From the command line or DAWNBENCH_CUDA.
 CUDA = $(or $(value DAWNBENCH_CUDA),cu130)
-# Exactly one word of the list: 'cu130 ;touch x' or 'cu126 cu130' holds a valid word, and is refused all the same.
-# Compared exactly, blanks included: ' cu130 ' (or a tab, a trailing newline) names no REQS_ list, and pip then
-# installed no torch at all.
+# Blanks around the name are dropped (' cu130 ', a tab, a trailing newline from a file: unstripped, it named no REQS_
+# list and pip installed no torch), then the name is compared exactly with the list: 'cu130 ;touch x' or
+# 'cu126 cu130' holds a valid word, and is refused all the same.
+CUDA_GIVEN := $(CUDA)
+override CUDA := $(strip $(CUDA_GIVEN))
 ifneq (x$(words $(CUDA))x$(CUDA)x,x1x$(filter cu130 cu126,$(CUDA))x)
-$(error CUDA=$(subst $(newline),\n,$(CUDA)): expected cu130 (the default: CUDA 13, Turing and newer) or cu126 (CUDA 12.6: Volta/V100 and older drivers), exactly one word)
+$(error CUDA=$(subst $(newline),\n,$(CUDA_GIVEN)): expected cu130 (the default: CUDA 13, Turing and newer) or cu126 (CUDA 12.6: Volta/V100 and older drivers), exactly one word)
 endif
 # WHEELHOUSE=folder (or DAWNBENCH_WHEELHOUSE): install from a folder that `make wheelhouse` filled, with no package
 # index at all (HPC nodes, GPU machines lent for checks). The folder is made for one CUDA variant (its cuda-variant.txt).

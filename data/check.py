@@ -47,10 +47,16 @@ class FileReport:
     path: str
     kind: str  # OK, "cmyk-jpeg", "grayscale-jpeg", "png", "gif", ..., or one of UNDECODABLE
     detail: str
+    fmt: str | None = None  # the format its first bytes name ("JPEG", "GIF", ...); None when they name none
 
     @property
     def decodable(self) -> bool:
         return self.kind not in UNDECODABLE
+
+    @property
+    def dali_reads(self) -> bool:
+        """Whether data.backend=dali's header scan hands this file to its decoders (a decodable format they read)."""
+        return self.decodable and self.fmt in DALI_FORMATS
 
 
 def sniff_format(head: bytes) -> str | None:
@@ -150,17 +156,24 @@ def inspect_file(path: str, max_pixels: int = Image.MAX_IMAGE_PIXELS) -> FileRep
     except OSError as e:
         msg = str(e)
         kind = "truncated" if "truncated" in msg or "broken data stream" in msg else "corrupt"
-        return FileReport(path, kind, f"{fmt}: {msg}")
+        return FileReport(path, kind, f"{fmt}: {msg}", fmt)
     except (ValueError, SyntaxError, struct.error, EOFError) as e:
-        return FileReport(path, "corrupt", f"{fmt}: {e}")
+        return FileReport(path, "corrupt", f"{fmt}: {e}", fmt)
     named = os.path.splitext(path)[1].lstrip(".")
     if fmt == "JPEG":
         if mode == "RGB":
-            return FileReport(path, OK, f"JPEG RGB {w}x{h}")
+            return FileReport(path, OK, f"JPEG RGB {w}x{h}", fmt)
         kind = {"CMYK": "cmyk-jpeg", "L": "grayscale-jpeg"}.get(mode, f"{mode.lower()}-jpeg")
-        return FileReport(path, kind, f"JPEG {mode} {w}x{h} (converted to RGB when loaded)")
+        return FileReport(path, kind, f"JPEG {mode} {w}x{h} (converted to RGB when loaded)", fmt)
     where = f" in a .{named} file" if named.lower() in ("jpeg", "jpg") else ""
-    return FileReport(path, fmt.lower(), f"{fmt} {mode} {w}x{h}{where} (converted to RGB when loaded)")
+    if fmt not in DALI_FORMATS:
+        return FileReport(path, fmt.lower(), f"{fmt} {mode} {w}x{h}{where}: data.backend=dali {not_for_dali(fmt)}", fmt)
+    return FileReport(path, fmt.lower(), f"{fmt} {mode} {w}x{h}{where} (converted to RGB when loaded)", fmt)
+
+
+def not_for_dali(fmt: str) -> str:
+    """Why the DALI backend refuses an image of format `fmt` (what its header scan and --check both say)."""
+    return f"refuses a {fmt} image, which DALI does not read (data.backend=torch reads it)"
 
 
 def too_many_pixels(path: str, width: int, height: int, limit: int) -> str:
@@ -185,7 +198,7 @@ def _header_problem(path: str, limit: int) -> str | None:
     except OSError as e:
         return f"cannot decode '{path}': not a readable image ({e.strerror or type(e).__name__})"
     if fmt not in DALI_FORMATS:
-        return f"cannot decode '{path}': a {fmt} image, which DALI does not read (data.backend=torch does)"
+        return f"cannot decode '{path}': data.backend=dali {not_for_dali(fmt)}"
     return too_many_pixels(path, w, h, limit) if w * h > limit else None
 
 

@@ -24,8 +24,9 @@ the settings and, once done, the totals. A phase with `root: '160'` reads the co
 data.root), or the one `data.roots: {160: /elsewhere}` names.
 
 --check decodes every image and lists each file that is not a decodable RGB JPEG (CMYK, grayscale, PNG content
-named .JPEG, truncated, empty, not an image), with what it is; the exit status is 1 when some cannot be decoded,
-2 (one line) when ROOT holds no image or still holds .tar archives (a download not yet extracted: use --download).
+named .JPEG, truncated, empty, not an image, a GIF, which the DALI backend refuses), with what it is; the exit status
+is 1 when some cannot be decoded or would stop data.backend=dali, 2 (one line) when ROOT holds no image or still
+holds .tar archives (a download not yet extracted: use --download).
 """
 
 from __future__ import annotations
@@ -294,8 +295,12 @@ def check(root: Path, workers: int, out: Path | None = None, log=print) -> list:
             log(f"{r.kind.ljust(width)}  {os.path.relpath(r.path, root)}  ({r.detail})")
     kinds = Counter(r.kind for r in reports)
     undecodable = [r for r in odd if not r.decodable]
+    not_dali = [r for r in odd if r.decodable and not r.dali_reads]
     summary = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
-    log(f"checked {len(reports)} files under {root}: {summary or 'none'}; {len(undecodable)} cannot be decoded")
+    log(
+        f"checked {len(reports)} files under {root}: {summary or 'none'}; {len(undecodable)} cannot be decoded, "
+        f"{len(not_dali)} would stop data.backend=dali (a format its decoders do not read)"
+    )
     if out is not None:
         write_output(out, "kind\tfile\tdetail\n" + "".join(line + "\n" for line in lines), "--out", DataError)
     return odd
@@ -385,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.out is not None:
                 check_target(args.out, "--out", DataError)  # before the hours of inspection, not after
             odd = check(args.check, args.workers, args.out)
-            return 1 if any(not r.decodable for r in odd) else 0
+            return 1 if any(not r.dali_reads for r in odd) else 0
         if args.src is None or args.dst is None:
             ap.error("--src and --dst are required (or --check ROOT)")
         if args.short_side is None:

@@ -43,6 +43,32 @@ def _env_int(name: str, default: int) -> int:
         raise RuntimeError(f"environment variable {name}={value!r}: expected an integer") from None
 
 
+class ProcessSettings:
+    """The process-wide settings a run changes (environment variables such as NCCL_LAUNCH_ORDER_IMPLICIT, torch's CPU
+    thread count, deterministic algorithms), taken before `setup` and put back by `restore()` when the run ends, so
+    that a caller training again in the same process (tests/train_worker.py's runs in turn, the tests) starts each
+    run as a fresh process would."""
+
+    def __init__(self):
+        self.environ = dict(os.environ)
+        self.threads = torch.get_num_threads()
+        self.deterministic = (
+            torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(),
+        )
+
+    def restore(self) -> None:
+        for name in set(os.environ) - set(self.environ):
+            del os.environ[name]
+        for name, value in self.environ.items():
+            if os.environ.get(name) != value:
+                os.environ[name] = value
+        if torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
+        enabled, warn_only = self.deterministic
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+
+
 def setup(cfg, *, env: Mapping[str, str]) -> DistInfo:
     """Read RANK/WORLD_SIZE/LOCAL_RANK (set by torchrun), pick the device, init the process group.
 

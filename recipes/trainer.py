@@ -27,7 +27,7 @@ from models.factory import compile_for_training, compile_report, compile_unavail
 from recipes.comm import create_allreduce, process_env
 from recipes.config import Config
 from recipes.dawnbench import check_required
-from recipes.distributed import collective_guard, setup, teardown
+from recipes.distributed import ProcessSettings, collective_guard, setup, teardown
 from recipes.ema import create_ema, update_ema
 from recipes.epoch_clock import EpochClock
 from recipes.evaluation.accuracy import average_bn_stats, evaluate
@@ -57,10 +57,16 @@ class Trainer:
     def __init__(self, cfg: Config, run_dir: Path | None = None, resume_from: str | None = None):
         check_required(cfg)  # before any work: the entry written at the end must be complete
         self.cfg = cfg
-        self.dist = setup(cfg, env=process_env(cfg.comm))
+        self.process = ProcessSettings()  # put back by close()
+        try:
+            self.dist = setup(cfg, env=process_env(cfg.comm))
+        except BaseException:
+            self.process.restore()
+            raise
         why = compile_unavailable(self.dist.device) if cfg.run.compile != "none" else None
         if why:  # before the run directory is touched
             teardown()
+            self.process.restore()
             raise ConfigError(f"run.compile={cfg.run.compile}: {why}; install one, or set run.compile=none")
         self.run_dir = Path(run_dir) if run_dir else run_dir_for(cfg)
         self.run = None
@@ -291,6 +297,7 @@ class Trainer:
         if getattr(self, "run", None) is not None:
             self.run.close()
         teardown()
+        self.process.restore()
         self.stop.restore()  # last: torchrun's own SIGTERM after a preemption must not kill a rank that is closing
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from support import tiny_config
+from support import register_two_layer, tiny_config
 
 from data.make_sample import main as make_sample
 
@@ -34,3 +34,9 @@ def tiny_checkpoint(tiny_root, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tiny_ckpt")
     train(tiny_config(tiny_root, out))
     return out / "tiny" / "checkpoint.pt"
+
+
+@pytest.fixture()
+def two_layer_model(monkeypatch) -> str:
+    """model.name of a conv-BN-linear network for this test (tests/support.py TWO_LAYER)."""
+    return register_two_layer(monkeypatch)

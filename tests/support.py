@@ -282,6 +282,41 @@ FOLDER_PIPELINES = [n for n, r in registry.INPUT_PIPELINES.items() if r.reads_fo
 HOST_DECIDES = registry.Optimizer("made_up_torch_unfused", "", (), skips_on_device=False)
 
 
+# The smallest network with the parts a compiled training step must handle (a convolution, BatchNorm with its
+# running statistics, a classifier): compile tests take seconds instead of resnet10t's minutes of inductor.
+TWO_LAYER = registry.Model("made_up_two_layer", "made_up_two_layer", "conv-BN-linear")
+
+
+def _two_layer(pretrained: bool = False, num_classes: int = 1000, drop_rate: float = 0.0, **_) -> torch.nn.Module:
+    nn = torch.nn
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, stride=2, padding=1, bias=False),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Dropout(drop_rate),
+        nn.Linear(8, num_classes),
+    )
+
+
+def register_two_layer(monkeypatch) -> str:
+    """TWO_LAYER as a model.name for this test: a record, a name the schema accepts (configs and the checkpoint's
+    config load with it) and a network timm builds by name, as models/factory.py asks."""
+    from typing import Literal
+
+    import timm.models
+
+    from recipes.config import schema
+
+    if not timm.models.is_model(TWO_LAYER.arch):
+        _two_layer.__name__ = TWO_LAYER.arch
+        timm.models.register_model(_two_layer)
+    monkeypatch.setitem(registry.MODELS, TWO_LAYER.name, TWO_LAYER)
+    monkeypatch.setattr(schema, "ModelName", Literal[tuple(registry.MODELS)])
+    return TWO_LAYER.name
+
+
 def optim_record(optimizer: torch.optim.Optimizer) -> registry.Optimizer:
     """The record of an optimizer built in a test: torch's fused SGD is `sgd`, LayerAdaptiveSGD `lars`, an unfused
     torch optimizer `HOST_DECIDES`."""

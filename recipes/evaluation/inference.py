@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from base.errors import ConfigError
+from base.writer import write_output
 from data.transforms import IMAGENET_MEAN, IMAGENET_STD
 
 
@@ -235,17 +236,17 @@ def export_onnx(model: nn.Module, image_size: int, path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     module = Classifier(copy.deepcopy(model).float().cpu()).eval()
     example = torch.zeros(1, 3, image_size, image_size, dtype=torch.uint8)
-    torch.onnx.export(
+    program = torch.onnx.export(
         module,
         (example,),
-        str(path),
         dynamo=True,
-        external_data=False,
         input_names=["image"],
         output_names=["logits"],
         verbose=False,
         report=False,
     )
+    # serialized here and written by the one writer: never through a link planted after the flag was checked
+    write_output(path, program.model_proto.SerializeToString(), "--export-file", ConfigError)
     return path
 
 

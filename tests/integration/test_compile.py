@@ -28,7 +28,7 @@ def step_losses(run_dir) -> list[float]:
 
 
 @pytest.mark.slow
-def test_compiled_training_matches_eager_and_compiles_once_per_phase(tiny_root, tmp_path):
+def test_compiled_training_matches_eager_and_compiles_once_per_phase(tiny_root, tmp_path, two_layer_model):
     why = compile_unavailable(torch.device("cpu"))
     if why:
         pytest.skip(f"run.compile cannot run here: {why}")
@@ -36,6 +36,7 @@ def test_compiled_training_matches_eager_and_compiles_once_per_phase(tiny_root, 
     from torch._dynamo.utils import counters
 
     over = ("run.deterministic=true", "log.tensorboard=true", TWO_PHASES)
+    over += (f"model.name={two_layer_model}",)
     train(tiny_config(tiny_root, tmp_path / "eager", *over))
     reset()
     counters.clear()

@@ -133,3 +133,25 @@ def test_export_onnx_runs_in_onnxruntime_like_torch(tiny_checkpoint, trained, tm
         for x in val[:4]:
             want = model(normalize(x, False)).numpy()
             np.testing.assert_allclose(session.run(None, {"image": x.numpy()})[0], want, atol=1e-4, rtol=1e-4)
+
+
+def test_export_onnx_writes_through_the_writer_never_through_a_link(tmp_path, monkeypatch):
+    """torch.onnx.export wrote --export-file itself: a link planted after the flag's check was followed. The export
+    is stood in for (as torch's: it writes to a path it is given, else returns the program), the write is real."""
+    import types
+
+    from recipes.evaluation.inference import export_onnx
+
+    def fake_export(module, args, f=None, **kw):
+        if f is not None:
+            open(f, "wb").write(b"onnx")  # noqa: SIM115
+        return types.SimpleNamespace(model_proto=types.SimpleNamespace(SerializeToString=lambda: b"onnx"))
+
+    monkeypatch.setitem(sys.modules, "onnxscript", types.ModuleType("onnxscript"))
+    monkeypatch.setattr(torch.onnx, "export", fake_export)
+    model = torch.nn.Sequential(torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(3, 2))
+    (tmp_path / "m.onnx").symlink_to(tmp_path / "victim")
+    with pytest.raises(ConfigError, match=r"^--export-file: '.*m\.onnx' is a symbolic link"):
+        export_onnx(model, 8, tmp_path / "m.onnx")
+    assert not (tmp_path / "victim").exists()
+    assert export_onnx(model, 8, tmp_path / "ok.onnx").read_bytes() == b"onnx"

@@ -12,7 +12,7 @@ from support import FOLDER_PIPELINES, input_args, input_from, tiny_config
 
 from base.errors import DataError
 from data import create_input
-from data.check import OK, inspect_file, quick_problem
+from data.check import OK, check_headers, inspect_file, quick_problem
 from data.make_sample import main as make_sample
 from data.prepare import main as prepare_main
 from data.prepare import target_size
@@ -83,6 +83,22 @@ def test_check_lists_every_odd_file_and_fails_on_undecodable(odd_src, tmp_path, 
         "n01443537_odd_gray.JPEG": "grayscale-jpeg",
         "n01440764_odd_png.JPEG": "png",
     }
+
+
+def test_check_fails_on_an_animated_gif_the_dali_backend_refuses(tmp_path, capsys):
+    """An animated GIF named .JPEG passed --check (exit 0, "0 cannot be decoded") and then stopped a DALI run: --check
+    names it with DALI's reason and exits 1, for the same file DALI's header scan refuses."""
+    folder = tmp_path / "root" / "train" / "n01440764"
+    folder.mkdir(parents=True)
+    Image.new("RGB", (40, 30)).save(folder / "plain.JPEG")
+    frames = [Image.new("RGB", (40, 30), (60 * i, 0, 0)) for i in range(3)]
+    gif = folder / "anim.JPEG"
+    frames[0].save(gif, format="GIF", save_all=True, append_images=frames[1:], duration=50, loop=0)
+    assert [f for f, _ in check_headers([str(gif), str(folder / "plain.JPEG")], 10**8, 1, 0, 1)] == [str(gif)]
+    assert prepare_main(["--check", str(tmp_path / "root"), "--workers", "1"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln for ln in lines if "anim.JPEG" in ln and "data.backend=dali refuses a GIF image" in ln], lines
+    assert "0 cannot be decoded, 1 would stop data.backend=dali" in lines[-1]
 
 
 def test_prepare_resizes_to_rgb_jpeg_with_manifest(odd_src, tmp_path, capsys):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -194,3 +195,29 @@ def test_input_pipeline_build_counts_as_training_time(tiny_root, tmp_path):
     finally:
         trainer.close()
     assert summary["train_seconds"] >= 2.0  # two epochs, two builds
+
+
+def test_a_run_puts_back_the_process_settings_it_changed(tiny_root, tmp_path, monkeypatch, two_layer_model):
+    """In-process runs left NCCL_LAUNCH_ORDER_IMPLICIT, torch's thread count and deterministic algorithms set for
+    whatever the process ran next (every later test)."""
+    from recipes.comm import process_env
+
+    cfg = tiny_config(
+        tiny_root,
+        tmp_path,
+        "comm.backend=multistream",
+        "run.threads=1",
+        "run.deterministic=true",
+        f"model.name={two_layer_model}",
+        "phases=[{epochs: 1, image_size: 32, batch_size: 24}]",
+    )
+    monkeypatch.delenv("NCCL_LAUNCH_ORDER_IMPLICIT", raising=False)
+    assert process_env(cfg.comm) == {"NCCL_LAUNCH_ORDER_IMPLICIT": "1"}  # what the run sets
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        train(cfg)
+        assert "NCCL_LAUNCH_ORDER_IMPLICIT" not in os.environ
+        assert torch.get_num_threads() == 2 and not torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.set_num_threads(before)

@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import torch
 from support import ROOT
@@ -101,12 +100,13 @@ print("compile ended; received", stop.received, flush=True)
 
 
 def test_a_stop_during_a_long_compile_leaves_within_the_bound_with_exit_75():
-    """A signal inside the first compile of a phase: the process leaves after the bound, not when the compile ends."""
-    start = time.monotonic()
+    """A signal inside the first compile of a phase: the process leaves after the bound, not when the compile ends.
+    Judged by what the process did, not by the wall clock: a process that waited for the compile would print
+    "compile ended" and exit 0 after its 30 s (the subprocess's timeout is far from both)."""
     p = subprocess.run(
-        [sys.executable, "-c", _BOUNDED, "0.5", "signal", "60"], cwd=ROOT, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", _BOUNDED, "0.5", "signal", "30"], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
-    assert p.returncode == EXIT_PREEMPTED and time.monotonic() - start < 30
+    assert p.returncode == EXIT_PREEMPTED, p.stdout + p.stderr
     assert p.stderr.startswith("preempted: SIGTERM during a long compile, which did not end within 0.5 s") and (
         "rerun the same train.py command" in p.stderr
     )
