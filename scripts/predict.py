@@ -18,6 +18,8 @@ with the out-of-sample evidence); a prediction is a range with the term of the w
 
 from __future__ import annotations
 
+import argparse
+import re
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -101,9 +103,30 @@ def tuned_rows(rows: list[tm.Backend]) -> list[tm.Backend]:
     ]
 
 
-def estimates(cfg, cluster, rates, prof) -> list[tm.Estimate]:
+def driver_version(text: str) -> str:
+    """argparse type of --driver: 'NNN' or 'NNN.NN[.NN]', digits only."""
+    if not re.fullmatch(r"\d{1,4}(\.\d{1,4}){0,2}", text):
+        raise argparse.ArgumentTypeError(f"expected a driver version such as 535.183.01, got {text[:40]!r}")
+    return text
+
+
+def driver_lines(cfg, driver: str | None) -> list[str]:
+    """What --driver changed: the rows predicted serialized (comm.concurrency=auto falls back on NCCL)."""
+    if not driver:
+        return []
+    serial = [b.label for b in tm.backends(cfg, driver) if b.kwargs.get("serial")]
+    if not serial:
+        return [f"driver {driver}: no row runs differently (R545 or newer, or no backend falls back)"]
+    return [
+        f"driver {driver}: older than R545 (CUDA 12.3), so {', '.join(dict.fromkeys(serial))} with "
+        "comm.concurrency=auto runs serialized on NCCL (one collective in flight: its K connections never carry data "
+        "together) and is predicted so; a driver of R545 or newer lets them overlap"
+    ]
+
+
+def estimates(cfg, cluster, rates, prof, driver: str | None = None) -> list[tm.Estimate]:
     phases = tm.schedule_phases(cfg, cluster.world)
-    bes = tm.backends(cfg)
+    bes = tm.backends(cfg, driver)
     if cluster.hosts > 1:
         for row in tuned_rows(bes):
             rec = recommend_settings(cfg, phases, cluster, rates, prof, row)
@@ -139,9 +162,15 @@ def input_line(cfg, cluster: tm.Cluster, est: tm.Estimate) -> str:
 
 
 def report(
-    cfg, cluster: tm.Cluster, rates: tm.GpuRates, prof: tm.GradProfile, record_s: float | None, link_source: str = ""
+    cfg,
+    cluster: tm.Cluster,
+    rates: tm.GpuRates,
+    prof: tm.GradProfile,
+    record_s: float | None,
+    link_source: str = "",
+    driver: str | None = None,
 ) -> tuple:
-    ests = estimates(cfg, cluster, rates, prof)
+    ests = estimates(cfg, cluster, rates, prof, driver)
     cap = f"{cluster.flow_gbit:g} Gbit/s" if cluster.flow_gbit else "none"
     lines = [
         f"cluster: {cluster.hosts} hosts x {cluster.gpus_per_host} {rates.name}, link {cluster.link_gbit:g} Gbit/s "
@@ -150,6 +179,7 @@ def report(
         f"link figures: {link_source or 'given (--link-gbit, --flow-gbit, --latency-us)'}",
         *([] if link_source else [FLOW_ASSUMPTION.format(cap=cap)]),
         input_line(cfg, cluster, ests[0]),
+        *driver_lines(cfg, driver),
         f"compute: {rates.source}",
         "step floor: "
         + (
@@ -325,7 +355,7 @@ def balance_lines(cfg, cluster: tm.Cluster, figures, flow_spread: float | None, 
 STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ((0, (5, 1, 1, 1)), "v"), ((0, (1, 3)), "x")]
 
 
-def figure(cfg, cluster, rates, prof, max_hosts: int):
+def figure(cfg, cluster, rates, prof, max_hosts: int, driver: str | None = None):
     """The predicted training clock against hosts, one line per backend (each its own dash and marker, so a line
     under another still shows), the cluster asked about marked."""
     import matplotlib
@@ -337,7 +367,7 @@ def figure(cfg, cluster, rates, prof, max_hosts: int):
     hosts = sorted({h for h in (1, 2, 4, 8, 16, 32, 64) if h <= max_hosts} | {cluster.hosts})
     fig, ax = plt.subplots(figsize=(7, 4.5))
     inputs = tm.input_rate(cfg)
-    for i, be in enumerate(tm.backends(cfg)):
+    for i, be in enumerate(tm.backends(cfg, driver)):
         ys = []
         for h in hosts:
             c = replace(cluster, hosts=h)
@@ -363,11 +393,11 @@ def figure(cfg, cluster, rates, prof, max_hosts: int):
     return fig
 
 
-def plot(cfg, cluster, rates, prof, max_hosts: int) -> bytes:
+def plot(cfg, cluster, rates, prof, max_hosts: int, driver: str | None = None) -> bytes:
     """figure() as PNG bytes."""
     import matplotlib.pyplot as plt
 
-    fig = figure(cfg, cluster, rates, prof, max_hosts)
+    fig = figure(cfg, cluster, rates, prof, max_hosts, driver)
     data = figure_bytes(fig, dpi=80)
     plt.close(fig)
     return data
@@ -443,6 +473,12 @@ def parser() -> OneLineParser:
     ap.add_argument("--json", default="", help="write per-backend, per-phase, per-term numbers to this file")
     ap.add_argument("--png", default="", help="plot the predicted training clock against hosts to this PNG")
     ap.add_argument("--max-hosts", type=bounded_int(1, 4096), default=64)
+    ap.add_argument(
+        "--driver",
+        type=driver_version,
+        help="the hosts' NVIDIA driver (nvidia-smi's, e.g. 535.183.01): older than R545, multistream's "
+        "comm.concurrency=auto runs serialized on NCCL, and its row is predicted so",
+    )
     return ap
 
 
@@ -494,11 +530,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     prof = tm.profile_model(cfg.model.name, args.profile_size)
-    lines, ests = report(cfg, cluster, rates, prof, args.record_s or None, figures.source)
+    lines, ests = report(cfg, cluster, rates, prof, args.record_s or None, figures.source, args.driver)
     lines += balance_lines(cfg, cluster, figures, args.flow_spread, sum(s.nbytes for s in prof.specs))
     try:
         if args.png:
-            write_output(args.png, plot(cfg, cluster, rates, prof, args.max_hosts), "--png")
+            write_output(args.png, plot(cfg, cluster, rates, prof, args.max_hosts, args.driver), "--png")
             lines.append(f"\nplot: {args.png}")
         if args.json:
             doc = {"config": args.config, "link_figures": figures.source, "backends": [e.to_json() for e in ests]}

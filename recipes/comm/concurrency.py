@@ -126,23 +126,37 @@ def driver_conditions() -> list[str]:
         f"multistream on NCCL: the K communicators overlap only with NCCL >= 2.26 and a CUDA 12.3 driver or newer "
         f"({DRIVER_BRANCH[MIN_LAUNCH_ORDER_CUDA]}+); on an older driver (R535, common on V100 fleets) "
         "comm.concurrency=auto falls back to serialize: one collective in flight and a host round trip per slice, "
-        "so the K connections never carry data together. Advice: a driver of R545 or newer before a multi-node run",
+        "so the K connections never carry data together (`scripts/predict.py --driver VERSION` predicts the step "
+        "so). Advice: a driver of R545 or newer before a multi-node run",
         f"run.cuda_graph with multistream: a captured step keeps the communicators overlapping only with NCCL >= "
         f"2.27.3 and a CUDA 12.9 driver ({DRIVER_BRANCH[MIN_GRAPH_DRIVER]}+); on older ones the step stays eager "
         "(StepRunner where K cannot change)",
     ]
 
 
+def _branch(driver: str | None) -> int | None:
+    try:
+        return int(str(driver).split(".")[0])
+    except ValueError:
+        return None
+
+
+def driver_serializes(driver: str | None) -> bool:
+    """True where comm.concurrency=auto falls back to serialize on NCCL for this driver (older than R545, CUDA
+    12.3): what the time model counts (recipes/timemodel/estimate.py backends)."""
+    branch = _branch(driver)
+    return branch is not None and branch < 545
+
+
 def driver_fallback(driver: str | None) -> list[str]:
     """What a host's NVIDIA kernel driver (e.g. '535.183.01') costs multistream on NCCL, with the advice: below
     R545 (CUDA 12.3) comm.concurrency=auto falls back to serialize; below R575 (CUDA 12.9) a captured step's
     communicators run one at a time. [] for a newer driver or none."""
-    try:
-        branch = int(str(driver).split(".")[0])
-    except ValueError:
+    branch = _branch(driver)
+    if branch is None:
         return []
     out = []
-    if branch < 545:
+    if driver_serializes(driver):
         out.append(
             f"driver {driver} (R{branch}) is older than R545 (CUDA 12.3): multistream's comm.concurrency=auto falls "
             "back to serialize there, one collective in flight and a host round trip per slice; install R545 or "

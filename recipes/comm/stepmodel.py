@@ -148,8 +148,10 @@ def _ddp(specs, compute, ready, compression, *, bucket_cap_mb, **_) -> list[Mess
     ]
 
 
-def _multistream(specs, compute, ready, compression, *, settings, **_) -> list[Message]:
-    """The fusion plan's buckets, launched in order, each cut in S slices over K communicators."""
+def _multistream(specs, compute, ready, compression, *, settings, serial=False, **_) -> list[Message]:
+    """The fusion plan's buckets, launched in order, each cut in S slices over K communicators; `serial`
+    (comm.concurrency=serialize, asked for or where auto falls back to it, e.g. a driver older than R545): one
+    collective in flight over all communicators, so the slices go one after another, as on one communicator."""
     plan = build_plan(specs, settings or Settings(8.0, 4, 2), compression)
     out, launched = [], 0.0
     size = WIRE_BYTES.get(compression)
@@ -157,7 +159,7 @@ def _multistream(specs, compute, ready, compression, *, settings, **_) -> list[M
         launched = max(launched, max(ready[i] for i in idx))  # buckets launch in order
         for j, (lo, hi) in enumerate(plan.slice_bounds(b)):
             elem = plan.bucket_bytes(b) // max(plan.bucket_numel(b), 1) if size is None else size
-            out.append(Message(launched, (hi - lo) * elem, plan.communicator(b, j)))
+            out.append(Message(launched, (hi - lo) * elem, 0 if serial else plan.communicator(b, j)))
     return out
 
 
@@ -226,11 +228,13 @@ def _ddp_parse(label: str) -> dict:
 
 
 def _ms_settings(c: Mapping) -> dict:
-    return {"settings": Settings(float(c.get("bucket_mb", 8.0)), int(c.get("streams", 4)), int(c.get("slices", 2)))}
+    settings = Settings(float(c.get("bucket_mb", 8.0)), int(c.get("streams", 4)), int(c.get("slices", 2)))
+    return {"settings": settings, **({"serial": True} if c.get("concurrency") == "serialize" else {})}
 
 
 def _ms_label(n: int, kw: dict) -> str:
-    return (kw.get("settings") or Settings(8.0, 4, 2)).label().replace("bucket ", "")
+    label = (kw.get("settings") or Settings(8.0, 4, 2)).label().replace("bucket ", "")
+    return label + (", serialized" if kw.get("serial") else "")
 
 
 def _ms_parse(label: str) -> dict:
@@ -272,6 +276,7 @@ def messages(
     bucket_cap_mb: float = 25.0,
     horovod: Horovod = Horovod(),
     ranks: int = 1,
+    serial: bool = False,
 ) -> list[Message]:
     """The allreduces one step issues under `backend` (its record's step model), in issue order."""
     ready = _ready_times(compute, len(specs))
@@ -284,11 +289,14 @@ def messages(
         bucket_cap_mb=bucket_cap_mb,
         horovod=horovod,
         ranks=ranks,
+        serial=serial,
     )
 
 
 @functools.lru_cache(maxsize=1024)
-def _messages(backend, specs, compute, *, settings, compression, bucket_cap_mb, horovod, ranks) -> list[Message]:
+def _messages(
+    backend, specs, compute, *, settings, compression, bucket_cap_mb, horovod, ranks, serial
+) -> list[Message]:
     """messages(), remembered: a fit or a search asks for the same plan under many network parameters."""
     return messages(
         backend,
@@ -299,6 +307,7 @@ def _messages(backend, specs, compute, *, settings, compression, bucket_cap_mb, 
         bucket_cap_mb=bucket_cap_mb,
         horovod=horovod,
         ranks=ranks,
+        serial=serial,
     )
 
 
@@ -411,6 +420,7 @@ def predict_step(
     bucket_cap_mb: float = 25.0,
     horovod: Horovod = Horovod(),
     flows: int | None = None,
+    serial: bool = False,
 ) -> StepPrediction:
     """Step time of `backend` for one GPU's share of the work on `net`, by phase.
 
@@ -430,11 +440,14 @@ def predict_step(
         bucket_cap_mb=bucket_cap_mb,
         horovod=horovod,
         ranks=ranks,
+        serial=serial,
     )
     end, busy, spans = simulate(msgs, net)
     hidden = sum(max(0.0, min(e, compute.backward_s) - s) for s, e in _union(spans))
     label = settings_label(
-        backend, len(specs), {"settings": settings, "bucket_cap_mb": bucket_cap_mb, "horovod": horovod}
+        backend,
+        len(specs),
+        {"settings": settings, "bucket_cap_mb": bucket_cap_mb, "horovod": horovod, "serial": serial},
     )
     wire = wire_format(backend, compression)
     if wire != "none":

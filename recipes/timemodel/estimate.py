@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from base import registry
 from recipes.comm import stepmodel as sm
+from recipes.comm.concurrency import driver_serializes
 from recipes.timemodel.imagenet import IMAGENET_TRAIN_IMAGES, VAL_IMAGES
 from recipes.timemodel.inputs import LOW_HIGH as INPUT_LOW_HIGH
 from recipes.timemodel.profile import GradProfile
@@ -97,15 +98,22 @@ def entry_phases(rows: list[tuple[int, int, int]], hosts: int, gpus_per_host: in
     return [Phase(ep, ep * math.ceil(IMAGENET_TRAIN_IMAGES / b), b // world, s) for s, b, ep in rows]
 
 
-def backends(cfg=None) -> list[Backend]:
+def backends(cfg=None, driver: str | None = None) -> list[Backend]:
     """The time model's row of every registered allreduce backend (base/registry.py), one per TCP-flow count of
-    its record (ddp: 1 and 4), with the config's comm settings if given: what scripts/predict.py compares."""
+    its record (ddp: 1 and 4), with the config's comm settings if given: what scripts/predict.py compares.
+
+    `driver`: the hosts' NVIDIA driver (e.g. '535.183.01'); where it is older than R545, comm.concurrency=auto on
+    NCCL runs serialized (recipes/comm/concurrency.py), and the rows are predicted as the engine will run."""
     c = cfg.comm if cfg is not None else None
+    nccl = cfg is None or cfg.dist.backend != "gloo"  # auto is NCCL on the GPU hosts the model is of
     out = []
     for rec in registry.ALLREDUCE_BACKENDS.values():
         own = c.as_part(rec.name) if c is not None else None  # this row's backend, with the config's comm values
+        keys = own.flat() if own is not None else {}
+        if nccl and driver_serializes(driver) and keys.get("concurrency") == "auto":  # a backend with the knob
+            keys = {**keys, "concurrency": "serialize"}
         kwargs = {
-            **sm.backend_kwargs(rec.name, own),
+            **sm.pattern(rec.name).settings(keys),
             "compression": rec.wire(own.get("compression", "none") if own else "none"),
         }
         for flows in rec.time_flows:

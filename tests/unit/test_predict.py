@@ -295,3 +295,20 @@ def test_the_measured_time_is_printed_without_terminal_escapes(tmp_path, capsys)
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\x07" not in out
     assert "measured 2026-01-01\\x1b]0;pwned\\x07\\x1b[2J)" in out
+
+
+def test_an_old_driver_predicts_multistream_serialized(tmp_path, capsys):
+    """--driver 535 (R535, older than R545): the multistream row is the serialized one, and a line says why."""
+    rows = {}
+    for driver in ([], ["--driver", "535.183.01"]):
+        out = tmp_path / f"p{len(driver)}.json"
+        assert predict.main(["-c", "configs/presets/h100_16x8.yaml", *driver, "--json", str(out)]) == 0
+        rows[bool(driver)] = {b["backend"]: b for b in json.loads(out.read_text())["backends"]}
+    text = capsys.readouterr().out
+    assert text.count("driver 535.183.01: older than R545 (CUDA 12.3), so multistream with comm.concurrency=auto") == 1
+    old, new = rows[True]["multistream"], rows[False]["multistream"]
+    assert old["train_s"]["mid"] > 1.5 * new["train_s"]["mid"]  # the flow cap binds: K flows become one
+    assert rows[True]["ddp"] == rows[False]["ddp"]
+    with pytest.raises(SystemExit):
+        predict.main(["--driver", "535;reboot"])
+    assert "--driver: expected a driver version such as 535.183.01, got '535;reboot'" in capsys.readouterr().err

@@ -89,6 +89,37 @@ def test_k_streams_under_a_per_flow_cap(k):
     assert p.step_s == pytest.approx(seconds(60 * MB, min(3.0, k * 1.0)), rel=1e-6)
 
 
+@pytest.mark.parametrize("k", [2, 3, 4])
+def test_serialized_streams_carry_one_flow_at_a_time(k):
+    """comm.concurrency=serialize (where auto falls back on a driver older than R545): one collective in flight, so
+    K communicators under a 1 Gbit/s per-flow cap reach one flow's rate, not min(link, K x cap)."""
+    specs = specs_of(60)
+    p = sm.predict_step(
+        "multistream", specs, sm.no_overlap(specs), net(2, 3.0, 1.0), settings=Settings(60, k, k), serial=True
+    )
+    assert p.messages == k and p.step_s == pytest.approx(seconds(60 * MB, 1.0), rel=1e-6)
+    assert p.settings.endswith(", serialized")
+    keys = {"bucket_mb": 60, "streams": k, "slices": k}
+    assert sm.backend_kwargs("multistream", None) == {"settings": Settings(8.0, 4, 2)}
+    assert sm.pattern("multistream").settings({**keys, "concurrency": "serialize"})["serial"] is True
+    assert "serial" not in sm.pattern("multistream").settings({**keys, "concurrency": "auto"})
+
+
+def test_the_time_model_runs_multistream_as_the_driver_lets_it():
+    """An old driver (R535) turns comm.concurrency=auto into serialize on NCCL: the time model's row follows; a
+    new one, an explicit overlap, gloo or another backend do not change."""
+    from recipes.timemodel.estimate import backends
+
+    def serial(overrides=(), driver=None):
+        cfg = load_config("configs/dawnbench_158s.yaml", list(overrides))
+        return {b.label: bool(b.kwargs.get("serial")) for b in backends(cfg, driver)}
+
+    assert serial(driver="535.183.01") == {**serial(), "multistream": True}
+    assert not any(serial(driver="545.23.06").values()) and not any(serial().values())
+    assert not any(serial(["dist.backend=gloo"], "535.183.01").values())
+    assert serial(["comm.concurrency=serialize"])["multistream"] is True  # asked for: on any driver
+
+
 def test_intra_host_stage_and_one_host():
     specs = specs_of(100)
     comp = sm.no_overlap(specs)
