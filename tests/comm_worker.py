@@ -159,6 +159,26 @@ def scenario_equal(out: dict, args: list[str]) -> None:
         config("comm.backend=multistream", tiny, "comm.streams=2", "comm.slices=2", *args), dist, with_unused
     )
     out["unused"] = {"vs_mean": max_err(g, mean), "grad_is_zero": all(float(t.abs().max()) == 0 for t in g[-2:])}
+    out["facts"] = _differing_facts(dist, model, tiny, args)
+
+
+def _differing_facts(dist, model: nn.Module, tiny: str, args: list[str]) -> dict:
+    """The ranks read different facts (rank 1: CUDA_DEVICE_MAX_CONNECTIONS=1, under which NCCL's overlap is not
+    safe; rank 0: all good) on hosts of their own names: every rank must run the same mode, and the line names the
+    host that differed. The facts stand in for two hosts' NCCL environments; the collectives run on gloo."""
+    from recipes.comm import concurrency, multistream
+
+    env = {concurrency.ORDER_ENV: "1", **({"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if dist.rank == 1 else {})}
+    facts = concurrency.Facts("nccl", env, (2, 27, 3), 12090, 12090)
+    real_probe, real_hostname = concurrency.probe, multistream.socket.gethostname
+    concurrency.probe = lambda transport: facts
+    multistream.socket.gethostname = lambda: f"host-{dist.rank}"
+    try:
+        mean = exact_mean(model, dist.rank, dist.world_size, step=1)
+        g, backend = run_backend(config("comm.backend=multistream", tiny, *args), dist, model)
+    finally:
+        concurrency.probe, multistream.socket.gethostname = real_probe, real_hostname
+    return {"mode": backend.concurrency.mode, "why": backend.concurrency.why, "vs_mean": max_err(g, mean)}
 
 
 def scenario_records(out: dict, args: list[str]) -> None:

@@ -46,6 +46,13 @@ def test_every_backend_leaves_every_rank_with_the_mean(tmp_path, nproc):
         assert 0 < fp16["vs_mean"] <= FP16_TOL * fp16["scale"]
         assert 0 < bf16["vs_mean"] <= BF16_TOL * bf16["scale"]
         assert r["unused"]["vs_mean"] < exact and r["unused"]["grad_is_zero"]
+        # rank 1's facts forbid NCCL overlap, rank 0's allow it: both serialize, and the line names host-1
+        assert r["facts"]["mode"] == "serialize" and r["facts"]["vs_mean"] < exact
+        assert r["facts"]["why"] == (
+            "serialize (auto fell back): CUDA_DEVICE_MAX_CONNECTIONS=1 (every stream shares one hardware queue, so a "
+            f"waiting kernel stalls the communicators queued behind it) (on host-1, rank 1; {nproc - 1} other "
+            "rank(s) could overlap, and every rank serializes with it)"
+        )
         # comm.balance: after a forced re-plan to unequal shares the step is still the exact mean (fp16: within
         # its tolerance), each bucket cut in the shares' proportions, one slice per communicator
         replan = r["replan/comm.streams=3/comm.slices=2"]
