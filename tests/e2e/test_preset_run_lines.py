@@ -73,8 +73,8 @@ def test_a_presets_run_line_plans_every_problem_at_once_then_trains(preset, tiny
     plan += [*(local if launcher else []), f"data.root={tiny_root}", "--plan"]
     p = subprocess.run(plan, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     out = p.stdout + p.stderr
-    assert "data.val_blacklist: " in out and f"ILSVRC2012_validation_blacklist.txt' not found" in out, out[-3000:]
-    assert f"phases.0.root: '160' is not in data.roots" in out, out[-3000:]
+    assert "data.val_blacklist: " in out and "ILSVRC2012_validation_blacklist.txt' not found" in out, out[-3000:]
+    assert "phases.0.root: '160' is not in data.roots" in out, out[-3000:]
 
     # the line itself, with the sample's overrides: its first optimizer step
     run_dir = tmp_path / "run"
