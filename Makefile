@@ -227,8 +227,10 @@ probe-network: install
 	$(LAUNCH) $(HOSTFILE_ARG) --run-dir $(call q,$(RUN_DIR)) -c $(call q,$(call cfg,configs/dawnbench_158s.yaml)) --probe-network
 
 # Side-by-side table and plot of the runs above (the multi-flow DDP run as a third column when it exists; RUNS= to
-# compare others).
+# compare others), written to COMPARE_OUT.png and COMPARE_OUT.md.
 RUN_BASE = runs/$(call cfg_name,configs/dawnbench_158s.yaml)
 RUNS ?= $(RUN_BASE)-multistream $(wildcard $(RUN_BASE)-ddp-flows) $(RUN_BASE)-horovod
+COMPARE_OUT ?= runs/compare
 compare: install
-	$(PY) scripts/compare_runs.py $(call qw,$(RUNS)) --plot runs/compare.png --markdown runs/compare.md
+	$(PY) scripts/compare_runs.py $(call qw,$(RUNS)) --plot $(call q,$(COMPARE_OUT).png) \
+		--markdown $(call q,$(COMPARE_OUT).md)

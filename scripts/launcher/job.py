@@ -9,13 +9,10 @@ behind, and the first host whose command exits non-zero stops the whole job.
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import re
 import shlex
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -23,18 +20,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from launcher.failures import (
+    EXIT_PREEMPTED,
+    RankFailure,
+    describe_exit,
+    describe_failure,
+    exit_status,
+    horovod_failure,
+    next_step,
+    parse_root_cause,
+    resume_point,
+)
 from launcher.guard import GRACE_S
 from launcher.hosts import Host
 
-from recipes.exit_codes import BAD_INPUT, CANNOT_START, FAILED, INTERRUPTED, KILLED, PREEMPTED, SIGNALLED, TIMEOUT
-from recipes.rundir import files as run_files
+from recipes.exit_codes import BAD_INPUT, CANNOT_START, INTERRUPTED, KILLED, TIMEOUT
 
 # Variables that tune communication: passed to every host, since ssh and srun do not carry our environment.
 FORWARD_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "HOROVOD_")
 FORWARD_NAMES = ("OMP_NUM_THREADS",)
 CHECK_MARK = "launch-check:"
-RERUN_ENV = "DAWNBENCH_RERUN"  # the command that resumes the run (recipes/preemption.py prints it when preempted)
-EXIT_PREEMPTED = PREEMPTED  # a rank stopped by a signal after writing its checkpoint (recipes/preemption.py)
 
 
 @dataclass
@@ -199,281 +204,7 @@ class Job:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Checks before starting anything.
-
-
-def on_every_host(job: Job, commands: list[str], timeout: float) -> list[tuple[Host, int | None, str, str]]:
-    """Run commands[i] on host i, all at once; (host, exit code or None on timeout, stdout, stderr) per host."""
-    procs = []
-    for host, command in zip(job.hosts, commands, strict=True):
-        argv = job.transport.argv(host, command)
-        try:
-            p = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                start_new_session=True,
-            )
-        except OSError as e:
-            for _, q in procs:
-                _kill_group(q, signal.SIGKILL)
-                q.communicate()
-            raise TransportError(
-                f"host {host.name}: cannot run the {job.transport.name} transport ({argv[0]}): {e}"
-            ) from None
-        procs.append((host, p))
-    results = []
-    deadline = time.monotonic() + timeout
-    for host, p in procs:
-        try:
-            out, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
-            results.append((host, p.returncode, out, err))
-        except subprocess.TimeoutExpired:
-            _kill_group(p, signal.SIGKILL)
-            out, err = p.communicate()
-            results.append((host, None, out, err))
-    return results
-
-
-class TransportError(RuntimeError):
-    """The transport itself cannot be started (no ssh, no srun)."""
-
-
-class Problem(str):
-    """A check's one line, with the exit code the table gives for it (docs/reproduce.md, 'A run died'): bad input
-    unless a subclass says otherwise."""
-
-    code = BAD_INPUT
-
-
-class HostFailure(Problem):
-    """A host the transport could not reach, or whose check crashed: a failure, not bad input."""
-
-    code = FAILED
-
-
-class NoTransport(Problem):
-    """The transport's own program could not be started (no ssh, no srun)."""
-
-    code = CANNOT_START
-
-
-def exit_code(problems: list[str]) -> int:
-    """The code for a failed check: the transport missing first, then a host not reached, else bad input."""
-    codes = {getattr(p, "code", BAD_INPUT) for p in problems}
-    return next((c for c in (CANNOT_START, FAILED) if c in codes), BAD_INPUT)
-
-
-# What names this machine itself: a hostfile line `localhost slots=2` over ssh needs an ssh server here.
-_THIS_MACHINE = ("localhost", "127.0.0.1", "::1", "ip6-localhost")
-
-
-def _unreachable(job: Job, host: Host, rc: int | None, out: str, err: str, timeout: float) -> HostFailure:
-    if rc is None:
-        return HostFailure(f"host {host.name}: no answer within {timeout:g} s ({job.transport.name} transport)")
-    why = job.transport.failure(rc) or f"exit {rc}"
-    tail = " | ".join((err.strip() or out.strip()).splitlines()[-3:])
-    hint = ""
-    if job.transport.name == "ssh" and host.name.lower() in (*_THIS_MACHINE, socket.gethostname().lower()):
-        hint = "; for this machine alone, add `--transport local` (no ssh)"
-    return HostFailure(f"host {host.name}: not reachable through {job.transport.name}: {why}: {tail}{hint}")
-
-
-def run_checks(job: Job, timeout: float) -> list[str]:
-    """Run the check command on every host at once; returns one message per problem (empty: all good)."""
-    commands = [job.check_command(first=i == 0) for i in range(len(job.hosts))]
-    try:
-        results = on_every_host(job, commands, timeout)
-    except TransportError as e:
-        return [NoTransport(e)]
-    problems = []
-    for host, rc, out, err in results:
-        marks = [ln[len(CHECK_MARK) :].strip() for ln in out.splitlines() if ln.startswith(CHECK_MARK)]
-        if rc == 0 and "ok" in marks:
-            continue
-        found = [m for m in marks if m != "ok"]
-        if rc is not None and found:
-            problems += [f"host {host.name}: {m}" for m in found]
-        else:
-            problems.append(_unreachable(job, host, rc, out, err, timeout))
-    return problems
-
-
-def preflight_command(job: Job, data_dirs: list[str], blacklist: str | None) -> str:
-    """Shell command that prints the host's `launch-preflight: {json}` line (scripts/launcher/preflight.py)."""
-    argv = [job.python, "scripts/launcher/preflight.py", "--run-dir", job.run_dir]
-    for d in data_dirs:
-        argv += ["--data", d]
-    if blacklist:
-        argv += ["--blacklist", blacklist]
-    env = {k: v for k, v in job.env.items() if k.startswith("DAWNBENCH_")}
-    assigns = [f"{k}={v}" for k, v in sorted(env.items())]
-    return f"cd {shlex.quote(job.workdir)} && exec " + shlex.join(["env", *assigns, *argv] if assigns else argv)
-
-
-def run_preflight(
-    job: Job, data_dirs: list[str], blacklist: str | None, timeout: float
-) -> tuple[dict[str, dict], list[str]]:
-    """Every host's pre-flight report ({host name: report}) and the hosts that did not give one."""
-    from launcher.preflight import MARK
-
-    command = preflight_command(job, data_dirs, blacklist)
-    try:
-        results = on_every_host(job, [command] * len(job.hosts), timeout)
-    except TransportError as e:
-        return {}, [NoTransport(e)]
-    reports, problems = {}, []
-    for host, rc, out, err in results:
-        line = next((ln for ln in out.splitlines() if ln.startswith(MARK)), None)
-        if rc == 0 and line:
-            reports[host.name] = json.loads(line[len(MARK) :])
-        elif rc is None or not err.strip():
-            problems.append(_unreachable(job, host, rc, out, err, timeout))
-        else:
-            problems.append(HostFailure(f"host {host.name}: the pre-flight failed: {err.strip().splitlines()[-1]}"))
-    return reports, problems
-
-
-# ---------------------------------------------------------------------------------------------------------
 # Running and stopping.
-
-
-def describe_exit(rc: int) -> str:
-    if rc < 0:
-        return f"killed by {signal.Signals(-rc).name}"
-    if rc > 128:
-        try:
-            return f"exit code {rc} ({signal.Signals(rc - 128).name})"
-        except ValueError:
-            pass
-    return f"exit code {rc}"
-
-
-def exit_status(rc: int) -> int:
-    """The launcher's exit status for a host's: the same code (75 preempted, 2 bad input, ...), 128 + N for a
-    command killed by signal N (137: SIGKILL), as a shell reports it."""
-    if rc < 0:
-        return SIGNALLED + (-rc)
-    return rc if 0 < rc < 256 else FAILED
-
-
-@dataclass
-class RankFailure:
-    """The first failed rank, as torchrun's failure report names it ("Root Cause (first observed failure)")."""
-
-    rank: str  # "1 (local_rank: 1)"
-    host: str
-    exitcode: int  # negative: killed by that signal
-    pid: int | None
-
-
-_REPORT_FIELD = re.compile(r"^\s+(rank|host|exitcode)\s*: (.*)$")
-
-
-def parse_root_cause(lines: list[str]) -> RankFailure | None:
-    """The root cause of torchrun's failure report (its lines between the '=' rules); None when there is none."""
-    fields: dict[str, str] = {}
-    for line in lines[next((i for i, ln in enumerate(lines) if ln.startswith("Root Cause")), len(lines)) :]:
-        m = _REPORT_FIELD.match(line)
-        if m and m.group(1) not in fields:
-            fields[m.group(1)] = m.group(2).strip()
-    code = re.match(r"(-?\d+)(?: \(pid: (\d+)\))?", fields.get("exitcode", ""))
-    if code is None:
-        return None
-    pid = int(code.group(2)) if code.group(2) else None
-    return RankFailure(fields.get("rank", "?"), fields.get("host", "?"), int(code.group(1)), pid)
-
-
-# horovodrun --gloo's line for the first rank that failed (horovod/runner/gloo_run.py), before it exits 1 itself.
-_HOROVOD_FAILED = re.compile(r"^Process (\d+) exit with status code (-?\d+)\.$")
-
-
-def horovod_failure(line: str) -> RankFailure | None:
-    """The failed rank of horovodrun's 'Process 1 exit with status code 137.' (the shell's 128 + N: signal N)."""
-    m = _HOROVOD_FAILED.match(line)
-    if m is None:
-        return None
-    code = int(m.group(2))
-    signum = code - SIGNALLED if code > SIGNALLED else 0
-    return RankFailure(m.group(1), "", -signum if signum else code, None)
-
-
-_OOM = re.compile(r"(?:Killed process |oom-kill:.*\bpid=)(\d+)")
-
-
-def oom_record(kernel_log: str, pid: int) -> str | None:
-    """The kernel log's line that says its OOM killer killed `pid` (None: no such line)."""
-    for line in kernel_log.splitlines():
-        m = _OOM.search(line)
-        if m and int(m.group(1)) == pid:
-            return line.strip()
-    return None
-
-
-def read_kernel_log(job: Job, host: Host) -> str | None:
-    """That host's kernel log (`dmesg`), or None where it cannot be read (dmesg_restrict, no dmesg, no answer)."""
-    try:
-        p = subprocess.run(
-            job.transport.argv(host, "dmesg"), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=15
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return p.stdout if p.returncode == 0 and p.stdout else None
-
-
-def describe_failure(job: Job, host: Host, failure: RankFailure) -> str:
-    """'rank 1 (local_rank: 1) on node07: killed by SIGKILL (...)': which rank, where, and why where it can tell."""
-    where = f"rank {failure.rank}" + (f" on {failure.host}" if failure.host else "")
-    if failure.exitcode >= 0:
-        return f"{where}: exit code {failure.exitcode}"
-    try:
-        name = signal.Signals(-failure.exitcode).name
-    except ValueError:
-        name = f"signal {-failure.exitcode}"
-    what = f"{where}: killed by {name}"
-    if failure.exitcode != -signal.SIGKILL or failure.pid is None:
-        return what
-    log = read_kernel_log(job, host)
-    if log is None:
-        return (
-            f"{what} (the OOM killer, a kill -9 or a scheduler past its grace period: the kernel log of {host.name} "
-            "could not be read from here; run dmesg there as root)"
-        )
-    record = oom_record(log, failure.pid)
-    if record is not None:
-        return f"{what} from the kernel's OOM killer (dmesg on {host.name}: {record})"
-    return (
-        f"{what} (no OOM-killer record of pid {failure.pid} in the kernel log of {host.name}: a kill -9 or a scheduler "
-        "past its grace period)"
-    )
-
-
-def resume_point(job: Job) -> str:
-    """Where a rerun of a killed job starts: the step of the newest `ckpt-<step>.pt` in the run directory where this
-    machine sees it (the launcher runs on one of the hosts, or the folder is shared), else what the rerun looks for."""
-    path = Path(job.workdir) / job.run_dir
-    try:
-        steps = [int(m.group(1)) for p in path.iterdir() if (m := run_files.STEP_CHECKPOINT.match(p.name))]
-    except OSError:
-        return "the last checkpoint written before this stop (step 0 if there is none)"
-    if not steps:
-        return f"step 0 (no checkpoint in {path})"
-    return f"step {max(steps)} (the newest checkpoint in {path}; the steps after it are redone)"
-
-
-def next_step(job: Job, rc: int, log: Path) -> str:
-    """One line: what to do now, for this exit code."""
-    rerun = job.env.get(RERUN_ENV) or "the same command"
-    if rc == EXIT_PREEMPTED:
-        return f"next: rerun {rerun} to resume from the checkpoint (docs/reproduce.md, 'A run died')"
-    if rc == BAD_INPUT:
-        return f"next: the last lines of {log} name the bad input; fix it and rerun {rerun}"
-    return (
-        f"next: read the end of {log}, then rerun {rerun}: it resumes from the last checkpoint "
-        "(docs/reproduce.md, 'A run died', lists what each exit code means)"
-    )
 
 
 def _kill_group(p: subprocess.Popen, sig: int) -> None:
@@ -676,49 +407,3 @@ def run(job: Job, log_dir: Path, out: TextIO, timeout: float | None = None) -> i
             h.thread.join(timeout=10)
         for s, handler in old.items():
             signal.signal(s, handler)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Is the run directory shared between the hosts?
-
-
-def probe_shared_run_dir(job: Job, timeout: float) -> tuple[list[str], list[str]]:
-    """Write a token into the run directory on the first host and look for it on the others.
-
-    Returns (hosts that saw it, hosts that did not). The token file is removed afterwards.
-    """
-    q = shlex.quote
-    token = f"{os.getpid()}-{time.time_ns()}"
-    name = f".launch-token-{token}"
-    cd = f"cd {q(job.workdir)} && mkdir -p {q(job.run_dir)} && cd {q(job.run_dir)}"
-
-    def on(host: Host, command: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            job.transport.argv(host, command), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout
-        )
-
-    first, others = job.hosts[0], job.hosts[1:]
-    on(first, f"{cd} && echo {q(token)} > {q(name)}")
-    seen, unseen = [first.name], []
-    try:
-        for host in others:
-            p = on(host, f"{cd} && cat {q(name)} 2>/dev/null")
-            (seen if p.stdout.strip() == token else unseen).append(host.name)
-    finally:
-        on(first, f"{cd} && rm -f {q(name)}")
-    return seen, unseen
-
-
-def describe_run_dir(job: Job, seen: list[str], unseen: list[str]) -> str:
-    where = f"run directory {job.run_dir}"
-    if not unseen:
-        return (
-            f"{where} is shared by all {len(seen)} host(s) (a token written on {seen[0]} is seen by every host): "
-            f"checkpoints, summary.json and dawnbench.json are written there by rank 0"
-        )
-    return (
-        f"{where} is NOT shared ({', '.join(unseen)} did not see a token written on {seen[0]}): each host has "
-        f"its own copy; rank 0 (on whichever host c10d places it) writes checkpoints, summary.json and "
-        f"dawnbench.json into its host's copy, and at every start the ranks resume from the newest checkpoint "
-        f"of this run on any host, sent to all ranks over the process group"
-    )

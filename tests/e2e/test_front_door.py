@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -39,3 +40,21 @@ def test_make_quickstart_trains_and_evaluates_as_typed(tmp_path):
     evaluation = json.loads((run / "eval.json").read_text())
     assert evaluation["count"] == 200
     assert evaluation["top1"] == pytest.approx(summary["final_top1"], abs=0.01)
+
+    # `make compare` as the README shows it, on this run and a copy of it (the Makefile's own compare_runs line)
+    shutil.copytree(run, tmp_path / "again")
+    out = tmp_path / "compare"
+    runs = f"{run} {tmp_path / 'again'}"
+    p = subprocess.run(
+        ["make", "compare", f"VENV={venv}", f"RUNS={runs}", f"COMPARE_OUT={out}"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, (p.stdout[-3000:], p.stderr[-3000:])
+    assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = [ln for ln in out.with_suffix(".md").read_text().splitlines() if ln.startswith(("| run |", "| again |"))]
+    top = f"| {summary['final_top1']:.2f}% / {summary['final_top5']:.2f}% |"
+    assert sum(ln.endswith(top) for ln in rows) == 2, rows

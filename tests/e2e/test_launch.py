@@ -897,7 +897,7 @@ def test_make_quotes_every_value_and_ignores_stray_environment(tmp_path):
     assert p.returncode == 0, p.stderr
     assert not marker.exists()
     assert "localhost:29400" in p.stdout and "1111" not in p.stdout and "/stray" not in p.stdout
-    argv = shlex.split(shlex.split(next(ln for ln in p.stdout.splitlines() if "[localhost]" in ln))[-1])
+    argv = shlex.split(next(ln for ln in p.stdout.splitlines() if "[localhost]" in ln).split("] ", 1)[1])
     assert argv[argv.index("--run-dir") + 1] == str(run_dir)
     assert f"data.root={tmp_path}/x;touch {marker}" in argv
     assert f"data.roots={{160: {tmp_path}/my data}}" in argv and "phases.0.root=160" in argv
@@ -948,7 +948,7 @@ def test_split_overrides_keeps_values_with_spaces():
 
 
 def test_launcher_probe_tells_a_shared_run_directory(tmp_path):
-    from launcher.job import describe_run_dir, probe_shared_run_dir
+    from launcher.checks import describe_run_dir, probe_shared_run_dir
 
     hosts = [Host("host-a", "127.0.0.1"), Host("host-b", "127.0.0.1")]
     job = _job(hosts=hosts, transport=Local(), workdir=str(ROOT), run_dir=str(tmp_path / "run"))
@@ -975,7 +975,8 @@ def test_a_rank_killed_under_real_torchrun_is_named_and_exits_137(tmp_path):
     the rank, its host and SIGKILL, and the launcher exits with the runbook's 137."""
     import io
 
-    from launcher.job import RERUN_ENV, run
+    from launcher.failures import RERUN_ENV
+    from launcher.job import run
 
     script = tmp_path / "die.py"
     script.write_text(

@@ -64,9 +64,11 @@ def test_sbatch_dry_run_with_a_fake_srun(tmp_path, tiny_root):
     assert p.returncode == 0, p.stdout + p.stderr
     assert "dawnbench.sbatch: job 4242 (start 1) on node[1-2]" in p.stdout
     assert "transport slurm" in p.stdout
+    through = "srun --unbuffered --nodes=1 --ntasks=1 --nodelist=HOST --kill-on-bad-exit=1 sh -c COMMAND"
+    assert f"launch: each host runs COMMAND through the slurm transport: {through}" in p.stdout
     for node in ("node1", "node2"):
         line = next(ln for ln in p.stdout.splitlines() if ln.startswith(f"launch: [{node}]"))
-        assert f"srun --unbuffered --nodes=1 --ntasks=1 --nodelist={node} --kill-on-bad-exit=1 sh -c" in line
+        assert f"DAWNBENCH_LAUNCH_HOST={node} " in line
         assert "guard --grace 100" in line and f"data.root={tiny_root}" in line
         assert "comm.backend=multistream comm.autotune=true" in line
     assert "nothing started" in p.stdout and not (tmp_path / "run").exists()

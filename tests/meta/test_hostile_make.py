@@ -168,6 +168,7 @@ USED_BY = {
     "GPU_CHECK_WORK": "gpu-check",
     "NCCL_PRESET": "baseline-ddp-flows",
     "RUNS": "compare",
+    "COMPARE_OUT": "compare",
     **{v: "reproduce-158s" for v in ENV_ROUTE if v != "CUDA"},
 }
 REFUSED = {*PATH_VARS, "CUDA"}

@@ -13,9 +13,11 @@ from support import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from launcher import failures as failures_module  # noqa: E402
 from launcher import job as job_module  # noqa: E402
+from launcher.failures import RERUN_ENV, exit_status  # noqa: E402
 from launcher.hosts import HostError, parse_hostfile  # noqa: E402
-from launcher.job import RERUN_ENV, exit_status, run  # noqa: E402
+from launcher.job import run  # noqa: E402
 from launcher.transports import Local  # noqa: E402
 
 from recipes.preemption import rerun_hint  # noqa: E402
@@ -158,7 +160,7 @@ OOM_LINE = "[ 812.4] Out of memory: Killed process 14700 (python) total-vm:9000k
     ],
 )
 def test_a_killed_rank_is_named_with_its_host_signal_and_the_runbooks_code(tmp_path, monkeypatch, kernel_log, cause):
-    monkeypatch.setattr(job_module, "read_kernel_log", lambda job, host: kernel_log)
+    monkeypatch.setattr(failures_module, "read_kernel_log", lambda job, host: kernel_log)
     report = tmp_path / "report.txt"
     report.write_text(KILLED_REPORT + "\n")
     out = io.StringIO()
@@ -257,12 +259,14 @@ def test_horovodruns_failed_rank_is_named_and_its_code_kept(tmp_path):
     assert run(_job(f"cat '{report}'; exit 1"), tmp_path / "launch", out) == 137  # horovodrun itself said 1
     failed = next(line for line in out.getvalue().splitlines() if " failed: " in line)
     assert failed.startswith("launch: host node01 (10.0.0.1) failed: rank 1: killed by SIGKILL after ")
-    assert job_module.horovod_failure("Process 3 exit with status code 3.") == job_module.RankFailure("3", "", 3, None)
+    assert failures_module.horovod_failure("Process 3 exit with status code 3.") == failures_module.RankFailure(
+        "3", "", 3, None
+    )
 
 
 def test_an_oom_line_of_another_pid_is_not_blamed_on_this_rank():
     """L3: the kernel log of a busy host holds other processes' OOM kills; only this rank's pid is its cause."""
-    oom_record = job_module.oom_record
+    oom_record = failures_module.oom_record
     other = "[ 812.4] Out of memory: Killed process 14701 (python) total-vm:9000kB, anon-rss:8000kB"
     longer = "[ 812.5] Out of memory: Killed process 147000 (python) total-vm:9000kB"
     cgroup = "[ 813.0] oom-kill:constraint=CONSTRAINT_MEMCG,task=python,pid=14700,uid=0"
@@ -316,7 +320,7 @@ def test_a_stop_says_whether_the_ranks_wrote_their_checkpoint(on_stop, expected,
 
 def test_a_killed_job_names_the_step_a_rerun_starts_from(tmp_path):
     """Where the launcher sees the run directory, the grace line names the newest checkpoint's step."""
-    from launcher.job import resume_point
+    from launcher.failures import resume_point
 
     job = _job("true", "true")
     job.workdir, job.run_dir = str(tmp_path), "runs/r"
@@ -333,7 +337,7 @@ def test_a_killed_job_names_the_step_a_rerun_starts_from(tmp_path):
 
 def test_a_failed_check_exits_with_the_tables_code():
     """The transport's program missing: 127; a host not reached: 1; anything else a check finds: bad input, 2."""
-    from launcher.job import HostFailure, NoTransport, Problem, exit_code, run_checks
+    from launcher.checks import HostFailure, NoTransport, Problem, exit_code, run_checks
 
     hosts = [SimpleNamespace(name="node01", addr="10.0.0.1")]
     job = SimpleNamespace(
