@@ -88,7 +88,7 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ("scripts/gpu_check/gpu_check_runs.py", "check_eval"): _GPU,
     ("scripts/horovod_toolkit.py", "_link_tree"): "links the toolkit's own build tree in a folder it creates",
     ("scripts/horovod_toolkit.py", "assemble"): "links the toolkit's own build tree in a folder it creates",
-    ("scripts/launch.py", "network_figures"): _OWN_LOGS,
+    ("scripts/launcher/linkprobe.py", "network_figures"): _OWN_LOGS,
     ("scripts/launcher/guard.py", "_process_table"): _PROC,
     ("scripts/launcher/job.py", "_Host._copy"): "appends a host's output to its log, opened O_APPEND | O_NOFOLLOW",
     ("scripts/launcher/netprobe.py", "main"): "the probe's figures: a temp file opened O_EXCL | O_NOFOLLOW, renamed",
@@ -145,6 +145,8 @@ def _access(call: ast.Call) -> str | None:
         return f"{'write' if any(c in mode for c in 'wax+') else 'read'} open({mode})"
     if name in _CALLS:
         return name
+    if name == "torch.onnx.export" and (len(call.args) > 2 or any(kw.arg == "f" for kw in call.keywords)):
+        return "write torch.onnx.export"  # given a path, it writes the file itself (without one it returns a program)
     if name.startswith("shutil.") and last in _SHUTIL:
         return name
     if isinstance(call.func, ast.Attribute) and last in _WRITE_ATTRS:
@@ -238,6 +240,8 @@ def test_the_walk_finds_each_kind_of_access_in_an_offending_module(tmp_path):
         "    np.savez(p, a=arr)\n"
         "    frame.to_csv(p)\n"
         "    SummaryWriter(p)\n"
+        "    torch.onnx.export(img, (arr,), p)\n"
+        "    torch.onnx.export(img, (arr,), dynamo=True)\n"  # returns the program: writes nothing
     )
     found = unguarded(tmp_path)
     assert found == {
@@ -255,5 +259,6 @@ def test_the_walk_finds_each_kind_of_access_in_an_offending_module(tmp_path):
             "line 18: write savez",
             "line 19: write to_csv",
             "line 20: SummaryWriter",
+            "line 21: write torch.onnx.export",
         ],
     }
