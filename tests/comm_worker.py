@@ -298,7 +298,7 @@ def scenario_hop(out: dict, args: list[str]) -> None:
     out["reverted"] = [listed(backend.engine.plan.hop_shares) == listed(even), backend.balance.settled]
     # clocks that differ: each rank reads its own step time, (rank + 1) s a step; a trial whose "before" (1.5 s)
     # lies between them is judged on the slowest rank's time (the window's MAX), so every rank takes the same table
-    from recipes.comm import multistream
+    from recipes.comm import balance_steps  # the balancer's clock
 
     backend.balance.settled, backend.engine.measure = False, True
     backend.replan(tuple(tuple(reversed(r)) for r in even))
@@ -309,7 +309,7 @@ def scenario_hop(out: dict, args: list[str]) -> None:
         calls[0] += 1
         return real_clock() + calls[0] * (dist.rank + 1)
 
-    multistream.time = type("Clock", (), {"perf_counter": staticmethod(clock)})
+    balance_steps.time = type("Clock", (), {"perf_counter": staticmethod(clock)})
     try:
         for step in range(10, 13):
             x, y = batch(dist.rank, 0)
@@ -318,7 +318,7 @@ def scenario_hop(out: dict, args: list[str]) -> None:
             nn.functional.cross_entropy(tm(x), y).backward()
             backend.on_step_end(step + 1)
     finally:
-        multistream.time = time
+        balance_steps.time = time
     out["clocks_differ"] = [listed(backend.engine.plan.hop_shares), backend.balance.settled]
     out["stats"] = backend.stats().settings
     state = backend.state_dict()

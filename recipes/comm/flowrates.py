@@ -14,7 +14,7 @@ the connections:
 
 In every case a host's connections together are held to its link cap, and a ring goes at its slowest hop, so the
 allreduce of B bytes over H hosts takes 2(H-1)/H x B / rate. `rates[h][k]` is host h's egress on its k-th
-connection to its ring neighbour, host h-1: gloo's ring sends to the previous rank. scripts/predict.py holds the
+connection to its ring neighbour, host h-1: gloo's ring sends to the previous rank. scripts/predict_balance.py holds the
 three against the connections a link probe measured (`strategy_rates`); the network lab's uneven networks and its
 runs are modelled with these functions in lab/flow_profiles.py.
 """
@@ -69,7 +69,7 @@ def hier_mbit(rates: list[list[float]], link_mbit: float, local: int) -> float:
 
 def refusal(*, balance: bool, level: str, hierarchy: str, transport: str) -> str | None:
     """Why multistream stops at start-up with these comm settings on `transport` (the process group's backend: nccl,
-    gloo); None where it runs them. The engine raises this text, and the advice (scripts/predict.py, the probe)
+    gloo); None where it runs them. The engine raises this text, and the advice (scripts/predict_balance.py, the probe)
     never names a setting it returns a reason for."""
     hop = balance and level == "hop"
     if hierarchy == "host" and not hop:

@@ -1,22 +1,20 @@
 """`comm.backend: multistream`: balanced fused buckets, each sliced over K communicators, no per-step negotiation.
 
-This module sets the backend up (plan check across ranks, communicators, the auto-tuner, stats and state); the
-per-step work, gradient hooks to launched buckets to averaged `.grad`, is engine.py's `_Engine` (read its
-docstring for how a step goes, plan.py for the plan itself).
+This module sets the backend up (plan check across ranks, the auto-tuner, stats and state); the per-step work,
+gradient hooks to launched buckets to averaged `.grad`, is engine.py's `_Engine` (read its docstring for how a step
+goes, plan.py for the plan itself); the balancer's windows and re-plans between steps are balance_steps.py's.
 
-K communicators are process groups created once, in the same order on every rank: with NCCL each has its own
-CUDA stream, with gloo its own TCP connections (so K flows on the wire); how the engine issues slices on them
-is `comm.concurrency` (engine.py: `serialize`, one in flight at a time, or `overlap`), decided at start-up by
-recipes/comm/concurrency.py from the transport and the settings that would break the rule overlap relies on.
+K communicators are process groups created once, in the same order on every rank (communicators.py): with NCCL
+each has its own CUDA stream, with gloo its own TCP connections (so K flows on the wire); how the engine issues
+slices on them is `comm.concurrency` (engine.py: `serialize`, one in flight at a time, or `overlap`), decided at
+start-up by recipes/comm/concurrency.py from the transport and the settings that would break the rule overlap
+relies on.
 """
 
 from __future__ import annotations
 
-import datetime
 import os
 import socket
-import statistics
-import time
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -26,18 +24,19 @@ import torch.distributed as td
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from base.errors import CommError, ConfigError, PlanMismatchError
+from base.errors import ConfigError, PlanMismatchError
 from recipes.comm import balance as balancing
-from recipes.comm import concurrency, flowrates, hierarchy, hopring, ncclenv, tcpinfo
+from recipes.comm import communicators, concurrency, flowrates, hierarchy, ncclenv
 from recipes.comm import tuner as tuning
+from recipes.comm.balance_steps import BalanceSteps
 from recipes.comm.base import BackendDefaults
 from recipes.comm.engine import _Engine
-from recipes.comm.plan import FusionPlan, Settings, build_plan, describe_table, grad_specs
+from recipes.comm.plan import FusionPlan, Settings, build_plan, grad_specs
 from recipes.comm.stats import CommStats
 from recipes.distributed import all_gather_object, broadcast_object, collective_guard
 
 
-class MultiStreamBackend(BackendDefaults):
+class MultiStreamBackend(BalanceSteps, BackendDefaults):
     name = "multistream"
 
     def __init__(self, comm, dist, **named):
@@ -123,7 +122,7 @@ class MultiStreamBackend(BackendDefaults):
         hosts, facts = [h for h, _ in gathered], [f for _, f in gathered]
         # graph_serial: captured NCCL collectives would not overlap on some rank
         self.concurrency, self.graph_serial = concurrency.agree(c.concurrency, facts, hosts)
-        # the same rule as the advice's (scripts/predict.py never names a setting refused here)
+        # the same rule as the advice's (scripts/predict_balance.py never names a setting refused here)
         why = flowrates.refusal(
             balance=bool(c.balance), level=c.balance_level, hierarchy=c.hierarchy, transport=td.get_backend()
         )
@@ -194,92 +193,16 @@ class MultiStreamBackend(BackendDefaults):
 
     @property
     def one_way(self) -> bool:
-        """Each connection carries data one way: the hop-balanced ring at 2 ranks, whose one neighbour is both left
-        and right, sends on K groups and receives on K others (recipes/comm/hopring.py says why)."""
-        return self._hop and self._ring()[1] == 2
-
-    def _ring(self) -> tuple[int, int, int, int]:
-        """This rank's ring under hop level: (its place, length, left and right neighbours' global ranks); every rank
-        without a hierarchy, local rank l of every host under comm.hierarchy=host."""
-        if self.hierarchy is not None:
-            lay = self.hierarchy.layout
-            return (lay.host, lay.hosts, *lay.neighbours())
-        r, w = self.dist.rank, self.dist.world_size
-        return r, w, (r - 1) % w, (r + 1) % w
+        """The hop-balanced ring at 2 ranks: K groups to send on, K others to receive on (communicators.one_way)."""
+        return communicators.one_way(self.dist, self.hierarchy, hop=self._hop)
 
     def _create_groups(self, k: int) -> None:
-        timeout = datetime.timedelta(seconds=self.timeout_s)
-        # Connect every communicator now, one at a time, instead of lazily mid-backward. Each sums its own ones
-        # (int32, so the check is exact: every entry must be the world size, whatever W and K are).
-        n = 2 * k if self.one_way else k
-        # the hop ring's groups are gloo on the host's CPU, also under comm.hierarchy=host on GPUs
-        probe = torch.ones(n, dtype=torch.int32, device="cpu" if self._hop else self.dist.device)
-        groups, opened = [], []
-        with collective_guard("multistream: communicator check"):
-            for i in range(n):
-                before = tcpinfo.sockets() if self._hop else {}
-                if self.hierarchy is not None:
-                    groups.append(self.hierarchy.new_ring_group(timeout))
-                else:
-                    groups.append(hopring.new_group(timeout) if self._hop else td.new_group(timeout=timeout))
-                td.all_reduce(probe[i : i + 1], group=groups[i])
-                if self._hop:  # the TCP connections this communicator opened (recipes/comm/tcpinfo.py)
-                    opened.append(tcpinfo.opened(before))
-        # one way: rank 0 sends on the first K and receives on the other K, rank 1 the other way round
-        place, size = self._ring()[:2] if self._hop else (self.dist.rank, self.dist.world_size)
-        sends = list(range(k, n)) if self.one_way and place == 1 else list(range(k))
-        recvs = list(range(k)) if self.one_way and place == 1 else list(range(n - k, n))
-        self.groups, self.recv_groups = [groups[i] for i in sends], [groups[i] for i in recvs]
-        got = probe.tolist()
-        bad = [i for i, v in enumerate(got) if v != size]
-        if bad:
-            raise CommError(
-                f"multistream: communicator check: communicator {bad[0]} summed {got[bad[0]]} ones, expected "
-                f"its size {size}"
-            )
-        if self._hop:
-            self.links, self.recv_links = self._find_links(opened, sends, recvs)
-
-    def _find_links(
-        self, opened: list[dict], sends: list[int], recvs: list[int]
-    ) -> tuple[list[tcpinfo.Link], list[tcpinfo.Link]]:
-        """comm.balance_level=hop: this rank's TCP connections to its left neighbour on the communicators it sends
-        on (`sends`, indices into `opened`: measured) and from its right neighbour on those it receives on (`recvs`:
-        delayed ACKs turned off while measuring), found by address: one all-gather of every rank's local ends per
-        communicator."""
-        _, size, left, right = self._ring()
-        if size == 1:
-            return [], []
-        mine = [sorted({local for _, local, _ in conns.values()}) for conns in opened]
-        everyone = all_gather_object(mine, self.dist)
-        # per side: (the neighbour, {communicator: its connection to that neighbour}); at 2 ranks both sides are rank
-        # 1 - rank, on different communicators when one way
-        send, recv = (
-            (peer, {i: tcpinfo.match(opened[i], everyone[peer][i]) for i in which})
-            for peer, which in ((left, sends), (right, recvs))
+        """The K communicators (recipes/comm/communicators.py), connected and checked now."""
+        made = communicators.connect(
+            k, dist=self.dist, timeout_s=self.timeout_s, hop=self._hop, hierarchy=self.hierarchy
         )
-        error = ""
-        missing = [(peer, i) for peer, found in (send, recv) for i, link in found.items() if link is None]
-        if missing:
-            peer, i = missing[0]
-            error = (
-                f"found no single TCP connection to rank {peer} on communicator {i} of {len(opened)} (it opened "
-                f"{len(opened[i])} here)"
-            )
-        else:
-            try:
-                send[1][sends[0]].read()
-                recv[1][recvs[0]].quickack()
-            except OSError as e:
-                error = str(e)
-        errors = all_gather_object(error, self.dist)  # every rank stops, with the first rank's reason
-        bad = [r for r, e in enumerate(errors) if e]
-        if bad:
-            raise ConfigError(
-                f"comm.balance_level=hop measures each connection with the kernel's TCP_INFO (Linux, gloo's TCP "
-                f"transport): rank {bad[0]}: {errors[bad[0]]}. Use comm.balance_level=communicator"
-            )
-        return [send[1][i] for i in sends], [recv[1][i] for i in recvs]
+        self.groups, self.recv_groups = made.groups, made.recv_groups
+        self.links, self.recv_links = made.links, made.recv_links
 
     def _plan(self, settings: Settings, shares: tuple | None = None) -> FusionPlan:
         """The plan for `settings`: under comm.balance_level=hop every bucket goes to the ring, cut by the hop table
@@ -479,170 +402,6 @@ class MultiStreamBackend(BackendDefaults):
             self._note(f"multistream autotune: winner cached in {path}", log)
         if win != self.settings:
             self._start(self._verified_plan(win))
-
-    # -- the balancer (recipes/comm/balance.py) ----------------------------------------------------------------
-    def _balancing(self) -> bool:
-        """Whether the balancer still measures steps (comm.balance on, after the tuner, not settled)."""
-        if not self.comm_cfg.balance or self.concurrency is None:
-            return False
-        if self.concurrency.mode == "serialize" and not self._hop:
-            return False
-        return self.balance is None or not self.balance.settled
-
-    def _balance_step(self, step: int, log) -> None:
-        """Between two steps: feed the finished steps' per-communicator times to the window; at its end, agree on
-        the figures (one all-reduce) and re-plan if the balancer says so. Never while a step's backward runs."""
-        if not self._balancing() or self.engine.active:
-            return  # called from inside a step (a hook): the window waits for the step's end
-        if self.balance is None:  # the tuner (if any) has chosen: balance its winner's K communicators
-            self.balance = self._new_balance()
-        b, eng = self.balance, self.engine
-        if not eng.measure:
-            eng.measure = True  # from the next step on
-            return
-        now, before = time.perf_counter(), b.steps
-        # counted on the host: one wait per window (at its last step), not a host sync at every measured step
-        for secs in eng.read_window(b.skip + self.comm_cfg.balance_window - b.steps):
-            b.add(secs)
-        if self._hop and b.steps > before and self._hop_mark is not None:  # the whole step, as the ring's test
-            self._hop_elapsed += now - self._hop_mark
-        self._hop_mark = now
-        if b.steps < self.comm_cfg.balance_window:
-            return
-        if self._hop:
-            self._balance_hops(step, log)
-            return
-        agreed = torch.tensor(b.window, dtype=torch.float64, device=self.dist.device) / b.steps
-        with collective_guard("multistream balance: the window's figures", step, self.timeout_s):
-            td.all_reduce(agreed, op=td.ReduceOp.MAX)  # a ring goes at its slowest rank; MAX is exact everywhere
-        carried = self._carried()
-        decision = balancing.rebalance(carried, agreed.tolist(), self.comm_cfg.balance_min_gain, b.shares)
-        b.close(decision)
-        rates = ", ".join(f"{self._mbyte_s(k, decision.rates[k]):.2f}" for k in range(len(carried)))
-        slow = "".join(
-            f"; communicator {k} delivers {decision.rates[k] / statistics.median(decision.rates):.2f}x the median: "
-            "a slow path"
-            for k in decision.slow
-        )
-        if decision.shares is not None:
-            self._install(decision.shares)
-            self._note(
-                f"multistream balance: re-plan {b.replans} at step {step}: shares "
-                f"{'/'.join(str(x) for x in decision.shares)} (MB/s per communicator {rates}; slowest communicator "
-                f"{decision.gain:.0%} shorter predicted){slow}",
-                log,
-            )
-        elif b.settled:
-            eng.measure = False
-            self._note(
-                f"multistream balance: settled at step {step} after {b.replans} re-plans, shares "
-                f"{'/'.join(str(x) for x in b.current)} (MB/s per communicator {rates}){slow}",
-                log,
-            )
-
-    def _balance_hops(self, step: int, log) -> None:
-        """The window's end under comm.balance_level=hop: each rank read the kernel's counters of the K connections
-        it sends on (row r of the table: busy seconds, then bytes delivered); one all-reduce (SUM of rows that only
-        their owner filled: exact) gives every rank the whole table, and each computes the same plan from it."""
-        b, w = self.balance, self.dist.world_size
-        k = self.settings.streams
-        table = torch.zeros(w, 2 * k, dtype=torch.float64, device=self.dist.device)
-        table[self.dist.rank] = torch.tensor(b.window, dtype=torch.float64) / b.steps
-        step_s = torch.tensor([self._hop_elapsed / b.steps], dtype=torch.float64, device=self.dist.device)
-        self._hop_elapsed = 0.0
-        with collective_guard("multistream balance: the window's figures", step, self.timeout_s):
-            td.all_reduce(table, op=td.ReduceOp.SUM)
-            td.all_reduce(step_s, op=td.ReduceOp.MAX)  # the step goes at its slowest rank; the same bits everywhere
-        step_s = float(step_s.item())
-        if self._hop_trial is not None:  # the window after a re-plan: it stays only if the step got shorter
-            previous, before = self._hop_trial
-            self._hop_trial = None
-            if step_s >= before:
-                b.close(balancing.HopDecision(previous, 0.0, (), ()))
-                b.settled, b.quiet = True, balancing.SETTLE_WINDOWS
-                self._install(previous)
-                self.engine.measure = False
-                self._note(
-                    f"multistream balance: re-plan {b.replans - 1} did not shorten the step ({step_s * 1000:.0f} ms "
-                    f"against {before * 1000:.0f} ms): back to hop shares {describe_table(previous)}, settled",
-                    log,
-                )
-                return
-        current = b.current
-        figures = table.tolist()
-        decision = balancing.rebalance_hops(
-            [row[k:] for row in figures], [row[:k] for row in figures], self.comm_cfg.balance_min_gain, current
-        )
-        why = f"slowest hop {decision.gain:.0%} shorter predicted"
-        if decision.shares is None and b.stretches < balancing.MAX_STRETCHES:
-            stretched = balancing.stretch_hops(current)  # proportional re-plans stop short: try further from even
-            if stretched is not None:
-                b.stretches += 1
-                decision = balancing.HopDecision(stretched, 0.0, decision.rates, decision.slow)
-                why = f"stretch {b.stretches} of at most {balancing.MAX_STRETCHES}: the next window's step decides"
-        b.close(decision)
-        slow = "".join(
-            f"; {self._sender(h)}'s connection {c} to {self._sender(h, -1)} delivers "
-            f"{decision.rates[h][c] / 1e6:.2f} MB/s, "
-            f"{decision.rates[h][c] / statistics.median(decision.rates[h]):.2f}x the median of its hop: a slow path"
-            for h, c in decision.slow
-        )
-        if decision.shares is not None:
-            self._hop_trial = (current, step_s)
-            self._install(decision.shares)
-            self._note(
-                f"multistream balance: re-plan {b.replans} at step {step}: hop shares "
-                f"{describe_table(decision.shares)} ({why}){slow}",
-                log,
-            )
-        elif b.settled:
-            self.engine.measure = False
-            self._note(
-                f"multistream balance: settled at step {step} after {b.replans} re-plans, hop shares "
-                f"{describe_table(b.current)}{slow}",
-                log,
-            )
-
-    def _sender(self, row: int, step: int = 0) -> str:
-        """How a log line names the hop table's row `row` (its sending rank), or with step=-1 its left neighbour: host
-        h, or under comm.hierarchy=host host h's local rank l."""
-        if self.hierarchy is None:
-            return f"host {(row + step) % self.dist.world_size}"
-        lay = self.hierarchy.layout
-        return f"host {(row // lay.local + step) % lay.hosts}'s local rank {row % lay.local}"
-
-    def _new_balance(self) -> balancing.BalanceState:
-        return balancing.BalanceState(self.settings.streams, hops=self.dist.world_size if self._hop else 0)
-
-    def _install(self, shares: tuple) -> None:
-        if self.engine.active:
-            raise RuntimeError("multistream balance: a re-plan inside a step (only on_step_end may re-plan)")
-        self._start(self._plan(self.settings, shares))
-        self.engine.measure = self._balancing()
-
-    def replan(self, shares: tuple) -> None:
-        """Install `shares` now, as a re-plan would (tests force one with it); call it on every rank, between steps.
-        Under comm.balance_level=hop, `shares` is the table: a row of K shares per sending host."""
-        if self.balance is None:
-            self.balance = self._new_balance()
-        shares = tuple(tuple(row) for row in shares) if self._hop else tuple(shares)
-        self.balance.close(balancing.Decision(shares, 0.0, (), ()))
-        self._install(shares)
-
-    def _carried(self) -> list[float]:
-        """What each communicator carries per step under the current plan, in shares (SHARE_TOTAL = every byte)."""
-        plan = self.engine.plan
-        per = [0] * plan.streams
-        for b in range(len(plan.buckets)):
-            for j, (lo, hi) in enumerate(plan.slice_bounds(b)):
-                per[plan.communicator(b, j)] += hi - lo
-        total = sum(per) or 1
-        return [balancing.SHARE_TOTAL * x / total for x in per]
-
-    def _mbyte_s(self, k: int, rate: float) -> float:
-        """A rate in shares per second as MB/s of wire bytes."""
-        wire = sum(w.numel() * w.element_size() for w in self.engine.wire)
-        return rate / balancing.SHARE_TOTAL * wire / 1e6
 
     def _note(self, msg: str, log=None) -> None:
         if log is not None:

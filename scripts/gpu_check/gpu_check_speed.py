@@ -94,7 +94,7 @@ class Bench:
     def runner(self, *, graph: bool, bare: bool = False, comm=None):
         """A fresh model copy, optimizer and step runner (GraphStep with capture on CUDA, or StepRunner): the config's
         backend engaged on the one-rank group, or with `bare` no allreduce wrapper (load_ddp), or `comm`, a stand-in
-        backend object (gpu_check_capture's)."""
+        backend object (gpu_check_capture_probe's)."""
         torch = self.torch
         from recipes.comm import create_allreduce
         from recipes.optim import create_optimizer

@@ -71,9 +71,9 @@ def proof_from_report(report: dict, *, allow_skip: bool, record_parts: tuple[str
 
 
 def record_parts() -> tuple[str, ...]:
-    """The optimizer and backend of the config the `phases` rows run (gpu_check_capture.CONFIG)."""
+    """The optimizer and backend of the config the `phases` rows run (gpu_check_capture_probe.CONFIG)."""
     from recipes.config import load_config
-    from scripts.gpu_check.gpu_check_capture import CONFIG
+    from scripts.gpu_check.gpu_check_capture_probe import CONFIG
 
     cfg = load_config(Path(__file__).resolve().parents[2] / CONFIG, ["run.device=cpu"])
     return (f"optim.name={cfg.optim.name}", f"comm.backend={cfg.comm.backend}")

@@ -270,7 +270,8 @@ def test_horovod_baseline_against_multistream(tmp_path, tiny_root):
     )
     assert r.returncode == 0, r.stderr
     rows = table_rows(r.stdout)
-    for name, run_dir, log in (("multistream", ms_dir, q.stdout), ("horovod", hvd_dir, p.stdout)):
+    for run, run_dir in ((q, ms_dir), (p, hvd_dir)):
+        name, log = run.args[-1].removeprefix("comm.backend="), run.stdout  # the backend the run was launched with
         s = json.loads((run_dir / "summary.json").read_text())
         row = rows[name]
         assert row["backend"] == name and row["processes"] == "2"

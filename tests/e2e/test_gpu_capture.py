@@ -16,6 +16,8 @@ from support import ROOT, FakeCudaGraphs, _Capture
 from base import registry
 from scripts.gpu_check import gpu_check
 from scripts.gpu_check import gpu_check_capture as cap
+from scripts.gpu_check import gpu_check_capture_cases as cases
+from scripts.gpu_check import gpu_check_capture_probe as kit
 
 pytest.importorskip("timm")
 
@@ -27,7 +29,7 @@ def probe(monkeypatch):
     fake.install(monkeypatch.setattr)
     # the speed bench sets multistream's NCCL order in os.environ; taken back when the test ends
     monkeypatch.setenv("NCCL_LAUNCH_ORDER_IMPLICIT", "1")
-    p = cap.Probe("cpu", smoke=True, capture=True)
+    p = kit.Probe("cpu", smoke=True, capture=True)
     fake.written = p.written
     p.fake = fake
     yield p
@@ -57,17 +59,19 @@ def test_every_case_runs_under_the_stand_in_and_is_written_after_each(probe, tmp
         assert got[f"capture optimizers: optim.name={name} {says} as its record says"] == "pass", rows
     assert got["capture wrapped: comm.backend=ddp engaged at world 1 stays eager"] == "pass"
     hvd = got["capture wrapped: comm.backend=horovod engaged at world 1 stays eager"]
-    assert hvd == ("pass" if not cap.horovod_missing() else f"skip: {cap.horovod_missing()}")
+    assert hvd == ("pass" if not cases.horovod_missing() else f"skip: {cases.horovod_missing()}")
     churn = [n for n in got if n.startswith("capture churn:")]
     assert len(churn) == 2 and all(got[n].startswith("skip: the CUDA caching allocator") for n in churn)
     dali = "capture dali: GraphStep's static copy of DALI's zero-copy batch after a device delay = DALI's host copy"
     assert got[dali] == ("pass" if _dali() else "skip: nvidia.dali does not import (requirements: DALI)")
     speed = [n for n in got if n.startswith("capture speedup:")]
-    assert len(speed) == 2 and all(got[n] == f"n/a: {cap.SMOKE}" for n in speed)  # CPU timings are not judged
+    assert len(speed) == 2 and all(got[n] == f"n/a: {cases.SMOKE}" for n in speed)  # CPU timings are not judged
     hier = [n for n in got if n.startswith("capture hierarchy: 2 processes each its own host")]  # the CPU twin
     assert len(hier) == 1 and got[hier[0]] == "pass" and "(CPU twin, gloo)" in hier[0], rows
     questions = [n for n in got if n.startswith("capture questions:")]
-    assert len(questions) == 3 and all(got[n] == cap.NEED_CUDA for n in questions)  # the allocator's answers need CUDA
+    assert len(questions) == 3 and all(
+        got[n] == cases.NEED_CUDA for n in questions
+    )  # the allocator's answers need CUDA
     assert not [r for r in rows if r["result"].startswith("fail")]
     # one write per case, each holding every row so far: a run cut off keeps what it measured
     assert len(written) == len(cap.CASES) and written[-1] == [r["name"] for r in rows]
@@ -119,7 +123,7 @@ def test_a_backend_decision_that_would_capture_ddp_fails_its_row(probe, monkeypa
         return decide(unwrapped, world_size=world_size)
 
     monkeypatch.setattr(probe, "decision", world_only)
-    monkeypatch.setattr(cap, "horovod_missing", lambda: "left out here")
+    monkeypatch.setattr(cases, "horovod_missing", lambda: "left out here")
     rows = []
     cap.run_cases(rows, probe, write=lambda: None, cases=["wrapped"])
     got = _by_name(rows)
@@ -152,5 +156,5 @@ def test_the_cli_smoke_without_a_stand_in_skips_what_needs_cuda(tmp_path):
 def test_capture_is_a_part_of_its_own_outside_the_whole_check():
     assert "capture" in gpu_check.PARTS and "capture" not in gpu_check.WHOLE
     assert gpu_check.with_needs(["capture"]) == ["capture"]
-    assert cap.CONFIG == "configs/dawnbench_158s_resnet50d.yaml" and cap.PHASE_SIZES == (96, 128, 224, 288)
-    assert (cap.SPEEDUP_MIN, cap.WALL_PER_KERNEL_MAX, cap.CHURN_MAX) == (1.6, 1.15, 1.1)
+    assert kit.CONFIG == "configs/dawnbench_158s_resnet50d.yaml" and cases.PHASE_SIZES == (96, 128, 224, 288)
+    assert (cases.SPEEDUP_MIN, cases.WALL_PER_KERNEL_MAX, cases.CHURN_MAX) == (1.6, 1.15, 1.1)

@@ -9,6 +9,7 @@ import pytest
 import torch
 from support import FOLDER_PIPELINES, ROOT, input_args, input_from, run_context, tiny_config
 
+from base import registry
 from base.errors import ConfigError
 from data import create_input
 from data.make_sample import main as make_sample
@@ -120,16 +121,17 @@ def _indexed(split, n):
 
 
 @pytest.mark.parametrize("world", [1, 2])
-def test_short_last_batch_is_filled_the_same_way_in_torch_and_dali(tiny_root, tmp_path, world):
-    """17 images, global batch 8: every batch is full (no 1-image batch for BatchNorm) and both backends read the
-    same samples in the same order, the shard wrapping around to fill the last batch."""
-    from data.dali_loader import DaliPipeline
+def test_short_last_batch_is_filled_the_same_way_by_every_folder_pipeline(tiny_root, tmp_path, world):
+    """17 images, global batch 8: every batch is full (no 1-image batch for BatchNorm) and every pipeline that reads
+    folders (the registry's `reads_folders`) reads the same samples in the same order, the shard wrapping around to
+    fill the last batch."""
     from data.folder import scan_split
-    from data.torch_loader import TorchPipeline
 
     train, val = _indexed(scan_split(tiny_root, "train"), 17), scan_split(tiny_root, "val")
     streams = {}
-    for name, cls in (("torch", TorchPipeline), ("dali", DaliPipeline)):
+    assert len(FOLDER_PIPELINES) >= 2  # a comparison: torch's and DALI's decoders today
+    for name in FOLDER_PIPELINES:
+        cls = registry.resolve(registry.INPUT_PIPELINES[name].impl)
         cfg = tiny_config(
             tiny_root, tmp_path, f"data.backend={name}", "phases=[{epochs: 1, image_size: 16, batch_size: 8}]"
         )
@@ -144,7 +146,7 @@ def test_short_last_batch_is_filled_the_same_way_in_torch_and_dali(tiny_root, tm
             streams[name, rank] = [int(v) for _, y in batches for v in y]
             pipe.close()
     for rank in range(world):
-        assert streams["torch", rank] == streams["dali", rank]
+        assert all(streams[name, rank] == streams[FOLDER_PIPELINES[0], rank] for name in FOLDER_PIPELINES), rank
 
 
 def test_dali_refuses_images_above_the_pixel_limit_and_non_utf8_names(tiny_root, tmp_path, capsys):

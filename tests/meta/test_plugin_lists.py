@@ -41,10 +41,6 @@ NOT_PLUGIN_NAMES = {
         "tests/integration/test_input_backends.py",
         ("dali", "dali", "dali", "torch", "torch", "synthetic", "synthetic"),
     ): "each input pipeline's own settings and the dtype and layout they give",
-    ("tests/integration/test_input_backends.py", ("torch", "dali")): "the two decoders whose streams of the same "
-    "files are compared with each other (their classes, imported beside them)",
-    ("tests/integration/test_trainer.py", ("sgd", "hybrid", "hybrid", "sgd")): "(optimizer, precision) pairs: a "
-    "host-stepping and a device-stepping optimizer under each precision",
     (
         "tests/unit/test_resume_force.py",
         (
@@ -64,8 +60,6 @@ NOT_PLUGIN_NAMES = {
             "lamb",
         ),
     ): "each optimizer's own keys and the parameter-group key each one sets",
-    ("tests/e2e/test_compare_runs.py", ("multistream", "horovod")): "the two real 2-process runs this test makes, "
-    "each with its own run directory",
     ("tests/lab/test_stepmodel_flows.py", ("ddp", "multistream", "horovod", "ddp", "multistream", "horovod")): "the "
     "published lab runs' methods (docs/data/lab-multiflow-*.json) and their prediction errors that docs quote",
     ("tests/lab/test_predict_lab.py", ("ddp", "multistream")): "the network lab's methods (lab/lab_methods.py) "

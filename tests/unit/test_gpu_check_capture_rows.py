@@ -9,11 +9,13 @@ from types import SimpleNamespace
 import torch
 
 from scripts.gpu_check import gpu_check_capture as cap
+from scripts.gpu_check import gpu_check_capture_cases as cases
+from scripts.gpu_check import gpu_check_capture_probe as kit
 
 
 def _probe():
     """What the probe's small runners need of a Probe, on the CPU (no one-rank group, no capture)."""
-    return SimpleNamespace(torch=torch, device=torch.device("cpu"), capture=False, smoke=False, log=cap._Log(),
+    return SimpleNamespace(torch=torch, device=torch.device("cpu"), capture=False, smoke=False, log=kit.StderrLog(),
                            track=lambda r: r, sync=lambda: None, bench=SimpleNamespace(dist=None))  # fmt: skip
 
 
@@ -21,20 +23,20 @@ def _trained(frozen_group: int | None):
     """hybrid LARS through StepRunner on the probe's own net, batches and schedule; `frozen_group`: that group's lr
     and momentum stay at the capture step's values (what a capture that froze them as floats would do)."""
     probe = _probe()
-    cfg = cap.small_cfg(probe, "optim.name=hybrid")
-    runner = cap.small_runner(probe, cfg, graph=False, comm=cap._NoComm())
-    start = cap.group_weights(runner.optimizer)
+    cfg = kit.small_cfg(probe, "optim.name=hybrid")
+    runner = kit.small_runner(probe, cfg, graph=False, comm=kit.NoComm())
+    start = kit.group_weights(runner.optimizer)
     if frozen_group is not None:
         group = runner.optimizer.param_groups[frozen_group]
-        at_capture = {"lr": 0.05 + 0.01 * cap.OPTIM_WARMUP, "momentum": 0.95 - 0.02 * cap.OPTIM_WARMUP}  # cap.train
+        at_capture = {"lr": 0.05 + 0.01 * kit.OPTIM_WARMUP, "momentum": 0.95 - 0.02 * kit.OPTIM_WARMUP}  # kit.train
 
         class Frozen(dict):
             def __setitem__(self, k, v):
                 super().__setitem__(k, at_capture.get(k, v))
 
         runner.optimizer.param_groups[frozen_group] = Frozen(group)
-    cap.train(probe, runner, cap.small_batches(probe, cap.OPTIM_STEPS))
-    return start, cap.group_weights(runner.optimizer)
+    kit.train(probe, runner, kit.small_batches(probe, cases.OPTIM_STEPS))
+    return start, kit.group_weights(runner.optimizer)
 
 
 def test_a_frozen_lr_in_the_adapted_group_fails_the_optimizers_row_though_all_weights_move_under_1e_4():
@@ -44,22 +46,22 @@ def test_a_frozen_lr_in_the_adapted_group_fails_the_optimizers_row_though_all_we
         float((a - b).abs().max()) for ga, gb in zip(ref, frozen, strict=True) for a, b in zip(ga, gb, strict=True)
     )
     assert 0 < overall < 1e-4  # the old judgement (|w| diff over all parameters at 1e-4) passed this fault
-    worst, problems = cap.judge_groups(start, ref, frozen, rel=cap.OPTIM_REL)
-    assert worst > cap.OPTIM_REL and len(problems) == 1 and problems[0].startswith("group 0: |w - eager| ")
-    assert cap.judge_groups(start, ref, [[t.clone() for t in g] for g in ref], rel=cap.OPTIM_REL) == (0.0, [])
+    worst, problems = kit.judge_groups(start, ref, frozen, rel=cases.OPTIM_REL)
+    assert worst > cases.OPTIM_REL and len(problems) == 1 and problems[0].startswith("group 0: |w - eager| ")
+    assert kit.judge_groups(start, ref, [[t.clone() for t in g] for g in ref], rel=cases.OPTIM_REL) == (0.0, [])
 
 
 def test_a_partial_capture_fails_the_phases_and_speedup_rows():
     start = [[torch.zeros(3)], [torch.zeros(2)]]
     eager = [[torch.tensor([1.0, 2.0, 3.0])], [torch.tensor([0.5, 0.5])]]
     unmoved = [[torch.tensor([1.0, 2.0, 3.0])], [torch.zeros(2)]]  # the captured step never updated group 1
-    worst, problems = cap.judge_groups(start, eager, unmoved, rel=cap.PHASE_REL)
+    worst, problems = kit.judge_groups(start, eager, unmoved, rel=cases.PHASE_REL)
     assert worst == 1.0 and problems == ["group 1: |w - eager| 0.5 is 1x its own update 0.5"]
-    assert cap.speedup_problems({"kernels": 400}, {"kernels": 120}) == [
+    assert cases.speedup_problems({"kernels": 400}, {"kernels": 120}) == [
         "graphed launched 120 kernels per step, eager 400: a partial capture"
     ]
-    assert cap.speedup_problems({"kernels": 400}, {"kernels": 396}) == []
-    assert cap.speedup_problems({"kernels": None}, {"kernels": 396}) == [
+    assert cases.speedup_problems({"kernels": 400}, {"kernels": 396}) == []
+    assert cases.speedup_problems({"kernels": None}, {"kernels": 396}) == [
         "kernel counts missing (eager None, graphed 396)"
     ]
 

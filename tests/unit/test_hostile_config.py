@@ -22,8 +22,9 @@ import train
 from base.errors import CheckpointError, ConfigError
 from data.sharding import train_shard
 from recipes.config import Config, load_config
-from recipes.config.load import MAX_VAL_RESIZE, MAX_YAML_VALUES
+from recipes.config.load import MAX_VAL_RESIZE
 from recipes.config.schema import domain_rule, field_of, section_fields
+from recipes.config.yaml_strict import MAX_YAML_VALUES
 from recipes.rundir import checkpoint_files
 from recipes.schedule import Schedule
 
