@@ -294,21 +294,10 @@ def messages(
 
 
 @functools.lru_cache(maxsize=1024)
-def _messages(
-    backend, specs, compute, *, settings, compression, bucket_cap_mb, horovod, ranks, serial
-) -> list[Message]:
-    """messages(), remembered: a fit or a search asks for the same plan under many network parameters."""
-    return messages(
-        backend,
-        list(specs),
-        compute,
-        settings=settings,
-        compression=compression,
-        bucket_cap_mb=bucket_cap_mb,
-        horovod=horovod,
-        ranks=ranks,
-        serial=serial,
-    )
+def _messages(backend, specs, compute, **settings) -> list[Message]:
+    """messages(), remembered: a fit or a search asks for the same plan under many network parameters (`settings`:
+    messages()'s keywords, all given, so that one plan is one cache entry)."""
+    return messages(backend, list(specs), compute, **settings)
 
 
 # ---------------------------------------------------------------------------------------------------------
