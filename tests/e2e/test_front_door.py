@@ -14,22 +14,21 @@ import pytest
 from support import ROOT
 
 
+def _make(*args: str) -> subprocess.CompletedProcess:
+    """`make ARGS` from the repository root, as a user's shell runs it (no make or pytest variables inherited)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MAKE", "PYTEST"))}
+    p = subprocess.run(["make", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, (p.stdout[-3000:], p.stderr[-3000:])
+    return p
+
+
 @pytest.mark.slow
 def test_make_quickstart_trains_and_evaluates_as_typed(tmp_path):
     venv = Path(sys.prefix)
     if not (venv / ".installed").is_file():
         pytest.skip(f"{venv} was not made by `make install` (no .installed stamp): run the suite through `make test`")
     sample, run = tmp_path / "sample", tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MAKE", "PYTEST"))}
-    p = subprocess.run(
-        ["make", "quickstart", f"VENV={venv}", f"SAMPLE={sample}", f"RUN_DIR={run}"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert p.returncode == 0, (p.stdout[-3000:], p.stderr[-3000:])
+    p = _make("quickstart", f"VENV={venv}", f"SAMPLE={sample}", f"RUN_DIR={run}")
     assert (sample / "sample.json").is_file()  # the Makefile's own `python data/make_sample.py` line ran, as a file
     summary = json.loads((run / "summary.json").read_text())
     assert summary["world_size"] == 2
@@ -45,15 +44,7 @@ def test_make_quickstart_trains_and_evaluates_as_typed(tmp_path):
     shutil.copytree(run, tmp_path / "again")
     out = tmp_path / "compare"
     runs = f"{run} {tmp_path / 'again'}"
-    p = subprocess.run(
-        ["make", "compare", f"VENV={venv}", f"RUNS={runs}", f"COMPARE_OUT={out}"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert p.returncode == 0, (p.stdout[-3000:], p.stderr[-3000:])
+    _make("compare", f"VENV={venv}", f"RUNS={runs}", f"COMPARE_OUT={out}")
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rows = [ln for ln in out.with_suffix(".md").read_text().splitlines() if ln.startswith(("| run |", "| again |"))]
     top = f"| {summary['final_top1']:.2f}% / {summary['final_top5']:.2f}% |"
