@@ -4,9 +4,10 @@ configurations pays for the interpreter, torch and the rendezvous once (tests/e2
     python tests/train_worker.py JOBS.json
 
 JOBS.json is a list of {"id", "config", "overrides", "run_dir"}: each is `train.py -c config overrides...
---run-dir run_dir`, run through `recipes.trainer.train`. Each rank writes <run_dir>/rank<r>.json: the summary and
-what rank 0 printed, or the exception; the first exception stops the worker (its peers then fail fast in their
-next collective, and the tests name the run that failed first).
+--run-dir run_dir`, run through `recipes.trainer.train`. A job with "two_layer": true may name tests/support.py's
+TWO_LAYER network as model.name (registered as the `two_layer_model` fixture registers it in-process).
+Each rank writes <run_dir>/rank<r>.json: the summary and what rank 0 printed, or the exception; the first exception
+stops the worker (its peers then fail fast in their next collective, and the tests name the run that failed first).
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ def run_one(job: dict, index: int, horovod: bool) -> dict:
         # torchrun's store outlives each run's process group: a new namespace per run, as a restart gets one
         # (recipes/distributed.py: generation_id).
         os.environ["TORCHELASTIC_RESTART_COUNT"] = str(index)
+    if job.get("two_layer"):
+        import pytest
+        from support import register_two_layer
+
+        register_two_layer(pytest.MonkeyPatch())  # for the rest of this process
     cfg = load_config(ROOT / job["config"], job["overrides"])
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

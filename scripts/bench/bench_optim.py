@@ -17,18 +17,17 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from timm.optim import Lars
+if TYPE_CHECKING:
+    import torch
 
 # Started as a file, Python puts only scripts/bench/ on the path: the repository goes first, so the imports
 # below (the repository's packages) resolve as they do under `python -m`.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from base import registry
-from models import create_model
 from recipes.config import load_config
-from recipes.optim import create_optimizer, param_groups
 from scripts.bench.record import add_json_arg, check_json, write_json
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,6 +44,12 @@ RECORD = [
 
 
 def build(device: torch.device, model_name: str):
+    import torch
+    from timm.optim import Lars
+
+    from models import create_model
+    from recipes.optim import create_optimizer, param_groups
+
     torch.manual_seed(0)
     cfg = load_config(ROOT / "configs" / "base.yaml", [f"model.name={model_name}", *RECORD])
     model = create_model(cfg.model, 1000).to(device)
@@ -76,6 +81,8 @@ def build(device: torch.device, model_name: str):
 
 
 def measure(optimizers: dict, device: torch.device, warmup: int, steps: int) -> dict[str, list[float]]:
+    import torch
+
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for opt in optimizers.values():
         for _ in range(warmup):
@@ -108,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     check_json(args.json)
     steps = args.steps or (5 if args.quick else 20)
+    import torch  # here, after the arguments: `--help` starts in a fraction of a second
+
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     device = torch.device("cuda" if use_cuda else "cpu")
     model, optimizers = build(device, args.model)

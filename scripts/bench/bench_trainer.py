@@ -17,16 +17,12 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 # Started as a file, Python puts only scripts/bench/ on the path: the repository goes first, so the imports
 # below (the repository's packages) resolve as they do under `python -m`.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from recipes.config import load_config
 from recipes.metrics import IMAGES_PER_S
-from recipes.optim import create_optimizer
-from recipes.trainer import Trainer
 from scripts.bench.record import add_json_arg, check_json, write_json
 
 
@@ -39,6 +35,8 @@ def bare_loop(model, optimizer, criterion, x, y, steps: int) -> float:
         loss.backward()
         optimizer.step()
     if x.is_cuda:
+        import torch
+
         torch.cuda.synchronize()
     return steps * x.shape[0] / (time.perf_counter() - t)
 
@@ -56,6 +54,12 @@ def main(argv=None) -> int:
     check_json(args.json)
     if args.quick:
         args.rounds, args.steps = 3, 10
+    # torch and the trainer load here, after the arguments: `--help` starts in a fraction of a second.
+    import torch
+
+    from recipes.optim import create_optimizer
+    from recipes.trainer import Trainer
+
     cfg = load_config(
         None,
         [

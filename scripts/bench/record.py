@@ -11,11 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 from base.errors import RunDirError
 from base.writer import check_target, to_json, write_output
-from recipes.rundir.outputs import git_commit
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,6 +33,8 @@ def check_json(path: str) -> None:
 def commit() -> str:
     """The checkout's commit (12 hex digits), '+dirty' when tracked files differ from it (what ran is then not
     exactly that commit); `unknown` outside git."""
+    from recipes.rundir.outputs import git_commit  # imports torch: not at the top, so that a script's --help is quick
+
     full = git_commit(ROOT)
     if full == "unknown":
         return full
@@ -56,6 +55,8 @@ def write_json(path: str, module: str, argv: list[str] | None, results: dict) ->
     """Write `results` with what produced them; `argv` is the script's arguments (sys.argv[1:] when None)."""
     if not path:
         return
+    import torch  # here, not at the top: a benchmark's --help starts without it
+
     args = sys.argv[1:] if argv is None else argv
     cpu, avx512 = cpu_model()
     doc = {

@@ -11,9 +11,11 @@ is judged against is its norm plus the entry's root-mean-square value over its e
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
-from support import ROOT, TORCHRUN_BACKENDS, horovodrun, torchrun
+from support import ROOT, TORCHRUN_BACKENDS, TWO_LAYER, horovodrun, rank_results, torchrun
 
 from base import registry
 from models.factory import compile_unavailable
@@ -38,9 +40,16 @@ def within_rounding(eager: dict, compiled: dict, steps: int) -> list[tuple[str, 
 
 
 def run_two_ranks(root, run_dir, backend: str, *overrides: str) -> dict:
-    args = ["train.py", "-c", str(ROOT / "tests" / "tiny.yaml"), "--run-dir", str(run_dir), f"data.root={root}"]
-    args += [f"comm.backend={backend}", "run.deterministic=true", "run.ema=true", "run.ema_decay=0.5", PHASE]
-    p = horovodrun(2, [*args, *overrides]) if backend == "horovod" else torchrun(2, [*args, *overrides])
+    """tests/tiny.yaml with the two-layer network (TWO_LAYER: inductor compiles it in seconds, resnet10t in minutes)
+    on 2 ranks of `backend`, through tests/train_worker.py (train.py's `train`, with the network registered)."""
+    over = [f"data.root={root}", f"model.name={TWO_LAYER.name}", f"comm.backend={backend}", "run.deterministic=true"]
+    over += ["run.ema=true", "run.ema_decay=0.5", PHASE, *overrides]
+    job = {"id": backend, "config": "tests/tiny.yaml", "overrides": over, "run_dir": str(run_dir), "two_layer": True}
+    jobs = run_dir.parent / f"{run_dir.name}-jobs.json"
+    jobs.write_text(json.dumps([job]))
+    args = [str(ROOT / "tests" / "train_worker.py"), str(jobs)]
+    p = horovodrun(2, args) if backend == "horovod" else torchrun(2, args)
+    rank_results(run_dir, 2, (p.stdout + p.stderr)[-3000:])
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
     return ckpt.load(run_dir / "checkpoint.pt")
 
