@@ -1,6 +1,7 @@
 """What a job's end means: a rank's exit code in words, the code the launcher exits with, the failed rank named from
 torchrun's or horovodrun's report (and the host's kernel log, for a SIGKILL), and the one line that says what to do
-next, with the step a rerun starts from."""
+next, with the step a rerun starts from. `job` is always a launcher.job.Job (which imports this module, so it is not
+named here)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,11 @@ import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from launcher.hosts import Host
 
 from recipes.exit_codes import BAD_INPUT, FAILED, PREEMPTED, SIGNALLED
 from recipes.rundir import files as run_files
-
-if TYPE_CHECKING:
-    from launcher.job import Job
 
 RERUN_ENV = "DAWNBENCH_RERUN"  # the command that resumes the run (recipes/preemption.py prints it when preempted)
 EXIT_PREEMPTED = PREEMPTED  # a rank stopped by a signal after writing its checkpoint (recipes/preemption.py)
@@ -95,7 +92,7 @@ def oom_record(kernel_log: str, pid: int) -> str | None:
     return None
 
 
-def read_kernel_log(job: Job, host: Host) -> str | None:
+def read_kernel_log(job, host: Host) -> str | None:
     """That host's kernel log (`dmesg`), or None where it cannot be read (dmesg_restrict, no dmesg, no answer)."""
     try:
         p = subprocess.run(
@@ -106,7 +103,7 @@ def read_kernel_log(job: Job, host: Host) -> str | None:
     return p.stdout if p.returncode == 0 and p.stdout else None
 
 
-def describe_failure(job: Job, host: Host, failure: RankFailure) -> str:
+def describe_failure(job, host: Host, failure: RankFailure) -> str:
     """'rank 1 (local_rank: 1) on node07: killed by SIGKILL (...)': which rank, where, and why where it can tell."""
     where = f"rank {failure.rank}" + (f" on {failure.host}" if failure.host else "")
     if failure.exitcode >= 0:
@@ -133,7 +130,7 @@ def describe_failure(job: Job, host: Host, failure: RankFailure) -> str:
     )
 
 
-def resume_point(job: Job) -> str:
+def resume_point(job) -> str:
     """Where a rerun of a killed job starts: the step of the newest `ckpt-<step>.pt` in the run directory where this
     machine sees it (the launcher runs on one of the hosts, or the folder is shared), else what the rerun looks for."""
     path = Path(job.workdir) / job.run_dir
@@ -146,7 +143,7 @@ def resume_point(job: Job) -> str:
     return f"step {max(steps)} (the newest checkpoint in {path}; the steps after it are redone)"
 
 
-def next_step(job: Job, rc: int, log: Path) -> str:
+def next_step(job, rc: int, log: Path) -> str:
     """One line: what to do now, for this exit code."""
     rerun = job.env.get(RERUN_ENV) or "the same command"
     if rc == EXIT_PREEMPTED:
