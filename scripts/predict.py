@@ -169,6 +169,7 @@ def report(
     prof: tm.GradProfile,
     record_s: float | None,
     link_source: str = "",
+    *,
     driver: str | None = None,
 ) -> tuple:
     ests = estimates(cfg, cluster, rates, prof, driver)
@@ -426,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     prof = tm.profile_model(cfg.model.name, args.profile_size)
-    lines, ests = report(cfg, cluster, rates, prof, args.record_s or None, figures.source, args.driver)
+    lines, ests = report(cfg, cluster, rates, prof, args.record_s or None, figures.source, driver=args.driver)
     lines += balance_lines(cfg, cluster, figures, args.flow_spread, sum(s.nbytes for s in prof.specs))
     try:
         if args.png:
