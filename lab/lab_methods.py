@@ -106,8 +106,8 @@ LAB_METHODS = {
         LabMethod(
             "hier-balanced",
             "multistream",
-            "our backend with comm.hierarchy=host: a reduce-scatter among the host's local ranks (gloo over loopback in "
-            "the lab), the hop-balanced ring of each local rank between the hosts, an all-gather; timed once its "
+            "our backend with comm.hierarchy=host: a reduce-scatter among the host's local ranks (gloo over loopback "
+            "in the lab), the hop-balanced ring of each local rank between the hosts, an all-gather; timed once its "
             "balancer settled (bench_allreduce --local-ranks)",
             default=False,
             overrides=("comm.balance=true", "comm.balance_level=hop", "comm.hierarchy=host"),
