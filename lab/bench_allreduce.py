@@ -12,6 +12,12 @@ without any communication is timed too, and communication time = step time - tha
     python -m lab.bench_allreduce --quick    # 2 ranks, fewer steps and candidates
     python -m lab.bench_allreduce --no-loopback --worlds 8 16 --link-mbit 100 --fraction 0.125 --rounds 3 \
         --json lab.json                          # more hosts: gradients at 1/8 size, contenders alternated
+    python -m lab.bench_allreduce --no-loopback --worlds 4 --local-ranks 2 --profile one-slow \
+        --contenders ddp-flows,hop-balanced,hier-balanced  # hosts of 2 ranks each, as multi-GPU hosts run
+
+With --local-ranks L every host runs L ranks (torchrun's numbering, LOCAL_RANK and LOCAL_WORLD_SIZE set), which
+reach each other inside the host's namespace over loopback (the lab's stand-in for NVLink) and the other hosts over
+the shaped link; under --profile each pair of ranks on different hosts has its own K draws of the profile.
 
 Each rank's CPU time per step (getrusage, all threads) is reported beside the step time, to show whether the
 run was network-bound; --json keeps every measurement for lab/predict_lab.py: every rank's step times, and
