@@ -161,6 +161,11 @@ def hier_rows(recs: list[dict]) -> list[str]:
     return lines
 
 
+def _span(xs: list) -> str:
+    """A sorted list's range as a table cell: 'lo-hi', or the one value."""
+    return f"{xs[0]}-{xs[-1]}" if xs[0] != xs[-1] else f"{xs[0]}"
+
+
 def hier_summary(recs: list[dict]) -> list[str]:
     """Per host count and profile: the hierarchical ring against DDP with as many flows (median and worst over the
     seeds) and against the flat hop-balanced ring (median), and the steps its balancer took to settle (range)."""
@@ -179,7 +184,7 @@ def hier_summary(recs: list[dict]) -> list[str]:
         b = [r["torch"]["hier-balanced"]["balancing"] for r in rs]
         steps = sorted(x["steps"] for x in b)
         secs = sorted(round(x["seconds"]) for x in b)
-        span = f"{steps[0]}-{steps[-1]} ({secs[0]}-{secs[-1]})" if len(rs) > 1 else f"{steps[0]} ({secs[0]})"
+        span = f"{_span(steps)} ({_span(secs)})"
         lines.append(
             f"| {n} x {local} | {profile} | {len(rs)} | {statistics.median(vs):.2f}x ({min(vs):.2f}x) | "
             f"{statistics.median(flat):.2f}x | {span} |"

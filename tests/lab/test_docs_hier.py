@@ -57,3 +57,8 @@ def test_the_reading_quotes_the_data():
         )
         assert quoted in text, quoted
     assert f"its balancer settled after {steps[0]} to {steps[-1]} steps" in text
+    # the bars the reading says hold, on the data itself: a rerun that misses one fails here, not only in the prose
+    assert "hold at both sizes" in text
+    for n in (4, 8):
+        assert ratio[n, "one-slow"][0] >= 2 and statistics.median(ratio[n, "random"]) >= 1.5
+        assert ratio[n, "even"][0] >= 0.98
