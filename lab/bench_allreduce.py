@@ -12,6 +12,12 @@ without any communication is timed too, and communication time = step time - tha
     python -m lab.bench_allreduce --quick    # 2 ranks, fewer steps and candidates
     python -m lab.bench_allreduce --no-loopback --worlds 8 16 --link-mbit 100 --fraction 0.125 --rounds 3 \
         --json lab.json                          # more hosts: gradients at 1/8 size, contenders alternated
+    python -m lab.bench_allreduce --no-loopback --worlds 4 --local-ranks 2 --profile one-slow \
+        --contenders ddp-flows,hop-balanced,hier-balanced  # hosts of 2 ranks each, as multi-GPU hosts run
+
+With --local-ranks L every host runs L ranks (torchrun's numbering, LOCAL_RANK and LOCAL_WORLD_SIZE set), which
+reach each other inside the host's namespace over loopback (the lab's stand-in for NVLink) and the other hosts over
+the shaped link; under --profile each pair of ranks on different hosts has its own K draws of the profile.
 
 Each rank's CPU time per step (getrusage, all threads) is reported beside the step time, to show whether the
 run was network-bound; --json keeps every measurement for lab/predict_lab.py: every rank's step times, and
@@ -143,21 +149,36 @@ def _rounds(contenders: dict, args, sync, meter=None) -> dict:
 
 class _FlowPins:
     """--profile: pins each contender's connections on this host to leaves whose ceilings the profile gives
-    (lab/netlab_flows.py), the same ceilings for every contender; `pins` keeps what was pinned, per contender."""
+    (lab/netlab_flows.py), the same ceilings for every contender; `pins` keeps what was pinned, per contender.
 
-    def __init__(self, rank: int, world: int, args):
+    With `local` ranks per host (--local-ranks), the host's ranks share its eth0: local rank 0 clears the pins, each
+    rank pins only its own connections to other hosts, on its own range of the pinned leaves, and each pair of ranks
+    on different hosts has its own K draws of the profile (`pin`'s `peer_rank`)."""
+
+    def __init__(self, rank: int, world: int, args, local: int = 1, barrier=None):
         from lab import netlab_flows
 
-        self.rank, self.args = rank, args
+        self.rank, self.args, self.local = rank, args, local
         self.peer_of = {f"{netlab.SUBNET}.{i + 1}": i for i in range(world)}
-        netlab_flows.clear_pins("eth0")  # an earlier launch's pins (the throughput check's, the torch contenders')
-        self.next_leaf = 0
+        if rank % local == 0:  # an earlier launch's pins (the throughput check's, the torch contenders')
+            netlab_flows.clear_pins("eth0")
+        if barrier is not None:
+            barrier()  # no local rank pins before they are cleared
+        span = netlab_flows.PIN_LEAVES // local
+        self.next_leaf, self.last_leaf = (rank % local) * span, (rank % local + 1) * span
         self.pins: dict[str, list] = {}
         self.conns: dict[str, list[tuple[int, str, int]]] = {}  # per contender: (local port, peer, peer port)
 
-    def pin(self, method: str, groups: list, one_way: bool = False, draws: int | None = None) -> None:
+    def pin(
+        self, method: str, groups: list, one_way: bool = False, draws: int | None = None, peer_rank: dict | None = None
+    ) -> None:
+        """`peer_rank`: each connection's peer rank (None: the peer host, by address); connections to a rank of this
+        host (its local ranks', over loopback) are not pinned."""
         from lab import netlab_flows
 
+        if peer_rank is not None:
+            host = self.rank // self.local
+            groups = [[c for c in g if c in peer_rank and peer_rank[c] // self.local != host] for g in groups]
         pins = netlab_flows.pins_for(
             groups,
             profile=self.args.profile,
@@ -168,8 +189,11 @@ class _FlowPins:
             first_leaf=self.next_leaf,
             one_way=one_way,
             draws=draws,
+            peer_of_conn=peer_rank,
         )
         self.next_leaf = max([self.next_leaf - 1, *(p.leaf for p in pins)]) + 1
+        if self.next_leaf > self.last_leaf:
+            raise ValueError(f"{method}: pinned leaves up to {self.next_leaf}, past this rank's {self.last_leaf}")
         netlab_flows.apply_pins(pins, "eth0", self.args.link_mbit, self.args.burst_ms, self.args.packet_segs)
         self.pins[method] = [[p.sport, p.dst, p.classid, round(p.ceil_mbit, 3), p.dport] for p in pins]
         self.conns[method] = sorted({c for g in groups for c in g})
@@ -222,7 +246,36 @@ def _groups_of(method: str, flows: _FlowPins | None, one_way: bool = False):
         yield
     finally:
         td.new_group = original
-    flows.pin(method, groups, one_way)
+    # This process's own connections only (the host's other local ranks open theirs in the same namespace at the
+    # same time), each with its peer's rank: the rank whose end it is, from every rank's local ports.
+    mine = _own_connections()
+    everyone = [None] * td.get_world_size()
+    td.all_gather_object(everyone, (_own_addr(), sorted({c[0] for c in mine})))
+    owner = {(addr, port): r for r, (addr, ports) in enumerate(everyone) for port in ports}
+    peer_rank = {c: owner[c[1], c[2]] for c in mine if (c[1], c[2]) in owner}
+    flows.pin(method, [[c for c in g if c in mine] for g in groups], one_way, peer_rank=peer_rank)
+
+
+def _own_connections() -> set[tuple[int, str, int]]:
+    """(local port, peer address, peer port) of this process's established TCP connections (its own descriptors)."""
+    from recipes.comm import tcpinfo
+
+    out = set()
+    for fd in tcpinfo.sockets():
+        ends = tcpinfo.endpoints(fd)
+        if ends is not None:
+            (_, lport), (raddr, rport) = ends
+            out.add((lport, raddr, rport))
+    return out
+
+
+def _own_addr() -> str:
+    """This lab host's address (eth0's): the peers' view of its connections' ends."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((f"{netlab.SUBNET}.254", 9))  # no packet is sent: the route picks eth0's address
+        return s.getsockname()[0]
 
 
 class _Notes:
@@ -313,11 +366,12 @@ def worker(args) -> None:
 
     torch.set_num_threads(1)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank, local = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     td.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
-    flows = _FlowPins(rank, world, args) if args.profile else None
+    flows = _FlowPins(rank, world, args, local, td.barrier) if args.profile else None
     one = torch.ones(())
     f = args.fraction
-    out: dict = {"world": world, "fraction": f, "rounds": args.rounds}
+    out: dict = {"world": world, "local_ranks": local, "fraction": f, "rounds": args.rounds}
 
     def fresh():
         m = _model(f)
@@ -340,7 +394,7 @@ def worker(args) -> None:
         cfg = load_config(None, lab_overrides(method, args))
         backend = create_allreduce(
             cfg.comm,
-            DistInfo(rank, world, 0, 1, torch.device("cpu")),
+            DistInfo(rank, world, local_rank, local, torch.device("cpu")),
             timeout_s=cfg.dist.timeout_s,
             model_name=cfg.model.name,
         )
@@ -391,7 +445,10 @@ def worker(args) -> None:
         if method in balancing:
             b = balancing[method]
             shares = shares_label(b["shares"])
-            settings[method] += f", {b['replans']} re-plans, shares {shares}"
+            settled = "settled" if b["settled"] else "not settled"
+            settings[method] += (
+                f", {b['replans']} re-plans, {settled} after {b['steps']} steps ({b['seconds']:.0f} s), shares {shares}"
+            )
     res = _rounds(contenders, args, td.barrier, flows and flows.meter)
     if flows is not None:
         out["pins"] = flows.pins
@@ -528,6 +585,8 @@ def _worker_cmd(kind: str, out: Path, args, lab) -> list[str]:
         str(args.seed),
         "--balance-window",
         str(args.balance_window),
+        "--local-ranks",
+        str(args.local_ranks),
     ]
     if args.profile:
         cmd += ["--profile", args.profile]
@@ -541,11 +600,14 @@ def _worker_cmd(kind: str, out: Path, args, lab) -> list[str]:
     return cmd
 
 
-def _launch(n: int, argv: list[str], env_for, lab: netlab.NetLab | None, timeout: float) -> list[tuple[int, str]]:
-    """Run the n workers; RuntimeError if they ran past `timeout` and were stopped (whoever was stopped first looks
-    like a dead peer to the others, so their tracebacks say nothing of the timeout)."""
+def _launch(
+    n: int, argv: list[str], env_for, lab: netlab.NetLab | None, timeout: float, per_host: int = 1
+) -> list[tuple[int, str]]:
+    """Run the workers of n hosts, `per_host` on each; RuntimeError if they ran past `timeout` and were stopped
+    (whoever was stopped first looks like a dead peer to the others, so their tracebacks say nothing of the
+    timeout)."""
     start = time.monotonic()
-    res = _run_workers(n, argv, env_for, lab, timeout)
+    res = _run_workers(n, argv, env_for, lab, timeout, per_host)
     if time.monotonic() - start >= timeout and any(rc != 0 for rc, _ in res):
         raise RuntimeError(
             f"benchmark workers ran past --timeout {timeout:g} s and were stopped: give a longer --timeout (the "
@@ -555,11 +617,11 @@ def _launch(n: int, argv: list[str], env_for, lab: netlab.NetLab | None, timeout
     return res
 
 
-def _run_workers(n: int, argv: list[str], env_for, lab: netlab.NetLab | None, timeout: float):
+def _run_workers(n: int, argv: list[str], env_for, lab: netlab.NetLab | None, timeout: float, per_host: int = 1):
     if lab is not None:
-        return lab.run_all(lambda i: argv, env_for, timeout=timeout, cwd=str(ROOT))
+        return lab.run_all(lambda i: argv, env_for, timeout=timeout, cwd=str(ROOT), per_host=per_host)
     procs, files = [], []
-    for i in range(n):
+    for i in range(n * per_host):
         f = tempfile.TemporaryFile("w+")
         procs.append(
             subprocess.Popen(
@@ -588,24 +650,27 @@ def _run_workers(n: int, argv: list[str], env_for, lab: netlab.NetLab | None, ti
 
 
 def _run_torch(n: int, lab, args, tmp: Path) -> dict:
+    """The torch contenders on n hosts of --local-ranks ranks each (torchrun's numbering: rank = host x L + local
+    rank; on loopback every rank is on the one machine all the same)."""
     out = tmp / f"torch-{n}-{'lab' if lab else 'lo'}.json"
     master = lab.addr(0) if lab else "127.0.0.1"
     iface = "eth0" if lab else "lo"
     port = "29500" if lab else str(_free_port())
+    local = args.local_ranks
 
     def env(i):
         return {
             "RANK": str(i),
-            "WORLD_SIZE": str(n),
-            "LOCAL_RANK": "0",
-            "LOCAL_WORLD_SIZE": "1",
+            "WORLD_SIZE": str(n * local),
+            "LOCAL_RANK": str(i % local),
+            "LOCAL_WORLD_SIZE": str(local),
             "MASTER_ADDR": master,
             "MASTER_PORT": port,
             "GLOO_SOCKET_IFNAME": iface,
             "OMP_NUM_THREADS": "1",
         }
 
-    res = _launch(n, _worker_cmd("--worker", out, args, lab), env, lab, args.timeout)
+    res = _launch(n, _worker_cmd("--worker", out, args, lab), env, lab, args.timeout, local)
     if any(rc != 0 for rc, _ in res) or not out.is_file():
         raise RuntimeError("benchmark workers failed:\n" + "\n".join(o[-3000:] for _, o in res))
     return json.loads(out.read_text())
@@ -688,8 +753,9 @@ def _loopback_mbit(streams: int, seconds: float = 2.0) -> float:
 
 def _table(title: str, n: int, res: dict, hvd, link_mbit: float | None) -> list[str]:
     frac = f", {res['fraction']:g} of each tensor" if res.get("fraction", 1.0) != 1.0 else ""
+    local = f" x {res['local_ranks']} local ranks" if res.get("local_ranks", 1) > 1 else ""
     rows = [
-        f"\n**{title}, {n} hosts** ({res['tensors']} tensors{frac}, {res['bytes'] / 1e6:.1f} MB fp32 per step; "
+        f"\n**{title}, {n} hosts{local}** ({res['tensors']} tensors{frac}, {res['bytes'] / 1e6:.1f} MB fp32 per step; "
         f"compute-only step {res['compute_s'] * 1000:.0f} ms; medians of {res.get('rounds', 1)} x "
         f"{len(res['compute_times']) // res.get('rounds', 1)} steps)\n",
         "| hosts | method | settings | step ms | comm ms | bus bw Gbit/s | % of link cap | speed vs ddp "
@@ -767,6 +833,15 @@ def main(argv: list[str] | None = None) -> int:
         "switch (lab/netlab.py; default: the kernel's 64 KB GSO packets)",
     )
     ap.add_argument("--balance-window", type=int, default=2, help="balanced: comm.balance_window")
+    ap.add_argument(
+        "--local-ranks",
+        type=int,
+        default=1,
+        metavar="L",
+        help="ranks per host (a multi-GPU host's local ranks): each lab host runs L processes in its namespace, "
+        "numbered as torchrun numbers them, reaching each other over loopback and the other hosts over the shaped "
+        "link; the tables' hosts are hosts, not ranks",
+    )
     ap.add_argument("--no-lab", action="store_true", help="loopback only")
     ap.add_argument("--no-loopback", action="store_true", help="lab only")
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps before each contender's timed steps")
@@ -806,9 +881,14 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(args.contenders) - set(LAB)
     if unknown:
         ap.error(f"--contenders: unknown {', '.join(sorted(unknown))}; expected some of {', '.join(LAB)}")
-    if "hop-balanced" in args.contenders and not args.no_lab and not args.profile:
+    if args.local_ranks < 1:
+        ap.error(f"--local-ranks: expected 1 or more, got {args.local_ranks}")
+    if args.local_ranks > 1 and APART in args.contenders and not args.worker:
+        ap.error(f"--local-ranks {args.local_ranks}: {APART} runs under its own launcher with one rank per host")
+    hop = [m for m in args.contenders if "comm.balance_level=hop" in LAB[m].overrides]
+    if hop and not args.no_lab and not args.profile:
         ap.error(
-            "--contenders hop-balanced in the lab needs --profile (even for equal flows): the hop ring's groups share "
+            f"--contenders {hop[0]} in the lab needs --profile (even for equal flows): the hop ring's groups share "
             "one listening port, and the lab's unpinned leaves hash the source port alone, so a host's connections "
             "accepted from one peer would all share one leaf"
         )
@@ -878,6 +958,7 @@ def main(argv: list[str] | None = None) -> int:
                 record.append(
                     {
                         "hosts": n,
+                        "local_ranks": args.local_ranks,
                         "link_mbit": args.link_mbit,
                         "flow_mbit": flow,
                         "burst_ms": args.burst_ms,

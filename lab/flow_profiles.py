@@ -121,7 +121,9 @@ def strategy_of(overrides) -> str:
     over = dict(o.split("=", 1) for o in overrides)
     if over.get("comm.balance", "false") == "false":
         return "even"
-    return "hop" if over.get("comm.balance_level") == "hop" else "comm"
+    if over.get("comm.balance_level") != "hop":
+        return "comm"
+    return "hier" if over.get("comm.hierarchy") == "host" else "hop"
 
 
 # -- Collectives that each run whole on one set of connections (DDP over K gloo devices) ----------------------
@@ -167,6 +169,36 @@ def rings_of(connections: list[list[list]], *, tolerance: float = 0.01) -> list[
                 f"each of {hosts} hosts (buckets of equal size cannot be told apart)"
             )
     return [Ring(statistics.mean(b for b, _, _ in g), tuple((h, ceil) for _, h, ceil in g)) for g in groups]
+
+
+def hop_rings(
+    profile: str, seed: int, *, hosts: int, local: int, flows: int, flow_mbit: float, nbytes: float, hierarchy: bool
+) -> list[Ring]:
+    """The hop-balanced rings of a lab run whose hosts run `local` ranks each (bench_allreduce --local-ranks), as
+    `concurrent_seconds` takes them. Each pair of ranks on different hosts has its own K draws of the profile
+    (netlab_flows.pins_for with ranks for hosts); a ring's hop between hosts goes at the sum of its sending rank's K
+    connections to its left neighbour (what the balancer aims at), and hops inside a host (loopback) are left out.
+
+    `hierarchy` (comm.hierarchy=host): one ring per local rank l, its members local rank l of every host, each on
+    1/local of the bytes, all at once and sharing each host's link. Otherwise one ring of all hosts x local ranks,
+    whose only hop out of host h goes from its local rank 0 to host h-1's last local rank."""
+
+    def hop(rank: int, left: int) -> float:
+        leaves = [
+            leaf_for(profile, seed=seed, host=rank, peer=left, k=k, flows=flows, flow_mbit=flow_mbit)
+            for k in range(flows)
+        ]
+        sharing = {s: sum(1 for x in leaves if x.slot == s) for s in {x.slot for x in leaves}}
+        return sum(x.ceil_mbit / sharing[x.slot] for x in leaves)
+
+    if hierarchy:
+        per_ring = 2 * (hosts - 1) / hosts * nbytes / local
+        return [
+            Ring(per_ring, tuple((h, hop(h * local + lr, (h - 1) % hosts * local + lr)) for h in range(hosts)))
+            for lr in range(local)
+        ]
+    w = hosts * local
+    return [Ring(2 * (w - 1) / w * nbytes, tuple((h, hop(h * local, (h * local - 1) % w)) for h in range(hosts)))]
 
 
 def concurrent_seconds(rings: list[Ring], link_mbit: float) -> float:

@@ -103,6 +103,16 @@ LAB_METHODS = {
             # took 25 (their settings say 1.25 MB at --fraction 0.05).
             bucket_mb=100.0,
         ),
+        LabMethod(
+            "hier-balanced",
+            "multistream",
+            "our backend with comm.hierarchy=host: a reduce-scatter among the host's local ranks (gloo over loopback "
+            "in the lab), the hop-balanced ring of each local rank between the hosts, an all-gather; timed once its "
+            "balancer settled (bench_allreduce --local-ranks)",
+            default=False,
+            overrides=("comm.balance=true", "comm.balance_level=hop", "comm.hierarchy=host"),
+            bucket_mb=100.0,  # hop-balanced's: each ring carries 1/L of a bucket, so its pieces are 1/L of that ring's
+        ),
         LabMethod("horovod", "horovod", "real horovod.torch DistributedOptimizer, Horovod's defaults (gloo)"),
     )
 }

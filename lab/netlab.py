@@ -291,17 +291,27 @@ class NetLab:
         self._procs.append(p)
         return p
 
-    def run_all(self, argv_for, env_for=None, timeout: float = 600, cwd: str | None = None) -> list[tuple[int, str]]:
-        """Run `argv_for(i)` in every host at once; returns [(returncode, output)] per host.
+    def run_all(
+        self, argv_for, env_for=None, timeout: float = 600, cwd: str | None = None, per_host: int = 1
+    ) -> list[tuple[int, str]]:
+        """Run `argv_for(r)` for every process r at once; returns [(returncode, output)] per process.
 
-        If one host fails, the others are stopped (a collective would wait for it until its own timeout);
+        `per_host`: processes per host (a multi-GPU host's local ranks), numbered as torchrun numbers them: process r
+        runs in host r // per_host as its local rank r % per_host, and its local ranks reach each other inside the
+        host's namespace (over loopback), the other hosts over the shaped link.
+        If one process fails, the others are stopped (a collective would wait for it until its own timeout);
         if `timeout` passes, all are killed and their return code is -9.
         """
-        outs = [tempfile.TemporaryFile("w+") for _ in range(self.hosts)]
+        if per_host < 1:
+            raise ValueError(f"per_host: expected 1 or more processes per host, got {per_host}")
+        n = self.hosts * per_host
+        outs = [tempfile.TemporaryFile("w+") for _ in range(n)]
         procs = []
-        for i in range(self.hosts):
-            env = {**os.environ, **(env_for(i) if env_for else {})}
-            procs.append(self.popen(i, argv_for(i), stdout=outs[i], stderr=subprocess.STDOUT, env=env, cwd=cwd))
+        for r in range(n):
+            env = {**os.environ, **(env_for(r) if env_for else {})}
+            procs.append(
+                self.popen(r // per_host, argv_for(r), stdout=outs[r], stderr=subprocess.STDOUT, env=env, cwd=cwd)
+            )
         deadline = time.monotonic() + timeout
         while any(p.poll() is None for p in procs):
             if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in procs):

@@ -82,6 +82,7 @@ def pins_for(
     first_leaf: int = 0,
     one_way: bool = False,
     draws: int | None = None,
+    peer_of_conn: dict[tuple[int, str, int], int] | None = None,
 ) -> list[Pin]:
     """Pins for one contender: `conns[g]` are the connections its g-th process group opened on this host. With one
     group per flow (multistream) connection k to a peer is group k's; with one group of K devices (DDP), the K
@@ -94,17 +95,25 @@ def pins_for(
 
     `draws`: the profile draws K ceilings per peer and connection k takes draw k (a contender with fewer connections
     than the others' K, Horovod's one per peer: its connection 0 meets the ceiling of everyone's connection 0);
-    None: one draw per connection."""
-    by_peer: dict[str, list[tuple[int, str, int]]] = {}
+    None: one draw per connection.
+
+    `peer_of_conn`: the peer of each connection by the connection itself, not its address (hosts that run several
+    local ranks: `host` and the peers are then ranks, and each pair of ranks on different hosts has its own K draws)."""
+
+    def peer(c: tuple[int, str, int]) -> int:
+        return peer_of_conn[c] if peer_of_conn is not None else peer_of[c[1]]
+
+    by_peer: dict[int, list[tuple[int, str, int]]] = {}
     for group in conns:
-        per_peer: dict[str, list] = {}
+        per_peer: dict[int, list] = {}
         for c in sorted(group):
-            per_peer.setdefault(c[1], []).append(c)
-        for dst, cs in per_peer.items():
-            by_peer.setdefault(dst, []).extend(cs)
+            per_peer.setdefault(peer(c), []).append(c)
+        for p, cs in per_peer.items():
+            by_peer.setdefault(p, []).extend(cs)
     pins, leaf = [], first_leaf
-    for dst in sorted(by_peer, key=lambda a: peer_of[a]):
-        cs = by_peer[dst]
+    for p in sorted(by_peer):
+        cs = by_peer[p]
+        dst = cs[0][1]
         if one_way and len(cs) % 2:
             raise ValueError(f"one-way pins: {len(cs)} connections to {dst}, expected two sets of equal size")
         per_way = len(cs) // 2 if one_way else len(cs)
@@ -114,7 +123,7 @@ def pins_for(
         slots: dict[tuple[int, int], int] = {}
         for i, (sport, _, dport) in enumerate(cs):
             way, k = divmod(i, per_way)
-            spec = leaf_for(profile, seed=seed, host=host, peer=peer_of[dst], k=k, flows=flows, flow_mbit=flow_mbit)
+            spec = leaf_for(profile, seed=seed, host=host, peer=p, k=k, flows=flows, flow_mbit=flow_mbit)
             if (way, spec.slot) not in slots:
                 slots[(way, spec.slot)] = leaf
                 leaf += 1

@@ -63,10 +63,25 @@ def _model_s(rec: dict, m: str, strategy: str, flows: int) -> tuple[float, str] 
     (flow_profiles.rings_of), all at once (Horovod's fused allreduce is one ring); else the ring rate of `strategy` on
     the profile's draws. Without connections in the record: DDP as even striping, Horovod not modelled (None)."""
     conns = _connections(rec, m)
+    local = rec.get("local_ranks", 1)
     if strategy in ("devices", "rings") and conns:
+        # several ranks per host: a host's connections together (those inside it, over loopback, are not pinned)
+        conns = [[c for r in conns[h * local : (h + 1) * local] for c in r] for h in range(rec["hosts"])]
         return flow_profiles.concurrent_seconds(flow_profiles.rings_of(conns), rec["link_mbit"]), "rings"
     if strategy == "rings":
         return None
+    if strategy == "hier" or (strategy == "hop" and local > 1):
+        rings = flow_profiles.hop_rings(
+            rec["profile"],
+            rec["seed"],
+            hosts=rec["hosts"],
+            local=local,
+            flows=flows,
+            flow_mbit=rec["flow_mbit"],
+            nbytes=rec["torch"]["bytes"],
+            hierarchy=strategy == "hier",
+        )
+        return flow_profiles.concurrent_seconds(rings, rec["link_mbit"]), f"{strategy} rings"
     strategy = "even" if strategy == "devices" else strategy
     rates = flow_profiles.ring_rates(rec["profile"], rec["seed"], rec["hosts"], flows, rec["flow_mbit"])
     rate = flowrates.ring_mbit(rates, rec["link_mbit"], strategy)

@@ -5,7 +5,9 @@
 
 Prints one row per run and contender (communication time = step - compute-only step, as bench_allreduce prints it),
 then per host count and profile the balanced backend against DDP on as many flows: the median and the worst over
-the seeds. tests/meta/test_docs_numbers.py holds the docs to this output.
+the seeds. For runs of hosts with several local ranks (`--local-ranks`, docs/data/lab-hier-*.json) it prints the
+hierarchical ring's tables instead: against DDP with as many flows and the flat hop-balanced ring, with where each
+balancer settled. tests/meta/test_docs_numbers.py holds the docs to this output.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from base import reader  # noqa: E402
 
-CONTENDERS = ("ddp-flows", "multistream", "balanced", "hop-balanced")
+CONTENDERS = ("ddp-flows", "multistream", "balanced", "hop-balanced", "hier-balanced")
 APART = "horovod"  # run under its own launcher: a top-level entry of the record (a string where it did not run)
 
 
@@ -132,10 +134,73 @@ def balancing_rows(recs: list[dict], methods=("balanced", "hop-balanced")) -> li
     return lines
 
 
+def settling(rec: dict, m: str) -> str:
+    """Where contender `m`'s balancer settled: 'steps / seconds' from its first step (a '+' where it had not settled
+    when the bench stopped waiting and timed it)."""
+    b = rec["torch"][m]["balancing"]
+    return f"{b['steps']}{'' if b['settled'] else '+'} / {b['seconds']:.0f}"
+
+
+def hier_rows(recs: list[dict]) -> list[str]:
+    """Per run of hosts with several local ranks (bench_allreduce --local-ranks): the hierarchical ring against DDP
+    with as many flows and against the flat hop-balanced ring, each balancer's settling beside its ratio."""
+    lines = [
+        "| hosts x ranks | profile | seed | ddp-flows comm ms | hop-balanced vs ddp-flows | its settling, steps / s "
+        "| hier-balanced vs ddp-flows | its settling, steps / s | hier-balanced vs hop-balanced "
+        "| hier-balanced, % of link cap |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for rec in recs:
+        c = comm_s(rec)
+        lines.append(
+            f"| {rec['hosts']} x {rec['local_ranks']} | {rec['profile']} | {rec['seed']} | {c['ddp-flows'] * 1000:.0f} "
+            f"| {c['ddp-flows'] / c['hop-balanced']:.2f}x | {settling(rec, 'hop-balanced')} "
+            f"| {c['ddp-flows'] / c['hier-balanced']:.2f}x | {settling(rec, 'hier-balanced')} "
+            f"| {c['hop-balanced'] / c['hier-balanced']:.2f}x | {link_pct(rec, c['hier-balanced']):.0f}% |"
+        )
+    return lines
+
+
+def _span(xs: list) -> str:
+    """A sorted list's range as a table cell: 'lo-hi', or the one value."""
+    return f"{xs[0]}-{xs[-1]}" if xs[0] != xs[-1] else f"{xs[0]}"
+
+
+def hier_summary(recs: list[dict]) -> list[str]:
+    """Per host count and profile: the hierarchical ring against DDP with as many flows (median and worst over the
+    seeds) and against the flat hop-balanced ring (median), and the steps its balancer took to settle (range)."""
+    lines = [
+        "| hosts x ranks | profile | runs | hier-balanced vs ddp-flows (median, worst) "
+        "| hier-balanced vs hop-balanced (median) | hier-balanced settled after, steps (seconds) |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    groups: dict[tuple[int, int, str], list[dict]] = {}
+    for rec in recs:
+        groups.setdefault((rec["hosts"], rec["local_ranks"], rec["profile"]), []).append(rec)
+    for (n, local, profile), rs in sorted(groups.items()):
+        comms = [comm_s(r) for r in rs]
+        vs = [c["ddp-flows"] / c["hier-balanced"] for c in comms]
+        flat = [c["hop-balanced"] / c["hier-balanced"] for c in comms]
+        b = [r["torch"]["hier-balanced"]["balancing"] for r in rs]
+        steps = sorted(x["steps"] for x in b)
+        secs = sorted(round(x["seconds"]) for x in b)
+        span = f"{_span(steps)} ({_span(secs)})"
+        lines.append(
+            f"| {n} x {local} | {profile} | {len(rs)} | {statistics.median(vs):.2f}x ({min(vs):.2f}x) | "
+            f"{statistics.median(flat):.2f}x | {span} |"
+        )
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="+", help="bench_allreduce --profile JSON files")
     recs = load(ap.parse_args(argv).files)
+    if all(r.get("local_ranks", 1) > 1 for r in recs):  # hosts of several local ranks: the hierarchy's tables
+        print("\n".join(hier_summary(recs)))
+        print()
+        print("\n".join(hier_rows(recs)))
+        return 0
     with_static = all("multistream" in r["torch"] for r in recs)
     present = tuple(m for m in ("balanced", "hop-balanced", APART) if any(entry(r, m) for r in recs))
     print("\n".join(summary_rows(recs) if with_static else balancing_rows(recs, present)))

@@ -108,11 +108,49 @@ def test_fewer_connections_than_draws_take_the_first_draws():
         nf.pins_for(groups, draws=1, **kw)
 
 
+def test_each_pair_of_ranks_on_different_hosts_has_its_own_draws():
+    """Hosts of 2 local ranks (bench_allreduce --local-ranks): rank 1's connections to ranks 2 and 3 go to one address,
+    and each peer rank's 4 take their own one-slow draws (exactly one slow each), as `host`=rank and `peer`=rank."""
+    to2 = [(5000 + k, "10.250.0.2", 7000) for k in range(4)]
+    to3 = [(6000 + k, "10.250.0.2", 8000) for k in range(4)]
+    peer_rank = {c: 2 for c in to2} | {c: 3 for c in to3}
+    kw = dict(profile="one-slow", seed=5, host=1, peer_of={}, flow_mbit=F, peer_of_conn=peer_rank)
+    pins = nf.pins_for([to2 + to3], **kw)
+    for peer, conns in ((2, to2), (3, to3)):
+        got = [p.ceil_mbit for p in pins if (p.sport, p.dst, p.dport) in conns]
+        want = [
+            fp.leaf_for("one-slow", seed=5, host=1, peer=peer, k=k, flows=4, flow_mbit=F).ceil_mbit for k in range(4)
+        ]
+        assert got == want and sorted(got) == pytest.approx([F / 3, F, F, F])
+    by_address = nf.pins_for([to2 + to3], profile="one-slow", seed=5, host=1, peer_of={"10.250.0.2": 1}, flow_mbit=F)
+    assert sum(p.ceil_mbit < F for p in by_address) == 1  # by address alone: 8 draws, one slow among them
+
+
+def test_hop_rings_of_hosts_with_local_ranks():
+    """One ring per local rank under the hierarchy, each on 1/L of the bytes; the flat ring's only hop out of a host
+    goes from its local rank 0 to the previous host's last; the hierarchy's rings share each host's link."""
+    kw = dict(hosts=4, local=2, flows=4, flow_mbit=F, nbytes=8e6)
+    hier = fp.hop_rings("one-slow", 0, hierarchy=True, **kw)
+    assert len(hier) == 2 and [r.nbytes for r in hier] == pytest.approx([2 * 3 / 4 * 8e6 / 2] * 2)
+    assert [h for h, _ in hier[0].hops] == [0, 1, 2, 3]
+    assert all(c == pytest.approx(3 * F + F / 3) for r in hier for _, c in r.hops)  # one slow of 4 on every hop
+    # the sum of a hop's connections (44 Mbit/s) exceeds the link: the two rings split each host's 40 Mbit/s
+    assert fp.concurrent_seconds(hier, 40.0) == pytest.approx(2 * 3 / 4 * 8e6 * 8 / 40e6)
+    (flat,) = fp.hop_rings("random", 1, hierarchy=False, **kw)
+    assert flat.nbytes == pytest.approx(2 * 7 / 8 * 8e6)
+    h2 = sum(fp.leaf_for("random", seed=1, host=4, peer=3, k=k, flows=4, flow_mbit=F).ceil_mbit for k in range(4))
+    assert flat.hops[2] == (2, pytest.approx(h2))
+    # one rank per host: the flat ring is the hop-level ring_rates' ring
+    (one,) = fp.hop_rings("random", 1, hierarchy=False, **(kw | {"local": 1}))
+    assert [c for _, c in one.hops] == pytest.approx([sum(r) for r in fp.ring_rates("random", 1, 4, 4, F)])
+
+
 def test_a_lab_methods_strategy_follows_its_balance_keys():
     assert fp.strategy_of(()) == "even"
     assert fp.strategy_of(("comm.balance=false", "comm.balance_level=hop")) == "even"
     assert fp.strategy_of(("comm.balance=true",)) == "comm"
     assert fp.strategy_of(("comm.balance=true", "comm.balance_level=hop")) == "hop"
+    assert fp.strategy_of(("comm.balance=true", "comm.balance_level=hop", "comm.hierarchy=host")) == "hier"
 
 
 def _conn(ceil, nbytes, port=0):

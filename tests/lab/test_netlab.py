@@ -290,3 +290,50 @@ def test_braces_in_a_lab_command_and_bad_rates():
     assert (
         p.returncode == 2 and p.stderr.strip() == "netlab: error: packet_segs: expected 1 to 64 MSS per packet, got 0"
     )
+
+
+_LOCAL_RANKS = """
+import json, os, torch, torch.distributed as td
+from lab.bench_allreduce import _own_addr, _own_connections
+td.init_process_group("gloo")
+x = torch.tensor([float(td.get_rank())])
+td.all_reduce(x)
+print(json.dumps({
+    "rank": td.get_rank(), "local": [int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])],
+    "netns": os.readlink("/proc/self/ns/net"), "addr": _own_addr(), "sum": x.item(),
+    "peers": sorted({c[1] for c in _own_connections()}),
+}))
+td.destroy_process_group()
+"""
+
+
+def test_hosts_of_two_local_ranks_share_a_namespace_and_reach_each_other_inside_it():
+    """run_all(per_host=2): ranks numbered as torchrun numbers them, a host's two processes in its namespace, one
+    gloo group over all four (an allreduce), and the connection between a host's local ranks stays inside it (its
+    peer is the host's own address, over loopback) while the other hosts are reached over the lab's link."""
+    with netlab.NetLab(2, link_mbit=200, flow_mbit=70) as lab:
+
+        def env(r):
+            return {
+                "RANK": str(r),
+                "WORLD_SIZE": "4",
+                "LOCAL_RANK": str(r % 2),
+                "LOCAL_WORLD_SIZE": "2",
+                "MASTER_ADDR": lab.addr(0),
+                "MASTER_PORT": "29500",
+                "GLOO_SOCKET_IFNAME": "eth0",
+                "OMP_NUM_THREADS": "1",
+            }
+
+        results = lab.run_all(
+            lambda r: [sys.executable, "-c", _LOCAL_RANKS], env, timeout=120, cwd=str(ROOT), per_host=2
+        )
+    for rc, out in results:
+        assert rc == 0, out[-3000:]
+    got = [json.loads(out.strip().splitlines()[-1]) for _, out in results]
+    assert [g["rank"] for g in got] == [0, 1, 2, 3] and [g["local"] for g in got] == [[0, 2], [1, 2]] * 2
+    assert [g["addr"] for g in got] == ["10.250.0.1", "10.250.0.1", "10.250.0.2", "10.250.0.2"]
+    assert got[0]["netns"] == got[1]["netns"] != got[2]["netns"] == got[3]["netns"]
+    assert all(g["sum"] == 6.0 for g in got)
+    for g in got:  # its local rank on its own address, the other host's two on theirs
+        assert g["peers"] == ["10.250.0.1", "10.250.0.2"], g
