@@ -191,7 +191,7 @@ class Trainer:
                 window = clock.window(i + 1, plan.total_steps - st.step)
                 self.log.step_line(epoch, len(plan.epochs), i + 1, info.steps, window)
                 self.log.scalars(st.step, **window_scalars(window))
-                self.out.progress(st.step, epoch, {**window, "wall_seconds": self._wall()})
+                self.out.progress(st.step, epoch, window, self._wall())
                 clock.restart_window()
             # Preemption is agreed at the log window (already a host sync); at an epoch's end, after its checkpoint.
             stop = logged and not done and self.stop.agreed(self.dist, st.step, cfg.dist.timeout_s)

@@ -70,11 +70,13 @@ class RunOutputs:
             }
             write_json(self.dir / files.META, meta)
 
-    def progress(self, step: int, epoch: int, window: dict | None = None) -> None:
-        """`window`: the log window's metrics by name (recipes/metrics.py), beside the step."""
+    def progress(self, step: int, epoch: int, window: dict | None = None, wall_seconds: float | None = None) -> None:
+        """`window`: the log window's metrics by name (recipes/metrics.py), beside the step; `wall_seconds`: the
+        run's wall time at this step (what a restart loses: summary.json's lost_seconds)."""
         if self.dist.is_main:
             # a hint (how many steps a restart redoes), written every log window: no fsync stalling the loop
-            value = {"step": step, "epoch": epoch, **(window or {})}
+            wall = {} if wall_seconds is None else {"wall_seconds": wall_seconds}
+            value = {"step": step, "epoch": epoch, **wall, **(window or {})}
             self._keep_going(self._hint, self.dir / files.PROGRESS, value)
 
     def history(self, rows: list[dict]) -> None:

@@ -20,8 +20,8 @@ def test_every_sink_carries_the_records_names(tiny_root, tmp_path, capsys):
     epoch_names = {m.name for m in metrics.EPOCH if not m.name.startswith("ema_")}
 
     progress = json.loads((run / "progress.json").read_text())
-    assert set(progress) == {"step", "epoch"} | window_names
-    window = {k: v for k, v in progress.items() if k not in ("step", "epoch")}
+    assert set(progress) == {"step", "epoch", "wall_seconds"} | window_names  # the wall time: what a restart loses
+    window = {k: v for k, v in progress.items() if k not in ("step", "epoch", "wall_seconds")}
     assert window["grad_norm"] > 0 and window["loss"] > 0 and window["lr"] == 0.0  # the last step: decayed to 0
 
     # the last step line is the record's format of the window progress.json holds
