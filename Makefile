@@ -43,6 +43,7 @@ NPROC      ?= 2
 SAMPLE     ?= data/sample
 RUN_DIR    ?= runs/quickstart-$(shell date +%Y%m%d-%H%M%S)
 PYTEST_ARGS ?=
+TEST_WORKERS ?= 2
 # $(call q,TEXT): TEXT as one single-quoted shell word, so that a value with spaces, ';', '$' or quotes is passed
 # as it is and never run (make DATA='x;touch y' reads a folder named "x;touch y").
 q = '$(subst ','\'',$(1))'
@@ -126,14 +127,16 @@ quickstart: sample
 		--run-dir $(call q,$(RUN_DIR)) $(call q,data.root=$(SAMPLE))
 	$(PY) evaluate.py $(call q,$(RUN_DIR)/checkpoint.pt) --data $(call q,$(SAMPLE)) --out $(call q,$(RUN_DIR)/eval.json)
 
-# Lint first (a lint failure fails CI before the long run), then the suite with the 25 slowest tests listed at the
-# end of the log, so a test that grows is seen where CI's time goes. A hung test fails by name after pyproject.toml's
-# per-test timeout instead of running into CI's limit.
+# Lint first (a lint failure fails CI before the long run), then the suite in TEST_WORKERS processes (pytest-xdist;
+# each test file goes whole to the next free worker, in the suite's order, so the files of runs that take minutes
+# start first and a module's runs made once for its tests are made once), with the 25 slowest
+# tests listed at the end of the log, so a test that grows is seen where CI's time goes. A hung test fails by name
+# after pyproject.toml's per-test timeout instead of running into CI's limit. TEST_WORKERS=0: one process.
 test: install horovod lint
-	PYTEST_ADDOPTS=$(call q,$(PYTEST_ARGS)) $(PY) -m pytest -q --durations=25 tests
+	PYTEST_ADDOPTS=$(call q,$(PYTEST_ARGS)) $(PY) -m pytest -q -n $(call q,$(TEST_WORKERS)) --dist loadfile --no-loadscope-reorder --durations=25 tests
 
 test-fast: install horovod lint
-	PYTEST_ADDOPTS=$(call q,$(PYTEST_ARGS)) $(PY) -m pytest -q --durations=25 -m "not slow" tests
+	PYTEST_ADDOPTS=$(call q,$(PYTEST_ARGS)) $(PY) -m pytest -q -n $(call q,$(TEST_WORKERS)) --dist loadfile --no-loadscope-reorder --durations=25 -m "not slow" tests
 
 bench: install
 	$(PY) -m scripts.bench.bench --out bench_report.md

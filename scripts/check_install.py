@@ -25,6 +25,7 @@ from pathlib import Path
 IMPORTS = {
     "pyyaml": "yaml",
     "pillow": "PIL",
+    "pytest-xdist": "xdist",
     "nvidia-dali-cuda130": "nvidia.dali",
     "nvidia-dali-cuda120": "nvidia.dali",
 }

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
-import pytest
-from support import register_two_layer, tiny_config
+# Under pytest-xdist (make test) two workers share the cores: torch's OpenMP threads sleep when idle instead of
+# spinning, so a worker's two-thread training does not spin on a core the other worker's run needs (set before any
+# import of torch; the tests' subprocesses inherit it).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from data.make_sample import main as make_sample
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+from support import register_two_layer, tiny_config  # noqa: E402
+
+from data.make_sample import main as make_sample  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -163,6 +163,7 @@ USED_BY = {
     "SAMPLE": "quickstart",
     "RUN_DIR": "quickstart",
     "PYTEST_ARGS": "test",
+    "TEST_WORKERS": "test",
     "HOROVOD_NCCL": "wheelhouse",
     "GPU_CHECK_OUT": "gpu-check",
     "GPU_CHECK_WORK": "gpu-check",
