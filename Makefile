@@ -132,11 +132,13 @@ quickstart: sample
 # start first and a module's runs made once for its tests are made once), with the 25 slowest
 # tests listed at the end of the log, so a test that grows is seen where CI's time goes. A hung test fails by name
 # after pyproject.toml's per-test timeout instead of running into CI's limit. TEST_WORKERS=0: one process.
+PYTEST_RUN = PYTEST_ADDOPTS=$(call q,$(PYTEST_ARGS)) $(PY) -m pytest -q -n $(call q,$(TEST_WORKERS)) --dist loadfile \
+  --no-loadscope-reorder --durations=25
 test: install horovod lint
-	PYTEST_ADDOPTS=$(call q,$(PYTEST_ARGS)) $(PY) -m pytest -q -n $(call q,$(TEST_WORKERS)) --dist loadfile --no-loadscope-reorder --durations=25 tests
+	$(PYTEST_RUN) tests
 
 test-fast: install horovod lint
-	PYTEST_ADDOPTS=$(call q,$(PYTEST_ARGS)) $(PY) -m pytest -q -n $(call q,$(TEST_WORKERS)) --dist loadfile --no-loadscope-reorder --durations=25 -m "not slow" tests
+	$(PYTEST_RUN) -m "not slow" tests
 
 bench: install
 	$(PY) -m scripts.bench.bench --out bench_report.md
