@@ -331,6 +331,28 @@ def test_the_shipped_budget_refuses_a_few_hundred_kb_of_gzipped_zeros(tmp_path, 
     assert list((tmp_path / "imagenet" / "val").rglob("*.JPEG*")) == []
 
 
+def test_a_train_bomb_keeps_the_finished_classes_and_removes_the_refused_ones_images(tmp_path, capsys):
+    """The train split (a gzip'd tar of per-class tars, read as a stream): the class finished before the bomb stays
+    (marked done, a rerun resumes after it); the bomb's class loses the images it had written."""
+    src = _imagenet_org(tmp_path / "download")
+    bomb = io.BytesIO()
+    with tarfile.open(fileobj=bomb, mode="w") as inner:
+        _add(inner, f"{WNIDS[1]}_1.JPEG", _jpeg(1))
+        for k in range(2, 7):
+            _add(inner, f"{WNIDS[1]}_{k}.JPEG", bytes(56 << 20))
+    tar = src / "ILSVRC2012_img_train.tar"
+    with tarfile.open(tar, "w:gz", compresslevel=9) as t:
+        _add(t, f"{WNIDS[0]}.tar", _class_tar(WNIDS[0]))
+        _add(t, f"{WNIDS[1]}.tar", bomb.getvalue())
+    assert tar.stat().st_size < 400_000
+    dst = tmp_path / "imagenet"
+    assert prepare_main(["--download", str(src), "--dst", str(dst)]) == 2
+    line = _one_error(capsys)
+    assert f"'{tar}': " in line and "bytes extracted from" in line and "over 4x" in line, line
+    assert _layout(dst) == [f"train/{WNIDS[0]}/{WNIDS[0]}_{k}.JPEG" for k in (1, 2)]
+    assert list((dst / "train" / WNIDS[1]).iterdir()) == []
+
+
 @pytest.mark.parametrize("line", ["²", "٢", "9" * 5000, "+2", " 2x", "0x2"])
 def test_a_ground_truth_line_is_ascii_digits_of_a_known_id(tmp_path, capsys, line):
     src = _imagenet_org(tmp_path / "download")
