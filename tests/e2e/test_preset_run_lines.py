@@ -1,6 +1,6 @@
 """A preset's `Run:` line, started as its header writes it, on the sample data.
 
-The 15 presets (configs/presets/, written by scripts/gen_presets.py) share three Run lines: `python train.py` on one
+The 15 presets (configs/presets/, written by scripts/gen_presets.py) share three Run lines, the same but for their own name: `python train.py` on one
 GPU, `torchrun --nproc-per-node 8 train.py` on one host and `python scripts/launch.py --hostfile hosts.txt` on
 several; their configs differ in GPU, precision and batch, which tests/e2e/test_shipped_configs.py loads and plans
 for every preset. Here one preset of each shape runs its own line: first as its `--plan`, which must name every
@@ -52,9 +52,15 @@ def sample_fit(root) -> list[str]:
 
 
 def test_every_preset_has_one_of_the_three_run_lines():
+    """Each preset's line is the started line of its shape with only its own name in place of that preset's: what
+    the started line reaches, theirs reaches, and their configs train in tests/e2e/test_shipped_configs.py."""
     shapes = {" ".join(run_line(p.stem)[:2]) for p in PRESETS.glob("*.yaml")}
     assert shapes == {"python train.py", "torchrun --nproc-per-node", "python scripts/launch.py"}
-    assert {" ".join(run_line(p)[:2]) for p in SHAPES} == shapes
+    started = {" ".join(run_line(p)[:2]): p for p in SHAPES}
+    assert set(started) == shapes
+    for path in PRESETS.glob("*.yaml"):
+        shape = started[" ".join(run_line(path.stem)[:2])]
+        assert run_line(path.stem) == [w.replace(shape, path.stem) for w in run_line(shape)], path.name
 
 
 @pytest.mark.slow
