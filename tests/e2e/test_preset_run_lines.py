@@ -1,13 +1,14 @@
 """A preset's `Run:` line, started as its header writes it, on the sample data.
 
-The 15 presets (configs/presets/, written by scripts/gen_presets.py) share three Run lines, the same but for their own name: `python train.py` on one
-GPU, `torchrun --nproc-per-node 8 train.py` on one host and `python scripts/launch.py --hostfile hosts.txt` on
-several; their configs differ in GPU, precision and batch, which tests/e2e/test_shipped_configs.py loads and plans
-for every preset. Here one preset of each shape runs its own line: first as its `--plan`, which must name every
-start-up check the sample data fails at once, then for real until its first optimizer step. What is appended is what
-the sample needs: its root (after the line's own data.root), no blacklist file, the 160 px copy being the sample
-itself, and a first phase small enough for a CPU (32 px, 16 images, fp32). The launcher's line runs on two local
-"hosts" of one process each (`--transport local --gpus-per-host 1`).
+The 15 presets (configs/presets/, written by scripts/gen_presets.py) share three Run lines, the same but for their
+own name: `python train.py` on one GPU, `torchrun --nproc-per-node 8 train.py` on one host and `python
+scripts/launch.py --hostfile hosts.txt` on several; their configs differ in GPU, precision and batch, which
+tests/e2e/test_shipped_configs.py loads, plans and trains for every preset. Here one preset of each shape runs its
+own line: first as its `--plan`, which must name every start-up check the sample data fails at once, then for real
+until its first optimizer step. What is appended is what the sample needs: its root (after the line's own
+data.root), no blacklist file, the 160 px copy being the sample itself, and a first phase small enough for a CPU
+(32 px, 16 images, fp32). The launcher's line runs on two local "hosts" of one process each (`--transport local
+--gpus-per-host 1`).
 """
 
 from __future__ import annotations
