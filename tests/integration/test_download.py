@@ -16,6 +16,7 @@ import pytest
 import scipy.io
 from PIL import Image
 
+from data.download import PROGRESS
 from data.folder import scan_split
 from data.prepare import main as prepare_main
 
@@ -351,6 +352,7 @@ def test_a_train_bomb_keeps_the_finished_classes_and_removes_the_refused_ones_im
     assert f"'{tar}': " in line and "bytes extracted from" in line and "over 4x" in line, line
     assert _layout(dst) == [f"train/{WNIDS[0]}/{WNIDS[0]}_{k}.JPEG" for k in (1, 2)]
     assert list((dst / "train" / WNIDS[1]).iterdir()) == []
+    assert sorted(p.name for p in (dst / PROGRESS / "train").iterdir()) == [WNIDS[0]]  # a rerun starts after it
 
 
 @pytest.mark.parametrize("line", ["²", "٢", "9" * 5000, "+2", " 2x", "0x2"])
